@@ -1,0 +1,5 @@
+import sys
+
+from rlmon.cli import main
+
+sys.exit(main())

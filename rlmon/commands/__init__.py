@@ -1,0 +1,1 @@
+"""Subcommands of the ``rlmon`` CLI, one module each; every module exposes ``register``."""

@@ -1,0 +1,97 @@
+"""``rlmon replay FILE``: steps and alerts of a recorded run (DESIGN.md, the replay contract)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+from rlmon.service.replay import ReplayResult, replay
+from rlmon.service.rules import RuleError, load_rules
+
+__all__ = ["register", "run_replay"]
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("replay", help="aggregate a JSON Lines partial-report file; print steps/alerts")
+    p.add_argument("file", help="JSON Lines file of partial reports ('-' for stdin)")
+    p.add_argument("--rules", help="YAML rule file (on top of the default pack)")
+    p.add_argument("--json", action="store_true", help="one JSON object per line (the contract)")
+    p.set_defaults(func=run_replay)
+
+
+def _lines(path: str) -> Iterator[bytes]:
+    if path == "-":
+        yield from sys.stdin.buffer
+        return
+    with Path(path).open("rb") as handle:
+        yield from handle
+
+
+def _dump(obj: object, out: IO[str]) -> None:
+    out.write(json.dumps(obj, allow_nan=False) + "\n")
+
+
+def print_json(result: ReplayResult, out: IO[str], err: IO[str]) -> None:
+    for error in result.errors:
+        _dump(error.to_json(), err)
+    for record, events in result.steps:
+        _dump(record.to_json(), out)
+        for event in events:
+            _dump(event.to_json(), out)
+    _dump(result.summary(), err)
+
+
+def print_table(result: ReplayResult) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for error in result.errors:
+        console.print(f"[red]line {error.line}[/red]: {error.error}", highlight=False)
+    names: list[str] = []
+    for record, _ in result.steps:
+        names += [n for n in record.metrics if n not in names]
+    shown = names[:8]
+    table = Table(title="rlmon replay", show_lines=False)
+    for col in ("run", "role", "step", "ranks", *shown, "alerts"):
+        table.add_column(col, justify="right" if col not in ("run", "role", "alerts") else "left")
+    for record, events in result.steps:
+        ranks = f"{record.ranks_reporting}/{record.ranks_expected}"
+        if not record.complete:
+            ranks = f"[red]{ranks}[/red]"
+        cells = [f"{record.metrics[n]:.4g}" if n in record.metrics else "" for n in shown]
+        alerts = ", ".join(
+            f"[{'red' if e.severity == 'critical' else 'yellow'}]{e.alert} {e.state}[/]"
+            for e in events
+        )
+        table.add_row(record.run, record.role, str(record.step), ranks, *cells, alerts)
+    console.print(table)
+    s = result.summary()
+    console.print(
+        f"{s['lines']} lines, {s['accepted']} accepted, {s['rejected']} rejected, "
+        f"{s['duplicates']} duplicates, {s['late']} late; {s['steps']} steps "
+        f"({s['incomplete_steps']} incomplete), {s['alerts']} alert events",
+        highlight=False,
+    )
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    try:
+        rules = load_rules(args.rules)
+    except (RuleError, OSError) as exc:
+        print(f"rlmon replay: {exc}", file=sys.stderr)
+        return 2
+    try:
+        result = replay(_lines(args.file), rules)
+    except OSError as exc:
+        print(f"rlmon replay: cannot read {args.file}: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print_json(result, sys.stdout, sys.stderr)
+    else:
+        print_table(result)
+    return result.exit_code

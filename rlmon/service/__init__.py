@@ -1,0 +1,1 @@
+"""Pure-Python core of rlmon (no Ray import): catalog, partial merge, step assembly, alerting."""

@@ -1,0 +1,240 @@
+"""The alert engine: one state machine per (run, role, alert), driven by finalized steps.
+
+States: inactive -> pending (condition true, fewer than ``for`` steps) -> firing -> resolved
+(condition false for ``resolve_after`` steps). Only transitions to firing and to resolved produce
+events. Steps of one (run, role) must be evaluated in increasing order; an older step that arrives
+after a newer one was evaluated is skipped and counted, never evaluated out of order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rlmon.service import catalog
+from rlmon.service.rules import ANY_METRIC, Condition, Rule
+from rlmon.service.step import StepRecord, json_number
+
+__all__ = ["AlertEngine", "AlertEvent", "AlertState", "evaluate_in_order"]
+
+State = Literal["firing", "resolved"]
+
+
+@dataclass(frozen=True, slots=True)
+class AlertEvent:
+    """An alert changed state at one step."""
+
+    run: str
+    role: str
+    step: int
+    alert: str
+    severity: str
+    state: State
+    metric: str
+    value: float | None
+    summary: str = ""
+    condition: str = ""
+    what_to_check: str = ""
+
+    @property
+    def dedup_key(self) -> str:
+        """One incident per (run, role, alert): a resolve closes what the trigger opened."""
+        return f"{self.run}/{self.role}/{self.alert}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": "alert",
+            "run": self.run,
+            "role": self.role,
+            "step": self.step,
+            "alert": self.alert,
+            "severity": self.severity,
+            "state": self.state,
+            "metric": self.metric,
+            "value": json_number(self.value),
+        }
+
+
+@dataclass(slots=True)
+class AlertState:
+    true_steps: int = 0
+    false_steps: int = 0
+    firing: bool = False
+    since_step: int | None = None
+    history: deque[float] = field(default_factory=deque)
+
+
+@dataclass(frozen=True, slots=True)
+class _Check:
+    applies: bool
+    holds: bool = False
+    metric: str = ""
+    value: float | None = None
+
+
+_NOT_APPLICABLE = _Check(False)
+
+
+def _compare(op: str, value: float, threshold: float) -> bool:
+    if op == ">":
+        return value > threshold
+    if op == ">=":
+        return value >= threshold
+    if op == "<":
+        return value < threshold
+    if op == "<=":
+        return value <= threshold
+    return abs(value) < threshold  # "abs<"
+
+
+def _window_check(rule: Rule, state: AlertState, value: float) -> bool:
+    window = rule.window or 2
+    state.history.append(value)
+    while len(state.history) > window:
+        state.history.popleft()
+    if len(state.history) < window:
+        return False
+    values = list(state.history)
+    if rule.condition is Condition.STUCK:
+        return max(values) - min(values) <= rule.tolerance
+    pairs = zip(values, values[1:], strict=False)
+    if rule.direction == "up":
+        return all(b > a for a, b in pairs)
+    return all(b < a for a, b in pairs)
+
+
+def _check(rule: Rule, record: StepRecord, state: AlertState) -> _Check:
+    cond = rule.condition
+    metrics = record.metrics
+    if cond is Condition.RANK_MISSING:
+        return _Check(True, not record.complete, "ranks_reporting", float(record.ranks_reporting))
+    if cond is Condition.REPLICA_MISMATCH:
+        names = record.replica_mismatches
+        if rule.metric != ANY_METRIC:
+            names = tuple(n for n in names if n == rule.metric)
+        first = names[0] if names else rule.metric
+        return _Check(True, bool(names), first if first != ANY_METRIC else "", metrics.get(first))
+    if cond is Condition.NON_FINITE:
+        names = sorted(metrics) if rule.metric == ANY_METRIC else [rule.metric]
+        bad = [n for n in names if n in metrics and not math.isfinite(metrics[n])]
+        if rule.metric != ANY_METRIC and rule.metric not in metrics:
+            return _NOT_APPLICABLE
+        return _Check(True, bool(bad), bad[0] if bad else "", metrics[bad[0]] if bad else None)
+    if cond is Condition.OUT_OF_DOMAIN:
+        names = sorted(metrics) if rule.metric == ANY_METRIC else [rule.metric]
+        for name in names:
+            spec = catalog.lookup(name)
+            value = metrics.get(name)
+            if spec is None or value is None or not math.isfinite(value):
+                continue
+            if not spec.domain.contains(value):
+                return _Check(True, True, name, value)
+        return _Check(True, False)
+    value = metrics.get(rule.metric)
+    if value is None or not math.isfinite(value):
+        return _NOT_APPLICABLE  # absent is not zero; NaN is NonFiniteMetric's job
+    if cond is Condition.THRESHOLD:
+        assert rule.op is not None and rule.threshold is not None
+        return _Check(True, _compare(rule.op, value, rule.threshold), rule.metric, value)
+    if cond is Condition.OUTSIDE:
+        assert rule.low is not None and rule.high is not None
+        return _Check(True, value < rule.low or value > rule.high, rule.metric, value)
+    return _Check(True, _window_check(rule, state, value), rule.metric, value)
+
+
+class AlertEngine:
+    """Evaluates rules on finalized steps and emits firing / resolved events."""
+
+    def __init__(self, rules: Sequence[Rule]) -> None:
+        self.rules = list(rules)
+        self.states: dict[tuple[str, str, str], AlertState] = {}
+        self.last_step: dict[tuple[str, str], int] = {}
+        self.skipped_out_of_order = 0
+
+    def firing(self) -> list[tuple[str, str, str]]:
+        """(run, role, alert) of every alert firing now."""
+        return [key for key, st in self.states.items() if st.firing]
+
+    def severity_of(self, alert: str) -> str:
+        for rule in self.rules:
+            if rule.name == alert:
+                return rule.severity.value
+        return "warning"
+
+    def forget(self, run: str) -> None:
+        """Drop the state of a finished run."""
+        for key in [k for k in self.states if k[0] == run]:
+            del self.states[key]
+        for key in [k for k in self.last_step if k[0] == run]:
+            del self.last_step[key]
+
+    def evaluate(self, record: StepRecord) -> list[AlertEvent]:
+        """Feed one finalized step; returns the alerts that fired or resolved at it."""
+        stream = (record.run, record.role)
+        last = self.last_step.get(stream)
+        if last is not None and record.step <= last:
+            self.skipped_out_of_order += 1
+            return []
+        self.last_step[stream] = record.step
+        events: list[AlertEvent] = []
+        for rule in self.rules:
+            if rule.roles is not None and record.role not in rule.roles:
+                continue
+            key = (record.run, record.role, rule.name)
+            state = self.states.get(key)
+            if state is None:
+                state = self.states[key] = AlertState()
+            check = _check(rule, record, state)
+            if not check.applies:
+                continue
+            event = self._step(rule, record, state, check)
+            if event is not None:
+                events.append(event)
+        return events
+
+    def _step(
+        self, rule: Rule, record: StepRecord, state: AlertState, check: _Check
+    ) -> AlertEvent | None:
+        if check.holds:
+            state.true_steps += 1
+            state.false_steps = 0
+            if not state.firing and state.true_steps >= rule.for_steps:
+                state.firing = True
+                state.since_step = record.step
+                return self._event(rule, record, "firing", check)
+        else:
+            state.false_steps += 1
+            state.true_steps = 0
+            if state.firing and state.false_steps >= rule.resolve_steps:
+                state.firing = False
+                return self._event(rule, record, "resolved", check)
+        return None
+
+    @staticmethod
+    def _event(rule: Rule, record: StepRecord, state: State, check: _Check) -> AlertEvent:
+        metric = check.metric or (rule.metric if rule.metric != ANY_METRIC else "")
+        spec = catalog.lookup(metric)
+        return AlertEvent(
+            run=record.run,
+            role=record.role,
+            step=record.step,
+            alert=rule.name,
+            severity=rule.severity.value,
+            state=state,
+            metric=metric,
+            value=check.value if check.metric else record.metrics.get(metric),
+            summary=rule.summary or rule.describe(),
+            condition=rule.describe(),
+            what_to_check=spec.what_to_check if spec is not None else "",
+        )
+
+
+def evaluate_in_order(engine: AlertEngine, records: Iterable[StepRecord]) -> list[
+    tuple[StepRecord, list[AlertEvent]]
+]:
+    """Evaluate a batch of records per (run, role) in increasing step order."""
+    ordered = sorted(records, key=lambda r: (r.run, r.role, r.step))
+    return [(record, engine.evaluate(record)) for record in ordered]

@@ -1,0 +1,302 @@
+"""Step assembly: fold validated reports into open steps and finalize them.
+
+A step of (run, role) is complete when every rank of its world has sent a final record. It can
+also be finalized early (end of input, a deadline): it then lists its missing ranks. A report for a
+step that was already finalized is late: counted, never folded into another step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from rlmon.service import catalog
+from rlmon.service.partial import MetricPool, straggler_ratio
+from rlmon.service.rank import Rank, World
+from rlmon.service.report import ContractError, Report
+from rlmon.service.spec import Form
+from rlmon.service.step import StepKey, StepRecord
+
+__all__ = ["AddOutcome", "AssemblyCounters", "FinalizedSteps", "StepAssembler", "StepState"]
+
+Clock = Callable[[], float]
+
+
+class AddOutcome:
+    ACCEPTED = "accepted"
+    DUPLICATE = "duplicate"
+    LATE = "late"
+
+
+@dataclass(slots=True)
+class AssemblyCounters:
+    accepted: int = 0
+    rejected: int = 0
+    duplicates: int = 0
+    late: int = 0
+    partials: int = 0
+    steps_finalized: int = 0
+    steps_incomplete: int = 0
+
+
+class FinalizedSteps:
+    """Which steps of one (run, role) are finalized, in bounded memory.
+
+    Everything below ``floor`` is finalized; above it, an explicit set. Contiguous runs of steps
+    collapse into the floor, and the set is capped so a run with gaps cannot grow it for ever.
+    """
+
+    __slots__ = ("floor", "limit", "steps")
+
+    def __init__(self, floor: int = 0, limit: int = 4096) -> None:
+        self.floor = floor
+        self.limit = limit
+        self.steps: set[int] = set()
+
+    def __contains__(self, step: int) -> bool:
+        return step < self.floor or step in self.steps
+
+    def add(self, step: int) -> None:
+        if step < self.floor:
+            return
+        self.steps.add(step)
+        while self.floor in self.steps:
+            self.steps.discard(self.floor)
+            self.floor += 1
+        if len(self.steps) > self.limit:
+            self.floor = min(self.steps)
+            while self.floor in self.steps:
+                self.steps.discard(self.floor)
+                self.floor += 1
+
+    @property
+    def high(self) -> int:
+        """One past the highest finalized step (0 when none)."""
+        return max(self.steps, default=self.floor - 1) + 1
+
+
+@dataclass(slots=True)
+class StepState:
+    """Everything received for one open step. Mergeable, so collectors can pre-merge."""
+
+    run: str
+    role: str
+    step: int
+    world: World
+    pools: dict[str, MetricPool] = field(default_factory=dict)
+    finals: set[Rank] = field(default_factory=set)
+    reporting: set[Rank] = field(default_factory=set)
+    seen: set[tuple[Rank, int]] = field(default_factory=set)
+    first_seen: float = 0.0
+    last_seen: float = 0.0
+    time: float | None = None
+
+    @property
+    def complete(self) -> bool:
+        return len(self.finals) >= self.world.size
+
+    def check(self, report: Report) -> None:
+        """Raise ContractError if the report cannot join this step (before anything changes)."""
+        if report.world != self.world:
+            raise ContractError(
+                "world",
+                f"{report.world.as_dict()} disagrees with {self.world.as_dict()} given by earlier "
+                f"records of step {self.step}",
+            )
+        for name, partial in report.metrics.items():
+            pool = self.pools.get(name)
+            if pool is not None and not pool.options_match(partial):
+                raise ContractError(
+                    f"metrics.{name}",
+                    f"form {partial.form.value!r} / replicated / minibatch_reduce differ from "
+                    f"earlier records of step {self.step} ({pool.form.value!r})",
+                )
+
+    def add(self, report: Report) -> None:
+        rank, minibatch = report.rank, report.minibatch
+        pools = self.pools
+        for name, partial in report.metrics.items():
+            pool = pools.get(name)
+            if pool is None:
+                spec = catalog.lookup(name)
+                pool = pools[name] = MetricPool(
+                    partial.form,
+                    partial.replicated,
+                    partial.minibatch_mean,
+                    per_rank=spec is not None and spec.per_rank_spread,
+                )
+            pool.add(rank, minibatch, partial.state)
+        self.reporting.add(rank)
+        if report.final:
+            self.finals.add(rank)
+        if report.seq is not None:
+            self.seen.add((rank, report.seq))
+        if report.time is not None:
+            self.time = report.time if self.time is None else max(self.time, report.time)
+
+    def merge(self, other: StepState) -> None:
+        """Fold a pre-merged state of the same step (from a collector) into this one."""
+        if other.world != self.world:
+            raise ContractError("world", f"collector world {other.world} != {self.world}")
+        for name, pool in other.pools.items():
+            mine = self.pools.get(name)
+            if mine is None:
+                self.pools[name] = pool
+            else:
+                mine.merge(pool)
+        self.finals |= other.finals
+        self.reporting |= other.reporting
+        self.seen |= other.seen
+        if other.time is not None:
+            self.time = other.time if self.time is None else max(self.time, other.time)
+
+    def record(self, finalized_at: float | None = None) -> StepRecord:
+        values: dict[str, float] = {}
+        mismatches: list[str] = []
+        for name, pool in self.pools.items():
+            result = pool.result()
+            if result.value is not None:
+                values[name] = result.value
+            if result.replica_mismatch:
+                mismatches.append(name)
+            if name == catalog.STRAGGLER_SOURCE:
+                ratio = straggler_ratio(result.per_rank)
+                if ratio is not None:
+                    values[catalog.STRAGGLER_METRIC] = ratio
+        missing = tuple(r for r in self.world.ranks() if r not in self.finals)
+        return StepRecord(
+            run=self.run,
+            role=self.role,
+            step=self.step,
+            complete=not missing,
+            ranks_expected=self.world.size,
+            ranks_reporting=self.world.size - len(missing),
+            missing_ranks=missing,
+            metrics=values,
+            replica_mismatches=tuple(sorted(mismatches)),
+            first_seen=self.first_seen,
+            finalized_at=finalized_at,
+            time=self.time,
+        )
+
+
+class StepAssembler:
+    """Merges reports per (run, role, step) and hands out finalized :class:`StepRecord` s.
+
+    ``add`` raises :class:`ContractError` for a record that cannot be accepted; nothing of that
+    record is kept. Metric forms are fixed per name for the assembler's lifetime: the catalog's
+    forms for canonical names, the first form seen for others.
+    """
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        import time
+
+        self._clock: Clock = clock or time.monotonic
+        self.open: dict[StepKey, StepState] = {}
+        self.finalized: dict[tuple[str, str], FinalizedSteps] = {}
+        self.forms: dict[str, Form] = {}
+        self.counters = AssemblyCounters()
+
+    def _check_forms(self, report: Report) -> None:
+        for name, partial in report.metrics.items():
+            known = self.forms.get(name)
+            if known is not None:
+                if known is not partial.form:
+                    raise ContractError(
+                        f"metrics.{name}",
+                        f"sends form {partial.form.value!r} but the metric has form "
+                        f"{known.value!r}",
+                    )
+                continue
+            spec = catalog.lookup(name)
+            if spec is not None and partial.form not in spec.forms:
+                allowed = " or ".join(repr(f.value) for f in spec.forms)
+                raise ContractError(
+                    f"metrics.{name}",
+                    f"sends form {partial.form.value!r} but the catalog defines {allowed}",
+                )
+
+    def is_finalized(self, run: str, role: str, step: int) -> bool:
+        done = self.finalized.get((run, role))
+        return done is not None and step in done
+
+    def add(self, report: Report) -> tuple[str, StepRecord | None]:
+        """Fold one report in; returns the outcome and the step record if it completed the step."""
+        key = (report.run, report.role, report.step)
+        if self.is_finalized(*key):
+            self.counters.late += 1
+            return AddOutcome.LATE, None
+        state = self.open.get(key)
+        if state is not None and report.seq is not None and (report.rank, report.seq) in state.seen:
+            self.counters.duplicates += 1
+            return AddOutcome.DUPLICATE, None
+        try:
+            self._check_forms(report)
+            if state is not None:
+                state.check(report)
+        except ContractError:
+            self.counters.rejected += 1
+            raise
+        for name, partial in report.metrics.items():
+            self.forms.setdefault(name, partial.form)
+        now = self._clock()
+        if state is None:
+            state = self.open[key] = StepState(
+                report.run, report.role, report.step, report.world, first_seen=now
+            )
+        state.add(report)
+        state.last_seen = now
+        self.counters.accepted += 1
+        self.counters.partials += len(report.metrics)
+        if state.complete:
+            return AddOutcome.ACCEPTED, self.finalize(key)
+        return AddOutcome.ACCEPTED, None
+
+    def merge_state(self, other: StepState) -> StepRecord | None:
+        """Fold a collector's pre-merged state in; returns the record if that completed the step."""
+        key = (other.run, other.role, other.step)
+        if self.is_finalized(*key):
+            self.counters.late += 1
+            return None
+        state = self.open.get(key)
+        if state is None:
+            other.first_seen = other.last_seen = self._clock()
+            self.open[key] = other
+            state = other
+        else:
+            state.merge(other)
+            state.last_seen = self._clock()
+        return self.finalize(key) if state.complete else None
+
+    def finalize(self, key: StepKey) -> StepRecord:
+        """Close one open step now, complete or not."""
+        state = self.open.pop(key)
+        self.finalized.setdefault((state.run, state.role), FinalizedSteps()).add(state.step)
+        record = state.record(finalized_at=self._clock())
+        self.counters.steps_finalized += 1
+        if not record.complete:
+            self.counters.steps_incomplete += 1
+        return record
+
+    def finalize_all(self) -> list[StepRecord]:
+        """Close every open step (end of input), in (run, role, step) order."""
+        return [self.finalize(key) for key in sorted(self.open)]
+
+    def finalize_stale(self, deadline_s: float | Callable[[str, str], float]) -> list[StepRecord]:
+        """Close the open steps whose last report is older than their deadline."""
+        now = self._clock()
+        stale = [
+            key
+            for key, state in self.open.items()
+            if now - state.last_seen
+            >= (deadline_s(state.run, state.role) if callable(deadline_s) else deadline_s)
+        ]
+        return [self.finalize(key) for key in sorted(stale)]
+
+    def add_many(self, reports: Iterable[Report]) -> Iterator[StepRecord]:
+        for report in reports:
+            _, record = self.add(report)
+            if record is not None:
+                yield record
+
+

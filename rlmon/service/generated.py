@@ -1,0 +1,83 @@
+"""Generated files that are checked in: the README metric table, dashboards, rule files.
+
+Each producer module exposes ``artifacts() -> list[Artifact]``. ``rlmon generate`` writes them all;
+``rlmon generate --check`` (and a test) fails when a checked-in copy is stale.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlmon.service.catalog_doc import catalog_markdown
+
+__all__ = ["PRODUCERS", "Artifact", "all_artifacts", "stale", "write"]
+
+# Modules with an `artifacts()` function; the generators of later features add themselves here.
+PRODUCERS: tuple[str, ...] = ("rlmon.service.generated",)
+
+
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    """A file (or, with ``block``, a marked block inside a file) rendered from code."""
+
+    path: str  # relative to the project root
+    render: Callable[[], str]
+    block: str | None = None
+
+    def _markers(self) -> tuple[str, str]:
+        return (f"<!-- generated:{self.block}:start -->\n", f"<!-- generated:{self.block}:end -->")
+
+    def expected(self, current: str | None) -> str:
+        """The file's content as it should be, given its current content."""
+        body = self.render()
+        if self.block is None:
+            return body
+        start, end = self._markers()
+        text = current or ""
+        if start not in text or end not in text:
+            raise ValueError(f"{self.path} lacks the markers {start.strip()} ... {end}")
+        head, rest = text.split(start, 1)
+        _, tail = rest.split(end, 1)
+        return head + start + body + end + tail
+
+
+def artifacts() -> list[Artifact]:
+    return [Artifact("README.md", catalog_markdown, block="catalog")]
+
+
+def all_artifacts() -> list[Artifact]:
+    found: list[Artifact] = []
+    for name in PRODUCERS:
+        found += importlib.import_module(name).artifacts()
+    return found
+
+
+def _read(path: Path) -> str | None:
+    return path.read_text(encoding="utf-8") if path.exists() else None
+
+
+def stale(root: Path) -> list[str]:
+    """Paths whose checked-in content differs from what the code renders now."""
+    out = []
+    for art in all_artifacts():
+        current = _read(root / art.path)
+        if current != art.expected(current):
+            out.append(art.path + (f" (block {art.block})" if art.block else ""))
+    return out
+
+
+def write(root: Path) -> list[str]:
+    """Render every artifact under ``root``; returns the paths that changed."""
+    changed = []
+    for art in all_artifacts():
+        path = root / art.path
+        current = _read(path)
+        new = art.expected(current)
+        if new != current:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(new, encoding="utf-8")
+            changed.append(art.path)
+    return changed

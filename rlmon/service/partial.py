@@ -1,0 +1,231 @@
+"""Partial statistics and their merge: the heart of exact cross-rank reduction.
+
+A rank ships sufficient statistics (DESIGN.md, "Ship sufficient statistics, reduce once"); only
+:func:`MetricPool.result` divides, once, over everything received. Every state merge here is
+associative and commutative, so any split over ranks and micro-batches, any collector tree and
+any arrival order give the same value.
+
+Worked example (``{"sum", "count"}``): rank 0 sends (200, 100), rank 1 sends (300, 300). The pool
+holds (500, 400) and the result is 1.25; the mean of the rank means would be 1.5.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import median
+
+from rlmon.service.rank import AXES, Rank, replica_group
+from rlmon.service.spec import Form
+
+__all__ = [
+    "ALL_AXES",
+    "REPLICA_RTOL",
+    "MetricPool",
+    "MetricResult",
+    "Partial",
+    "State",
+    "combine",
+    "copies_agree",
+    "finalize",
+    "straggler_ratio",
+]
+
+ALL_AXES: frozenset[str] = frozenset(AXES)
+REPLICA_RTOL = 1e-6
+
+# The mergeable state of one partial. Its meaning depends on the form:
+#   MEAN (sum, count)   SUM (sum,)   MIN (min,)   MAX (max,)   SQSUM (sqsum,)
+#   VALUE (lowest copy, highest copy)   MOMENTS (count, sum, sqsum)
+State = tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Partial:
+    """One metric's contribution from one record.
+
+    ``replicated`` names the axes over which ranks hold the same copy (None: not replicated).
+    ``minibatch_mean`` asks for a per-mini-batch reduction followed by a plain mean.
+    """
+
+    form: Form
+    state: State
+    replicated: frozenset[str] | None = None
+    minibatch_mean: bool = False
+
+
+def _nan_min(a: float, b: float) -> float:
+    # min() with NaN depends on argument order; NaN must win whatever the order.
+    if a != a:
+        return a
+    if b != b:
+        return b
+    return a if a <= b else b
+
+
+def _nan_max(a: float, b: float) -> float:
+    if a != a:
+        return a
+    if b != b:
+        return b
+    return a if a >= b else b
+
+
+def combine(form: Form, x: State, y: State) -> State:
+    """Merge two states of the same form (associative and commutative)."""
+    if form is Form.MEAN:
+        return (x[0] + y[0], x[1] + y[1])
+    if form is Form.SUM or form is Form.SQSUM:
+        return (x[0] + y[0],)
+    if form is Form.MIN:
+        return (_nan_min(x[0], y[0]),)
+    if form is Form.MAX:
+        return (_nan_max(x[0], y[0]),)
+    if form is Form.VALUE:
+        return (_nan_min(x[0], y[0]), _nan_max(x[1], y[1]))
+    if form is Form.MOMENTS:
+        return (x[0] + y[0], x[1] + y[1], x[2] + y[2])
+    raise ValueError(f"unknown form {form!r}")
+
+
+def finalize(form: Form, x: State) -> float | None:
+    """The value a state stands for; None when it is undefined (a mean over zero tokens)."""
+    if form is Form.MEAN:
+        total, count = x
+        if count == 0:
+            # Nothing to average over is "absent", not zero; a non-finite sum still propagates.
+            return None if math.isfinite(total) else total
+        return total / count
+    if form is Form.SQSUM:
+        return math.sqrt(x[0]) if not x[0] < 0 else math.nan
+    if form is Form.MOMENTS:
+        count, total, sqsum = x
+        if count == 0:
+            return None if math.isfinite(total) and math.isfinite(sqsum) else math.nan
+        mean = total / count
+        variance = sqsum / count - mean * mean
+        return math.sqrt(max(variance, 0.0)) if variance == variance else math.nan
+    # SUM, MIN, MAX carry their value; VALUE carries its lowest copy.
+    return x[0]
+
+
+def _close(a: float, b: float) -> bool:
+    if a != a or b != b:
+        return a != a and b != b
+    return a == b or math.isclose(a, b, rel_tol=REPLICA_RTOL, abs_tol=0.0)
+
+
+def copies_agree(x: State, y: State) -> bool:
+    """Whether two replicated copies hold the same numbers up to a relative 1e-6."""
+    return all(_close(a, b) for a, b in zip(x, y, strict=True))
+
+
+def _value_consistent(x: State) -> bool:
+    # A VALUE state spans its lowest and highest copy; they must agree.
+    return _close(x[0], x[1])
+
+
+@dataclass(frozen=True, slots=True)
+class MetricResult:
+    """What one metric finalizes to in one step."""
+
+    value: float | None
+    replica_mismatch: bool = False
+    per_rank: tuple[float, ...] = ()
+
+
+class MetricPool:
+    """Every contribution to one metric in one step, kept as mergeable cells.
+
+    A cell key is (mini-batch, rank). The mini-batch is 0 unless ``minibatch_mean`` is set; the
+    rank is None unless copies must be told apart (replicated metrics, or metrics whose per-rank
+    spread is wanted), so the common case folds every rank into one cell.
+    """
+
+    __slots__ = ("cells", "form", "minibatch_mean", "per_rank", "replicated")
+
+    def __init__(
+        self,
+        form: Form,
+        replicated: frozenset[str] | None,
+        minibatch_mean: bool,
+        per_rank: bool = False,
+    ) -> None:
+        self.form = form
+        self.replicated = replicated
+        self.minibatch_mean = minibatch_mean
+        self.per_rank = per_rank or replicated is not None
+        self.cells: dict[tuple[int, Rank | None], State] = {}
+
+    def options_match(self, partial: Partial) -> bool:
+        return (
+            partial.form is self.form
+            and partial.replicated == self.replicated
+            and partial.minibatch_mean == self.minibatch_mean
+        )
+
+    def add(self, rank: Rank, minibatch: int, state: State) -> None:
+        key = (minibatch if self.minibatch_mean else 0, rank if self.per_rank else None)
+        old = self.cells.get(key)
+        self.cells[key] = state if old is None else combine(self.form, old, state)
+
+    def merge(self, other: MetricPool) -> None:
+        """Fold another pool of the same metric and options into this one."""
+        for key, state in other.cells.items():
+            old = self.cells.get(key)
+            self.cells[key] = state if old is None else combine(self.form, old, state)
+
+    def result(self) -> MetricResult:
+        """Dedupe replicas (one copy per group, the lowest rank's), pool, divide once."""
+        form = self.form
+        mismatch = False
+        pools: dict[int, State] = {}
+        if self.replicated is None:
+            for (mb, _), state in self.cells.items():
+                old = pools.get(mb)
+                pools[mb] = state if old is None else combine(form, old, state)
+        else:
+            chosen: dict[tuple[int, Rank], tuple[Rank, State]] = {}
+            for (mb, rank), state in self.cells.items():
+                assert rank is not None
+                group = (mb, replica_group(rank, self.replicated))
+                held = chosen.get(group)
+                if held is None:
+                    chosen[group] = (rank, state)
+                    continue
+                if not copies_agree(held[1], state):
+                    mismatch = True
+                if rank < held[0]:
+                    chosen[group] = (rank, state)
+            for (mb, _), (_, state) in chosen.items():
+                old = pools.get(mb)
+                pools[mb] = state if old is None else combine(form, old, state)
+        if form is Form.VALUE:
+            mismatch = mismatch or not all(map(_value_consistent, pools.values()))
+        values = [finalize(form, pools[mb]) for mb in sorted(pools)]
+        defined = [v for v in values if v is not None]
+        if not defined:
+            value: float | None = None
+        elif len(defined) == 1:
+            value = defined[0]
+        else:
+            finite = all(map(math.isfinite, defined))
+            value = (math.fsum(defined) if finite else sum(defined)) / len(defined)
+        per_rank: tuple[float, ...] = ()
+        if self.per_rank and self.replicated is None:
+            by_rank: dict[Rank, State] = {}
+            for (_, rank), state in self.cells.items():
+                assert rank is not None
+                old = by_rank.get(rank)
+                by_rank[rank] = state if old is None else combine(form, old, state)
+            finals = (finalize(form, by_rank[r]) for r in sorted(by_rank))
+            per_rank = tuple(v for v in finals if v is not None)
+        return MetricResult(value=value, replica_mismatch=mismatch, per_rank=per_rank)
+
+
+def straggler_ratio(per_rank: tuple[float, ...]) -> float | None:
+    """Slowest rank over the median rank; None with fewer than two ranks or a zero median."""
+    if len(per_rank) < 2:
+        return None
+    mid = median(per_rank)
+    return max(per_rank) / mid if mid > 0 else None

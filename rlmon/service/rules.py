@@ -1,0 +1,228 @@
+"""Alert rules as data: a pydantic model for YAML rule files, and the default pack.
+
+The default pack is DESIGN.md's table ("Default alert rules"): the threshold rules come from the
+AlertSpecs in the catalog; the structural ones (non-finite values, physical domains, missing ranks,
+replica disagreement) apply to every metric and are declared here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from rlmon.service import catalog
+from rlmon.service.spec import AlertSpec, Comparison, Severity
+
+__all__ = [
+    "Condition",
+    "Rule",
+    "RuleError",
+    "RuleFile",
+    "default_rules",
+    "load_rules",
+    "parse_rules",
+    "rules_to_yaml",
+]
+
+
+class Condition(StrEnum):
+    THRESHOLD = "threshold"  # value <op> threshold
+    OUTSIDE = "outside"  # value < low or value > high
+    NON_FINITE = "non_finite"  # NaN or Inf (metric "*" = any metric)
+    OUT_OF_DOMAIN = "out_of_domain"  # outside the catalog's physical domain (metric "*" = any)
+    STUCK = "stuck"  # unchanged (within tolerance) over `window` evaluated steps
+    TREND = "trend"  # strictly monotone over `window` evaluated steps
+    RANK_MISSING = "rank_missing"  # the step finalized without every expected rank
+    REPLICA_MISMATCH = "replica_mismatch"  # replicated copies disagree
+
+
+_NEEDS_METRIC = {Condition.THRESHOLD, Condition.OUTSIDE, Condition.STUCK, Condition.TREND}
+ANY_METRIC = "*"
+
+
+class Rule(BaseModel):
+    """One alert rule. ``for`` counts consecutive evaluated steps of one (run, role)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_]*$", max_length=128)
+    severity: Severity
+    condition: Condition
+    metric: str = ANY_METRIC
+    op: Literal[">", ">=", "<", "<=", "abs<"] | None = None
+    threshold: float | None = None
+    low: float | None = None
+    high: float | None = None
+    window: int | None = Field(default=None, ge=2, le=10_000)
+    direction: Literal["up", "down"] | None = None
+    tolerance: float = Field(default=0.0, ge=0.0)
+    for_steps: int = Field(default=1, ge=1, le=100_000, alias="for")
+    resolve_after: int | None = Field(default=None, ge=1, le=100_000)
+    roles: tuple[str, ...] | None = None
+    summary: str = ""
+
+    @model_validator(mode="after")
+    def _fields_for_condition(self) -> Rule:
+        cond = self.condition
+        if cond in _NEEDS_METRIC and self.metric == ANY_METRIC:
+            raise ValueError(f"condition {cond.value!r} needs a concrete 'metric'")
+        if cond is Condition.THRESHOLD and (self.op is None or self.threshold is None):
+            raise ValueError("condition 'threshold' needs 'op' and 'threshold'")
+        if cond is Condition.OUTSIDE:
+            if self.low is None or self.high is None:
+                raise ValueError("condition 'outside' needs 'low' and 'high'")
+            if self.low > self.high:
+                raise ValueError(f"'low' ({self.low}) is above 'high' ({self.high})")
+        if cond in (Condition.STUCK, Condition.TREND) and self.window is None:
+            raise ValueError(f"condition {cond.value!r} needs 'window' (>= 2 steps)")
+        if cond is Condition.TREND and self.direction is None:
+            raise ValueError("condition 'trend' needs 'direction' (up or down)")
+        return self
+
+    @property
+    def resolve_steps(self) -> int:
+        """Consecutive false steps before a firing alert resolves (defaults to ``for``)."""
+        return self.resolve_after if self.resolve_after is not None else self.for_steps
+
+    def describe(self) -> str:
+        """The condition in words, for notifications and docs."""
+        c = self.condition
+        if c is Condition.THRESHOLD:
+            text = f"{self.metric} {self.op} {self.threshold:g}"
+            if self.op == "abs<":
+                text = f"abs({self.metric}) < {self.threshold:g}"
+        elif c is Condition.OUTSIDE:
+            text = f"{self.metric} outside [{self.low:g}, {self.high:g}]"
+        elif c is Condition.STUCK:
+            text = f"{self.metric} unchanged for {self.window} steps"
+        elif c is Condition.TREND:
+            text = f"{self.metric} trending {self.direction} for {self.window} steps"
+        elif c is Condition.NON_FINITE:
+            text = "a metric is NaN or Inf" if self.metric == ANY_METRIC else f"{self.metric} NaN/Inf"
+        elif c is Condition.OUT_OF_DOMAIN:
+            text = "a value outside its physical domain"
+        elif c is Condition.RANK_MISSING:
+            text = "a step finalized without every expected rank"
+        else:
+            text = "replicated copies disagree"
+        return text + (f" for {self.for_steps} steps" if self.for_steps > 1 else "")
+
+
+class RuleFile(BaseModel):
+    """A user rule file: overrides and additions on top of the default pack."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    include_defaults: bool = True
+    disable: list[str] = Field(default_factory=list)
+    rules: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class RuleError(ValueError):
+    """A rule file is invalid; the message names the rule and the field."""
+
+
+def _rule_from_spec(metric: str, spec: AlertSpec) -> Rule:
+    if spec.comparison is Comparison.OUTSIDE:
+        fields: dict[str, Any] = {
+            "condition": Condition.OUTSIDE, "low": spec.threshold, "high": spec.high,
+        }
+    else:
+        fields = {
+            "condition": Condition.THRESHOLD, "op": spec.comparison.value,
+            "threshold": spec.threshold,
+        }
+    return Rule(
+        name=spec.name, severity=spec.severity, metric=metric, for_steps=spec.for_steps,
+        summary=spec.summary, **fields,
+    )
+
+
+def default_rules() -> list[Rule]:
+    """DESIGN.md's default pack, in the table's order of concern."""
+    rules = [
+        _rule_from_spec(spec.name, alert) for spec in catalog.metrics() for alert in spec.alerts
+    ]
+    rules += [
+        Rule(name="NonFiniteMetric", severity=Severity.CRITICAL, condition=Condition.NON_FINITE,
+             summary="A metric is NaN or Inf"),
+        Rule(name="RankMissing", severity=Severity.CRITICAL, condition=Condition.RANK_MISSING,
+             summary="A step finalized without every expected rank"),
+        Rule(name="ReplicaMismatch", severity=Severity.CRITICAL,
+             condition=Condition.REPLICA_MISMATCH, summary="Replicated copies disagree"),
+        Rule(name="MetricOutOfDomain", severity=Severity.CRITICAL,
+             condition=Condition.OUT_OF_DOMAIN, summary="A value outside its physical domain"),
+    ]
+    return rules
+
+
+def _location(loc: Sequence[int | str]) -> str:
+    return ".".join(str(part) for part in loc) or "(rule)"
+
+
+def _parse_rule(index: int, raw: Any) -> Rule:
+    if not isinstance(raw, dict):
+        raise RuleError(f"rules[{index}]: a rule must be a mapping, got {type(raw).__name__}")
+    label = f"rules[{index}] ({raw.get('name', 'unnamed')})"
+    try:
+        return Rule.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{_location(e['loc'])}: {e['msg']}"
+            + (f" (got {e['input']!r})" if e["type"] != "missing" and e["loc"] else "")
+            for e in exc.errors()
+        )
+        raise RuleError(f"{label}: {problems}") from None
+
+
+def parse_rules(text: str, source: str = "rules") -> list[Rule]:
+    """Parse a rule file on top of the defaults; raise :class:`RuleError` with the rule and field."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RuleError(f"{source}: not valid YAML: {exc}") from None
+    if data is None:
+        data = {}
+    if isinstance(data, list):
+        data = {"rules": data}
+    try:
+        spec = RuleFile.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{_location(e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise RuleError(f"{source}: {problems}") from None
+    user = [_parse_rule(i, raw) for i, raw in enumerate(spec.rules)]
+    names = [r.name for r in user]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise RuleError(f"{source}: rule {sorted(dup)[0]!r} is defined more than once")
+    base = default_rules() if spec.include_defaults else []
+    known = {r.name for r in base} | set(names)
+    for name in spec.disable:
+        if name not in known:
+            raise RuleError(f"{source}: disable: no rule named {name!r}")
+    overridden = set(names)
+    merged = [r for r in base if r.name not in overridden] + user
+    return [r for r in merged if r.name not in set(spec.disable)]
+
+
+def load_rules(path: str | Path | None) -> list[Rule]:
+    """The default pack, or a rule file on top of it."""
+    if path is None:
+        return default_rules()
+    p = Path(path)
+    return parse_rules(p.read_text(encoding="utf-8"), source=str(p))
+
+
+def rules_to_yaml(rules: Iterable[Rule]) -> str:
+    """Rules as a YAML rule file (``include_defaults: false``), e.g. to start customising."""
+    items = []
+    for rule in rules:
+        item = rule.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+        item.setdefault("for", rule.for_steps)
+        items.append(item)
+    return yaml.safe_dump({"include_defaults": False, "rules": items}, sort_keys=False)

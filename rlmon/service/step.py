@@ -1,0 +1,73 @@
+"""StepRecord: what one (run, role, step) finalizes to."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlmon.service.rank import Rank
+
+__all__ = ["StepKey", "StepRecord", "json_number"]
+
+StepKey = tuple[str, str, int]  # (run, role, step)
+
+
+def json_number(value: float | None) -> float | None:
+    """JSON has no NaN or Infinity: non-finite values travel as null (see ``nonfinite``)."""
+    if value is None or not math.isfinite(value):
+        return None
+    return value
+
+
+def _nonfinite_name(value: float) -> str:
+    if value != value:
+        return "NaN"
+    return "Infinity" if value > 0 else "-Infinity"
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """The aggregated values of one step of one role of one run.
+
+    ``metrics`` holds every metric that was defined in the step (a mean over zero tokens is left
+    out: absent is not zero); NaN and Inf are kept as floats.
+    """
+
+    run: str
+    role: str
+    step: int
+    complete: bool
+    ranks_expected: int
+    ranks_reporting: int
+    missing_ranks: tuple[Rank, ...]
+    metrics: Mapping[str, float]
+    replica_mismatches: tuple[str, ...] = ()
+    first_seen: float | None = None
+    finalized_at: float | None = None
+    time: float | None = field(default=None)
+
+    @property
+    def key(self) -> StepKey:
+        return (self.run, self.role, self.step)
+
+    def to_json(self) -> dict[str, Any]:
+        """The replay line of DESIGN.md; ``nonfinite`` is added only when some value is NaN/Inf."""
+        line: dict[str, Any] = {
+            "type": "step",
+            "run": self.run,
+            "role": self.role,
+            "step": self.step,
+            "complete": self.complete,
+            "ranks_expected": self.ranks_expected,
+            "ranks_reporting": self.ranks_reporting,
+            "missing_ranks": [rank.as_dict() for rank in self.missing_ranks],
+            "metrics": {name: json_number(v) for name, v in self.metrics.items()},
+        }
+        nonfinite = {n: _nonfinite_name(v) for n, v in self.metrics.items() if not math.isfinite(v)}
+        if nonfinite:
+            line["nonfinite"] = nonfinite
+        if self.replica_mismatches:
+            line["replica_mismatches"] = list(self.replica_mismatches)
+        return line
