@@ -8,6 +8,7 @@ after a newer one was evaluated is skipped and counted, never evaluated out of o
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -100,7 +101,7 @@ def _window_check(rule: Rule, state: AlertState, value: float) -> bool:
     values = list(state.history)
     if rule.condition is Condition.STUCK:
         return max(values) - min(values) <= rule.tolerance
-    pairs = zip(values, values[1:], strict=False)
+    pairs = list(itertools.pairwise(values))
     if rule.direction == "up":
         return all(b > a for a, b in pairs)
     return all(b < a for a, b in pairs)
@@ -112,9 +113,7 @@ def _check(rule: Rule, record: StepRecord, state: AlertState) -> _Check:
     if cond is Condition.RANK_MISSING:
         return _Check(True, not record.complete, "ranks_reporting", float(record.ranks_reporting))
     if cond is Condition.REPLICA_MISMATCH:
-        names = record.replica_mismatches
-        if rule.metric != ANY_METRIC:
-            names = tuple(n for n in names if n == rule.metric)
+        names = [n for n in record.replica_mismatches if rule.metric in (ANY_METRIC, n)]
         first = names[0] if names else rule.metric
         return _Check(True, bool(names), first if first != ANY_METRIC else "", metrics.get(first))
     if cond is Condition.NON_FINITE:
@@ -137,10 +136,12 @@ def _check(rule: Rule, record: StepRecord, state: AlertState) -> _Check:
     if value is None or not math.isfinite(value):
         return _NOT_APPLICABLE  # absent is not zero; NaN is NonFiniteMetric's job
     if cond is Condition.THRESHOLD:
-        assert rule.op is not None and rule.threshold is not None
+        assert rule.op is not None
+        assert rule.threshold is not None
         return _Check(True, _compare(rule.op, value, rule.threshold), rule.metric, value)
     if cond is Condition.OUTSIDE:
-        assert rule.low is not None and rule.high is not None
+        assert rule.low is not None
+        assert rule.high is not None
         return _Check(True, value < rule.low or value > rule.high, rule.metric, value)
     return _Check(True, _window_check(rule, state, value), rule.metric, value)
 
@@ -168,8 +169,8 @@ class AlertEngine:
         """Drop the state of a finished run."""
         for key in [k for k in self.states if k[0] == run]:
             del self.states[key]
-        for key in [k for k in self.last_step if k[0] == run]:
-            del self.last_step[key]
+        for stream in [k for k in self.last_step if k[0] == run]:
+            del self.last_step[stream]
 
     def evaluate(self, record: StepRecord) -> list[AlertEvent]:
         """Feed one finalized step; returns the alerts that fired or resolved at it."""

@@ -70,8 +70,8 @@ class Report:
     role: str
     step: int
     metrics: Mapping[str, Partial]
-    rank: Rank = Rank()
-    world: World = World()
+    rank: Rank = Rank()  # noqa: RUF009 - immutable NamedTuple
+    world: World = World()  # noqa: RUF009 - immutable NamedTuple
     final: bool = True
     seq: int | None = None
     minibatch: int = 0

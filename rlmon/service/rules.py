@@ -137,10 +137,9 @@ def _rule_from_spec(metric: str, spec: AlertSpec) -> Rule:
             "condition": Condition.THRESHOLD, "op": spec.comparison.value,
             "threshold": spec.threshold,
         }
-    return Rule(
-        name=spec.name, severity=spec.severity, metric=metric, for_steps=spec.for_steps,
-        summary=spec.summary, **fields,
-    )
+    fields.update(name=spec.name, severity=spec.severity, metric=metric, summary=spec.summary)
+    fields["for"] = spec.for_steps
+    return Rule.model_validate(fields)
 
 
 def default_rules() -> list[Rule]:

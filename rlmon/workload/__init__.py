@@ -1,0 +1,1 @@
+"""A small, real GRPO workload (numpy) for the demo and the bundled example run."""
