@@ -16,6 +16,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "rlmon.commands.rules",
     "rlmon.commands.generate",
     "rlmon.commands.demo",
+    "rlmon.commands.dashboards",
 )
 
 

@@ -16,7 +16,7 @@ from rlmon.service.catalog_doc import catalog_markdown
 __all__ = ["PRODUCERS", "Artifact", "all_artifacts", "stale", "write"]
 
 # Modules with an `artifacts()` function; the generators of later features add themselves here.
-PRODUCERS: tuple[str, ...] = ("rlmon.service.generated",)
+PRODUCERS: tuple[str, ...] = ("rlmon.service.generated", "rlmon.service.dashboards.artifacts")
 
 
 @dataclass(frozen=True, slots=True)

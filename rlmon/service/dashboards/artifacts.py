@@ -1,0 +1,54 @@
+"""Checked-in files rendered from the dashboards: ``dashboards/*.json`` and the Helm chart's copies.
+
+Helm can only read files inside the chart, so the chart carries copies of the dashboards and of
+the Prometheus rule files other producers write under ``dashboards/``. Each copy is an Artifact
+rendered by the same function as its original, so ``rlmon generate --check`` fails when either
+drifts.
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import partial
+
+from rlmon.service.dashboards.registry import DASHBOARDS, DIRECTORY, render
+from rlmon.service.generated import PRODUCERS, Artifact
+
+__all__ = ["CHART_FILES", "artifacts", "chart_copies", "chart_path"]
+
+CHART_FILES = "helm/rlmon/files"
+_RULE_SUFFIXES = (".yaml", ".yml")
+
+
+def dashboard_artifacts() -> list[Artifact]:
+    return [Artifact(d.path, partial(render, d)) for d in DASHBOARDS]
+
+
+def _rule_artifacts() -> list[Artifact]:
+    """Whole-file Prometheus rule files that other producers generate under ``dashboards/``."""
+    found = []
+    for name in PRODUCERS:
+        if name == __name__:
+            continue
+        for art in importlib.import_module(name).artifacts():
+            if (art.block is None and art.path.startswith(DIRECTORY + "/")
+                    and art.path.endswith(_RULE_SUFFIXES)):
+                found.append(art)
+    return found
+
+
+def chart_path(original: str) -> str:
+    """``dashboards/x.json`` -> ``helm/rlmon/files/dashboards/x.json``; rule files -> ``files/rules/``."""
+    name = original.removeprefix(DIRECTORY + "/")
+    kind = "rules" if name.endswith(_RULE_SUFFIXES) else "dashboards"
+    return f"{CHART_FILES}/{kind}/{name}"
+
+
+def chart_copies(originals: list[Artifact]) -> list[Artifact]:
+    """The same renderers, writing into the chart."""
+    return [Artifact(chart_path(art.path), art.render) for art in originals]
+
+
+def artifacts() -> list[Artifact]:
+    own = dashboard_artifacts()
+    return own + chart_copies(own + _rule_artifacts())

@@ -1,0 +1,87 @@
+"""The RLHF run overview: health at a glance, then every catalog metric of the overview dashboard.
+
+Rows come from the catalog's panel hints; ``ROWS`` fixes their order top to bottom (what someone
+paged at night needs first), and a test fails if the catalog grows a row that is not listed here.
+"""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.cog.builder import Builder
+from grafana_foundation_sdk.models import dashboard as dm
+
+from rlmon.service.dashboards import series
+from rlmon.service.dashboards.common import frame
+from rlmon.service.dashboards.panels import (
+    catalog_rows,
+    metric_groups,
+    metric_panel,
+    query,
+    stat_panel,
+    table_panel,
+    timeseries_panel,
+)
+from rlmon.service.dashboards.promql import select
+from rlmon.service.dashboards.thresholds import Band
+
+__all__ = ["ROWS", "UID", "build"]
+
+UID = "rlmon-overview"
+DASHBOARD = "overview"
+ROWS = (
+    "Reward",
+    "Rollout",
+    "Rollout / trainer mismatch",
+    "Optimisation",
+    "Performance",
+    "Critic",
+)
+_GREEN_RED = [Band(None, "green"), Band(1, "red")]
+
+
+def health_panels() -> list[Builder[dm.Panel]]:
+    """Alerts firing, missing ranks, latest step: the first row of the run dashboards."""
+    firing = select(series.ALERT_FIRING) + " == 1"
+    reporting, expected = select(series.RANKS_REPORTING), select(series.RANKS_EXPECTED)
+    return [
+        stat_panel("Firing alerts", "rlmon alerts firing now for the selected runs and roles.",
+                   f"count({firing}) or vector(0)", bands=_GREEN_RED, legend="firing"),
+        stat_panel("Ranks missing",
+                   "Expected ranks that did not report the latest finalized step (a missing "
+                   "rank is reported as missing, never as a frozen value).",
+                   f"sum(clamp_min({expected} - {reporting}, 0)) or vector(0)",
+                   bands=_GREEN_RED, legend="missing"),
+        stat_panel("Latest step", "The last finalized trainer step per run and role.",
+                   f"max by (run, role) ({select(series.STEP)})"),
+        stat_panel("Step complete",
+                   "1 when the latest step was finalized with every expected rank, 0 when it "
+                   "was finalized at its deadline without them.",
+                   f"min by (run, role) ({select(series.STEP_COMPLETE)})",
+                   bands=[Band(None, "red"), Band(1, "green")]),
+        timeseries_panel(
+            "Ranks reporting vs expected",
+            "Ranks whose partials made it into the latest finalized step, against the world "
+            "size the ranks declared.",
+            [query(reporting, "{{run}} {{role}} reporting", "A"),
+             query(expected, "{{run}} {{role}} expected", "B")],
+            unit="short", span=12,
+        ),
+        table_panel("Firing alerts by run and role",
+                    "One row per firing alert; the same alerts mark the charts as annotations.",
+                    firing, span=12, height=8),
+    ]
+
+
+def build() -> db.Dashboard:
+    dash = frame(UID, "rlmon / RLHF run overview",
+                 "Reward, rollout, rollout/trainer mismatch, optimisation and performance "
+                 "metrics of RLHF runs, aggregated exactly across ranks by rlmon.")
+    dash = dash.with_row(db.Row("Health"))
+    for panel in health_panels():
+        dash = dash.with_panel(panel)
+    rows = catalog_rows(DASHBOARD)
+    for row in ROWS:
+        dash = dash.with_row(db.Row(row))
+        for group in metric_groups(rows.get(row, [])):
+            dash = dash.with_panel(metric_panel(group))
+    return dash
