@@ -12,7 +12,13 @@ from typing import IO
 from rlmon.service.replay import ReplayResult, replay
 from rlmon.service.rules import RuleError, load_rules
 
-__all__ = ["register", "run_replay"]
+__all__ = ["print_json", "print_table", "register", "run_replay"]
+
+# The columns of the readable table; everything else is in --json.
+KEY_METRICS = (
+    "actor/is_ratio", "actor/logp_diff", "actor/loss", "actor/entropy", "actor/kl",
+    "rollout/reward", "rollout/response_length", "critic/loss",
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -20,6 +26,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("file", help="JSON Lines file of partial reports ('-' for stdin)")
     p.add_argument("--rules", help="YAML rule file (on top of the default pack)")
     p.add_argument("--json", action="store_true", help="one JSON object per line (the contract)")
+    p.add_argument("--alerts-to", metavar="DEST",
+                   help="also deliver the alerts: console, slack, pagerduty, webhook (comma list)")
+    p.add_argument("--config", help="rlmon config file (notifiers, routing) for --alerts-to")
+    p.add_argument("--all-severities", action="store_true",
+                   help="with --alerts-to: send every alert there, ignoring severity routes")
     p.set_defaults(func=run_replay)
 
 
@@ -49,13 +60,11 @@ def print_table(result: ReplayResult) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 140)
     for error in result.errors:
         console.print(f"[red]line {error.line}[/red]: {error.error}", highlight=False)
-    names: list[str] = []
-    for record, _ in result.steps:
-        names += [n for n in record.metrics if n not in names]
-    shown = names[:8]
+    present = {n for record, _ in result.steps for n in record.metrics}
+    shown = [n for n in KEY_METRICS if n in present][:6]
     table = Table(title="rlmon replay", show_lines=False)
     for col in ("run", "role", "step", "ranks", *shown, "alerts"):
         table.add_column(col, justify="right" if col not in ("run", "role", "alerts") else "left")
@@ -70,6 +79,15 @@ def print_table(result: ReplayResult) -> None:
         )
         table.add_row(record.run, record.role, str(record.step), ranks, *cells, alerts)
     console.print(table)
+    for record, events in result.steps:
+        for e in events:
+            colour = "red" if e.severity == "critical" else "yellow"
+            value = "NaN/Inf" if e.value is None else f"{e.value:.4g}"
+            console.print(
+                f"[{colour}]{e.alert} {e.state}[/] {e.run}/{e.role} step {e.step}: "
+                f"{e.metric} = {value} ({e.condition})",
+                highlight=False,
+            )
     s = result.summary()
     console.print(
         f"{s['lines']} lines, {s['accepted']} accepted, {s['rejected']} rejected, "
@@ -94,4 +112,15 @@ def run_replay(args: argparse.Namespace) -> int:
         print_json(result, sys.stdout, sys.stderr)
     else:
         print_table(result)
+    if args.alerts_to:
+        from rlmon.commands.deliver import deliver_alerts, parse_destinations
+
+        try:
+            destinations = parse_destinations(args.alerts_to)
+        except ValueError as exc:
+            print(f"rlmon replay: {exc}", file=sys.stderr)
+            return 2
+        delivered = deliver_alerts(result, destinations, args.config, args.all_severities)
+        if delivered:
+            return delivered
     return result.exit_code

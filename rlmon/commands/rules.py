@@ -19,6 +19,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     check = rsub.add_parser("check", help="validate a rule file")
     check.add_argument("file")
     check.set_defaults(func=_check)
+    export = rsub.add_parser("export", help="write Prometheus alerting rules from the rule pack")
+    export.add_argument("--format", choices=("prometheus", "prometheusrule"), default="prometheus",
+                        help="a Prometheus rule file, or a prometheus-operator PrometheusRule")
+    export.add_argument("--rules", help="YAML rule file on top of the default pack")
+    export.add_argument("--config", help="rlmon config (prometheus_rules.step_period_seconds)")
+    export.add_argument("--step-period", type=float, help="seconds per trainer step (for: N steps)")
+    export.add_argument("-o", "--output", help="write here instead of stdout")
+    export.set_defaults(func=_export)
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -37,4 +45,29 @@ def _check(args: argparse.Namespace) -> int:
         print(f"rlmon rules: {exc}", file=sys.stderr)
         return 2
     print(f"{args.file}: {len(rules)} rules OK")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rlmon.service.config import ConfigError, load_config
+    from rlmon.service.prom_rules import render
+
+    try:
+        settings = load_config(args.config)
+        rules = load_rules(args.rules)
+    except (ConfigError, RuleError, OSError) as exc:
+        print(f"rlmon rules: {exc}", file=sys.stderr)
+        return 2
+    cfg = settings.prometheus_rules
+    period = args.step_period if args.step_period is not None else cfg.step_period_seconds
+    if period <= 0:
+        print("rlmon rules: --step-period must be positive", file=sys.stderr)
+        return 2
+    text = render(rules, step_period=period, fmt=args.format, interval=cfg.evaluation_interval)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        print(text, end="")
     return 0

@@ -16,7 +16,11 @@ from rlmon.service.catalog_doc import catalog_markdown
 __all__ = ["PRODUCERS", "Artifact", "all_artifacts", "stale", "write"]
 
 # Modules with an `artifacts()` function; the generators of later features add themselves here.
-PRODUCERS: tuple[str, ...] = ("rlmon.service.generated", "rlmon.service.dashboards.artifacts")
+PRODUCERS: tuple[str, ...] = (
+    "rlmon.service.generated",
+    "rlmon.service.dashboards.artifacts",
+    "rlmon.service.prom_rules",
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,67 @@
+"""``rlmon replay FILE --alerts-to ...``: deliver a replayed run's alerts through real notifiers.
+
+Not a subcommand of its own: :mod:`rlmon.commands.replay` calls it. A fresh temporary outbox is
+used, so replaying the same file twice sends twice (that is the point of a routing test), and the
+service's own outbox is never touched.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+from rlmon.service.config import DESTINATIONS, ConfigError, RoutingConfig, load_config
+from rlmon.service.replay import ReplayResult
+
+__all__ = ["deliver_alerts", "parse_destinations"]
+
+
+def parse_destinations(text: str) -> list[str]:
+    """``slack,pagerduty`` -> ["slack", "pagerduty"]; raises ValueError naming a bad one."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in DESTINATIONS]
+    if bad or not names:
+        raise ValueError(f"--alerts-to: unknown destination {bad[0] if bad else text!r}; "
+                         f"choose from {', '.join(DESTINATIONS)}")
+    return names
+
+
+def deliver_alerts(
+    result: ReplayResult, destinations: Sequence[str], config: str | None,
+    all_severities: bool = False, timeout: float = 120.0, err: IO[str] | None = None,
+) -> int:
+    """Route and deliver; returns 0 when everything routed was accepted, 1 otherwise."""
+    from rlmon.service.notify import build_dispatcher, open_outbox
+
+    err = err or sys.stderr
+    try:
+        settings = load_config(config)
+    except ConfigError as exc:
+        print(f"rlmon replay: {exc}", file=err)
+        return 2
+    if all_severities or list(destinations) == ["console"]:
+        chosen = RoutingConfig.model_validate({"critical": list(destinations),
+                                               "warning": list(destinations)})
+        settings.routing = chosen
+    events = result.alerts
+    with tempfile.TemporaryDirectory(prefix="rlmon-replay-") as tmp:
+        outbox = open_outbox(settings, Path(tmp) / "outbox.sqlite")
+        dispatcher = build_dispatcher(settings, outbox, only=destinations)
+        missing = [d for d in destinations if d not in dispatcher.notifiers]
+        if missing:
+            print(f"rlmon replay: {', '.join(missing)} not configured (set its URL or key: see "
+                  "the README, 'Alert routing')", file=err)
+            outbox.close()
+            return 2
+        for record, step_events in result.steps:
+            dispatcher.submit(step_events, finalized_at=record.finalized_at)
+        drained = dispatcher.drain(timeout)
+        stats = outbox.counters()
+        outbox.close()
+    print(f"rlmon replay: {len(events)} alert events -> {stats.sent} notifications delivered, "
+          f"{stats.failed} failed, {stats.pending} undelivered"
+          + ("" if drained else f" (gave up after {timeout:g}s)"), file=err)
+    return 0 if drained and stats.failed == 0 else 1

@@ -1,0 +1,328 @@
+"""The service configuration: one pydantic-settings model, from a YAML file and the environment.
+
+Precedence: environment (``RLMON_`` prefix, ``__`` between nested keys) over the YAML file over
+defaults. Secrets (the Slack webhook URL, the PagerDuty routing key, the webhook token) are read
+only from the environment or from a file named in the config (``*_file``, e.g. a Kubernetes secret
+mount); a secret written into the YAML file is an error, so it never lands in a ConfigMap or in git.
+Importing this module never imports Ray.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from rlmon.service.redact import Redactor
+
+__all__ = [
+    "DESTINATIONS",
+    "ConfigError",
+    "ExporterConfig",
+    "NotifiersConfig",
+    "OutboxConfig",
+    "PagerDutyConfig",
+    "RouteTable",
+    "RoutingConfig",
+    "Settings",
+    "Silence",
+    "SlackConfig",
+    "WebhookConfig",
+    "load_config",
+]
+
+Destination = Literal["slack", "pagerduty", "webhook", "console"]
+PdSeverity = Literal["critical", "error", "warning", "info"]
+DESTINATIONS: tuple[str, ...] = ("slack", "pagerduty", "webhook", "console")
+
+# Short, documented environment names for the secrets (the nested RLMON_NOTIFIERS__SLACK__... form
+# works too).
+SECRET_ENV = {
+    ("slack", "webhook_url"): "RLMON_SLACK_WEBHOOK_URL",
+    ("pagerduty", "routing_key"): "RLMON_PAGERDUTY_ROUTING_KEY",
+    ("webhook", "token"): "RLMON_WEBHOOK_TOKEN",
+}
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the field (and never a secret's value)."""
+
+
+def _default_severity_map() -> dict[str, PdSeverity]:
+    return {"critical": "critical", "warning": "warning"}
+
+
+def _dests(*names: Destination) -> list[Destination]:
+    return list(names)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _secret_from(field: str, section: str, explicit: Any, file: Path | None) -> SecretStr | None:
+    """A secret from (in order) the nested env/explicit value, the short env name, or a file."""
+    if explicit:
+        return explicit if isinstance(explicit, SecretStr) else SecretStr(str(explicit))
+    value = os.environ.get(SECRET_ENV[(section, field)], "")
+    if not value and file is not None:
+        try:
+            value = Path(file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ValueError(f"{field}_file: cannot read {file}: {exc.strerror}") from None
+    return SecretStr(value) if value else None
+
+
+class SlackConfig(_Section):
+    """Slack incoming webhook. The webhook URL is the credential: env or file only."""
+
+    enabled: bool = True
+    webhook_url: SecretStr | None = None
+    webhook_url_file: Path | None = None
+    username: str = "rlmon"
+    min_interval_seconds: float = Field(default=1.0, ge=0.0)  # Slack: ~1 message/s per webhook
+    timeout_seconds: float = Field(default=10.0, gt=0.0)
+
+    @model_validator(mode="after")
+    def _resolve(self) -> SlackConfig:
+        secret = _secret_from("webhook_url", "slack", self.webhook_url, self.webhook_url_file)
+        object.__setattr__(self, "webhook_url", secret)
+        return self
+
+    @property
+    def ready(self) -> bool:
+        return self.enabled and self.webhook_url is not None
+
+
+class PagerDutyConfig(_Section):
+    """PagerDuty Events API v2. The routing (integration) key comes from env or a file only."""
+
+    enabled: bool = True
+    routing_key: SecretStr | None = None
+    routing_key_file: Path | None = None
+    base_url: str = Field(default="https://events.pagerduty.com", pattern=r"^https://")
+    group: str = "rlmon"
+    severity_map: dict[str, PdSeverity] = Field(default_factory=_default_severity_map)
+    min_interval_seconds: float = Field(default=0.5, ge=0.0)  # 120 events/min per routing key
+    timeout_seconds: float = Field(default=10.0, gt=0.0)
+
+    @model_validator(mode="after")
+    def _resolve(self) -> PagerDutyConfig:
+        secret = _secret_from("routing_key", "pagerduty", self.routing_key, self.routing_key_file)
+        object.__setattr__(self, "routing_key", secret)
+        return self
+
+    @property
+    def ready(self) -> bool:
+        return self.enabled and self.routing_key is not None
+
+
+class WebhookConfig(_Section):
+    """A generic JSON webhook; an optional bearer token comes from env or a file."""
+
+    enabled: bool = True
+    url: str | None = Field(default=None, pattern=r"^https?://")
+    token: SecretStr | None = None
+    token_file: Path | None = None
+    min_interval_seconds: float = Field(default=0.0, ge=0.0)
+    timeout_seconds: float = Field(default=10.0, gt=0.0)
+
+    @model_validator(mode="after")
+    def _resolve(self) -> WebhookConfig:
+        object.__setattr__(self, "token", _secret_from("token", "webhook", self.token,
+                                                       self.token_file))
+        return self
+
+    @property
+    def ready(self) -> bool:
+        return self.enabled and self.url is not None
+
+
+class ConsoleConfig(_Section):
+    enabled: bool = True
+    stream: Literal["stderr", "stdout"] = "stderr"
+
+
+class NotifiersConfig(_Section):
+    slack: SlackConfig = Field(default_factory=SlackConfig)
+    pagerduty: PagerDutyConfig = Field(default_factory=PagerDutyConfig)
+    webhook: WebhookConfig = Field(default_factory=WebhookConfig)
+    console: ConsoleConfig = Field(default_factory=ConsoleConfig)
+
+
+class RouteTable(_Section):
+    """Destinations per severity."""
+
+    critical: list[Destination] = Field(default_factory=lambda: _dests("pagerduty", "slack"))
+    warning: list[Destination] = Field(default_factory=lambda: _dests("slack"))
+
+    def for_severity(self, severity: str) -> list[str]:
+        return list(self.critical if severity == "critical" else self.warning)
+
+
+class RunRoute(_Section):
+    """A per-run override: runs whose id matches the glob ``run`` use these routes."""
+
+    run: str
+    critical: list[Destination] | None = None
+    warning: list[Destination] | None = None
+
+
+class RoutingConfig(RouteTable):
+    runs: list[RunRoute] = Field(default_factory=list)
+
+    def destinations(self, run: str, severity: str) -> list[str]:
+        """The destinations of an alert: the first matching run override, else the defaults."""
+        for override in self.runs:
+            if fnmatch.fnmatchcase(run, override.run):
+                chosen = override.critical if severity == "critical" else override.warning
+                if chosen is not None:
+                    return list(chosen)
+        return self.for_severity(severity)
+
+
+class Silence(_Section):
+    """Mute the alerts matching ``run`` and ``alert`` (globs) until ``until`` (forever if unset)."""
+
+    run: str = "*"
+    alert: str = "*"
+    role: str = "*"
+    until: datetime | None = None
+    comment: str = ""
+
+    def matches(self, run: str, role: str, alert: str, now: datetime | None = None) -> bool:
+        if self.until is not None:
+            until = self.until if self.until.tzinfo else self.until.replace(tzinfo=UTC)
+            if (now or datetime.now(UTC)) >= until:
+                return False
+        return (
+            fnmatch.fnmatchcase(run, self.run)
+            and fnmatch.fnmatchcase(role, self.role)
+            and fnmatch.fnmatchcase(alert, self.alert)
+        )
+
+
+class OutboxConfig(_Section):
+    path: Path = Path("rlmon-outbox.sqlite")
+    backoff_initial_seconds: float = Field(default=1.0, gt=0.0)
+    backoff_max_seconds: float = Field(default=300.0, gt=0.0)
+    backoff_jitter: float = Field(default=0.2, ge=0.0, le=1.0)  # +-20 % of the delay
+    give_up_after_seconds: float = Field(default=86_400.0, gt=0.0)  # then moved to `failed`
+    sent_memory: int = Field(default=10_000, ge=0)  # delivered keys kept for dedup
+
+
+class ExporterConfig(_Section):
+    host: str = "0.0.0.0"
+    port: int = Field(default=9400, ge=0, le=65_535)
+    max_series: int = Field(default=10_000, ge=1)
+    run_ttl_seconds: float = Field(default=900.0, gt=0.0)  # no step for this long: dead
+    finished_run_ttl_seconds: float = Field(default=120.0, ge=0.0)
+
+
+class PrometheusRulesConfig(_Section):
+    step_period_seconds: float = Field(default=60.0, gt=0.0)  # a trainer step, roughly
+    evaluation_interval: str = Field(default="30s", pattern=r"^[0-9]+(ms|s|m|h)$")
+
+
+class Settings(BaseSettings):
+    """Everything ``rlmon serve`` and ``rlmon replay --alerts-to`` need to route alerts."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="RLMON_", env_nested_delimiter="__", extra="forbid", frozen=False
+    )
+
+    dashboard_url: str | None = Field(
+        default=None, description="link template; {run} and {role} are filled in"
+    )
+    notifiers: NotifiersConfig = Field(default_factory=NotifiersConfig)
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    silences: list[Silence] = Field(default_factory=list)
+    outbox: OutboxConfig = Field(default_factory=OutboxConfig)
+    exporter: ExporterConfig = Field(default_factory=ExporterConfig)
+    prometheus_rules: PrometheusRulesConfig = Field(default_factory=PrometheusRulesConfig)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # environment first: it overrides the YAML file, which arrives as init values
+        return env_settings, init_settings
+
+    def secret_values(self) -> list[str]:
+        n = self.notifiers
+        found = [n.slack.webhook_url, n.pagerduty.routing_key, n.webhook.token]
+        return [s.get_secret_value() for s in found if s is not None]
+
+    def redactor(self) -> Redactor:
+        return Redactor(self.secret_values())
+
+    def dashboard_link(self, run: str, role: str) -> str | None:
+        if not self.dashboard_url:
+            return None
+        from urllib.parse import quote
+
+        return self.dashboard_url.replace("{run}", quote(run, safe="")).replace(
+            "{role}", quote(role, safe="")
+        )
+
+    def silenced(self, run: str, role: str, alert: str) -> bool:
+        return any(s.matches(run, role, alert) for s in self.silences)
+
+
+_SECRET_KEYS = {("slack", "webhook_url"), ("pagerduty", "routing_key"), ("webhook", "token")}
+
+
+def _reject_file_secrets(data: dict[str, Any], source: str) -> None:
+    notifiers = data.get("notifiers") or {}
+    if not isinstance(notifiers, dict):
+        return
+    for section, key in sorted(_SECRET_KEYS):
+        block = notifiers.get(section)
+        if isinstance(block, dict) and block.get(key):
+            env = SECRET_ENV[(section, key)]
+            raise ConfigError(
+                f"{source}: notifiers.{section}.{key}: secrets are not read from the config file; "
+                f"set {env} or notifiers.{section}.{key}_file"
+            )
+
+
+def load_config(path: str | Path | None = None, **overrides: Any) -> Settings:
+    """The settings from ``path`` (YAML; None: defaults) and the environment.
+
+    Raises :class:`ConfigError` naming the field; secret values never appear in the message.
+    """
+    data: dict[str, Any] = {}
+    source = "config"
+    if path is not None:
+        source = str(path)
+        try:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{source}: the top level must be a mapping")
+        data = loaded
+        _reject_file_secrets(data, source)
+    data.update(overrides)
+    try:
+        return Settings(**data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ConfigError(f"{source}: {problems}") from None

@@ -1,0 +1,376 @@
+"""The Prometheus exporter: a custom Collector that renders the latest finalized step at scrape time.
+
+Nothing is mutated on the hot path but a dict entry per (run, role): ``update`` stores the newest
+:class:`StepRecord` and the alert transitions, and ``collect`` builds every family from a snapshot
+taken under a lock (client_python's "custom collector" pattern). Series are bounded by a
+cardinality budget (refused series are counted, not silently dropped) and a run that finished or
+stopped reporting disappears after a TTL instead of freezing at its last value.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from rlmon.service import catalog
+from rlmon.service.alerts import AlertEvent
+from rlmon.service.assembly import AssemblyCounters
+from rlmon.service.redact import Redactor
+from rlmon.service.step import StepRecord
+
+__all__ = [
+    "ALERT_FIRING",
+    "CUSTOM_METRIC",
+    "NONFINITE_METRICS",
+    "OUT_OF_DOMAIN_METRICS",
+    "RANKS_EXPECTED",
+    "RANKS_REPORTING",
+    "REPLICA_MISMATCHES",
+    "RUN_INFO",
+    "STEP",
+    "STEP_COMPLETE",
+    "IngestCounters",
+    "MetricsState",
+    "RlmonCollector",
+    "RunInfo",
+    "exported_metric_names",
+    "sanitize_label",
+]
+
+# Families the exporter adds beside the catalog's (the catalog owns every metric's own name).
+STEP = "rlmon_step"
+STEP_COMPLETE = "rlmon_step_complete"
+RANKS_REPORTING = "rlmon_ranks_reporting"
+RANKS_EXPECTED = "rlmon_ranks_expected"
+NONFINITE_METRICS = "rlmon_nonfinite_metrics"
+OUT_OF_DOMAIN_METRICS = "rlmon_out_of_domain_metrics"
+REPLICA_MISMATCHES = "rlmon_replica_mismatches"
+ALERT_FIRING = "rlmon_alert_firing"
+RUN_INFO = "rlmon_run"  # exposed as rlmon_run_info
+CUSTOM_METRIC = "rlmon_custom_metric"
+
+_STREAM_FAMILIES: tuple[tuple[str, str], ...] = (
+    (STEP, "Latest finalized step of the (run, role)."),
+    (STEP_COMPLETE, "1 if every expected rank reported the latest step, else 0."),
+    (RANKS_REPORTING, "Ranks that reported the latest step."),
+    (RANKS_EXPECTED, "Ranks expected to report each step (the world size)."),
+    (NONFINITE_METRICS, "Metrics of the latest step that are NaN or Inf."),
+    (OUT_OF_DOMAIN_METRICS, "Metrics of the latest step outside their physical domain."),
+    (REPLICA_MISMATCHES, "Metrics of the latest step whose replicated copies disagree."),
+)
+_STREAM_SERIES = len(_STREAM_FAMILIES)
+
+Clock = Callable[[], float]
+_MAX_LABEL = 128
+
+
+def sanitize_label(value: object, redactor: Redactor | None = None) -> str:
+    """A safe label value: secrets masked, control characters dropped, at most 128 characters."""
+    text = str(value)
+    if redactor:
+        text = redactor(text)
+    text = "".join(ch for ch in text if ch.isprintable())
+    return text if len(text) <= _MAX_LABEL else text[: _MAX_LABEL - 3] + "..."
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """A run's metadata for ``rlmon_run_info`` (whatever the integration knows; blanks allowed)."""
+
+    framework: str = ""
+    framework_version: str = ""
+    algorithm: str = ""
+    loss_reduction: str = ""
+    dp: int | None = None
+    cp: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+    grad_accumulation: int | None = None
+    zero_stage: int | None = None
+
+    def labels(self) -> dict[str, str]:
+        return {f.name: "" if getattr(self, f.name) is None else str(getattr(self, f.name))
+                for f in fields(self)}
+
+
+@dataclass(frozen=True, slots=True)
+class IngestCounters:
+    """Partials the aggregator took in, rejected (bad input), got late, or dropped (full buffer)."""
+
+    ingested: int = 0
+    rejected: int = 0
+    late: int = 0
+    dropped: int = 0
+
+    @classmethod
+    def from_assembly(cls, counters: AssemblyCounters, dropped: int = 0) -> IngestCounters:
+        return cls(counters.partials, counters.rejected, counters.late, dropped)
+
+
+@dataclass(slots=True)
+class _Stream:
+    record: StepRecord
+    seen: float
+    names: set[str] = field(default_factory=set)  # admitted metric families
+    firing: dict[str, str] = field(default_factory=dict)  # alert -> severity
+
+
+def _family_of(metric: str) -> str:
+    spec = catalog.lookup(metric)
+    return spec.prometheus_name if spec is not None else CUSTOM_METRIC
+
+
+class MetricsState:
+    """What the exporter shows: the newest step per (run, role), alerts firing, run metadata.
+
+    ``update`` is cheap and thread-safe; :class:`RlmonCollector` reads a snapshot at scrape time.
+    """
+
+    def __init__(
+        self, *, max_series: int = 10_000, run_ttl: float = 900.0, finished_ttl: float = 120.0,
+        clock: Clock | None = None, redactor: Redactor | None = None,
+    ) -> None:
+        self.max_series = max_series
+        self.run_ttl = run_ttl
+        self.finished_ttl = finished_ttl
+        self.redactor = redactor
+        self._clock: Clock = clock or time.monotonic
+        self._lock = threading.Lock()
+        self._streams: dict[tuple[str, str], _Stream] = {}
+        self._info: dict[str, RunInfo] = {}
+        self._finished: dict[str, float] = {}
+        self._series = 0
+        self._refused: set[tuple[str, str, str]] = set()
+        self.refused_total = 0
+        self.expired_total = 0
+        self.ingest: Callable[[], IngestCounters] | IngestCounters = IngestCounters()
+        self.dispatch: Callable[[], Any] | None = None  # -> notify.DispatchStats
+        self.last_scrape_seconds = 0.0
+
+    # --- writers ---------------------------------------------------------------------------------
+
+    def _refuse(self, key: tuple[str, str, str], n: int = 1) -> None:
+        if key not in self._refused:
+            if len(self._refused) < 100_000:
+                self._refused.add(key)
+            self.refused_total += n
+
+    def update(self, record: StepRecord, events: Sequence[AlertEvent] = ()) -> None:
+        """Show ``record`` as the latest step of its (run, role); apply its alert transitions."""
+        key = (record.run, record.role)
+        now = self._clock()
+        with self._lock:
+            self._expire(now)
+            stream = self._streams.get(key)
+            if stream is None:
+                if self._series + _STREAM_SERIES > self.max_series:
+                    self._refuse((record.run, record.role, ""), _STREAM_SERIES)
+                    return
+                stream = self._streams[key] = _Stream(record, now)
+                self._series += _STREAM_SERIES
+            elif record.step < stream.record.step:
+                return  # an older step never replaces a newer one
+            stream.record, stream.seen = record, now
+            self._finished.pop(record.run, None)
+            for metric in record.metrics:
+                if metric not in stream.names:
+                    if self._series >= self.max_series:
+                        self._refuse((record.run, record.role, metric))
+                        continue
+                    stream.names.add(metric)
+                    self._series += 1
+            for event in events:
+                if event.state == "firing" and event.alert not in stream.firing:
+                    if self._series >= self.max_series:
+                        self._refuse((record.run, record.role, "alert:" + event.alert))
+                        continue
+                    stream.firing[event.alert] = event.severity
+                    self._series += 1
+                elif event.state == "resolved" and event.alert in stream.firing:
+                    del stream.firing[event.alert]
+                    self._series -= 1
+
+    def set_run_info(self, run: str, info: RunInfo) -> None:
+        with self._lock:
+            self._info[run] = info
+
+    def finish_run(self, run: str) -> None:
+        """The run ended: its series disappear ``finished_ttl`` seconds from now."""
+        with self._lock:
+            self._finished[run] = self._clock()
+
+    def _expire(self, now: float) -> None:
+        for key in list(self._streams):
+            stream = self._streams[key]
+            finished = self._finished.get(key[0])
+            dead = now - stream.seen >= self.run_ttl
+            done = finished is not None and now - finished >= self.finished_ttl
+            if dead or done:
+                del self._streams[key]
+                self._series -= _STREAM_SERIES + len(stream.names) + len(stream.firing)
+                self.expired_total += 1
+        live_runs = {run for run, _ in self._streams}
+        for run in [r for r in self._info if r not in live_runs]:
+            if run not in self._finished or now - self._finished[run] >= self.finished_ttl:
+                self._info.pop(run, None)
+                self._finished.pop(run, None)
+        if self._refused and self._series < self.max_series:
+            self._refused.clear()  # room again: a refused series may be admitted next step
+
+    def snapshot(self) -> _Snapshot:
+        with self._lock:
+            self._expire(self._clock())
+            streams = [
+                (s.record, frozenset(s.names), dict(s.firing)) for s in self._streams.values()
+            ]
+            return _Snapshot(streams, dict(self._info), self._series, self.refused_total,
+                             self.expired_total)
+
+    @property
+    def series(self) -> int:
+        with self._lock:
+            return self._series
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    streams: list[tuple[StepRecord, frozenset[str], dict[str, str]]]
+    info: Mapping[str, RunInfo]
+    series: int
+    refused: int
+    expired: int
+
+
+def _gauge(name: str, doc: str, labels: Sequence[str], unit: str = "") -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=labels, unit=unit)
+
+
+def _catalog_doc(spec: catalog.MetricSpec) -> str:
+    return f"{spec.help} ({spec.name}; unit {spec.unit.value})"
+
+
+class RlmonCollector(Collector):
+    """Builds rlmon's exposition from :class:`MetricsState` at scrape time."""
+
+    def __init__(self, state: MetricsState) -> None:
+        self.state = state
+
+    def update(self, record: StepRecord, events: Sequence[AlertEvent] = ()) -> None:
+        self.state.update(record, events)
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # families depend on what arrived; registering must not scrape
+
+    def collect(self) -> Iterator[Metric]:
+        started = time.perf_counter()
+        state = self.state
+        snap = state.snapshot()
+        clean = state.redactor
+
+        def lab(value: object) -> str:
+            return sanitize_label(value, clean)
+
+        families: dict[str, GaugeMetricFamily] = {
+            spec.prometheus_name: _gauge(spec.prometheus_name, _catalog_doc(spec), ["run", "role"])
+            for spec in catalog.metrics()
+        }
+        custom = _gauge(CUSTOM_METRIC, "A metric outside the rlmon catalog (latest step).",
+                        ["run", "role", "metric"])
+        stream_fams = [_gauge(name, doc, ["run", "role"]) for name, doc in _STREAM_FAMILIES]
+        firing = _gauge(ALERT_FIRING, "1 while an rlmon alert is firing for the (run, role).",
+                        ["run", "role", "alert", "severity"])
+        for record, names, alerts in snap.streams:
+            run, role = lab(record.run), lab(record.role)
+            values = record.metrics
+            nonfinite = sum(1 for v in values.values() if not math.isfinite(v))
+            out_of_domain = 0
+            for metric, value in values.items():
+                spec = catalog.lookup(metric)
+                if spec is not None and math.isfinite(value) and not spec.domain.contains(value):
+                    out_of_domain += 1
+                if metric not in names:
+                    continue
+                if spec is not None:
+                    families[spec.prometheus_name].add_metric([run, role], value)
+                else:
+                    custom.add_metric([run, role, lab(metric)], value)
+            stream_values = (
+                record.step, 1.0 if record.complete else 0.0, record.ranks_reporting,
+                record.ranks_expected, nonfinite, out_of_domain, len(record.replica_mismatches),
+            )
+            for fam, value in zip(stream_fams, stream_values, strict=True):
+                fam.add_metric([run, role], float(value))
+            for alert, severity in sorted(alerts.items()):
+                firing.add_metric([run, role, lab(alert), lab(severity)], 1.0)
+        yield from families.values()
+        yield custom
+        yield from stream_fams
+        yield firing
+        info = InfoMetricFamily(RUN_INFO, "Run metadata: framework, algorithm, parallel layout.",
+                                labels=["run"])
+        for run, meta in sorted(snap.info.items()):
+            info.add_metric([lab(run)], {k: lab(v) for k, v in meta.labels().items()})
+        yield info
+        yield from self._self_metrics(snap)
+        state.last_scrape_seconds = time.perf_counter() - started
+
+    def _self_metrics(self, snap: _Snapshot) -> Iterator[Metric]:
+        state = self.state
+        ingest = state.ingest() if callable(state.ingest) else state.ingest
+        for name, value, doc in (
+            ("ingested", ingest.ingested, "Metric partials merged into steps."),
+            ("rejected", ingest.rejected, "Records rejected as invalid (the rest still counted)."),
+            ("late", ingest.late, "Records that arrived after their step was finalized."),
+            ("dropped", ingest.dropped, "Records dropped by a full buffer."),
+        ):
+            yield CounterMetricFamily(f"rlmon_partials_{name}", doc, value=float(value))
+        outcomes = CounterMetricFamily(
+            "rlmon_notifications", "Notification delivery attempts by destination and outcome.",
+            labels=["destination", "outcome"],
+        )
+        pending = _gauge("rlmon_outbox_pending", "Notifications waiting in the outbox.",
+                         ["destination"])
+        if state.dispatch is not None:
+            stats = state.dispatch()
+            for (dest, outcome), n in sorted(stats.outcomes.items()):
+                outcomes.add_metric([dest, outcome], float(n))
+            for dest, n in sorted(stats.pending.items()):
+                pending.add_metric([dest], float(n))
+        yield outcomes
+        yield pending
+        yield GaugeMetricFamily("rlmon_exporter_series", "Series under the cardinality budget.",
+                                value=float(snap.series))
+        yield GaugeMetricFamily("rlmon_exporter_series_budget", "The cardinality budget.",
+                                value=float(state.max_series))
+        yield CounterMetricFamily("rlmon_exporter_series_refused",
+                                  "Series refused because the cardinality budget was full.",
+                                  value=float(snap.refused))
+        yield CounterMetricFamily("rlmon_exporter_streams_expired",
+                                  "(run, role) streams removed after their TTL.",
+                                  value=float(snap.expired))
+        yield GaugeMetricFamily("rlmon_exporter_scrape_duration_seconds",
+                                "Time the previous scrape took to build.",
+                                value=state.last_scrape_seconds)
+
+
+def exported_metric_names() -> list[str]:
+    """Every family name a scrape can show (for the README)."""
+    names = [spec.prometheus_name for spec in catalog.metrics()]
+    names += [CUSTOM_METRIC, *(n for n, _ in _STREAM_FAMILIES), ALERT_FIRING, RUN_INFO + "_info"]
+    names += [f"rlmon_partials_{n}_total" for n in ("ingested", "rejected", "late", "dropped")]
+    names += ["rlmon_notifications_total", "rlmon_outbox_pending", "rlmon_exporter_series",
+              "rlmon_exporter_series_budget", "rlmon_exporter_series_refused_total",
+              "rlmon_exporter_streams_expired_total", "rlmon_exporter_scrape_duration_seconds"]
+    return names

@@ -1,0 +1,77 @@
+"""Build the notifiers and the dispatcher that a :class:`Settings` describes."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import Any
+
+from rlmon.service.config import Settings
+from rlmon.service.notify.console import ConsoleNotifier
+from rlmon.service.notify.dispatcher import Dispatcher
+from rlmon.service.notify.message import Notifier
+from rlmon.service.notify.outbox import Backoff, Outbox
+
+__all__ = ["build_dispatcher", "build_notifiers", "open_outbox"]
+
+
+def build_notifiers(
+    settings: Settings, only: Collection[str] | None = None,
+    transports: Mapping[str, Any] | None = None,
+) -> list[Notifier]:
+    """Every configured notifier (or those named in ``only``). ``transports`` maps a destination
+    to an injected transport (httpx2 for PagerDuty), the seam tests use for loopback receivers."""
+    n, redactor = settings.notifiers, settings.redactor()
+    transports = transports or {}
+    wanted = set(only) if only is not None else None
+    out: list[Notifier] = []
+
+    def want(name: str) -> bool:
+        return wanted is None or name in wanted
+
+    if want("slack") and n.slack.ready:
+        from rlmon.service.notify.slack import SlackNotifier
+
+        assert n.slack.webhook_url is not None
+        out.append(SlackNotifier(n.slack.webhook_url.get_secret_value(),
+                                 timeout=n.slack.timeout_seconds,
+                                 min_interval=n.slack.min_interval_seconds, redactor=redactor))
+    if want("pagerduty") and n.pagerduty.ready:
+        from rlmon.service.notify.pagerduty import PagerDutyNotifier
+
+        assert n.pagerduty.routing_key is not None
+        out.append(PagerDutyNotifier(
+            n.pagerduty.routing_key.get_secret_value(), base_url=n.pagerduty.base_url,
+            timeout=n.pagerduty.timeout_seconds, min_interval=n.pagerduty.min_interval_seconds,
+            transport=transports.get("pagerduty"), redactor=redactor,
+        ))
+    if want("webhook") and n.webhook.ready:
+        from rlmon.service.notify.webhook import WebhookNotifier
+
+        assert n.webhook.url is not None
+        token = n.webhook.token.get_secret_value() if n.webhook.token is not None else None
+        out.append(WebhookNotifier(n.webhook.url, token=token, timeout=n.webhook.timeout_seconds,
+                                   min_interval=n.webhook.min_interval_seconds, redactor=redactor))
+    if want("console") and n.console.enabled:
+        import sys
+
+        out.append(ConsoleNotifier(sys.stdout if n.console.stream == "stdout" else sys.stderr))
+    return out
+
+
+def open_outbox(settings: Settings, path: str | Path | None = None) -> Outbox:
+    cfg = settings.outbox
+    return Outbox(
+        path if path is not None else cfg.path,
+        backoff=Backoff(cfg.backoff_initial_seconds, cfg.backoff_max_seconds, cfg.backoff_jitter),
+        give_up_after=cfg.give_up_after_seconds, sent_memory=cfg.sent_memory,
+    )
+
+
+def build_dispatcher(
+    settings: Settings, outbox: Outbox | None = None, only: Collection[str] | None = None,
+    transports: Mapping[str, Any] | None = None,
+) -> Dispatcher:
+    """A dispatcher over the configured notifiers and the configured (or given) outbox."""
+    return Dispatcher(settings, outbox or open_outbox(settings),
+                      build_notifiers(settings, only, transports))

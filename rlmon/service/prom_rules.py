@@ -1,0 +1,201 @@
+"""Prometheus alerting rules generated from the same rule pack the engine evaluates.
+
+Prometheus evaluates on wall-clock time, rlmon on steps, so the translation is approximate and the
+file says so where it matters: "for N steps" becomes ``for: N x step period``; resolving after N
+good steps becomes ``keep_firing_for`` of the same duration; structural rules read the exporter's
+per-step counts (``rlmon_nonfinite_metrics`` ...) so both paths agree on what counts as bad.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import yaml
+
+from rlmon.service import catalog
+from rlmon.service.exporter import (
+    NONFINITE_METRICS,
+    OUT_OF_DOMAIN_METRICS,
+    REPLICA_MISMATCHES,
+    STEP_COMPLETE,
+)
+from rlmon.service.generated import Artifact
+from rlmon.service.rules import Condition, Rule, default_rules
+
+__all__ = [
+    "DEFAULT_STEP_PERIOD",
+    "PROMETHEUSRULE_PATH",
+    "PROMETHEUS_RULES_PATH",
+    "PromRule",
+    "artifacts",
+    "duration",
+    "render",
+    "translate",
+]
+
+DEFAULT_STEP_PERIOD = 60.0
+DEFAULT_EVAL_INTERVAL = "30s"
+PROMETHEUS_RULES_PATH = "dashboards/prometheus-rules.yaml"
+PROMETHEUSRULE_PATH = "dashboards/prometheusrule.yaml"
+GROUP = "rlmon"
+
+_STRUCTURAL = {
+    Condition.NON_FINITE: (NONFINITE_METRICS + " > 0",
+                           "the exporter counts NaN/Inf values of the latest step per (run, role)"),
+    Condition.OUT_OF_DOMAIN: (OUT_OF_DOMAIN_METRICS + " > 0",
+                              "the exporter counts values outside the catalog's domains"),
+    Condition.RANK_MISSING: (STEP_COMPLETE + " == 0", ""),
+    Condition.REPLICA_MISMATCH: (REPLICA_MISMATCHES + " > 0", ""),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PromRule:
+    """One translated alerting rule and the caveats to print above it."""
+
+    alert: str
+    expr: str
+    for_: str | None
+    keep_firing_for: str | None
+    severity: str
+    summary: str
+    description: str
+    notes: tuple[str, ...]
+
+
+def duration(seconds: float) -> str:
+    """A Prometheus duration (``90s`` -> ``1m30s``), rounded up to whole seconds."""
+    total = max(0, math.ceil(seconds))
+    if total == 0:
+        return "0s"
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    return "".join(f"{v}{u}" for v, u in ((hours, "h"), (minutes, "m"), (secs, "s")) if v)
+
+
+def _num(value: float | None) -> str:
+    assert value is not None
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
+def _expr(rule: Rule) -> tuple[str, list[str]] | None:
+    notes: list[str] = []
+    if rule.condition in _STRUCTURAL:
+        expr, note = _STRUCTURAL[rule.condition]
+        if rule.metric != "*" and rule.condition in (Condition.NON_FINITE, Condition.OUT_OF_DOMAIN):
+            return None  # per-metric structural rules have no per-metric exporter count
+        return expr, [note] if note else []
+    spec = catalog.lookup(rule.metric)
+    if spec is None:
+        return None  # a user metric has no dedicated family; it lives in rlmon_custom_metric
+    name = spec.prometheus_name
+    if rule.condition is Condition.THRESHOLD:
+        if rule.op == "abs<":
+            expr = f"abs({name}) < {_num(rule.threshold)}"
+        else:
+            expr = f"{name} {rule.op} {_num(rule.threshold)}"
+    elif rule.condition is Condition.OUTSIDE:
+        expr = f"{name} < {_num(rule.low)} or {name} > {_num(rule.high)}"
+    else:
+        return None  # stuck/trend need per-step history, which PromQL ranges only approximate
+    return expr, notes
+
+
+def translate(rules: Sequence[Rule], step_period: float) -> tuple[list[PromRule], list[str]]:
+    """Translate what PromQL can express; also returns the names of the rules left out."""
+    out: list[PromRule] = []
+    skipped: list[str] = []
+    for rule in rules:
+        built = _expr(rule)
+        if built is None:
+            skipped.append(rule.name)
+            continue
+        expr, notes = built
+        for_ = keep = None
+        if rule.for_steps > 1:
+            for_ = duration(rule.for_steps * step_period)
+            notes.insert(0, f"for {rule.for_steps} steps ~ {for_} at {step_period:g}s per step "
+                         "(Prometheus counts time, rlmon counts steps)")
+        if rule.resolve_steps > 1:
+            keep = duration(rule.resolve_steps * step_period)
+            notes.insert(1 if for_ else 0, f"rlmon resolves after {rule.resolve_steps} good "
+                         f"steps; keep_firing_for: {keep} approximates that")
+        spec = catalog.lookup(rule.metric)
+        check = spec.what_to_check if spec is not None else ""
+        description = "{{ $labels.run }}/{{ $labels.role }}: " + rule.describe()
+        if rule.condition in (Condition.THRESHOLD, Condition.OUTSIDE):
+            description += " (value {{ $value }})"
+        if check:
+            description += ". What to check: " + check
+        out.append(PromRule(rule.name, expr, for_, keep, rule.severity.value,
+                            rule.summary or rule.describe(), description, tuple(notes)))
+    return out, skipped
+
+
+def _rule_dict(rule: PromRule) -> dict[str, object]:
+    item: dict[str, object] = {"alert": rule.alert, "expr": rule.expr}
+    if rule.for_:
+        item["for"] = rule.for_
+    if rule.keep_firing_for:
+        item["keep_firing_for"] = rule.keep_firing_for
+    item["labels"] = {"severity": rule.severity, "source": "rlmon"}
+    item["annotations"] = {"summary": rule.summary, "description": rule.description}
+    return item
+
+
+def _dump(obj: object, indent: int) -> list[str]:
+    text = yaml.safe_dump(obj, sort_keys=False, width=4096, allow_unicode=True)
+    pad = " " * indent
+    return [pad + line for line in text.rstrip("\n").split("\n")]
+
+
+def render(
+    rules: Sequence[Rule] | None = None, *, step_period: float = DEFAULT_STEP_PERIOD,
+    fmt: str = "prometheus", interval: str = DEFAULT_EVAL_INTERVAL,
+) -> str:
+    """A Prometheus rule file (``prometheus``) or a prometheus-operator PrometheusRule."""
+    translated, skipped = translate(default_rules() if rules is None else rules, step_period)
+    head = [
+        "# Generated by `rlmon rules export` from rlmon's rule pack; do not edit.",
+        f"# Step period assumed: {step_period:g}s (prometheus_rules.step_period_seconds).",
+        "# Prometheus evaluates wall-clock time while rlmon counts steps, so `for:` is approximate;",
+        "# a stalled run keeps its last values until the exporter's TTL drops its series.",
+        "# A NaN value compares false in every threshold; NonFiniteMetric covers it.",
+    ]
+    if skipped:
+        head.append("# Not expressible in PromQL (evaluated by rlmon only): " + ", ".join(skipped))
+    if fmt == "prometheus":
+        lines = [*head, "groups:", f"  - name: {GROUP}", f"    interval: {interval}", "    rules:"]
+        indent = 6
+    elif fmt == "prometheusrule":
+        lines = [
+            *head,
+            "apiVersion: monitoring.coreos.com/v1",
+            "kind: PrometheusRule",
+            "metadata:",
+            "  name: rlmon",
+            "  labels:",
+            "    app.kubernetes.io/name: rlmon",
+            "spec:",
+            "  groups:",
+            f"    - name: {GROUP}",
+            f"      interval: {interval}",
+            "      rules:",
+        ]
+        indent = 8
+    else:
+        raise ValueError(f"unknown format {fmt!r} (prometheus or prometheusrule)")
+    for rule in translated:
+        lines += [" " * indent + "# " + note for note in rule.notes]
+        body = _dump([_rule_dict(rule)], indent)
+        lines += body
+    return "\n".join(lines) + "\n"
+
+
+def artifacts() -> list[Artifact]:
+    return [
+        Artifact(PROMETHEUS_RULES_PATH, lambda: render(fmt="prometheus")),
+        Artifact(PROMETHEUSRULE_PATH, lambda: render(fmt="prometheusrule")),
+    ]
