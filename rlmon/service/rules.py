@@ -172,7 +172,8 @@ def _parse_rule(index: int, raw: Any) -> Rule:
         return Rule.model_validate(raw)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{_location(e['loc'])}: {e['msg']}"
+            (f"{_location(e['loc'])}: " if e["loc"] else "")
+            + e["msg"]
             + (f" (got {e['input']!r})" if e["type"] != "missing" and e["loc"] else "")
             for e in exc.errors()
         )

@@ -1,0 +1,73 @@
+"""The `rlmon` command: replay's contract on stdout/stderr and exit codes, catalog, generate."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "rlmon" / "data" / "example_run.jsonl"
+
+
+def rlmon(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rlmon", *args], input=stdin, capture_output=True,
+                          text=True, cwd=ROOT, timeout=120, check=False)
+
+
+def test_replay_json_follows_the_contract(tmp_path: Path) -> None:
+    bad = tmp_path / "run.jsonl"
+    good = EXAMPLE.read_text().splitlines()[:40]
+    bad.write_text("\n".join([good[0], "{oops", *good[1:]]) + "\n")
+    out = rlmon("replay", str(bad), "--json")
+    assert out.returncode == 2
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert {line["type"] for line in lines} <= {"step", "alert"}
+    step = next(line for line in lines if line["type"] == "step")
+    assert set(step) >= {"run", "role", "step", "complete", "ranks_expected", "ranks_reporting",
+                         "missing_ranks", "metrics"}
+    errors = [json.loads(line) for line in out.stderr.splitlines()]
+    assert errors[0] == {"type": "error", "line": 2, "error": errors[0]["error"]}
+    assert "malformed JSON" in errors[0]["error"]
+
+
+def test_demo_replays_the_bundled_run_and_shows_is_ratio_divergence() -> None:
+    out = rlmon("replay", str(EXAMPLE), "--json")
+    assert out.returncode == 0, out.stderr
+    alerts = [json.loads(line) for line in out.stdout.splitlines() if '"alert"' in line]
+    firing = [a for a in alerts if a["alert"] == "ISRatioDivergence" and a["state"] == "firing"]
+    assert firing
+    assert firing[0]["value"] > 2.0
+    assert firing[0]["severity"] == "critical"
+
+
+def test_replay_table_output_and_stdin() -> None:
+    out = rlmon("replay", "-", stdin=EXAMPLE.read_text())
+    assert out.returncode == 0
+    assert "ISRatioDivergence" in out.stdout
+
+
+def test_catalog_formats() -> None:
+    data = json.loads(rlmon("catalog", "--format", "json").stdout)
+    names = {row["name"] for row in data}
+    assert {"actor/loss", "actor/is_ratio", "rollout/tokens", "perf/step_seconds"} <= names
+    assert "| `actor/is_ratio` |" in rlmon("catalog", "--format", "markdown").stdout
+    assert "actor/is_ratio" in rlmon("catalog").stdout
+
+
+def test_generated_files_are_current() -> None:
+    out = rlmon("generate", "--check")
+    assert out.returncode == 0, out.stderr
+
+
+def test_rules_show_round_trips(tmp_path: Path) -> None:
+    shown = rlmon("rules", "show")
+    assert shown.returncode == 0
+    path = tmp_path / "rules.yaml"
+    path.write_text(shown.stdout)
+    checked = rlmon("rules", "check", str(path))
+    assert checked.returncode == 0
+    assert "15 rules OK" in checked.stdout
+    path.write_text("rules: [{name: X}]")
+    assert rlmon("rules", "check", str(path)).returncode == 2
