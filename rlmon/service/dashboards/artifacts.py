@@ -1,7 +1,8 @@
 """Checked-in files rendered from the dashboards: ``dashboards/*.json`` and the Helm chart's copies.
 
 Helm can only read files inside the chart, so the chart carries copies of the dashboards and of
-the Prometheus rule files other producers write under ``dashboards/``. Each copy is an Artifact
+the Prometheus rule files (``groups:`` at the top) other producers write under ``dashboards/``;
+the chart wraps those groups in its own PrometheusRule, with its labels and namespace. Each copy is an Artifact
 rendered by the same function as its original, so ``rlmon generate --check`` fails when either
 drifts.
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import importlib
 from functools import partial
+
+import yaml
 
 from rlmon.service.dashboards.registry import DASHBOARDS, DIRECTORY, render
 from rlmon.service.generated import PRODUCERS, Artifact
@@ -24,15 +27,21 @@ def dashboard_artifacts() -> list[Artifact]:
     return [Artifact(d.path, partial(render, d)) for d in DASHBOARDS]
 
 
+def _is_rule_file(text: str) -> bool:
+    """A Prometheus rule file (top-level ``groups``), not a PrometheusRule object wrapping one."""
+    data = yaml.safe_load(text)
+    return isinstance(data, dict) and isinstance(data.get("groups"), list)
+
+
 def _rule_artifacts() -> list[Artifact]:
-    """Whole-file Prometheus rule files that other producers generate under ``dashboards/``."""
+    """Prometheus rule files that other producers generate under ``dashboards/``."""
     found = []
     for name in PRODUCERS:
         if name == __name__:
             continue
         for art in importlib.import_module(name).artifacts():
             if (art.block is None and art.path.startswith(DIRECTORY + "/")
-                    and art.path.endswith(_RULE_SUFFIXES)):
+                    and art.path.endswith(_RULE_SUFFIXES) and _is_rule_file(art.render())):
                 found.append(art)
     return found
 

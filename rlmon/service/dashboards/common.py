@@ -6,6 +6,7 @@ time it fired, whether or not Alertmanager is deployed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from grafana_foundation_sdk.builders import dashboard as db
@@ -46,7 +47,8 @@ def _variables() -> list[Builder[dm.VariableModel]]:
     ]
 
 
-def frame(uid: str, title: str, description: str) -> db.Dashboard:
+def frame(uid: str, title: str, description: str,
+          extra_variables: Sequence[Builder[dm.VariableModel]] = ()) -> db.Dashboard:
     """A dashboard with the shared variables, alert annotations, links, time and refresh."""
     alerts = (
         db.AnnotationQuery().name(ALERTS_ANNOTATION).datasource(DATASOURCE).enable(True)
@@ -56,7 +58,7 @@ def frame(uid: str, title: str, description: str) -> db.Dashboard:
         db.Dashboard(title).uid(uid).description(description).tags([TAG])
         .editable().timezone("browser").time("now-6h", "now").refresh("30s")
         .tooltip(dm.DashboardCursorSync.CROSSHAIR)
-        .variables(_variables())
+        .variables(_variables() + list(extra_variables))
         .annotation(alerts)
         .link(db.DashboardLink("rlmon").type(dm.DashboardLinkType.DASHBOARDS).tags([TAG])
               .as_dropdown(True).include_vars(True).keep_time(True))

@@ -69,6 +69,19 @@ def health_panels() -> list[Builder[dm.Panel]]:
         table_panel("Firing alerts by run and role",
                     "One row per firing alert; the same alerts mark the charts as annotations.",
                     firing, span=12, height=8),
+        timeseries_panel(
+            "Data quality",
+            "Metrics of the latest step that are NaN or Inf, outside their physical domain, or "
+            "whose replicated copies disagree (NonFiniteMetric, MetricOutOfDomain, "
+            "ReplicaMismatch).",
+            [query(select(series.NONFINITE_METRICS), "{{run}} {{role}} non-finite", "A"),
+             query(select(series.OUT_OF_DOMAIN_METRICS), "{{run}} {{role}} out of domain", "B"),
+             query(select(series.REPLICA_MISMATCHES), "{{run}} {{role}} replica mismatch", "C")],
+            unit="short", bands=_GREEN_RED, span=12),
+        table_panel("Runs",
+                    "What each run declared: framework and version, algorithm, loss reduction, "
+                    "parallel layout, gradient accumulation, ZeRO stage.",
+                    f'{series.RUN_INFO_SERIES}{{run=~"$run"}}', span=12, height=8),
     ]
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
-from rlmon.service.dashboards import overview, rollout
+from rlmon.service.dashboards import overview, rollout, selfmon
 from rlmon.service.dashboards.common import annotate
 
 __all__ = ["DASHBOARDS", "DIRECTORY", "DashboardDef", "model", "render"]
@@ -34,6 +34,7 @@ class DashboardDef:
 DASHBOARDS: tuple[DashboardDef, ...] = (
     DashboardDef(overview.UID, "rlmon-overview", overview.build),
     DashboardDef(rollout.UID, "rlmon-rollout", rollout.build),
+    DashboardDef(selfmon.UID, "rlmon-self", selfmon.build),
 )
 
 
