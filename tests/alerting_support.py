@@ -1,0 +1,182 @@
+"""Loopback parts for the alerting tests: a recording receiver, a transport, polling, binaries.
+
+The receiver is a real HTTP server on 127.0.0.1 that accepts the Slack webhook, PagerDuty Events
+v2 and generic webhook shapes, records every request, and answers from a per-path script (so a
+test can make it answer 429 with Retry-After, or stop and restart it on the same port).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx2
+import pytest
+
+__all__ = ["LoopbackTransport", "Receiver", "Request", "free_port", "need_binary", "wait_for"]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str = "condition") -> Any:
+    """Poll ``predicate`` until truthy; fail with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def need_binary(name: str) -> str:
+    """The path of an external binary; skip without it, fail with RLMON_REQUIRE_INTEGRATION=1."""
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} not installed (make system-deps installs it)"
+        if os.environ.get("RLMON_REQUIRE_INTEGRATION") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    path: str
+    headers: dict[str, str]
+    body: Any
+    at: float  # time.time() when received
+    status: int  # what the receiver answered
+
+
+@dataclass(slots=True)
+class _Script:
+    responses: deque[tuple[int, dict[str, str], str]] = field(default_factory=deque)
+
+
+def _default_response(path: str, body: Any) -> tuple[int, dict[str, str], str]:
+    if path.startswith("/v2/enqueue"):
+        key = body.get("dedup_key", "generated") if isinstance(body, dict) else "generated"
+        payload = {"status": "success", "message": "Event processed", "dedup_key": key}
+        return 202, {"Content-Type": "application/json"}, json.dumps(payload)
+    if path.startswith("/slack"):
+        return 200, {"Content-Type": "text/plain"}, "ok"
+    return 200, {"Content-Type": "application/json"}, "{}"
+
+
+class Receiver:
+    """A recording HTTP receiver on 127.0.0.1. ``script(path_prefix, status, headers)`` queues
+    one non-default answer for the next request to that prefix."""
+
+    def __init__(self, port: int = 0) -> None:
+        self.port = port
+        self.requests: list[Request] = []
+        self.attempts: list[Request] = []  # every request, accepted or not
+        self._scripts: dict[str, _Script] = {}
+        self._lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def script(self, prefix: str, status: int, headers: dict[str, str] | None = None,
+               body: str = "") -> None:
+        with self._lock:
+            self._scripts.setdefault(prefix, _Script()).responses.append(
+                (status, headers or {}, body))
+
+    def _answer(self, path: str, body: Any) -> tuple[int, dict[str, str], str]:
+        with self._lock:
+            for prefix, script in self._scripts.items():
+                if path.startswith(prefix) and script.responses:
+                    return script.responses.popleft()
+        return _default_response(path, body)
+
+    def start(self) -> Receiver:
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                raw = self.rfile.read(length)
+                try:
+                    body: Any = json.loads(raw) if raw else None
+                except json.JSONDecodeError:
+                    body = raw.decode(errors="replace")
+                status, headers, text = receiver._answer(self.path, body)
+                request = Request(self.path, dict(self.headers.items()), body, time.time(), status)
+                with receiver._lock:
+                    receiver.attempts.append(request)
+                    if 200 <= status < 300:
+                        receiver.requests.append(request)
+                data = text.encode()
+                self.send_response(status)
+                for key, value in headers.items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        ThreadingHTTPServer.allow_reuse_address = True
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._server.daemon_threads = True
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None
+
+    def accepted(self, prefix: str) -> list[Request]:
+        with self._lock:
+            return [r for r in self.requests if r.path.startswith(prefix)]
+
+    def tried(self, prefix: str) -> list[Request]:
+        with self._lock:
+            return [r for r in self.attempts if r.path.startswith(prefix)]
+
+
+class LoopbackTransport(httpx2.BaseTransport):
+    """An httpx2 transport that sends every request to a loopback port over plain HTTP.
+
+    The pagerduty client refuses non-https base URLs; this keeps its real request path (headers,
+    JSON body, routing key, status handling) and only swaps the network destination.
+    """
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self._inner = httpx2.HTTPTransport()
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        request.url = request.url.copy_with(scheme="http", host="127.0.0.1", port=self.port)
+        return self._inner.handle_request(request)
+
+    def close(self) -> None:
+        self._inner.close()
