@@ -1,0 +1,160 @@
+"""What every integration shares: the Reporter seam and relaying a framework's logged dict."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from rlmon.service import catalog, keymaps
+from rlmon.service.spec import Form
+
+__all__ = ["ReporterLike", "make_reporter", "relay", "scalar"]
+
+
+class ReporterLike(Protocol):
+    """The part of :class:`rlmon.actors.reporter.Reporter` the integrations use."""
+
+    def record(self, name: str, **stat: Any) -> None: ...
+
+    def record_tensor(self, name: str, values: Any, mask: Any = None, **kw: Any) -> None: ...
+
+    def end_step(self, step: int) -> None: ...
+
+    def flush(self, timeout: float | None = None) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+def make_reporter(run: str, role: str, **kw: Any) -> Any:
+    """A real Reporter (imported here so that the integration modules import without Ray)."""
+    from rlmon.actors.reporter import Reporter
+
+    return Reporter(run, role, **kw)
+
+
+def scalar(value: Any) -> float | None:
+    """A plain float from a Python number, numpy scalar or one-element tensor; None otherwise."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, int | float):
+        return float(value)
+    item = getattr(value, "item", None)
+    shape = getattr(value, "shape", None)
+    if callable(item) and shape is not None and tuple(shape) in ((), (1,)):
+        try:
+            return float(item())
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def _record_as(reporter: ReporterLike, name: str, value: float) -> None:
+    """Record an already-reduced value under a canonical name in that name's form."""
+    form = catalog.get(name).forms[0]
+    if form is Form.MEAN:
+        reporter.record(name, sum=value, count=1.0)
+    elif form is Form.SUM:
+        reporter.record(name, sum=value)
+    elif form is Form.MIN:
+        reporter.record(name, min=value)
+    elif form is Form.MAX:
+        reporter.record(name, max=value)
+    elif form is Form.MOMENTS:
+        # One observation whose population std is the value: count 1, sum 0, sqsum value^2.
+        reporter.record(name, count=1.0, sum=0.0, sqsum=value * value)
+    else:
+        reporter.record(name, value=value)
+
+
+def relay(
+    reporter: ReporterLike,
+    framework: str,
+    logs: Mapping[str, Any],
+    *,
+    prefix: str = "",
+) -> dict[str, str]:
+    """Record a framework's already-reduced dict; returns {framework key: published name}.
+
+    Keys whose framework reduction is comparable go under their canonical name; every other
+    numeric key goes under ``<framework>/<prefix><key>`` as a value. Non-numbers are skipped.
+    """
+    published: dict[str, str] = {}
+    canon_used: set[str] = set()
+    for key, raw in logs.items():
+        value = scalar(raw)
+        if value is None:
+            continue
+        name = keymaps.canonical(framework, key) if not prefix else None
+        if name is not None and name not in canon_used:
+            canon_used.add(name)
+            _record_as(reporter, name, value)
+        else:
+            name = keymaps.relay_name(framework, prefix + key)
+            reporter.record(name, value=value)
+        published[key] = name
+    return published
+
+
+def _partial_json(partial: Any) -> dict[str, Any]:
+    import math as _math
+
+    def num(x: float) -> Any:
+        if _math.isfinite(x):
+            return x
+        return "NaN" if x != x else ("Infinity" if x > 0 else "-Infinity")
+
+    form, state = partial.form, partial.state
+    if form is Form.MEAN:
+        out: dict[str, Any] = {"sum": num(state[0]), "count": num(state[1])}
+    elif form is Form.MOMENTS:
+        out = {"count": num(state[0]), "sum": num(state[1]), "sqsum": num(state[2])}
+    elif form is Form.VALUE:
+        out = {"value": num(state[0])}
+    else:
+        out = {form.value: num(state[0])}
+    if partial.replicated is not None and not (form is Form.VALUE and len(partial.replicated) == 4):
+        out["replicated"] = sorted(partial.replicated)
+    if partial.minibatch_mean:
+        out["minibatch_reduce"] = "mean"
+    return out
+
+
+class JsonlSink:
+    """A Reporter sink appending contract lines (DESIGN.md, JSON Lines v1) to a file.
+
+    For processes that cannot reach the aggregator (a vLLM engine under test, an offline run):
+    ``rlmon replay FILE`` reads the result. Selected with ``RLMON_SINK_JSONL=path``.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def send(self, messages: Any) -> None:
+        import json
+
+        lines = []
+        for msg in messages:
+            for rep in msg.reports():
+                line: dict[str, Any] = {
+                    "run": rep.run, "role": rep.role, "step": rep.step,
+                    "rank": rep.rank.as_dict(), "world": rep.world.as_dict(),
+                    "final": rep.final, "minibatch": rep.minibatch,
+                    "metrics": {n: _partial_json(p) for n, p in rep.metrics.items()},
+                }
+                if rep.seq is not None:
+                    line["seq"] = rep.seq
+                lines.append(json.dumps(line) + "\n")
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.writelines(lines)
+
+
+def env_reporter(run: str, role: str, **kw: Any) -> ReporterLike:
+    """A Reporter for a process configured by environment (plugins): ``RLMON_SINK_JSONL`` picks
+    a file sink, otherwise the Ray aggregator of ``RLMON_NAMESPACE`` (default ``rlmon``)."""
+    import os
+
+    path = os.environ.get("RLMON_SINK_JSONL")
+    if path:
+        kw.setdefault("sink", JsonlSink(path))
+    kw.setdefault("namespace", os.environ.get("RLMON_NAMESPACE", "rlmon"))
+    return make_reporter(run, role, **kw)

@@ -1,0 +1,193 @@
+"""SkyRL: a tracker wrapper through ``BasePPOExp.get_tracker`` and a worker path with sufficient stats.
+
+SkyRL reduces worker metrics with ``reduce_metrics`` / ``all_reduce_metrics``
+(``skyrl/backends/skyrl_train/workers/worker_utils.py``): ``*_loss`` keys are summed over
+micro-batches and DP ranks (advantages were pre-divided on the driver by the loss-reduction
+normalizer), then averaged over mini-batches by the trainer; every other key is a mean of
+micro-batch means. :class:`WorkerPath` reports (sum, count) instead:
+
+- ``actor/loss`` from the raw per-token loss, normalized exactly as the ``loss_reduction`` mode
+  does (token_mean, token_mean_legacy, sequence_mean, seq_mean_token_sum_norm), pooled within a
+  mini-batch over micro-batches and DP ranks, then a plain mean over mini-batches;
+- SkyRL's own per-rank ``policy_loss`` partial sums, as ``{"sum": x, "minibatch_reduce": "mean"}``;
+- token means (entropy, KL, clip ratio, IS ratio) pooled over the whole step.
+
+CP/SP replicas hold the same samples, so every partial is marked ``replicated: ["cp"]``: one copy
+counts, and copies that disagree raise ReplicaMismatch (the SkyRL #1420 double count).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from rlmon.actors.integrations._base import ReporterLike, make_reporter, relay
+from rlmon.service import keymaps
+
+__all__ = ["LOSS_REDUCTIONS", "RlmonTracking", "WorkerPath", "loss_partial", "wrap_tracker"]
+
+FRAMEWORK = "skyrl"
+LOSS_REDUCTIONS = ("token_mean", "token_mean_legacy", "sequence_mean", "seq_mean_token_sum_norm")
+POLICY_LOSS = keymaps.relay_name(FRAMEWORK, "policy/policy_loss")
+CP = ["cp"]
+
+
+def _np(x: Any) -> np.ndarray:
+    if type(x).__module__.startswith("torch"):
+        x = x.detach().float().cpu().numpy()
+    return np.atleast_2d(np.asarray(x, dtype=np.float64))
+
+
+def loss_partial(
+    per_token_loss: Any,
+    loss_mask: Any,
+    loss_reduction: str,
+    *,
+    micro_batch_size: int | None = None,
+    max_seq_len: int | None = None,
+) -> tuple[float, float]:
+    """(sum, count) of one micro-batch such that Σsum / Σcount over a mini-batch is SkyRL's loss.
+
+    Mirrors ``apply_loss_reduction_to_advantages_minibatch`` (``utils/ppo_utils.py``):
+    token_mean divides by the mini-batch's tokens; sequence_mean averages per-sequence token
+    means; seq_mean_token_sum_norm divides token sums by ``max_seq_len`` and averages over
+    sequences; token_mean_legacy averages token means of consecutive ``micro_batch_size`` chunks.
+    """
+    loss, mask = _np(per_token_loss), _np(loss_mask)
+    masked = loss * mask
+    if loss_reduction == "token_mean":
+        return float(masked.sum()), float(mask.sum())
+    if loss_reduction == "sequence_mean":
+        per_seq = masked.sum(axis=1) / np.maximum(mask.sum(axis=1), 1.0)
+        return float(per_seq.sum()), float(len(per_seq))
+    if loss_reduction == "seq_mean_token_sum_norm":
+        if not max_seq_len:
+            raise ValueError("seq_mean_token_sum_norm needs max_seq_len")
+        return float(masked.sum() / max_seq_len), float(loss.shape[0])
+    if loss_reduction == "token_mean_legacy":
+        if not micro_batch_size:
+            raise ValueError("token_mean_legacy needs micro_batch_size")
+        total, chunks = 0.0, 0
+        for start in range(0, loss.shape[0], micro_batch_size):
+            chunk = slice(start, start + micro_batch_size)
+            total += float(masked[chunk].sum() / max(mask[chunk].sum(), 1.0))
+            chunks += 1
+        return total, float(chunks)
+    raise ValueError(f"loss_reduction must be one of {LOSS_REDUCTIONS}, got {loss_reduction!r}")
+
+
+class WorkerPath:
+    """Sufficient statistics from a SkyRL policy worker's ``forward_backward``.
+
+    ``rank`` / ``world`` span DP and CP (Ulysses SP counts as CP); every rank reports and
+    replicas are deduplicated by the aggregator.
+    """
+
+    def __init__(
+        self,
+        run: str,
+        *,
+        loss_reduction: str = "token_mean",
+        dp_rank: int = 0,
+        dp_size: int = 1,
+        cp_rank: int = 0,
+        cp_size: int = 1,
+        micro_batch_size: int | None = None,
+        max_seq_len: int | None = None,
+        reporter: ReporterLike | None = None,
+        role: str = "actor",
+        **reporter_kw: Any,
+    ) -> None:
+        if loss_reduction not in LOSS_REDUCTIONS:
+            raise ValueError(f"loss_reduction must be one of {LOSS_REDUCTIONS}")
+        self.loss_reduction = loss_reduction
+        self.micro_batch_size, self.max_seq_len = micro_batch_size, max_seq_len
+        self.reporter = reporter or make_reporter(
+            run, role, rank={"dp": dp_rank, "cp": cp_rank}, world={"dp": dp_size, "cp": cp_size},
+            **reporter_kw,
+        )
+
+    def micro_batch(
+        self,
+        loss_mask: Any,
+        *,
+        minibatch: int,
+        per_token_loss: Any = None,
+        entropy: Any = None,
+        kl: Any = None,
+        clipped: Any = None,
+        is_ratio: Any = None,
+    ) -> None:
+        """Per-token tensors of one micro-batch of mini-batch ``minibatch``."""
+        rep = self.reporter
+        if per_token_loss is not None:
+            s, c = loss_partial(per_token_loss, loss_mask, self.loss_reduction,
+                                micro_batch_size=self.micro_batch_size,
+                                max_seq_len=self.max_seq_len)
+            rep.record(keymaps.LOSS, sum=s, count=c, minibatch=minibatch,
+                       minibatch_reduce="mean", replicated=CP)
+        for name, values in ((keymaps.ENTROPY, entropy), (keymaps.KL, kl),
+                             (keymaps.CLIP_RATIO, clipped), (keymaps.IS_RATIO, is_ratio)):
+            if values is not None:
+                rep.record_tensor(name, values, loss_mask, reduce="token_mean", replicated=CP)
+
+    def policy_loss(self, value: float, *, minibatch: int) -> None:
+        """SkyRL's own per-micro-batch ``policy_loss`` (a partial sum with pre-scaled advantages)."""
+        self.reporter.record(POLICY_LOSS, sum=float(value), minibatch=minibatch,
+                             minibatch_reduce="mean", replicated=CP)
+
+    def optimizer_step(self, index: int, *, grad_norm: float) -> None:
+        self.reporter.record(keymaps.GRAD_NORM, value=float(grad_norm), minibatch=index,
+                             minibatch_reduce="mean")
+
+    def end_step(self, step: int) -> None:
+        self.reporter.end_step(int(step))
+
+    def close(self) -> None:
+        self.reporter.flush(10.0)
+        self.reporter.close()
+
+
+class RlmonTracking:
+    """Wraps SkyRL's ``Tracking`` (``skyrl/train/utils/tracking.py``) and relays what it logs.
+
+    A step ends on ``commit=True`` (the fully-async trainer logs ``commit=False`` first) or when a
+    later step arrives. Everything else is delegated to the wrapped tracker.
+    """
+
+    def __init__(self, inner: Any, run: str, *, reporter: ReporterLike | None = None,
+                 role: str = "driver", **reporter_kw: Any) -> None:
+        self.inner = inner
+        self.reporter = reporter or make_reporter(run, role, **reporter_kw)
+        self._pending: int | None = None
+
+    def log(self, data: Mapping[str, Any], step: int, commit: bool = False) -> None:
+        if self.inner is not None:
+            self.inner.log(data, step=step, commit=commit)
+        if self._pending is not None and step != self._pending:
+            self.reporter.end_step(self._pending)
+            self._pending = None
+        relay(self.reporter, FRAMEWORK, data)
+        self._pending = int(step)
+        if commit:
+            self.reporter.end_step(self._pending)
+            self._pending = None
+
+    def finish(self) -> None:
+        if self._pending is not None:
+            self.reporter.end_step(self._pending)
+            self._pending = None
+        self.reporter.flush(10.0)
+        finish = getattr(self.inner, "finish", None)
+        if callable(finish):
+            finish()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def wrap_tracker(tracker: Any, run: str, **kw: Any) -> RlmonTracking:
+    """``class Exp(BasePPOExp): def get_tracker(self): return wrap_tracker(super().get_tracker(), run)``."""
+    return RlmonTracking(tracker, run, **kw)

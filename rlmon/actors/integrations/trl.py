@@ -1,0 +1,75 @@
+"""TRL: a ``transformers.TrainerCallback`` whose ``on_log`` relays GRPOTrainer / PPOTrainer keys.
+
+TRL logs on the main process after averaging every collected list over the logging window
+(``trl/trainer/grpo_trainer.py``). Keys that are global and exact per batch (rewards, lengths,
+``kl``/``entropy``/``clip_ratio/region_mean`` since TRL PR #6380) go under canonical names;
+mean-of-rank-means keys (``sampling/*``), window means of extrema (``clip_ratio/low_min``,
+``clip_ratio/high_max``) and the trainer ``loss`` go under ``trl/<key>``. ``transformers`` is
+imported only when the callback class is first used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rlmon.actors.integrations._base import ReporterLike, make_reporter, relay
+
+__all__ = ["callback"]  # and RlmonCallback, built lazily by __getattr__
+
+FRAMEWORK = "trl"
+
+
+class _Relay:
+    """The framework-free part of the callback."""
+
+    def __init__(self, run: str, *, reporter: ReporterLike | None = None,
+                 role: str = "trainer", **reporter_kw: Any) -> None:
+        self.run, self.role = run, role
+        self._reporter = reporter
+        self._kw = reporter_kw
+        self.published: dict[str, str] = {}
+
+    @property
+    def reporter(self) -> ReporterLike:
+        if self._reporter is None:
+            self._reporter = make_reporter(self.run, self.role, **self._kw)
+        return self._reporter
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Mapping[str, Any] | None = None,
+               **kwargs: Any) -> None:
+        if not logs or not getattr(state, "is_world_process_zero", True):
+            return
+        self.published.update(relay(self.reporter, FRAMEWORK, logs))
+        self.reporter.end_step(int(state.global_step))
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._reporter is not None:
+            self._reporter.flush(10.0)
+
+
+def _build() -> type:
+    from transformers import TrainerCallback
+
+    class RlmonCallback(_Relay, TrainerCallback):
+        """``trainer.add_callback(RlmonCallback(run="grpo-7b"))``."""
+
+    return RlmonCallback
+
+
+_CLASS: type | None = None
+
+
+def __getattr__(name: str) -> Any:
+    global _CLASS
+    if name == "RlmonCallback":
+        if _CLASS is None:
+            _CLASS = _build()
+        return _CLASS
+    raise AttributeError(name)
+
+
+def callback(run: str, **kw: Any) -> Any:
+    """An :class:`RlmonCallback` instance (imports transformers)."""
+    cls: Any = __getattr__("RlmonCallback")
+    return cls(run, **kw)

@@ -1,0 +1,65 @@
+"""verl: a tracking backend next to wandb/console in ``verl.utils.tracking.Tracking``.
+
+verl's trainer calls ``logger.log(data=metrics, step=global_steps)`` once per step on every
+backend in ``Tracking.logger``. Its actor metrics are means of micro-batch means and its loss
+metrics sums over mini-batches x epochs (``verl/utils/metric/utils.py``), so they are relayed
+under ``verl/<key>``; driver-side data metrics (``verl/trainer/ppo/metric_utils.py``) are exact
+and go under canonical names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rlmon.actors.integrations._base import ReporterLike, make_reporter, relay
+
+__all__ = ["RlmonBackend", "install"]
+
+FRAMEWORK = "verl"
+BACKEND = "rlmon"
+
+
+class RlmonBackend:
+    """One verl tracking backend: ``log(data, step)`` and ``finish()``."""
+
+    def __init__(self, run: str, *, reporter: ReporterLike | None = None, role: str = "driver",
+                 **reporter_kw: Any) -> None:
+        self.reporter = reporter or make_reporter(run, role, **reporter_kw)
+
+    def log(self, data: Mapping[str, Any], step: int) -> None:
+        relay(self.reporter, FRAMEWORK, data)
+        self.reporter.end_step(int(step))
+
+    def finish(self) -> None:
+        self.reporter.flush(10.0)
+
+
+def install(run: str, tracking_cls: Any = None, **kw: Any) -> None:
+    """Let ``trainer.logger=[..., "rlmon"]`` add :class:`RlmonBackend` to verl's ``Tracking``.
+
+    Patches the class (``verl.utils.tracking.Tracking`` unless given), so it must run in the
+    process that builds the tracker (the ``TaskRunner``; e.g. a Ray ``worker_process_setup_hook``).
+    """
+    if tracking_cls is None:
+        from verl.utils import tracking
+
+        tracking_cls = tracking.Tracking
+    if getattr(tracking_cls, "_rlmon_installed", False):
+        return
+    supported = getattr(tracking_cls, "supported_backend", None)
+    if isinstance(supported, list) and BACKEND not in supported:
+        supported.append(BACKEND)
+    init = tracking_cls.__init__
+
+    def __init__(self: Any, project_name: Any, experiment_name: Any,
+                 default_backend: Any = "console", *args: Any, **kwargs: Any) -> None:
+        backends = [default_backend] if isinstance(default_backend, str) else list(default_backend)
+        wanted = BACKEND in backends
+        rest = [b for b in backends if b != BACKEND]
+        init(self, project_name, experiment_name, rest, *args, **kwargs)
+        if wanted:
+            self.logger[BACKEND] = RlmonBackend(run or str(experiment_name), **kw)
+
+    tracking_cls.__init__ = __init__
+    tracking_cls._rlmon_installed = True

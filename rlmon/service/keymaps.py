@@ -1,0 +1,454 @@
+"""Framework key maps: each framework's metric keys, its own reduction, and what rlmon does.
+
+The same key means different things in different frameworks, and the same framework reduces its
+keys differently (token-weighted, sample-weighted, mean of micro-batch means, last micro-batch).
+This table is the one place that says so. Each row names the canonical catalog metric the key
+corresponds to (checked against :mod:`rlmon.service.catalog` at import), the framework's own
+reduction, and the *fidelity* of the value rlmon reports:
+
+- ``exact``: rlmon computes the canonical value itself from raw per-token or per-rank data
+  (sufficient statistics pooled once), or the framework's reduction is provably exact for it; the
+  value does not depend on how the step was split over ranks and micro-batches.
+- ``recomputed``: rlmon rebuilds the canonical value from the framework's numbers by reproducing
+  or undoing a known reduction (SkyRL's loss sum over micro-batches and DP then mean over
+  mini-batches; DeepSpeed's 1/gradient-accumulation loss scaling; prefix-cache hits over queries).
+- ``relayed``: forwarded as the framework reduced it. When that reduction is lossy the row is
+  marked not comparable across runs, the integrations publish it under ``<framework>/<key>``
+  rather than the canonical name, and :mod:`rlmon.service.sanity` warns about it.
+
+Rows are data only; the integrations under :mod:`rlmon.actors.integrations` read them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any
+
+from rlmon.service import catalog
+
+__all__ = [
+    "FRAMEWORKS",
+    "Fidelity",
+    "KeyMapping",
+    "Reduction",
+    "by_key",
+    "canonical",
+    "keymap_json",
+    "keymap_markdown",
+    "mappings",
+    "relay_name",
+]
+
+
+class Reduction(StrEnum):
+    """How the framework itself reduces a key before it logs it."""
+
+    TOKEN_WEIGHTED = "token-weighted"
+    SAMPLE_WEIGHTED = "sample-weighted"
+    MEAN_OF_MEANS = "mean of micro-batch means"
+    LAST = "last micro-batch"
+    WINDOW_NORMALIZED = "loss normalized per accumulation window"
+    SUM_DP_MEAN_MINIBATCH = "sum over micro-batches and DP, mean over mini-batches"
+    SUM_MINIBATCHES = "sum over mini-batches x epochs"
+    MEAN_OF_RANK_MEANS = "mean of per-rank means"
+    WINDOW_MEAN = "mean over the logging window"
+    DRIVER_EXACT = "exact on the driver (full batch)"
+    GLOBAL_VALUE = "already global (replicated over SP/TP/DP)"
+    MAX = "max"
+    MIN = "min"
+    ENGINE_COUNTERS = "per-engine counters"
+    LOSS_SCALED_BY_GAS = "loss scaled by 1/gradient_accumulation_steps"
+
+
+class Fidelity(StrEnum):
+    EXACT = "exact"
+    RECOMPUTED = "recomputed"
+    RELAYED = "relayed"
+
+
+@dataclass(frozen=True, slots=True)
+class KeyMapping:
+    """One framework key and what rlmon makes of it.
+
+    ``via`` names the rlmon path that produces the canonical value (``logger``, ``tracker``,
+    ``callback``, ``driver hook``, ``worker path``, ``stat logger``, ``engine probe``).
+    ``comparable`` says whether the framework's own logged number is comparable across runs and
+    configurations; when it is not, relays go to :func:`relay_name` and sanity warns.
+    """
+
+    framework: str
+    key: str
+    canonical: str | None
+    reduction: Reduction
+    fidelity: Fidelity
+    via: str
+    comparable: bool = True
+    note: str = ""
+    source: str = ""
+
+
+def _c(name: str) -> str:
+    """A canonical name, checked against the catalog (KeyError at import if it is not there)."""
+    return catalog.get(name).name
+
+
+# Canonical names the integrations emit directly (exact paths).
+LOSS = _c("actor/loss")
+CLIP_RATIO = _c("actor/clip_ratio")
+ENTROPY = _c("actor/entropy")
+KL = _c("actor/kl")
+APPROX_KL = _c("actor/approx_kl")
+GRAD_NORM = _c("actor/grad_norm")
+LR = _c("actor/lr")
+LOSS_SCALE = _c("actor/loss_scale")
+SKIPPED_STEPS = _c("actor/skipped_steps")
+IS_RATIO = _c("actor/is_ratio")
+IS_RATIO_MIN = _c("actor/is_ratio_min")
+IS_RATIO_MAX = _c("actor/is_ratio_max")
+LOGP_DIFF = _c("actor/logp_diff")
+LOGP_DIFF_MAX = _c("actor/logp_diff_max")
+IS_MASKED_FRAC = _c("actor/is_masked_frac")
+REWARD = _c("rollout/reward")
+REWARD_STD = _c("rollout/reward_std")
+RESPONSE_LENGTH = _c("rollout/response_length")
+CLIPPED_RATIO = _c("rollout/clipped_ratio")
+FRAC_ZERO_STD = _c("rollout/frac_reward_zero_std")
+CRITIC_LOSS = _c("critic/loss")
+CRITIC_VALUE = _c("critic/value")
+CRITIC_GRAD_NORM = _c("critic/grad_norm")
+CRITIC_LR = _c("critic/lr")
+CRITIC_CLIP = _c("critic/clip_ratio")
+RUNNING = _c("rollout/num_running_reqs")
+WAITING = _c("rollout/num_waiting_reqs")
+KV_USAGE = _c("rollout/kv_cache_usage")
+PREEMPTIONS = _c("rollout/preemptions")
+PREFIX_HIT_RATE = _c("rollout/prefix_cache_hit_rate")
+TOKENS_PER_SECOND = _c("rollout/tokens_per_second")
+TOKENS = _c("rollout/tokens")
+STEP_SECONDS = _c("perf/step_seconds")
+GEN_SECONDS = _c("timing/generate_seconds")
+TRAIN_SECONDS = _c("timing/train_seconds")
+SYNC_SECONDS = _c("timing/weight_sync_seconds")
+
+R, F = Reduction, Fidelity
+TW, SW, MOM, LAST = R.TOKEN_WEIGHTED, R.SAMPLE_WEIGHTED, R.MEAN_OF_MEANS, R.LAST
+EXACT, RECOMP, RELAY = F.EXACT, F.RECOMPUTED, F.RELAYED
+
+_OR_ACTOR = "openrlhf/trainer/ray/ppo_actor.py"
+_OR_DRIVER = "openrlhf/trainer/ppo_trainer.py"
+_OR_CRITIC = "openrlhf/trainer/ray/ppo_critic.py"
+_SK_WORKER = "skyrl/backends/skyrl_train/workers/worker_utils.py"
+_SK_TRAINER = "skyrl/train/trainer.py"
+_VERL = "verl/utils/metric/utils.py"
+_VERL_DATA = "verl/trainer/ppo/metric_utils.py"
+_TRL = "trl/trainer/grpo_trainer.py"
+_TRL_PPO = "trl/trainer/ppo_trainer.py"
+_VLLM = "vllm/v1/metrics/stats.py"
+_DS = "deepspeed/runtime/engine.py"
+
+
+def _m(fw: str, key: str, canon: str | None, red: Reduction, fid: Fidelity, via: str,
+       comparable: bool = True, note: str = "", source: str = "") -> KeyMapping:
+    return KeyMapping(fw, key, _c(canon) if canon else None, red, fid, via, comparable, note,
+                      source)
+
+
+_ROWS: tuple[KeyMapping, ...] = (
+    # --- OpenRLHF (status keys; W&B/TB prefix them with train/) ----------------------------------
+    _m("openrlhf", "policy_loss", LOSS, R.WINDOW_NORMALIZED, EXACT, "worker path", False,
+       "a per-micro-batch contribution normalized by the window's global token count, then "
+       "token-weighted again: biased under uneven token counts, about 1/micro-batches in "
+       "dynamic-batch mode; rlmon recomputes the token mean from raw masked sums", _OR_ACTOR),
+    _m("openrlhf", "entropy_loss", ENTROPY, R.WINDOW_NORMALIZED, EXACT, "worker path", False,
+       "same normalization issue as policy_loss", _OR_ACTOR),
+    _m("openrlhf", "ppo_clip_ratio", CLIP_RATIO, TW, EXACT, "logger",
+       note="local token means weighted by local token counts: exact", source=_OR_ACTOR),
+    _m("openrlhf", "ppo_kl", APPROX_KL, TW, EXACT, "logger",
+       note="k1 of old - new; wrong (equal to vllm_kl) in v0.9.3-v0.10.2 with IS correction",
+       source=_OR_ACTOR),
+    _m("openrlhf", "vllm_kl", None, TW, RELAY, "logger",
+       note="signed k1 of rollout - old log-probs; rlmon's driver hook gives actor/logp_diff "
+       "and the IS ratio exactly", source=_OR_ACTOR),
+    _m("openrlhf", "kl", KL, SW, RELAY, "logger", False,
+       "sample-weighted in-reward KL, or token-weighted window-normalized KL loss with "
+       "kl.use_loss: the same key changes meaning with a flag", _OR_ACTOR),
+    _m("openrlhf", "actor_grad_norm", GRAD_NORM, LAST, RECOMP, "worker path", False,
+       "OpenRLHF logs the last optimizer step only; the worker path reports every optimizer "
+       "step and takes their mean", _OR_ACTOR),
+    _m("openrlhf", "actor_lr", LR, LAST, EXACT, "logger", source=_OR_ACTOR),
+    _m("openrlhf", "reward", REWARD, SW, EXACT, "logger", source=_OR_ACTOR),
+    _m("openrlhf", "response_length", RESPONSE_LENGTH, SW, EXACT, "logger",
+       note="a first-to-last action token span (includes tool tokens in multi-turn)",
+       source=_OR_ACTOR),
+    _m("openrlhf", "rollout/reward_mean", REWARD, R.DRIVER_EXACT, EXACT, "logger",
+       source=_OR_DRIVER),
+    _m("openrlhf", "rollout/truncated_rate", CLIPPED_RATIO, R.DRIVER_EXACT, EXACT, "logger",
+       source=_OR_DRIVER),
+    _m("openrlhf", "critic_loss", CRITIC_LOSS, MOM, RELAY, "logger", False,
+       "plain mean over ranks and micro-batches", _OR_CRITIC),
+    _m("openrlhf", "values", CRITIC_VALUE, MOM, RELAY, "logger", False,
+       "mean of per-micro-batch means", _OR_CRITIC),
+    _m("openrlhf", "critic_grad_norm", CRITIC_GRAD_NORM, MOM, RELAY, "logger", False,
+       "averaged over micro-batches including stale values", _OR_CRITIC),
+    _m("openrlhf", "timing/generation", GEN_SECONDS, R.DRIVER_EXACT, EXACT, "logger",
+       source=_OR_DRIVER),
+    _m("openrlhf", "timing/ppo_train", TRAIN_SECONDS, R.DRIVER_EXACT, EXACT, "logger",
+       source=_OR_DRIVER),
+    _m("openrlhf", "timing/broadcast", SYNC_SECONDS, R.DRIVER_EXACT, EXACT, "logger",
+       source=_OR_DRIVER),
+    _m("openrlhf", "(not logged) IS ratio", IS_RATIO, R.DRIVER_EXACT, EXACT, "driver hook",
+       note="mean/min/max of exp(old - rollout) over action tokens; OpenRLHF discards it",
+       source="openrlhf/models/loss.py"),
+    _m("openrlhf", "(not logged) logp diff", LOGP_DIFF, R.DRIVER_EXACT, EXACT, "driver hook",
+       source="openrlhf/models/loss.py"),
+    _m("openrlhf", "(not logged) IS masked fraction", IS_MASKED_FRAC, R.DRIVER_EXACT, EXACT,
+       "driver hook", note="tokens outside the tis/icepop band", source="openrlhf/models/loss.py"),
+    # --- SkyRL (prefixed policy/ and critic/ by the trainer) --------------------------------------
+    _m("skyrl", "policy/policy_loss", LOSS, R.SUM_DP_MEAN_MINIBATCH, RECOMP, "worker path",
+       False, "masked sum with advantages pre-scaled by loss_reduction; scale depends on "
+       "the mode; rlmon reproduces the sum/mean semantics with CP replicas counted once",
+       _SK_WORKER),
+    _m("skyrl", "policy/final_loss", None, R.SUM_DP_MEAN_MINIBATCH, RELAY, "tracker", False,
+       "policy_loss plus the KL and entropy terms", _SK_WORKER),
+    _m("skyrl", "policy/policy_entropy", ENTROPY, MOM, EXACT, "worker path", False,
+       "mean of micro-batch means (SkyRL #1822); rlmon pools token sums", _SK_WORKER),
+    _m("skyrl", "policy/policy_kl", KL, MOM, EXACT, "worker path", False,
+       "mean over sequences of masked means, then mean of means", _SK_WORKER),
+    _m("skyrl", "policy/loss_metrics/clip_ratio", CLIP_RATIO, MOM, EXACT, "worker path", False,
+       "mean of micro-batch means; dual-clip not counted", _SK_WORKER),
+    _m("skyrl", "policy/loss_metrics/is_ratio_mean", IS_RATIO, MOM, EXACT, "worker path", False,
+       "mean of micro-batch means", _SK_WORKER),
+    _m("skyrl", "policy/loss_metrics/is_ratio_max", IS_RATIO_MAX, R.MAX, EXACT, "tracker",
+       source=_SK_WORKER),
+    _m("skyrl", "policy/loss_metrics/is_ratio_min", IS_RATIO_MIN, R.MIN, RELAY, "tracker", False,
+       "min of ratio x mask: 0 whenever any position is masked; do not alert on it", _SK_WORKER),
+    _m("skyrl", "policy/grad_norm", GRAD_NORM, R.GLOBAL_VALUE, RECOMP, "tracker",
+       note="pre-clip global norm of the first actor, averaged over optimizer steps",
+       source=_SK_TRAINER),
+    _m("skyrl", "policy/policy_lr", LR, R.GLOBAL_VALUE, EXACT, "tracker", source=_SK_WORKER),
+    _m("skyrl", "policy/rollout_train_logprobs_abs_diff_mean", LOGP_DIFF, R.DRIVER_EXACT, EXACT,
+       "tracker", source=_SK_TRAINER),
+    _m("skyrl", "policy/rollout_train_logprobs_abs_diff_max", LOGP_DIFF_MAX, R.DRIVER_EXACT,
+       EXACT, "tracker", source=_SK_TRAINER),
+    _m("skyrl", "reward/avg_raw_reward", REWARD, R.DRIVER_EXACT, EXACT, "tracker",
+       source=_SK_TRAINER),
+    _m("skyrl", "generate/avg_num_tokens", RESPONSE_LENGTH, R.DRIVER_EXACT, EXACT, "tracker",
+       source="skyrl/train/generators/utils.py"),
+    _m("skyrl", "critic/critic_loss", CRITIC_LOSS, MOM, RELAY, "tracker", False,
+       "averaged over the whole world and micro-batches", _SK_WORKER),
+    _m("skyrl", "timing/step", STEP_SECONDS, R.DRIVER_EXACT, EXACT, "tracker",
+       source=_SK_TRAINER),
+    # --- verl (legacy workers) ----------------------------------------------------------------------
+    _m("verl", "actor/pg_loss", LOSS, R.SUM_MINIBATCHES, RELAY, "tracker", False,
+       "sum over mini-batches x epochs of per-mini-batch means (verl PR #5766)", _VERL),
+    _m("verl", "actor/pg_clipfrac", CLIP_RATIO, MOM, RELAY, "tracker", False,
+       "unweighted mean of micro-batch token means (verl #1508)", _VERL),
+    _m("verl", "actor/ppo_kl", APPROX_KL, MOM, RELAY, "tracker", False,
+       "mean of micro-batch means", _VERL),
+    _m("verl", "actor/entropy", ENTROPY, MOM, RELAY, "tracker", False,
+       "written twice; mean of micro-batch means when recomputed in update_policy", _VERL),
+    _m("verl", "actor/kl_loss", KL, R.SUM_MINIBATCHES, RELAY, "tracker", False,
+       "summed over mini-batches x epochs", _VERL),
+    _m("verl", "actor/grad_norm", GRAD_NORM, R.GLOBAL_VALUE, RECOMP, "tracker",
+       note="one global norm per optimizer step, averaged", source=_VERL),
+    _m("verl", "actor/lr", LR, R.GLOBAL_VALUE, EXACT, "tracker", source=_VERL),
+    _m("verl", "critic/score/mean", REWARD, R.DRIVER_EXACT, EXACT, "tracker", source=_VERL_DATA),
+    _m("verl", "response_length/mean", RESPONSE_LENGTH, R.DRIVER_EXACT, EXACT, "tracker",
+       source=_VERL_DATA),
+    _m("verl", "response_length/clip_ratio", CLIPPED_RATIO, R.DRIVER_EXACT, EXACT, "tracker",
+       source=_VERL_DATA),
+    _m("verl", "rollout_corr/rollout_is_mean", IS_RATIO, R.DRIVER_EXACT, EXACT, "tracker",
+       note="exact in decoupled mode; a mean of micro-batch means in bypass mode",
+       source="verl/trainer/ppo/rollout_corr_helper.py"),
+    _m("verl", "rollout_corr/rollout_is_min", IS_RATIO_MIN, R.MIN, EXACT, "tracker",
+       source="verl/trainer/ppo/rollout_corr_helper.py"),
+    _m("verl", "rollout_corr/rollout_is_max", IS_RATIO_MAX, R.MAX, EXACT, "tracker",
+       source="verl/trainer/ppo/rollout_corr_helper.py"),
+    _m("verl", "training/rollout_probs_diff_mean", None, R.DRIVER_EXACT, RELAY, "tracker",
+       note="an absolute difference of probabilities, not log-probabilities", source=_VERL_DATA),
+    _m("verl", "critic/vf_loss", CRITIC_LOSS, R.SUM_MINIBATCHES, RELAY, "tracker", False,
+       "summed over mini-batches x epochs", _VERL),
+    _m("verl", "timing_s/step", STEP_SECONDS, R.DRIVER_EXACT, EXACT, "tracker",
+       source=_VERL_DATA),
+    # --- TRL (GRPOTrainer and PPOTrainer, on_log keys) ------------------------------------------------
+    _m("trl", "loss", LOSS, R.WINDOW_MEAN, RELAY, "callback", False,
+       "HF Trainer loss averaged over the logging window; DPO/SFT/PPO meanings differ", _TRL),
+    _m("trl", "grad_norm", GRAD_NORM, R.GLOBAL_VALUE, EXACT, "callback", source=_TRL),
+    _m("trl", "learning_rate", LR, R.GLOBAL_VALUE, EXACT, "callback", source=_TRL),
+    _m("trl", "reward", REWARD, R.WINDOW_MEAN, EXACT, "callback",
+       note="gathered across processes before logging: exact per generation batch",
+       source=_TRL),
+    _m("trl", "frac_reward_zero_std", FRAC_ZERO_STD, R.WINDOW_MEAN, EXACT, "callback",
+       source=_TRL),
+    _m("trl", "completions/mean_length", RESPONSE_LENGTH, R.WINDOW_MEAN, EXACT, "callback",
+       source=_TRL),
+    _m("trl", "completions/clipped_ratio", CLIPPED_RATIO, R.WINDOW_MEAN, EXACT, "callback",
+       source=_TRL),
+    _m("trl", "entropy", ENTROPY, TW, EXACT, "callback",
+       note="global masked mean per micro-batch since TRL PR #6380", source=_TRL),
+    _m("trl", "kl", KL, TW, EXACT, "callback", note="k3, global masked mean since PR #6380",
+       source=_TRL),
+    _m("trl", "clip_ratio/region_mean", CLIP_RATIO, TW, EXACT, "callback", source=_TRL),
+    _m("trl", "clip_ratio/low_mean", None, TW, RELAY, "callback",
+       note="ordinary lower clip (not verl's dual-clip pg_clipfrac_lower)", source=_TRL),
+    _m("trl", "clip_ratio/high_mean", None, TW, RELAY, "callback", source=_TRL),
+    _m("trl", "clip_ratio/low_min", None, R.WINDOW_MEAN, RELAY, "callback", False,
+       "a window mean of per-batch minima", _TRL),
+    _m("trl", "clip_ratio/high_max", None, R.WINDOW_MEAN, RELAY, "callback", False,
+       "a window mean of per-batch maxima", _TRL),
+    _m("trl", "sampling/sampling_logp_difference/mean", LOGP_DIFF, R.MEAN_OF_RANK_MEANS, RELAY,
+       "callback", False, "per-rank token means, then averaged over ranks", _TRL),
+    _m("trl", "sampling/sampling_logp_difference/max", LOGP_DIFF_MAX, R.MAX, EXACT, "callback",
+       note="global max per batch (a window mean of maxima when logging_steps > 1)",
+       source=_TRL),
+    _m("trl", "sampling/importance_sampling_ratio/mean", IS_RATIO, R.MEAN_OF_RANK_MEANS, RELAY,
+       "callback", False, "logged after truncation or masking (TRL #5231), mean of rank means",
+       _TRL),
+    _m("trl", "sampling/importance_sampling_ratio/min", IS_RATIO_MIN, R.MIN, RELAY, "callback",
+       False, "after masking: 0 whenever sequence_mask fired", _TRL),
+    _m("trl", "sampling/importance_sampling_ratio/max", IS_RATIO_MAX, R.MAX, EXACT, "callback",
+       note="capped under truncation", source=_TRL),
+    _m("trl", "objective/kl", KL, SW, RELAY, "callback", False,
+       "sequence-summed KL averaged over samples, not a token mean", _TRL_PPO),
+    _m("trl", "objective/entropy", ENTROPY, SW, RELAY, "callback", False,
+       "sequence-summed entropy averaged over samples", _TRL_PPO),
+    _m("trl", "objective/scores", REWARD, SW, EXACT, "callback", source=_TRL_PPO),
+    _m("trl", "policy/clipfrac_avg", CLIP_RATIO, MOM, RELAY, "callback", False,
+       "mean over mini-batch means", _TRL_PPO),
+    _m("trl", "policy/approxkl_avg", APPROX_KL, MOM, RELAY, "callback", False,
+       "mean over mini-batch means", _TRL_PPO),
+    _m("trl", "loss/policy_avg", LOSS, MOM, RELAY, "callback", False,
+       "mean over mini-batch means", _TRL_PPO),
+    _m("trl", "loss/value_avg", CRITIC_LOSS, MOM, RELAY, "callback", False,
+       "mean over mini-batch means", _TRL_PPO),
+    _m("trl", "val/clipfrac_avg", CRITIC_CLIP, MOM, RELAY, "callback", False,
+       "mean over mini-batch means", _TRL_PPO),
+    _m("trl", "lr", LR, R.GLOBAL_VALUE, EXACT, "callback", source=_TRL_PPO),
+    # --- vLLM (per-engine stat logger) --------------------------------------------------------------
+    _m("vllm", "SchedulerStats.num_running_reqs", RUNNING, R.ENGINE_COUNTERS, EXACT,
+       "stat logger", note="last value per engine in the window, summed over engines",
+       source=_VLLM),
+    _m("vllm", "SchedulerStats.num_waiting_reqs", WAITING, R.ENGINE_COUNTERS, EXACT,
+       "stat logger", source=_VLLM),
+    _m("vllm", "SchedulerStats.kv_cache_usage", KV_USAGE, R.ENGINE_COUNTERS, EXACT,
+       "stat logger", note="last value per engine, mean over engines", source=_VLLM),
+    _m("vllm", "IterationStats.num_preempted_reqs", PREEMPTIONS, R.ENGINE_COUNTERS, EXACT,
+       "stat logger", source=_VLLM),
+    _m("vllm", "PrefixCacheStats.hits/queries", PREFIX_HIT_RATE, R.ENGINE_COUNTERS, RECOMP,
+       "stat logger", note="hits over queries pooled over engines (not a mean of engine rates)",
+       source=_VLLM),
+    _m("vllm", "IterationStats.num_generation_tokens", TOKENS_PER_SECOND, R.ENGINE_COUNTERS,
+       RECOMP, "stat logger", note="tokens over the window's seconds, summed over engines",
+       source=_VLLM),
+    # --- DeepSpeed (engine probe) -----------------------------------------------------------------------
+    _m("deepspeed", "loss_scale", LOSS_SCALE, R.GLOBAL_VALUE, EXACT, "engine probe",
+       source=_DS),
+    _m("deepspeed", "skipped_steps", SKIPPED_STEPS, R.GLOBAL_VALUE, EXACT, "engine probe",
+       source=_DS),
+    _m("deepspeed", "global_grad_norm", GRAD_NORM, R.GLOBAL_VALUE, EXACT, "engine probe",
+       note="NaN under DeepSpeed 0.13.5-0.14.0 is a known bug", source=_DS),
+    _m("deepspeed", "loss", LOSS, R.LOSS_SCALED_BY_GAS, RECOMP, "engine probe", False,
+       "engine.backward scales the loss by 1/gradient_accumulation_steps; the comparable view "
+       "multiplies it back", _DS),
+)
+
+FRAMEWORKS: tuple[str, ...] = ("openrlhf", "skyrl", "verl", "trl", "vllm", "deepspeed")
+
+_BY_KEY: Mapping[tuple[str, str], KeyMapping] = MappingProxyType(
+    {(row.framework, row.key): row for row in _ROWS}
+)
+
+
+def mappings(framework: str | None = None) -> Iterator[KeyMapping]:
+    """The rows of one framework (or all), in declaration order."""
+    if framework is not None and framework not in FRAMEWORKS:
+        raise KeyError(f"unknown framework {framework!r} (known: {', '.join(FRAMEWORKS)})")
+    return (row for row in _ROWS if framework is None or row.framework == framework)
+
+
+def by_key(framework: str, key: str) -> KeyMapping | None:
+    """The row for one logged key, or None when rlmon has no mapping for it."""
+    return _BY_KEY.get((framework, key))
+
+
+def canonical(framework: str, key: str) -> str | None:
+    """The canonical name a key may be published under, or None (relay it under its own name)."""
+    row = by_key(framework, key)
+    if row is None or row.canonical is None or not row.comparable:
+        return None
+    return row.canonical
+
+
+def relay_name(framework: str, key: str) -> str:
+    """The name a relayed, non-canonical key is published under: ``<framework>/<key>``."""
+    return f"{framework}/{key}"
+
+
+def keymap_json(framework: str | None = None) -> list[dict[str, Any]]:
+    return [
+        {
+            "framework": row.framework,
+            "key": row.key,
+            "canonical": row.canonical,
+            "framework_reduction": row.reduction.value,
+            "rlmon": row.fidelity.value,
+            "via": row.via,
+            "comparable_across_runs": row.comparable,
+            "note": row.note,
+            "source": row.source,
+        }
+        for row in mappings(framework)
+    ]
+
+
+def keymap_markdown(framework: str | None = None) -> str:
+    lines = ["| framework | key | canonical | framework reduction | rlmon | via | note |",
+             "|---|---|---|---|---|---|---|"]
+    for row in mappings(framework):
+        canon = f"`{row.canonical}`" if row.canonical else "-"
+        note = row.note if row.comparable else f"not comparable across runs: {row.note}"
+        lines.append(
+            f"| {row.framework} | `{row.key}` | {canon} | {row.reduction.value} | "
+            f"{row.fidelity.value} | {row.via} | {note} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+_RANK = {Fidelity.EXACT: 0, Fidelity.RECOMPUTED: 1, Fidelity.RELAYED: 2}
+
+
+def fidelity_matrix() -> dict[str, dict[str, Fidelity]]:
+    """canonical metric -> framework -> the best fidelity rlmon reaches for it."""
+    matrix: dict[str, dict[str, Fidelity]] = {}
+    for row in _ROWS:
+        if row.canonical is None:
+            continue
+        cell = matrix.setdefault(row.canonical, {})
+        held = cell.get(row.framework)
+        if held is None or _RANK[row.fidelity] < _RANK[held]:
+            cell[row.framework] = row.fidelity
+    return matrix
+
+
+def matrix_markdown() -> str:
+    """The README table: canonical metrics x frameworks, marked exact / recomputed / relayed."""
+    matrix = fidelity_matrix()
+    lines = ["| metric | " + " | ".join(FRAMEWORKS) + " |",
+             "|---|" + "---|" * len(FRAMEWORKS)]
+    for spec in catalog.metrics():
+        cell = matrix.get(spec.name)
+        if not cell:
+            continue
+        marks = [cell[fw].value if fw in cell else "" for fw in FRAMEWORKS]
+        lines.append(f"| `{spec.name}` | " + " | ".join(marks) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def artifacts() -> list[Any]:
+    """The README's framework table, kept fresh by ``rlmon generate``."""
+    from rlmon.service.generated import Artifact
+
+    return [Artifact("README.md", matrix_markdown, block="frameworks")]
