@@ -2,9 +2,9 @@
 
 Helm can only read files inside the chart, so the chart carries copies of the dashboards and of
 the Prometheus rule files (``groups:`` at the top) other producers write under ``dashboards/``;
-the chart wraps those groups in its own PrometheusRule, with its labels and namespace. Each copy is an Artifact
-rendered by the same function as its original, so ``rlmon generate --check`` fails when either
-drifts.
+the chart wraps those groups in its own PrometheusRule, with its labels and namespace. Each copy
+is an Artifact rendered by the same function as its original, so ``rlmon generate --check`` fails
+when either drifts.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from grafana_client import GrafanaApi
-from grafana_client.client import GrafanaClientError
+from grafana_client.client import GrafanaClientError, GrafanaException
 
 from rlmon.service.dashboards.registry import DASHBOARDS, DashboardDef, model
 
@@ -58,7 +58,10 @@ def connect(url: str, token: str, timeout: float = 10.0) -> GrafanaApi:
 
 
 def _check_version(api: Grafana) -> str:
-    version = str(api.version or "")
+    try:
+        version = str(api.version or "")
+    except GrafanaException as exc:  # 401 for a bad token lands here first
+        raise PushError(f"cannot read the Grafana version: {exc}") from None
     try:
         major = int(version.split(".", 1)[0])
     except ValueError:
@@ -97,6 +100,8 @@ def push(api: Grafana, *, folder: str = "rlmon", folder_uid: str = "rlmon",
             answer = api.dashboard.update_dashboard(body)
         except GrafanaClientError as exc:
             raise PushError(f"dashboard {dash.uid!r}: {exc}") from None
+        except GrafanaException as exc:
+            raise PushError(f"dashboard {dash.uid!r}: Grafana failed: {exc}") from None
         results.append(PushResult(str(answer.get("uid", dash.uid)), str(content["title"]),
                                   str(answer.get("url", "")), int(answer.get("version", 0))))
     return results

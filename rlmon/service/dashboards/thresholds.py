@@ -1,9 +1,10 @@
 """Threshold colour bands drawn on a panel, derived from the catalog's alert specs.
 
 Grafana draws thresholds as an ordered list of (start value, colour) steps. Each region between
-two alert boundaries gets the colour of the worst alert that fires anywhere inside it, so several
-alerts on one panel (a warning and a critical level, a lower and an upper bound) compose without
-special cases.
+two alert boundaries gets the colour of the worst alert that fires inside it, so several alerts on
+one panel (a warning and a critical level, a lower and an upper bound) compose without special
+cases. Every level stays a step even when the colour does not change across it, so Grafana draws
+a line at each alert threshold.
 """
 
 from __future__ import annotations
@@ -79,9 +80,7 @@ def alert_bands(alerts: Iterable[AlertSpec]) -> list[Band]:
         worst = max(
             (a.severity for a in alerts if _fires(a, x)), key=_RANK.__getitem__, default=None
         )
-        color = COLORS[worst]
-        if not bands or bands[-1].color != color:
-            bands.append(Band(None if i == 0 else points[i - 1], color))
+        bands.append(Band(None if i == 0 else points[i - 1], COLORS[worst]))
     return bands
 
 
