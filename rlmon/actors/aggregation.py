@@ -1,0 +1,158 @@
+"""The aggregator's logic without Ray: ingest step messages, finalize steps, keep what must survive.
+
+:class:`AggregatorCore` is what the Aggregator actor runs; tests and benchmarks drive it
+in-process. Finalized records wait in an outbox (durable when a :class:`WatermarkStore` is given)
+until the service acknowledges them, so a restart loses no finalized step and finalizes none twice.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rlmon.actors.columnar import ColumnarAssembler
+from rlmon.actors.deadline import DeadlinePolicy
+from rlmon.actors.message import StepMessage
+from rlmon.service.assembly import AddOutcome, Clock, StepState
+from rlmon.service.report import ContractError
+from rlmon.service.step import StepKey, StepRecord
+from rlmon.service.watermark import WatermarkStore
+
+__all__ = ["AggregatorCore", "IngestAck"]
+
+
+@dataclass(slots=True)
+class IngestAck:
+    """What happened to one batch of messages (the sender only needs to know it arrived)."""
+
+    accepted: int = 0
+    duplicates: int = 0
+    late: int = 0
+    rejected: int = 0
+    finalized: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class AggregatorCore:
+    def __init__(
+        self,
+        *,
+        deadline: DeadlinePolicy | None = None,
+        store: WatermarkStore | None = None,
+        clock: Clock | None = None,
+        max_errors: int = 20,
+    ) -> None:
+        self.assembler = ColumnarAssembler(clock)
+        self.deadline = deadline or DeadlinePolicy()
+        self.store = store
+        self.max_errors = max_errors
+        self.lock = threading.RLock()
+        self.undelivered: dict[StepKey, StepRecord] = {}
+        self.reporter_drops: dict[tuple[str, str, tuple[int, ...]], int] = {}
+        self.finalize_latency: list[float] = []  # last partial -> finalized, seconds (recent)
+        if store is not None:
+            self.assembler.finalized.update(store.load())
+            self.undelivered.update({r.key: r for r in store.undelivered(limit=1_000_000)})
+
+    @property
+    def counters(self) -> Any:
+        return self.assembler.counters
+
+    def _commit(self, records: list[StepRecord]) -> None:
+        if not records:
+            return
+        if self.store is not None:
+            self.store.commit(self.assembler.finalized, records)
+        for record in records:
+            self.undelivered[record.key] = record
+        lat = self.finalize_latency
+        lat.extend(
+            r.finalized_at - r.first_seen for r in records
+            if r.finalized_at is not None and r.first_seen is not None
+        )
+        del lat[:-256]
+
+    def ingest(self, messages: Iterable[StepMessage]) -> IngestAck:
+        ack = IngestAck()
+        done: list[StepRecord] = []
+        with self.lock:
+            asm = self.assembler
+            for msg in messages:
+                key = (msg.run, msg.role, msg.step)
+                opened = key not in asm.open
+                try:
+                    outcome, record = asm.add_message(msg)
+                except ContractError as exc:
+                    ack.rejected += 1
+                    if len(ack.errors) < self.max_errors:
+                        ack.errors.append(f"{msg.run}/{msg.role} step {msg.step}: {exc}")
+                    continue
+                if outcome == AddOutcome.ACCEPTED:
+                    ack.accepted += 1
+                    if opened:
+                        self.deadline.observe(msg.run, msg.role, msg.step, asm._clock())
+                elif outcome == AddOutcome.DUPLICATE:
+                    ack.duplicates += 1
+                else:
+                    ack.late += 1
+                if msg.dropped:
+                    self.reporter_drops[(msg.run, msg.role, tuple(msg.rank))] = msg.dropped
+                if record is not None:
+                    done.append(record)
+            self._commit(done)
+        ack.finalized = len(done)
+        return ack
+
+    def merge_states(self, states: Sequence[StepState]) -> int:
+        """Fold a collector's pre-merged step states in; returns how many steps that finished."""
+        done: list[StepRecord] = []
+        with self.lock:
+            for state in states:
+                key = (state.run, state.role, state.step)
+                opened = key not in self.assembler.open
+                record = self.assembler.merge_state(state)
+                if opened and not self.assembler.is_finalized(*key):
+                    self.deadline.observe(state.run, state.role, state.step,
+                                          self.assembler._clock())
+                if record is not None:
+                    done.append(record)
+            self._commit(done)
+        return len(done)
+
+    def tick(self) -> int:
+        """Finalize the open steps whose deadline passed; returns how many."""
+        with self.lock:
+            done = self.assembler.finalize_stale(self.deadline)
+            self._commit(done)
+        return len(done)
+
+    def finalize_all(self) -> int:
+        with self.lock:
+            done = self.assembler.finalize_all()
+            self._commit(done)
+        return len(done)
+
+    def pending_records(self, limit: int = 512) -> list[StepRecord]:
+        """Finalized records not yet acknowledged by the service, oldest step first per stream."""
+        with self.lock:
+            return sorted(self.undelivered.values(), key=lambda r: r.key)[:limit]
+
+    def delivered(self, records: Sequence[StepRecord]) -> None:
+        with self.lock:
+            for record in records:
+                self.undelivered.pop(record.key, None)
+            if self.store is not None:
+                self.store.delivered(records)
+
+    def stats(self) -> dict[str, Any]:
+        with self.lock:
+            lat = sorted(self.finalize_latency)
+            return {
+                **asdict(self.assembler.counters),
+                "open_steps": len(self.assembler.open),
+                "undelivered": len(self.undelivered),
+                "reporter_dropped": sum(self.reporter_drops.values()),
+                "finalize_latency_p50": lat[len(lat) // 2] if lat else None,
+            }

@@ -1,0 +1,401 @@
+"""The worker-side Reporter: record sufficient statistics, send one message per step, never wait.
+
+The training thread only accumulates numbers in a dict and, at ``end_step``, packs them into one
+:class:`~rlmon.actors.message.StepMessage`; a background thread sends it. Messages stay in a bounded
+buffer until the aggregator acknowledges them, so an aggregator that is slow, restarting or gone
+costs nothing but memory up to that bound; beyond it the oldest messages are dropped and counted.
+Nothing here is a torch.distributed collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from rlmon.actors.detect import coerce_rank, coerce_world, detect_layout
+from rlmon.actors.message import Columns, Schema, StepMessage
+from rlmon.actors.tensor_stats import REDUCE_FORMS, Pending, Reduce, fetch, reduce_tensor
+from rlmon.service import catalog
+from rlmon.service.partial import ALL_AXES, Partial, combine
+from rlmon.service.rank import AXES, Rank, World
+from rlmon.service.spec import Form
+
+__all__ = ["LocalSink", "ReportSink", "Reporter"]
+
+Replicated = Sequence[str] | Literal["all"] | None
+
+
+class ReportSink(Protocol):
+    """Where step messages go. ``send`` returns once they are accepted, or raises to retry later."""
+
+    def send(self, messages: Sequence[StepMessage]) -> None: ...
+
+
+class LocalSink:
+    """An in-process sink feeding a columnar assembler: the Reporter without Ray (tests, notebooks).
+
+    Finalized steps collect in ``records``; ``on_record`` sees each as it finalizes.
+    """
+
+    def __init__(self, assembler: Any = None, on_record: Callable[[Any], None] | None = None):
+        from rlmon.actors.columnar import ColumnarAssembler
+
+        self.assembler = assembler if assembler is not None else ColumnarAssembler()
+        self.records: list[Any] = []
+        self.on_record = on_record
+        self._lock = threading.Lock()
+
+    def send(self, messages: Sequence[StepMessage]) -> None:
+        with self._lock:
+            for msg in messages:
+                _, record = self.assembler.add_message(msg)
+                if record is not None:
+                    self.records.append(record)
+                    if self.on_record is not None:
+                        self.on_record(record)
+
+    def finalize_all(self) -> list[Any]:
+        with self._lock:
+            done = self.assembler.finalize_all()
+            self.records.extend(done)
+            return list(done)
+
+
+_PAD = {1: (0.0, 0.0), 2: (0.0,), 3: ()}
+
+# An accumulator entry: [form, state, replicated, minibatch_mean, minibatch].
+_Entry = list[Any]
+
+
+def _replicated(value: Replicated) -> frozenset[str] | None:
+    if value is None:
+        return None
+    if value == "all":
+        return ALL_AXES
+    axes = frozenset(value)
+    unknown = axes - ALL_AXES
+    if unknown:
+        raise ValueError(f"replicated: unknown axis {sorted(unknown)[0]!r} (axes are {AXES})")
+    return axes or None
+
+
+class Reporter:
+    """Records one rank's metrics and sends them to the aggregator, one message per step.
+
+    ``sink`` defaults to the namespace's aggregator on Ray; with ``start_service`` a Reporter that
+    finds none starts the aggregator and the service on the embedded defaults (or ``runtime``, a
+    :class:`~rlmon.actors.runtime.RuntimeOptions`).
+    """
+
+    def __init__(
+        self,
+        run: str,
+        role: str,
+        *,
+        rank: Rank | Mapping[str, int] | None = None,
+        world: World | Mapping[str, int] | None = None,
+        namespace: str = "rlmon",
+        sink: ReportSink | None = None,
+        start_service: bool = True,
+        max_pending: int = 1024,
+        max_batch: int = 64,
+        step_seconds: bool = True,
+        runtime: Any = None,
+    ) -> None:
+        detected = detect_layout() if rank is None or world is None else None
+        self.rank = coerce_rank(rank) if rank is not None else detected[0]  # type: ignore[index]
+        self.world = coerce_world(world) if world is not None else detected[1]  # type: ignore[index]
+        if not self.world.contains(self.rank):
+            raise ValueError(f"rank {self.rank.as_dict()} lies outside world {self.world.as_dict()}")
+        self.run, self.role = run, role
+        if sink is None:
+            from rlmon.actors.runtime import RaySink
+
+            sink = RaySink(namespace, start_service=start_service, options=runtime)
+        self.sink = sink
+        self.max_pending, self.max_batch = max_pending, max_batch
+        self.step_seconds = step_seconds
+        self.dropped = 0
+        self.sent = 0
+        self.transfers = 0  # device-to-host copies made for tensor statistics
+        self.last_error: str | None = None
+        self._acc: dict[Any, _Entry] = {}
+        self._tensors: list[Pending] = []
+        self._plain: dict[tuple[str, Form], bool] = {}
+        self._schema: Schema | None = None
+        self._schema_key: tuple[Any, ...] = ()
+        self._seq = 0
+        self._step_start = time.perf_counter()
+        self._pending: deque[StepMessage] = deque()  # packed, sent or not, not acknowledged
+        self._raw: deque[tuple[int, dict[Any, _Entry], float]] = deque()  # not packed yet
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._send_loop, name="rlmon-reporter", daemon=True)
+        self._thread.start()
+
+    # -- recording (training thread) ----------------------------------------------------------
+
+    def record(
+        self,
+        name: str,
+        *,
+        sum: float | None = None,
+        count: float | None = None,
+        min: float | None = None,
+        max: float | None = None,
+        sqsum: float | None = None,
+        value: float | None = None,
+        replicated: Replicated = None,
+        minibatch_reduce: Literal["mean"] | None = None,
+        minibatch: int = 0,
+    ) -> None:
+        """Accumulate one partial; repeated calls in a step (micro-batches) merge here.
+
+        Numbers are taken as given and converted to float off the training thread.
+        """
+        if count is not None and sum is not None and sqsum is None and replicated is None \
+                and minibatch_reduce is None:
+            # The common case, inlined: a token/sample-weighted mean.
+            entry = self._acc.get(name)
+            if entry is None:
+                self._acc[name] = [Form.MEAN, (sum, count), None, False, 0]
+                return
+            if entry[0] is Form.MEAN:
+                old = entry[1]
+                entry[1] = (old[0] + sum, old[1] + count)
+                return
+        form: Form
+        state: tuple[float, ...]
+        if count is not None:
+            if sum is None:
+                raise ValueError(f"{name}: count needs sum")
+            if sqsum is not None:
+                form, state = Form.MOMENTS, (count, sum, sqsum)
+            else:
+                form, state = Form.MEAN, (sum, count)
+        elif sum is not None:
+            form, state = Form.SUM, (sum,)
+        elif min is not None:
+            form, state = Form.MIN, (min,)
+        elif max is not None:
+            form, state = Form.MAX, (max,)
+        elif sqsum is not None:
+            form, state = Form.SQSUM, (sqsum,)
+        elif value is not None:
+            form, state = Form.VALUE, (value, value)
+        else:
+            raise ValueError(f"{name}: give one statistic form (sum[+count], min, max, sqsum, value)")
+        self._add(name, form, state, replicated, minibatch_reduce, minibatch)
+
+    def _add(
+        self, name: str, form: Form, state: tuple[float, ...], replicated: Replicated,
+        minibatch_reduce: str | None, minibatch: int,
+    ) -> None:
+        mb_mean = minibatch_reduce == "mean"
+        if minibatch_reduce is not None and not mb_mean:
+            raise ValueError(f'{name}: minibatch_reduce must be "mean" or None')
+        key = (name, minibatch) if mb_mean else name
+        entry = self._acc.get(key)
+        if entry is None:
+            rep = _replicated(replicated) if replicated is not None else (
+                ALL_AXES if form is Form.VALUE else None)
+            self._acc[key] = [form, state, rep, mb_mean, minibatch]
+            return
+        if entry[0] is not form:
+            raise ValueError(f"{name}: recorded as {entry[0].value!r} and now as {form.value!r}")
+        entry[1] = combine(form, entry[1], state)
+
+    def record_tensor(
+        self,
+        name: str,
+        values: Any,
+        mask: Any = None,
+        *,
+        reduce: Reduce = "token_mean",
+        replicated: Replicated = None,
+        minibatch_reduce: Literal["mean"] | None = None,
+        minibatch: int = 0,
+    ) -> None:
+        """A masked statistic of a torch tensor or numpy array, computed on its device.
+
+        The result stays on the device until ``end_step``, which fetches every pending statistic
+        in one transfer.
+        """
+        vector = reduce_tensor(values, mask, reduce)
+        self._tensors.append(Pending(
+            name, REDUCE_FORMS[reduce], vector, replicated, minibatch_reduce, minibatch
+        ))
+
+    @contextlib.contextmanager
+    def span(self, name: str) -> Iterator[None]:
+        """Time a phase as ``timing/<name>_seconds`` (the slowest rank's time, max form)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._add(f"timing/{name}_seconds", Form.MAX, (time.perf_counter() - start,),
+                      None, None, 0)
+
+    # -- ending a step -------------------------------------------------------------------------
+
+    def _fold_tensors(self) -> None:
+        pending, self._tensors = self._tensors, []
+        values, transfers = fetch(pending)
+        self.transfers += transfers
+        for p, (stat, count) in zip(pending, values, strict=True):
+            if p.form is Form.MEAN:
+                state: tuple[float, ...] = (stat, count)
+            elif p.form in (Form.MIN, Form.MAX) and count == 0:
+                continue  # no entries: nothing to say, not +-inf
+            else:
+                state = (stat,)
+            self._add(p.name, p.form, state, p.replicated, p.minibatch_reduce, p.minibatch)
+
+    def _is_plain(self, name: str, form: Form) -> bool:
+        known = self._plain.get((name, form))
+        if known is None:
+            spec = catalog.lookup(name)
+            known = self._plain[(name, form)] = Schema.plain(form) and not (
+                spec is not None and spec.per_rank_spread
+            )
+        return known
+
+    def end_step(self, step: int) -> None:
+        """Close the step and hand it to the sender thread; returns at once.
+
+        The training thread only fetches pending tensor statistics (one transfer) and swaps the
+        accumulator; packing the message happens on the sender thread.
+        """
+        if self._tensors:
+            self._fold_tensors()
+        now = time.perf_counter()
+        if self.step_seconds and catalog.STRAGGLER_SOURCE not in self._acc:
+            self._acc[catalog.STRAGGLER_SOURCE] = [
+                Form.MAX, (now - self._step_start,), None, False, 0]
+        self._step_start = now
+        acc, self._acc = self._acc, {}
+        with self._cond:
+            self._raw.append((int(step), acc, time.time()))
+            self._trim()
+            self._cond.notify()
+
+    def _trim(self) -> None:
+        while len(self._raw) + len(self._pending) > self.max_pending:
+            if self._pending:
+                self._pending.popleft()
+            else:
+                self._raw.popleft()
+            self.dropped += 1
+
+    def _pack(self, step: int, acc: dict[Any, _Entry], wall: float) -> StepMessage:
+        plain: list[tuple[str, Form, tuple[float, ...]]] = []
+        other: dict[int, dict[str, Partial]] = {}
+        for key, (form, state, rep, mb_mean, mb) in acc.items():
+            state = tuple(map(float, state))
+            if rep is None and not mb_mean and self._is_plain(key, form):
+                plain.append((key, form, state))
+            else:
+                name = key[0] if mb_mean else key
+                other.setdefault(mb if mb_mean else 0, {})[name] = Partial(form, state, rep, mb_mean)
+        columns = self._columns(plain) if plain else None
+        self._seq += 1
+        return StepMessage(
+            self.run, self.role, step, self.rank, self.world, self._seq, wall,
+            columns, tuple(sorted(other.items(), key=lambda kv: kv[0])), self.dropped,
+        )
+
+    def _columns(self, plain: list[tuple[str, Form, tuple[float, ...]]]) -> Columns:
+        key = tuple((name, form) for name, form, _ in plain)
+        if key != self._schema_key or self._schema is None:
+            self._schema = Schema.build(dict(key))
+            order = {name: i for i, (name, _) in enumerate(key)}
+            self._perm = np.array([order[n] for n in self._schema.names], dtype=np.intp)
+            self._schema_key = key
+        rows = np.array([state + _PAD[len(state)] for _, _, state in plain], dtype=np.float64)
+        return Columns(self._schema, rows[self._perm])
+
+    # -- sending (background thread) -----------------------------------------------------------
+
+    def _send_loop(self) -> None:
+        backoff = 0.05
+        while True:
+            with self._cond:
+                while not self._pending and not self._raw and not self._closed:
+                    self._cond.wait()
+                if not self._pending and not self._raw and self._closed:
+                    return
+                raw = list(self._raw)
+                self._raw.clear()
+            packed = []
+            for item in raw:
+                try:
+                    packed.append(self._pack(*item))
+                except (TypeError, ValueError) as exc:  # a value that is not a number
+                    self.last_error = f"step {item[0]}: {exc}"
+                    self.dropped += 1
+            with self._cond:
+                self._pending.extend(packed)
+                self._trim()
+                if not self._pending:
+                    continue
+                batch = [self._pending[i] for i in range(min(self.max_batch, len(self._pending)))]
+            try:
+                self.sink.send(batch)
+            except Exception as exc:  # the aggregator is slow, restarting or gone: keep and retry
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                with self._cond:
+                    if self._closed and self._give_up:
+                        return
+                    self._cond.wait(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            backoff = 0.05
+            last = batch[-1].seq
+            with self._cond:
+                while self._pending and self._pending[0].seq <= last:
+                    self._pending.popleft()
+                self.sent += len(batch)
+                self._cond.notify_all()
+
+    _give_up = False
+
+    @property
+    def pending(self) -> int:
+        """Steps not yet acknowledged by the aggregator."""
+        return len(self._pending) + len(self._raw)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every message was acknowledged; False if ``timeout`` passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            self._cond.notify_all()
+            while self._pending or self._raw:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left if left is not None else 0.5)
+        return True
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Flush for up to ``timeout`` seconds, then stop; what is still unsent counts as dropped."""
+        self.flush(timeout)
+        with self._cond:
+            self._closed = True
+            self._give_up = True
+            self.dropped += len(self._pending) + len(self._raw)
+            self._pending.clear()
+            self._raw.clear()
+            self._cond.notify_all()
+        self._thread.join(timeout=5.0)
+
+    def __enter__(self) -> Reporter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

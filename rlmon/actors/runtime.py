@@ -1,0 +1,150 @@
+"""Finding or starting rlmon's actors on a Ray cluster, and the Reporter's Ray sink.
+
+Actors are named in the namespace given to the Reporter (``rlmon`` by default): the service
+``rlmon-service`` and one aggregator per shard, ``rlmon-aggregator-<i>``. A (run, role) always
+maps to the same shard. ``get_if_exists`` makes concurrent starts from many ranks race-free.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rlmon.actors.aggregation import IngestAck
+from rlmon.actors.aggregator import aggregator_actor_class
+from rlmon.actors.message import StepMessage
+from rlmon.actors.service import service_actor_class
+
+__all__ = [
+    "AGGREGATOR",
+    "SERVICE",
+    "RaySink",
+    "RuntimeOptions",
+    "aggregator_name",
+    "ensure_runtime",
+    "shard_of",
+]
+
+SERVICE = "rlmon-service"
+AGGREGATOR = "rlmon-aggregator"
+
+
+def aggregator_name(shard: int) -> str:
+    return f"{AGGREGATOR}-{shard}"
+
+
+def shard_of(run: str, role: str, shards: int) -> int:
+    """The aggregator shard of a (run, role): stable across processes and restarts."""
+    return zlib.crc32(f"{run}\0{role}".encode()) % max(shards, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeOptions:
+    """How to start the service and aggregators when none are running (embedded defaults)."""
+
+    config: str | None = None
+    rules: str | None = None
+    state_dir: str | None = None  # default: <tmp>/rlmon-<namespace>
+    port: int | None = None  # exporter port; None: RLMON_PORT or no HTTP server
+    host: str = "127.0.0.1"
+    shards: int = 1
+    detached: bool = False
+    max_restarts: int = -1
+    deadline_s: float | None = None  # None: derived from the observed step period
+    tick_s: float = 0.02
+
+    def resolved_state_dir(self, namespace: str) -> str:
+        return self.state_dir or os.environ.get("RLMON_STATE_DIR") or os.path.join(
+            tempfile.gettempdir(), f"rlmon-{namespace}")
+
+
+def ensure_runtime(namespace: str = "rlmon", options: RuntimeOptions | None = None) -> Any:
+    """The service handle; starts the service and its aggregators when they are not running."""
+    import ray
+
+    opts = options or RuntimeOptions()
+    if not ray.is_initialized():
+        ray.init(namespace=namespace, include_dashboard=False, log_to_driver=True)
+    lifetime = "detached" if opts.detached else None
+    state_dir = opts.resolved_state_dir(namespace)
+    port = opts.port
+    if port is None and os.environ.get("RLMON_PORT"):
+        port = int(os.environ["RLMON_PORT"])
+    service = service_actor_class().options(
+        name=SERVICE, namespace=namespace, get_if_exists=True, lifetime=lifetime,
+        max_restarts=opts.max_restarts,
+    ).remote(opts.config, state_dir, port, opts.host, opts.shards, opts.rules)
+    layout: Any = ray.get(service.layout.remote())
+    shards = int(layout["shards"])
+    cls = aggregator_actor_class()
+    for shard in range(shards):
+        cls.options(
+            name=aggregator_name(shard), namespace=namespace, get_if_exists=True,
+            lifetime=lifetime, max_restarts=opts.max_restarts,
+        ).remote(namespace, SERVICE, shard, state_dir, opts.deadline_s, opts.tick_s)
+    return service
+
+
+class RaySink:
+    """Sends step messages to the aggregator shard of their (run, role) and waits for the ack.
+
+    It runs on the Reporter's sender thread, never on the training thread. A failed call (the
+    actor restarting or gone) raises, the Reporter keeps the messages, and the next call looks the
+    actor up again.
+    """
+
+    def __init__(
+        self, namespace: str = "rlmon", *, start_service: bool = True,
+        options: RuntimeOptions | None = None, timeout: float = 10.0,
+    ) -> None:
+        self.namespace, self.start_service = namespace, start_service
+        self.options, self.timeout = options, timeout
+        self._handles: dict[int, Any] = {}
+        self._shards: int | None = None
+        self._lock = threading.Lock()
+        self.last_ack: IngestAck | None = None
+        if start_service:
+            service = ensure_runtime(namespace, options)
+            import ray
+
+            layout: Any = ray.get(service.layout.remote())
+            self._shards = int(layout["shards"])
+
+    def _shard_count(self) -> int:
+        if self._shards is None:
+            import ray
+
+            service = ray.get_actor(SERVICE, namespace=self.namespace)
+            layout: Any = ray.get(service.layout.remote())
+            self._shards = int(layout["shards"])
+        return self._shards
+
+    def _handle(self, shard: int) -> Any:
+        handle = self._handles.get(shard)
+        if handle is None:
+            import ray
+
+            handle = self._handles[shard] = ray.get_actor(
+                aggregator_name(shard), namespace=self.namespace)
+        return handle
+
+    def send(self, messages: Sequence[StepMessage]) -> None:
+        import ray
+
+        with self._lock:
+            shards = self._shard_count()
+            by_shard: dict[int, list[StepMessage]] = {}
+            for msg in messages:
+                by_shard.setdefault(shard_of(msg.run, msg.role, shards), []).append(msg)
+            for shard, batch in by_shard.items():
+                try:
+                    self.last_ack = ray.get(
+                        self._handle(shard).ingest.remote(batch), timeout=self.timeout)
+                except Exception:
+                    self._handles.pop(shard, None)
+                    raise

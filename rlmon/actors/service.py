@@ -1,0 +1,177 @@
+"""The service: exporter HTTP server, alert engine with its notifiers, and the history store.
+
+:class:`ServiceCore` is plain Python (tests drive it in-process); :func:`service_actor_class` wraps
+it as the named Ray actor that aggregators publish finalized steps to. Publishing is idempotent: a
+step the history store already holds (a redelivery after an aggregator restart) is ignored, so it
+is neither exported, evaluated nor notified twice.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rlmon.service.alerts import AlertEngine, AlertEvent
+from rlmon.service.config import Settings, load_config
+from rlmon.service.exporter import IngestCounters, MetricsState
+from rlmon.service.history import HistoryStore
+from rlmon.service.metrics_http import MetricsServer, serve_metrics
+from rlmon.service.notify.factory import build_dispatcher, open_outbox
+from rlmon.service.rules import Rule, default_rules, load_rules
+from rlmon.service.step import StepRecord
+
+__all__ = ["ServiceCore", "service_actor_class"]
+
+
+class ServiceCore:
+    """Everything downstream of step assembly, owned by one process."""
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        state_dir: str | Path | None = None,
+        port: int | None = None,
+        host: str | None = None,
+        rules: Sequence[Rule] | None = None,
+        transports: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.settings = settings or load_config()
+        state = Path(state_dir) if state_dir is not None else None
+        self.history = HistoryStore(state / "history.sqlite" if state else ":memory:")
+        self.engine = AlertEngine(list(rules) if rules is not None else default_rules())
+        outbox = open_outbox(self.settings, state / "outbox.sqlite" if state else ":memory:")
+        self.dispatcher = build_dispatcher(self.settings, outbox, transports=transports)
+        self.dispatcher.start()
+        exp = self.settings.exporter
+        self.metrics = MetricsState(
+            max_series=exp.max_series, run_ttl=exp.run_ttl_seconds,
+            finished_ttl=exp.finished_run_ttl_seconds, redactor=self.settings.redactor(),
+        )
+        self.metrics.dispatch = self.dispatcher.stats
+        self._shard_stats: dict[int, Mapping[str, Any]] = {}
+        self.metrics.ingest = self._ingest_counters
+        self.events: deque[AlertEvent] = deque(maxlen=10_000)
+        self.redeliveries = 0
+        self._lock = threading.Lock()
+        self.server: MetricsServer | None = None
+        if port is not None:
+            self.server = serve_metrics(self.metrics, port, host or exp.host, health=self.healthy)
+
+    @classmethod
+    def from_config(
+        cls, config: str | Path | None, *, state_dir: str | Path | None = None,
+        port: int | None = None, host: str | None = None, rules: str | Path | None = None,
+    ) -> ServiceCore:
+        settings = load_config(config)
+        return cls(settings, state_dir=state_dir, port=port, host=host,
+                   rules=load_rules(str(rules)) if rules is not None else None)
+
+    def _ingest_counters(self) -> IngestCounters:
+        stats = list(self._shard_stats.values())
+        return IngestCounters(
+            ingested=sum(int(s.get("partials", 0)) for s in stats),
+            rejected=sum(int(s.get("rejected", 0)) for s in stats),
+            late=sum(int(s.get("late", 0)) for s in stats),
+            dropped=sum(int(s.get("reporter_dropped", 0)) for s in stats),
+        )
+
+    @property
+    def port(self) -> int | None:
+        return self.server.port if self.server is not None else None
+
+    def healthy(self) -> bool:
+        return True
+
+    def publish(
+        self, records: Sequence[StepRecord], shard: int = 0,
+        stats: Mapping[str, Any] | None = None,
+    ) -> list[AlertEvent]:
+        """Export, evaluate, store and notify finalized steps; returns the alert transitions."""
+        events: list[AlertEvent] = []
+        with self._lock:
+            if stats is not None:
+                self._shard_stats[shard] = dict(stats)
+            fresh = []
+            for record in sorted(records, key=lambda r: r.key):
+                if self.history.has_step(*record.key):
+                    self.redeliveries += 1
+                    continue
+                fresh.append(record)
+            for record in fresh:
+                mine = self.engine.evaluate(record)
+                self.metrics.update(record, mine)
+                events.extend(mine)
+            self.history.add(fresh, events)
+            self.events.extend(events)
+        if events:
+            self.dispatcher.submit(events)
+        return events
+
+    def recent_events(self, since: int = 0) -> tuple[int, list[AlertEvent]]:
+        """Alert events after the first ``since`` ones, and the new count (for polling)."""
+        with self._lock:
+            items = list(self.events)
+        return len(items), items[since:]
+
+    def close(self, timeout: float = 5.0) -> bool:
+        """Deliver what the outbox holds (up to ``timeout``), stop serving, close the stores."""
+        drained = self.dispatcher.drain(timeout)
+        self.dispatcher.stop()
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        self.history.close()
+        return drained
+
+
+def service_actor_class() -> Any:
+    """The Ray actor class around :class:`ServiceCore` (defined lazily: only this imports Ray)."""
+    import ray
+
+    remote: Any = ray.remote
+
+    @remote(num_cpus=0)
+    class ServiceActor:
+        def __init__(
+            self, config: str | None, state_dir: str | None, port: int | None,
+            host: str | None, shards: int, rules: str | None = None,
+        ) -> None:
+            self.core = ServiceCore.from_config(
+                config, state_dir=state_dir, port=port, host=host, rules=rules)
+            self.shards = shards
+            self.started = time.time()
+
+        def layout(self) -> dict[str, Any]:
+            return {"shards": self.shards, "port": self.core.port}
+
+        def publish(
+            self, records: list[StepRecord], shard: int = 0,
+            stats: dict[str, Any] | None = None,
+        ) -> int:
+            return len(self.core.publish(records, shard, stats))
+
+        def recent_events(self, since: int = 0) -> tuple[int, list[AlertEvent]]:
+            return self.core.recent_events(since)
+
+        def steps(self, run: str | None = None, role: str | None = None) -> list[dict[str, Any]]:
+            return self.core.history.steps(run, role)
+
+        def alerts(self, run: str | None = None) -> list[dict[str, Any]]:
+            return self.core.history.alerts(run)
+
+        def stats(self) -> dict[str, Any]:
+            return {
+                "redeliveries": self.core.redeliveries,
+                "ingest": self.core._ingest_counters(),
+                "dispatch": self.core.dispatcher.stats(),
+            }
+
+        def close(self, timeout: float = 5.0) -> bool:
+            return self.core.close(timeout)
+
+    return ServiceActor

@@ -1,0 +1,125 @@
+"""The history store: every finalized step and alert event in embedded SQLite.
+
+It backs replays, reports and plots after (or during) a run; the live exporter keeps only the
+latest step per (run, role), so memory stays bounded by open steps while history goes to disk.
+Writing a step twice (a redelivery after an aggregator restart) keeps one row.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import threading
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rlmon.service.alerts import AlertEvent
+from rlmon.service.step import StepRecord
+
+__all__ = ["HistoryStore"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS steps (
+    run TEXT NOT NULL, role TEXT NOT NULL, step INTEGER NOT NULL, complete INTEGER NOT NULL,
+    ranks_expected INTEGER NOT NULL, ranks_reporting INTEGER NOT NULL, finalized_at REAL,
+    line TEXT NOT NULL, PRIMARY KEY (run, role, step));
+CREATE TABLE IF NOT EXISTS alerts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, run TEXT NOT NULL, role TEXT NOT NULL,
+    step INTEGER NOT NULL, alert TEXT NOT NULL, severity TEXT NOT NULL, state TEXT NOT NULL,
+    metric TEXT NOT NULL, value REAL, UNIQUE (run, role, step, alert, state));
+"""
+
+
+def _metrics(line: dict[str, Any]) -> dict[str, float]:
+    values = {k: float(v) for k, v in line["metrics"].items() if v is not None}
+    for name, text in line.get("nonfinite", {}).items():
+        values[name] = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[text]
+    return values
+
+
+class HistoryStore:
+    """Append-only store of step lines (the replay contract's JSON) and alert transitions."""
+
+    def __init__(self, path: str | Path = ":memory:") -> None:
+        if str(path) != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+        self._lock = threading.Lock()
+
+    def add(self, records: Sequence[StepRecord], events: Iterable[AlertEvent] = ()) -> int:
+        """Store steps and alert events; returns how many steps were new (not redeliveries)."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            before = self._db.total_changes
+            self._db.executemany(
+                "INSERT OR IGNORE INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (r.run, r.role, r.step, int(r.complete), r.ranks_expected, r.ranks_reporting,
+                     r.finalized_at, json.dumps(r.to_json(), allow_nan=False))
+                    for r in records
+                ],
+            )
+            new = self._db.total_changes - before
+            self._db.executemany(
+                "INSERT OR IGNORE INTO alerts (run, role, step, alert, severity, state, metric, "
+                "value) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (e.run, e.role, e.step, e.alert, e.severity, e.state, e.metric,
+                     e.value if e.value is not None and math.isfinite(e.value) else None)
+                    for e in events
+                ],
+            )
+            self._db.execute("COMMIT")
+        return new
+
+    def has_step(self, run: str, role: str, step: int) -> bool:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT 1 FROM steps WHERE run = ? AND role = ? AND step = ?", (run, role, step)
+            ).fetchone()
+        return row is not None
+
+    def steps(self, run: str | None = None, role: str | None = None) -> list[dict[str, Any]]:
+        """Step lines (DESIGN.md replay format) in (run, role, step) order."""
+        query, args = "SELECT line FROM steps", []
+        clauses = []
+        if run is not None:
+            clauses.append("run = ?")
+            args.append(run)
+        if role is not None:
+            clauses.append("role = ?")
+            args.append(role)
+        if clauses:
+            query += " WHERE " + " AND ".join(clauses)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY run, role, step", args).fetchall()
+        return [json.loads(line) for (line,) in rows]
+
+    def series(self, run: str, role: str, metric: str) -> list[tuple[int, float]]:
+        """(step, value) of one metric over a run, for plots."""
+        out = []
+        for line in self.steps(run, role):
+            value = _metrics(line).get(metric)
+            if value is not None:
+                out.append((int(line["step"]), value))
+        return out
+
+    def alerts(self, run: str | None = None) -> list[dict[str, Any]]:
+        query = "SELECT run, role, step, alert, severity, state, metric, value FROM alerts"
+        args: list[Any] = []
+        if run is not None:
+            query += " WHERE run = ?"
+            args.append(run)
+        keys = ("run", "role", "step", "alert", "severity", "state", "metric", "value")
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY id", args).fetchall()
+        return [{"type": "alert", **dict(zip(keys, row, strict=True))} for row in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
