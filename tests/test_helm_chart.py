@@ -1,0 +1,223 @@
+"""The Helm chart, linted and rendered by Helm itself (helm-python-sdk bundles Helm's Go SDK), its
+core objects validated with kubernetes-validate (Kubernetes 1.30 schemas) and its monitoring
+objects against kube-prometheus-stack's CRD schemas (openAPIV3Schema extracted into
+tests/data/crds/, with their source recorded in each file). No cluster or API server is involved.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from alerting_support import need_binary
+
+from rlmon.service.config import load_config
+from rlmon.service.dashboards import DASHBOARDS
+from rlmon.service.dashboards.artifacts import chart_path
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "helm" / "rlmon"
+CRDS = Path(__file__).parent / "data" / "crds"
+KUBE = "1.30.0"
+NAMESPACE = "monitoring"
+RULES = ROOT / "dashboards" / "prometheus-rules.yaml"
+
+
+def render(values: dict[str, Any] | None = None, name: str = "rlmon") -> dict[str, Any]:
+    """Rendered objects by (kind, name), and NOTES.txt under "NOTES"."""
+    chart = helm_python.Chart.load(str(CHART))
+    try:
+        out = chart.render(values or {}, name=name, namespace=NAMESPACE, is_install=True)
+    finally:
+        chart.close()
+    objects: dict[str, Any] = {}
+    for path, text in out.items():
+        if path.endswith("NOTES.txt"):
+            objects["NOTES"] = text
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                objects[f"{doc['kind']}/{doc['metadata']['name']}"] = doc
+    return objects
+
+
+def of_kind(objects: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    return [o for k, o in objects.items() if k.split("/")[0] == kind]
+
+
+def container(objects: dict[str, Any]) -> dict[str, Any]:
+    (deploy,) = of_kind(objects, "Deployment")
+    (c,) = deploy["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def crd_validator(kind: str) -> jsonschema.Draft7Validator:
+    schema = json.loads((CRDS / f"{kind}.json").read_text())["openAPIV3Schema"]
+    return jsonschema.Draft7Validator(schema)
+
+
+VARIANTS: list[dict[str, Any]] = [
+    {},
+    {"ray": {"address": "ray://head.ray.svc.cluster.local:10001"},
+     "secrets": {"slack": {"existingSecret": "rlmon-slack"},
+                 "pagerduty": {"existingSecret": "rlmon-pd", "key": "key"}},
+     "persistence": {"enabled": True}, "serviceMonitor": {"enabled": True},
+     "podMonitor": {"enabled": False}, "kubePrometheusStack": {"release": ""},
+     "dashboards": {"namespace": "grafana", "annotations": {"grafana_folder": "rlmon"}}},
+]
+
+
+def test_lint_strict() -> None:
+    result = helm_python.lint(str(CHART), strict=True, kube_version="v" + KUBE)
+    assert result["errors"] == []
+    assert result["messages"] == []
+
+
+@pytest.mark.parametrize("values", VARIANTS, ids=["defaults", "explicit-address-and-secrets"])
+def test_render_validates(values: dict[str, Any]) -> None:
+    objects = render(values)
+    core = [o for o in objects.values()
+            if isinstance(o, dict) and o["apiVersion"] != "monitoring.coreos.com/v1"]
+    assert {o["kind"] for o in core} >= {"Deployment", "Service", "ConfigMap", "ServiceAccount"}
+    for obj in core:
+        kubernetes_validate.validate(obj, KUBE, strict=True)
+    monitoring = [o for o in objects.values()
+                  if isinstance(o, dict) and o["apiVersion"] == "monitoring.coreos.com/v1"]
+    assert monitoring
+    for obj in monitoring:
+        errors = list(crd_validator(obj["kind"]).iter_errors(obj))
+        assert not errors, (obj["kind"], [e.message for e in errors])
+
+
+def test_validators_catch_bad_objects() -> None:
+    objects = render()
+    (deploy,) = of_kind(objects, "Deployment")
+    deploy["spec"]["replicas"] = "one"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deploy, KUBE, strict=True)
+    (monitor,) = of_kind(objects, "PodMonitor")
+    monitor["spec"]["podMetricsEndpoints"][0]["interval"] = "fifteen"
+    assert list(crd_validator("PodMonitor").iter_errors(monitor))
+
+
+def test_deployment_runs_rlmon_serve_against_the_kuberay_head() -> None:
+    c = container(render())
+    assert c["command"] == ["rlmon"]
+    args = c["args"]
+    assert args[0] == "serve"
+    assert args[args.index("--address") + 1] == (
+        f"ray://raycluster-kuberay-head-svc.{NAMESPACE}.svc.cluster.local:10001")
+    assert args[args.index("--port") + 1] == "9464"
+    assert args[args.index("--config") + 1] == "/etc/rlmon/config.yaml"
+    assert c["ports"] == [{"name": "metrics", "containerPort": 9464, "protocol": "TCP"}]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["resources"]["requests"] == {"cpu": "100m", "memory": "256Mi"}
+    other = container(render({"ray": {"kuberay": {"clusterName": "rc", "namespace": "ray"}}}))
+    assert "ray://rc-head-svc.ray.svc.cluster.local:10001" in other["args"]
+    explicit = container(render({"ray": {"address": "auto"}}))
+    assert explicit["args"][explicit["args"].index("--address") + 1] == "auto"
+
+
+def test_secrets_are_referenced_never_inlined() -> None:
+    objects = render(VARIANTS[1])
+    env = {e["name"]: e for e in container(objects)["env"]}
+    assert env["RLMON_SLACK_WEBHOOK_URL"]["valueFrom"] == {
+        "secretKeyRef": {"name": "rlmon-slack", "key": "webhook-url"}}
+    assert env["RLMON_PAGERDUTY_ROUTING_KEY"]["valueFrom"] == {
+        "secretKeyRef": {"name": "rlmon-pd", "key": "key"}}
+    assert "value" not in env["RLMON_SLACK_WEBHOOK_URL"]
+    assert not of_kind(objects, "Secret")
+    names = {e["name"] for e in container(render())["env"]}
+    assert "RLMON_SLACK_WEBHOOK_URL" not in names  # not configured: no reference at all
+    secret_url = "https://hooks.slack.com/services/T000/B000/XXXX"
+    with pytest.raises(helm_python.HelmValuesError, match="notifiers/slack"):
+        render({"config": {"notifiers": {"slack": {"webhook_url": secret_url}}}})
+
+
+def test_values_schema_rejects_bad_values() -> None:
+    for bad in ({"port": 70000}, {"ray": {"address": "http://head:10001"}},
+                {"podMonitor": {"enabled": True, "interval": "fifteen"}}, {"unknown": 1},
+                {"secrets": {"slack": {"existingSecret": "Not_A_Name", "key": "k"},
+                             "pagerduty": {"existingSecret": "", "key": "k"}}}):
+        with pytest.raises(helm_python.HelmValuesError):
+            render(bad)
+
+
+def test_config_map_is_a_valid_rlmon_config(tmp_path: Path) -> None:
+    (cm,) = [o for o in of_kind(render(), "ConfigMap") if o["metadata"]["name"].endswith("-config")]
+    path = tmp_path / "config.yaml"
+    path.write_text(cm["data"]["config.yaml"])
+    settings = load_config(path)
+    assert settings.routing.critical == ["pagerduty", "slack"]
+    assert str(settings.outbox.path) == "/var/lib/rlmon/outbox.sqlite"
+    mounts = {m["name"]: m["mountPath"] for m in container(render())["volumeMounts"]}
+    assert mounts["config"] == "/etc/rlmon"
+    assert mounts["state"] == str(settings.outbox.path.parent)
+
+
+def test_monitoring_objects_carry_the_release_label() -> None:
+    objects = render({"kubePrometheusStack": {"release": "prom"}})
+    (pod_monitor,) = of_kind(objects, "PodMonitor")
+    (rule,) = of_kind(objects, "PrometheusRule")
+    for obj in (pod_monitor, rule):
+        assert obj["metadata"]["labels"]["release"] == "prom"
+    (deploy,) = of_kind(objects, "Deployment")
+    selector = deploy["spec"]["selector"]["matchLabels"]
+    assert pod_monitor["spec"]["selector"]["matchLabels"] == selector
+    assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    assert not of_kind(objects, "ServiceMonitor")  # KubeRay's advice: a PodMonitor, not both
+    unlabelled = render({"kubePrometheusStack": {"release": ""}})
+    assert "release" not in of_kind(unlabelled, "PodMonitor")[0]["metadata"]["labels"]
+
+
+def test_dashboard_config_maps_hold_the_generated_json() -> None:
+    objects = render(VARIANTS[1])
+    maps = [o for o in of_kind(objects, "ConfigMap")
+            if o["metadata"].get("labels", {}).get("grafana_dashboard") == "1"]
+    assert len(maps) == len(DASHBOARDS)
+    for dash in DASHBOARDS:
+        filename = Path(dash.path).name
+        (cm,) = [m for m in maps if filename in m["data"]]
+        original = (ROOT / dash.path).read_text(encoding="utf-8")
+        assert cm["data"][filename] == original.rstrip("\n")  # a `|-` block drops the newline
+        assert json.loads(cm["data"][filename])["uid"] == dash.uid
+        assert cm["metadata"]["namespace"] == "grafana"
+        assert cm["metadata"]["annotations"] == {"grafana_folder": "rlmon"}
+
+
+def test_chart_copies_equal_the_originals() -> None:
+    for original in [*(ROOT / d.path for d in DASHBOARDS), RULES]:
+        copy = ROOT / chart_path(str(original.relative_to(ROOT)))
+        assert copy.read_bytes() == original.read_bytes(), f"{copy} differs: rlmon generate"
+
+
+def test_prometheus_rule_is_the_generated_rule_file() -> None:
+    (rule,) = of_kind(render(), "PrometheusRule")
+    assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
+    assert not of_kind(render({"prometheusRule": {"enabled": False}}), "PrometheusRule")
+
+
+@pytest.mark.integration
+def test_prometheus_rule_groups_pass_promtool(tmp_path: Path) -> None:
+    promtool = need_binary("promtool")
+    (rule,) = of_kind(render(), "PrometheusRule")
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    done = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_notes_explain_release_label_and_secrets() -> None:
+    notes = render()["NOTES"]
+    assert "release: kube-prometheus-stack" in notes
+    assert "kubectl -n monitoring create secret generic rlmon-slack" in notes
+    configured = render(VARIANTS[1])["NOTES"]
+    assert "from secret rlmon-slack" in configured
