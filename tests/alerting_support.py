@@ -22,7 +22,15 @@ from typing import Any
 import httpx2
 import pytest
 
-__all__ = ["LoopbackTransport", "Receiver", "Request", "free_port", "need_binary", "wait_for"]
+__all__ = [
+    "LoopbackTransport",
+    "PromStack",
+    "Receiver",
+    "Request",
+    "free_port",
+    "need_binary",
+    "wait_for",
+]
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str = "condition") -> Any:
@@ -180,3 +188,105 @@ class LoopbackTransport(httpx2.BaseTransport):
 
     def close(self) -> None:
         self._inner.close()
+
+
+class PromStack:
+    """A real Prometheus scraping an exporter and a real Alertmanager routing to a receiver.
+
+    Short intervals for tests (scrape/eval 1 s, group_wait/group_interval 1 s); everything binds
+    127.0.0.1 and Alertmanager's gossip is off (``--cluster.listen-address=``).
+    """
+
+    def __init__(self, workdir: Any, exporter_port: int, receiver_url: str, rules_text: str,
+                 routing_key: str = "0123456789abcdef0123456789abcdef") -> None:
+        self.workdir = workdir
+        self.exporter_port = exporter_port
+        self.receiver_url = receiver_url
+        self.rules_text = rules_text
+        self.routing_key = routing_key
+        self.prom_port = free_port()
+        self.am_port = free_port()
+        self.procs: list[Any] = []
+
+    def _write(self) -> tuple[str, str]:
+        import yaml
+
+        (self.workdir / "rules.yaml").write_text(self.rules_text)
+        prom = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s",
+                       "scrape_timeout": "900ms"},
+            "rule_files": [str(self.workdir / "rules.yaml")],
+            "alerting": {"alertmanagers": [
+                {"static_configs": [{"targets": [f"127.0.0.1:{self.am_port}"]}]}]},
+            "scrape_configs": [{"job_name": "rlmon", "static_configs": [
+                {"targets": [f"127.0.0.1:{self.exporter_port}"]}]}],
+        }
+        url = self.receiver_url
+        slack = {"api_url": f"{url}/slack/T0/B0/amhook", "channel": "#rlhf", "send_resolved": True,
+                 "title": '{{ .Status }} {{ .CommonLabels.run }}/{{ .CommonLabels.role }}',
+                 "text": '{{ range .Alerts }}{{ .Labels.alertname }} {{ end }}'}
+        am = {
+            "route": {"receiver": "warning", "group_by": ["run", "role"], "group_wait": "1s",
+                      "group_interval": "1s", "repeat_interval": "1h",
+                      "routes": [{"matchers": ['severity="critical"'], "receiver": "critical"}]},
+            "receivers": [
+                {"name": "critical",
+                 "pagerduty_configs": [{"url": f"{url}/v2/enqueue",
+                                        "routing_key": self.routing_key,
+                                        "send_resolved": True}],
+                 "slack_configs": [slack],
+                 "webhook_configs": [{"url": f"{url}/hook", "send_resolved": True}]},
+                {"name": "warning", "slack_configs": [slack]},
+            ],
+        }
+        prom_path, am_path = self.workdir / "prometheus.yml", self.workdir / "alertmanager.yml"
+        prom_path.write_text(yaml.safe_dump(prom))
+        am_path.write_text(yaml.safe_dump(am))
+        return str(prom_path), str(am_path)
+
+    def start(self, prometheus: str, alertmanager: str) -> PromStack:
+        import subprocess
+
+        prom_cfg, am_cfg = self._write()
+        log = open(self.workdir / "stack.log", "w")  # noqa: SIM115 - lives as long as the stack
+        self.procs.append(subprocess.Popen(
+            [alertmanager, f"--config.file={am_cfg}", f"--storage.path={self.workdir / 'am'}",
+             f"--web.listen-address=127.0.0.1:{self.am_port}", "--cluster.listen-address=",
+             f"--web.external-url=http://127.0.0.1:{self.am_port}"],
+            stdout=log, stderr=subprocess.STDOUT))
+        self.procs.append(subprocess.Popen(
+            [prometheus, f"--config.file={prom_cfg}", f"--storage.tsdb.path={self.workdir / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{self.prom_port}", "--rules.alert.resend-delay=1s"],
+            stdout=log, stderr=subprocess.STDOUT))
+        wait_for(lambda: self._ready(self.am_port) and self._ready(self.prom_port), 30,
+                 "Prometheus and Alertmanager to be ready")
+        return self
+
+    @staticmethod
+    def _ready(port: int) -> bool:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        import urllib.parse
+        import urllib.request
+
+        url = (f"http://127.0.0.1:{self.prom_port}/api/v1/query?"
+               + urllib.parse.urlencode({"query": expr}))
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return list(json.loads(resp.read())["data"]["result"])
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except Exception:
+                proc.kill()
+        self.procs = []

@@ -1,0 +1,100 @@
+"""Generated Prometheus rules: fresh on disk, valid for promtool, and unit-tested with promtool."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from alerting_support import need_binary
+
+from rlmon.service import prom_rules
+from rlmon.service.rules import default_rules, parse_rules
+
+ROOT = Path(__file__).resolve().parents[1]
+RULES = ROOT / prom_rules.PROMETHEUS_RULES_PATH
+OPERATOR = ROOT / prom_rules.PROMETHEUSRULE_PATH
+RULES_TEST = ROOT / "dashboards" / "prometheus-rules.test.yaml"
+
+
+def promtool(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([need_binary("promtool"), *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=60, check=False)
+
+
+def test_checked_in_files_are_fresh() -> None:
+    for artifact in prom_rules.artifacts():
+        current = (ROOT / artifact.path).read_text(encoding="utf-8")
+        assert current == artifact.expected(current), f"{artifact.path} is stale: rlmon generate"
+
+
+def test_for_and_keep_firing_follow_the_step_period() -> None:
+    translated, skipped = prom_rules.translate(default_rules(), step_period=45)
+    by_name = {r.alert: r for r in translated}
+    assert by_name["ClipRatioHigh"].for_ == "2m15s"  # 3 steps x 45 s
+    assert by_name["ClipRatioHigh"].keep_firing_for == "2m15s"
+    assert by_name["RewardStuck"].for_ == "15m"  # 20 steps
+    assert by_name["ISRatioDivergence"].for_ is None
+    assert by_name["ISRatioDivergence"].expr == (
+        "rlmon_actor_is_ratio < 0.5 or rlmon_actor_is_ratio > 2")
+    assert by_name["RewardStuck"].expr == "abs(rlmon_rollout_reward) < 1e-09"
+    assert skipped == []
+    assert {r.name for r in default_rules()} == set(by_name)
+
+
+def test_rules_promql_cannot_express_are_listed() -> None:
+    rules = parse_rules("rules:\n  - {name: LossFlat, severity: warning, condition: stuck, "
+                        "metric: actor/loss, window: 5}\n")
+    text = prom_rules.render(rules)
+    assert "# Not expressible in PromQL (evaluated by rlmon only): LossFlat" in text
+    assert "alert: LossFlat" not in text
+
+
+def test_promtool_checks_both_formats(tmp_path: Path) -> None:
+    out = promtool("check", "rules", str(RULES))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"SUCCESS: {len(default_rules())} rules found" in out.stdout
+    operator = yaml.safe_load(OPERATOR.read_text())
+    assert operator["kind"] == "PrometheusRule"
+    groups = tmp_path / "groups.yaml"
+    groups.write_text(yaml.safe_dump({"groups": operator["spec"]["groups"]}))
+    out = promtool("check", "rules", str(groups))
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_prometheusrule_matches_the_crd_schema() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((ROOT / "tests" / "data" / "crds" / "PrometheusRule.json").read_text())
+    schema = schema.get("openAPIV3Schema", schema)
+    jsonschema.Draft7Validator(schema).validate(yaml.safe_load(OPERATOR.read_text()))
+
+
+def test_promtool_unit_tests_pass_and_can_fail(tmp_path: Path) -> None:
+    out = promtool("test", "rules", str(RULES_TEST))
+    assert out.returncode == 0, out.stdout + out.stderr
+    # the same tests against rules with a wrong threshold must fail
+    shutil.copy(RULES_TEST, tmp_path / RULES_TEST.name)
+    broken = RULES.read_text().replace("rlmon_actor_clip_ratio > 0.3", "rlmon_actor_clip_ratio > 0.6")
+    (tmp_path / RULES.name).write_text(broken)
+    out = promtool("test", "rules", str(tmp_path / RULES_TEST.name))
+    assert out.returncode == 1
+    assert "ClipRatioHigh" in out.stdout + out.stderr
+
+
+def test_rules_export_command(tmp_path: Path) -> None:
+    target = tmp_path / "rules.yaml"
+    cmd = [sys.executable, "-m", "rlmon", "rules", "export", "--format", "prometheusrule",
+           "--step-period", "10", "-o", str(target)]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    doc = yaml.safe_load(target.read_text())
+    rules = {r["alert"]: r for r in doc["spec"]["groups"][0]["rules"]}
+    assert rules["EntropyCollapse"]["for"] == "30s"
+    assert rules["EntropyCollapse"]["labels"]["severity"] == "critical"
+    default = subprocess.run([sys.executable, "-m", "rlmon", "rules", "export"],
+                             capture_output=True, text=True, cwd=ROOT, timeout=60, check=False)
+    assert default.stdout == RULES.read_text()
