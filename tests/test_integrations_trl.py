@@ -1,0 +1,82 @@
+"""TRL integration against the real ``transformers`` callback classes.
+
+TRL's GRPOTrainer needs a model to train; the logged dicts below reproduce the keys of
+``trl/trainer/grpo_trainer.py`` (``_generate_and_score_completions`` / ``_compute_loss`` /
+``log``) and ``trl/trainer/ppo_trainer.py``, handed to the callback the way
+``transformers.Trainer.log`` does, through the real ``CallbackHandler``.
+"""
+
+from __future__ import annotations
+
+import pytest
+from integrations_support import Hub
+
+from rlmon.actors.integrations import trl
+from rlmon.service import keymaps
+
+transformers = pytest.importorskip("transformers")
+
+GRPO_LOGS = {
+    "loss": 0.0123, "grad_norm": 0.8, "learning_rate": 1e-6, "num_tokens": 123456.0,
+    "completions/mean_length": 180.5, "completions/clipped_ratio": 0.1,
+    "rewards/accuracy_reward/mean": 0.45, "reward": 0.45, "reward_std": 0.3,
+    "frac_reward_zero_std": 0.25, "entropy": 0.6, "kl": 0.02,
+    "clip_ratio/low_mean": 0.01, "clip_ratio/low_min": 0.0, "clip_ratio/high_mean": 0.02,
+    "clip_ratio/high_max": 0.2, "clip_ratio/region_mean": 0.03,
+    "sampling/sampling_logp_difference/mean": 0.04, "sampling/sampling_logp_difference/max": 1.2,
+    "sampling/importance_sampling_ratio/min": 0.0, "sampling/importance_sampling_ratio/mean": 0.98,
+    "sampling/importance_sampling_ratio/max": 3.0, "epoch": 0.5,
+}
+PPO_LOGS = {"objective/kl": 3.1, "objective/entropy": 40.0, "objective/scores": 0.2,
+            "policy/clipfrac_avg": 0.05, "loss/policy_avg": -0.01, "val/clipfrac_avg": 0.1,
+            "lr": 3e-6, "eps": 12}
+
+
+@pytest.fixture
+def hub():
+    h = Hub()
+    yield h
+    h.close()
+
+
+def _handler(cb):
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+    from transformers.trainer_callback import CallbackHandler
+
+    handler = CallbackHandler([cb], model=None, processing_class=None, optimizer=None,
+                              lr_scheduler=None)
+    args = TrainingArguments(output_dir="unused", report_to=[], use_cpu=True)
+    return handler, args, TrainerState(), TrainerControl()
+
+
+def test_callback_is_a_real_trainer_callback(hub: Hub) -> None:
+    cb = trl.callback("trl-run", reporter=hub.reporter("trl-run", "trainer"))
+    assert isinstance(cb, transformers.TrainerCallback)
+    handler, args, state, control = _handler(cb)
+    state.global_step = 10
+    handler.on_log(args, state, control, logs=GRPO_LOGS)
+    state.global_step = 20
+    handler.on_log(args, state, control, logs=PPO_LOGS)
+    handler.on_train_end(args, state, control)
+    rec = hub.step("trainer", 10).metrics
+    assert rec[keymaps.CLIP_RATIO] == 0.03 and rec[keymaps.KL] == 0.02
+    assert rec[keymaps.ENTROPY] == 0.6 and rec[keymaps.REWARD] == 0.45
+    assert rec[keymaps.FRAC_ZERO_STD] == 0.25 and rec[keymaps.CLIPPED_RATIO] == 0.1
+    assert rec[keymaps.GRAD_NORM] == 0.8 and rec[keymaps.LR] == 1e-6
+    assert rec[keymaps.LOGP_DIFF_MAX] == 1.2 and rec[keymaps.IS_RATIO_MAX] == 3.0
+    # mean of rank means, post-masking min, window means of extrema: relayed, not canonical
+    assert keymaps.IS_RATIO not in rec and keymaps.LOGP_DIFF not in rec
+    assert rec["trl/sampling/importance_sampling_ratio/mean"] == 0.98
+    assert rec["trl/sampling/importance_sampling_ratio/min"] == 0.0
+    assert rec["trl/clip_ratio/high_max"] == 0.2 and rec["trl/loss"] == 0.0123
+    ppo = hub.step("trainer", 20).metrics
+    assert ppo[keymaps.REWARD] == 0.2 and ppo[keymaps.LR] == 3e-6
+    assert ppo["trl/objective/kl"] == 3.1 and keymaps.KL not in ppo
+
+
+def test_only_the_main_process_reports(hub: Hub) -> None:
+    cb = trl.callback("trl-run", reporter=hub.reporter("trl-run", "trainer"))
+    handler, args, state, control = _handler(cb)
+    state.is_world_process_zero = False
+    handler.on_log(args, state, control, logs=GRPO_LOGS)
+    assert hub.records(finalize=True) == []
