@@ -12,9 +12,7 @@ import threading
 from collections import deque
 from typing import Any
 
-import numpy as np
-
-from rlmon.actors.columnar import fold_blocks, merge_block
+from rlmon.actors.columnar import StepBlock, fold_block
 from rlmon.actors.message import Schema, StepMessage
 from rlmon.service.assembly import StepState
 from rlmon.service.rank import Rank
@@ -29,7 +27,7 @@ class Collector:
 
     def __init__(self, remember: int = 4096) -> None:
         self.states: dict[StepKey, StepState] = {}
-        self.blocks: dict[StepKey, tuple[dict[int, np.ndarray], set[str]]] = {}
+        self.blocks: dict[StepKey, StepBlock] = {}
         self.schemas: dict[int, Schema] = {}
         self.remember = remember
         self._seen: dict[tuple[str, str, Rank], deque[int]] = {}
@@ -50,8 +48,11 @@ class Collector:
                 state = self.states[key] = StepState(msg.run, msg.role, msg.step, msg.world)
             if msg.columns is not None:
                 schema = self.schemas.setdefault(msg.columns.schema.id, msg.columns.schema)
-                blocks, names = self.blocks.setdefault(key, ({}, set()))
-                merge_block(blocks, names, schema, msg.columns.values)
+                block = self.blocks.get(key)
+                if block is None:
+                    self.blocks[key] = StepBlock(schema, msg.columns.values)
+                else:
+                    block.merge(schema, msg.columns.values)
             for mb, partials in msg.partials:
                 state.add(Report(msg.run, msg.role, msg.step, partials, msg.rank, msg.world,
                                  final=False, minibatch=mb, time=msg.time))
@@ -64,8 +65,8 @@ class Collector:
         with self.lock:
             states, self.states = self.states, {}
             blocks, self.blocks = self.blocks, {}
-        for key, (acc, _) in blocks.items():
-            fold_blocks(states[key].pools, self.schemas, acc)
+        for key, block in blocks.items():
+            fold_block(states[key].pools, block)
         return [states[key] for key in sorted(states)]
 
 

@@ -8,8 +8,6 @@ bit-for-bit those of the core (``tests/test_aggregator_columnar.py``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
 from rlmon.actors.message import Schema, StepMessage, row_state
@@ -18,19 +16,70 @@ from rlmon.service.assembly import AddOutcome, Clock, StepAssembler
 from rlmon.service.partial import MetricPool, Partial
 from rlmon.service.rank import Rank
 from rlmon.service.report import ContractError, Report
+from rlmon.service.spec import Form
 from rlmon.service.step import StepKey, StepRecord
 
-__all__ = ["ColumnarAssembler", "fold_blocks", "merge_block"]
+__all__ = ["ColumnarAssembler", "StepBlock", "fold_block"]
 
 _NO_RANK = Rank()
 
 
-@dataclass(slots=True)
-class _Open:
-    """Columnar accumulators of one open step, per schema id."""
+class StepBlock:
+    """The columnar accumulator of one open step: one row per metric name, in first-seen order.
 
-    blocks: dict[int, np.ndarray] = field(default_factory=dict)
-    names: set[str] = field(default_factory=set)
+    Messages with the step's first schema (the common case: every rank sends the same metrics)
+    merge with three slice operations; another schema is mapped onto the rows once and then
+    merges through index arrays. Either way each row folds its values in arrival order, as the
+    core does, so the result is bit-for-bit the core's.
+    """
+
+    __slots__ = ("data", "forms", "index", "maps", "names", "primary")
+
+    def __init__(self, schema: Schema, values: np.ndarray) -> None:
+        self.data = np.array(values, dtype=np.float64, copy=True)
+        self.names: list[str] = list(schema.names)
+        self.forms: list[Form] = list(schema.forms)
+        self.index = {name: i for i, name in enumerate(schema.names)}
+        self.primary = schema.id
+        self.maps: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def merge(self, schema: Schema, values: np.ndarray) -> None:
+        a, b = schema.n_add, schema.n_add + schema.n_min
+        data = self.data
+        if schema.id == self.primary:
+            data[:a] += values[:a]
+            np.minimum(data[a:b], values[a:b], out=data[a:b])  # NaN wins, as in the core
+            n = len(schema.names)
+            np.maximum(data[b:n], values[b:], out=data[b:n])
+            return
+        mapping = self.maps.get(schema.id)
+        if mapping is None:
+            fresh = [i for i, name in enumerate(schema.names) if name not in self.index]
+            for i in fresh:
+                self.index[schema.names[i]] = len(self.names)
+                self.names.append(schema.names[i])
+                self.forms.append(schema.forms[i])
+            rows = np.array([self.index[n] for n in schema.names], dtype=np.intp)
+            mapping = self.maps[schema.id] = (rows[:a], rows[a:b], rows[b:])
+            if fresh:
+                self.data = data = np.vstack([data, values[fresh]])
+                keep = np.ones(len(schema.names), dtype=bool)
+                keep[fresh] = False
+                self._combine(
+                    tuple(m[keep[lo:hi]] for m, (lo, hi) in zip(
+                        mapping, ((0, a), (a, b), (b, len(keep))), strict=True)),
+                    (values[:a][keep[:a]], values[a:b][keep[a:b]], values[b:][keep[b:]]),
+                )
+                return
+        self._combine(mapping, (values[:a], values[a:b], values[b:]))
+
+    def _combine(
+        self, rows: tuple[np.ndarray, ...], vals: tuple[np.ndarray, ...]
+    ) -> None:
+        data = self.data
+        data[rows[0]] += vals[0]
+        data[rows[1]] = np.minimum(data[rows[1]], vals[1])
+        data[rows[2]] = np.maximum(data[rows[2]], vals[2])
 
 
 class ColumnarAssembler(StepAssembler):
@@ -39,7 +88,7 @@ class ColumnarAssembler(StepAssembler):
     def __init__(self, clock: Clock | None = None) -> None:
         super().__init__(clock)
         self.schemas: dict[int, Schema] = {}
-        self.columns: dict[StepKey, _Open] = {}
+        self.columns: dict[StepKey, StepBlock] = {}
 
     def _validate_schema(self, schema: Schema) -> Schema:
         known = self.schemas.get(schema.id)
@@ -81,7 +130,8 @@ class ColumnarAssembler(StepAssembler):
             if slow_names & set(schema.names):
                 self.counters.rejected += 1
                 raise ContractError("metrics", "a metric is both columnar and a partial")
-            if state is not None and schema.id not in (acc.blocks if acc else ()):
+            if state is not None and (acc is None or (schema.id != acc.primary
+                                      and schema.id not in acc.maps)):
                 clash = state.pools.keys() & set(schema.names)
                 if clash:
                     self.counters.rejected += 1
@@ -89,10 +139,10 @@ class ColumnarAssembler(StepAssembler):
                         f"metrics.{min(clash)}",
                         f"options differ from earlier records of step {msg.step}",
                     )
-        if acc is not None and slow_names & acc.names:
+        if acc is not None and slow_names & acc.index.keys():
             self.counters.rejected += 1
             raise ContractError(
-                f"metrics.{min(slow_names & acc.names)}",
+                f"metrics.{min(slow_names & acc.index.keys())}",
                 f"options differ from earlier records of step {msg.step}",
             )
         reports = [
@@ -113,8 +163,9 @@ class ColumnarAssembler(StepAssembler):
                     raise
         if schema is not None and cols is not None:
             if acc is None:
-                acc = self.columns[key] = _Open()
-            merge_block(acc.blocks, acc.names, schema, cols.values)
+                self.columns[key] = StepBlock(schema, cols.values)
+            else:
+                acc.merge(schema, cols.values)
             self.counters.partials += len(schema.names)
         for report in reports:
             super().add(report)
@@ -125,36 +176,17 @@ class ColumnarAssembler(StepAssembler):
     def finalize(self, key: StepKey) -> StepRecord:
         acc = self.columns.pop(key, None)
         if acc is not None:
-            fold_blocks(self.open[key].pools, self.schemas, acc.blocks)
+            fold_block(self.open[key].pools, acc)
         return super().finalize(key)
 
 
-def merge_block(
-    blocks: dict[int, np.ndarray], names: set[str], schema: Schema, values: np.ndarray
-) -> None:
-    """Fold one columnar block into a step's accumulators: three slice operations."""
-    block = blocks.get(schema.id)
-    if block is None:
-        blocks[schema.id] = np.array(values, dtype=np.float64, copy=True)
-        names.update(schema.names)
-        return
-    a, b = schema.n_add, schema.n_add + schema.n_min
-    block[:a] += values[:a]
-    np.minimum(block[a:b], values[a:b], out=block[a:b])  # NaN wins, as in the core
-    np.maximum(block[b:], values[b:], out=block[b:])
-
-
-def fold_blocks(
-    pools: dict[str, MetricPool], schemas: dict[int, Schema], blocks: dict[int, np.ndarray]
-) -> None:
-    """Turn accumulated blocks into the core's metric pools (once per step)."""
-    for schema_id, block in blocks.items():
-        schema = schemas[schema_id]
-        for name, form, row in zip(schema.names, schema.forms, block.tolist(), strict=True):
-            pool = MetricPool(form, None, False)
-            pool.add(_NO_RANK, 0, row_state(form, row))
-            mine = pools.get(name)
-            if mine is None:
-                pools[name] = pool
-            else:
-                mine.merge(pool)
+def fold_block(pools: dict[str, MetricPool], block: StepBlock) -> None:
+    """Turn a step's accumulated rows into the core's metric pools (once per step)."""
+    for name, form, row in zip(block.names, block.forms, block.data.tolist(), strict=True):
+        pool = MetricPool(form, None, False)
+        pool.add(_NO_RANK, 0, row_state(form, row))
+        mine = pools.get(name)
+        if mine is None:
+            pools[name] = pool
+        else:
+            mine.merge(pool)
