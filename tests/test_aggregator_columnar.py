@@ -86,7 +86,8 @@ def test_columnar_merge_is_the_core_bit_for_bit(seed: int) -> None:
     for rec in core_records:
         mine = fast_by[rec.step]
         assert _same(dict(mine.metrics), dict(rec.metrics)), rec.step
-        assert mine.complete and mine.missing_ranks == rec.missing_ranks
+        assert mine.complete
+        assert mine.missing_ranks == rec.missing_ranks
     assert fast.counters.partials == core.counters.partials
 
 
@@ -103,7 +104,8 @@ def test_resent_message_is_a_duplicate_and_conflicting_forms_are_rejected() -> N
     with pytest.raises(ContractError, match="actor/loss"):
         asm.add_message(bad)
     _, record = asm.add_message(msgs[1])
-    assert record is not None and record.complete
+    assert record is not None
+    assert record.complete
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -149,7 +151,8 @@ def test_watermark_survives_a_restart(tmp_path: Path) -> None:
     again = AggregatorCore(store=WatermarkStore(db))
     assert [r.step for r in again.pending_records()] == [1]  # redelivered, not recomputed
     ack = again.ingest(msgs)
-    assert ack.late == 4 and ack.finalized == 1
+    assert ack.late == 4
+    assert ack.finalized == 1
     assert [r.step for r in again.pending_records()] == [1, 2]
     assert again.counters.steps_finalized == 1
 
