@@ -79,7 +79,7 @@ def print_table(result: ReplayResult) -> None:
         )
         table.add_row(record.run, record.role, str(record.step), ranks, *cells, alerts)
     console.print(table)
-    for record, events in result.steps:
+    for _, events in result.steps:
         for e in events:
             colour = "red" if e.severity == "critical" else "yellow"
             value = "NaN/Inf" if e.value is None else f"{e.value:.4g}"
