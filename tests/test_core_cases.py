@@ -123,6 +123,7 @@ def test_duplicates_by_seq_are_ignored_and_late_records_counted() -> None:
     assert asm.add(a)[0] == AddOutcome.DUPLICATE
     asm.add(parse_report(rec(dp=0, seq=2, metrics={"m": {"sum": 1.0}})))
     outcome, record = asm.add(parse_report(rec(dp=1, metrics={"m": {"sum": 5.0}})))
+    assert outcome == AddOutcome.ACCEPTED
     assert record is not None
     assert record.metrics["m"] == 7.0
     late = asm.add(parse_report(rec(dp=1, seq=9, metrics={"m": {"sum": 100.0}})))

@@ -103,7 +103,8 @@ rules:
     engine = AlertEngine(rules)
     fired = []
     for n, (loss, kl) in enumerate([(0.69, 0.1), (0.69, 0.2), (0.69, 0.3), (0.5, 0.4), (0.4, 0.3)]):
-        fired += [(e.step, e.alert, e.state) for e in engine.evaluate(step(n, **{"actor/loss": loss, "actor/kl": kl}))]
+        record = step(n, **{"actor/loss": loss, "actor/kl": kl})
+        fired += [(e.step, e.alert, e.state) for e in engine.evaluate(record)]
     assert sorted(fired) == [(2, "LossStuck", "firing"), (3, "KLClimbing", "firing"),
                              (3, "LossStuck", "resolved"), (4, "KLClimbing", "resolved")]
 
@@ -122,8 +123,10 @@ def test_user_file_overrides_thresholds_disables_and_adds() -> None:
     rules = parse_rules("""
 disable: [RewardStuck]
 rules:
-  - {name: ISRatioDivergence, severity: critical, condition: outside, metric: actor/is_ratio, low: 0.8, high: 1.25}
-  - {name: ResponseTooLong, severity: warning, condition: threshold, metric: rollout/response_length, op: ">", threshold: 4000, for: 2}
+  - {name: ISRatioDivergence, severity: critical, condition: outside, metric: actor/is_ratio,
+     low: 0.8, high: 1.25}
+  - {name: ResponseTooLong, severity: warning, condition: threshold,
+     metric: rollout/response_length, op: ">", threshold: 4000, for: 2}
 """)
     names = [r.name for r in rules]
     assert "RewardStuck" not in names
