@@ -45,6 +45,7 @@ __all__ = [
     "MetricsState",
     "RlmonCollector",
     "RunInfo",
+    "exported_families",
     "exported_metric_names",
     "sanitize_label",
 ]
@@ -127,9 +128,8 @@ class _Stream:
     firing: dict[str, str] = field(default_factory=dict)  # alert -> severity
 
 
-def _family_of(metric: str) -> str:
-    spec = catalog.lookup(metric)
-    return spec.prometheus_name if spec is not None else CUSTOM_METRIC
+# name -> (family, domain), computed once: prometheus_name is too slow to derive per sample
+_FAMILIES = {spec.name: (spec.prometheus_name, spec.domain) for spec in catalog.metrics()}
 
 
 class MetricsState:
@@ -283,8 +283,8 @@ class RlmonCollector(Collector):
             return sanitize_label(value, clean)
 
         families: dict[str, GaugeMetricFamily] = {
-            spec.prometheus_name: _gauge(spec.prometheus_name, _catalog_doc(spec), ["run", "role"])
-            for spec in catalog.metrics()
+            family: _gauge(family, _catalog_doc(catalog.get(name)), ["run", "role"])
+            for name, (family, _) in _FAMILIES.items()
         }
         custom = _gauge(CUSTOM_METRIC, "A metric outside the rlmon catalog (latest step).",
                         ["run", "role", "metric"])
@@ -297,13 +297,13 @@ class RlmonCollector(Collector):
             nonfinite = sum(1 for v in values.values() if not math.isfinite(v))
             out_of_domain = 0
             for metric, value in values.items():
-                spec = catalog.lookup(metric)
-                if spec is not None and math.isfinite(value) and not spec.domain.contains(value):
+                known = _FAMILIES.get(metric)
+                if known is not None and math.isfinite(value) and not known[1].contains(value):
                     out_of_domain += 1
                 if metric not in names:
                     continue
-                if spec is not None:
-                    families[spec.prometheus_name].add_metric([run, role], value)
+                if known is not None:
+                    families[known[0]].add_metric([run, role], value)
                 else:
                     custom.add_metric([run, role, lab(metric)], value)
             stream_values = (
@@ -365,12 +365,34 @@ class RlmonCollector(Collector):
                                 value=state.last_scrape_seconds)
 
 
+_OTHER_DOCS: dict[str, str] = {
+    CUSTOM_METRIC: "A metric outside the rlmon catalog (label `metric`).",
+    ALERT_FIRING: "1 while an rlmon alert fires (labels `alert`, `severity`).",
+    RUN_INFO + "_info": "Run metadata: framework and version, algorithm, loss reduction, dp/cp/tp/pp,"
+    " gradient accumulation, ZeRO stage.",
+    "rlmon_partials_ingested_total": "Metric partials merged into steps.",
+    "rlmon_partials_rejected_total": "Records rejected as invalid (the rest still counted).",
+    "rlmon_partials_late_total": "Records that arrived after their step was finalized.",
+    "rlmon_partials_dropped_total": "Records dropped by a full buffer.",
+    "rlmon_notifications_total": "Notification attempts by `destination` and `outcome`"
+    " (sent, retried, failed).",
+    "rlmon_outbox_pending": "Notifications waiting in the outbox, by `destination`.",
+    "rlmon_exporter_series": "Series under the cardinality budget.",
+    "rlmon_exporter_series_budget": "The cardinality budget.",
+    "rlmon_exporter_series_refused_total": "Series refused because the budget was full.",
+    "rlmon_exporter_streams_expired_total": "(run, role) streams removed after their TTL.",
+    "rlmon_exporter_scrape_duration_seconds": "Time the previous scrape took to build.",
+}
+
+
+def exported_families() -> list[tuple[str, str]]:
+    """(name, help) of every family a scrape can show, catalog first (for the README)."""
+    out = [(spec.prometheus_name, spec.help) for spec in catalog.metrics()]
+    out.append((CUSTOM_METRIC, _OTHER_DOCS[CUSTOM_METRIC]))
+    out += list(_STREAM_FAMILIES)
+    out += [(name, doc) for name, doc in _OTHER_DOCS.items() if name != CUSTOM_METRIC]
+    return out
+
+
 def exported_metric_names() -> list[str]:
-    """Every family name a scrape can show (for the README)."""
-    names = [spec.prometheus_name for spec in catalog.metrics()]
-    names += [CUSTOM_METRIC, *(n for n, _ in _STREAM_FAMILIES), ALERT_FIRING, RUN_INFO + "_info"]
-    names += [f"rlmon_partials_{n}_total" for n in ("ingested", "rejected", "late", "dropped")]
-    names += ["rlmon_notifications_total", "rlmon_outbox_pending", "rlmon_exporter_series",
-              "rlmon_exporter_series_budget", "rlmon_exporter_series_refused_total",
-              "rlmon_exporter_streams_expired_total", "rlmon_exporter_scrape_duration_seconds"]
-    return names
+    return [name for name, _ in exported_families()]

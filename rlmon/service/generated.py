@@ -20,6 +20,7 @@ PRODUCERS: tuple[str, ...] = (
     "rlmon.service.generated",
     "rlmon.service.dashboards.artifacts",
     "rlmon.service.prom_rules",
+    "rlmon.service.exporter_doc",
     "rlmon.service.keymaps",
 )
 
