@@ -7,6 +7,7 @@ test can make it answer 429 with Retry-After, or stop and restart it on the same
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -139,7 +140,9 @@ class Receiver:
                     self.send_header(key, value)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                # the sender may hang up first (shutting down); the request is recorded anyway
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.wfile.write(data)
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
