@@ -199,3 +199,19 @@ def _timed(fn: object) -> float:
     started = time.thread_time()
     fn()  # type: ignore[operator]
     return time.thread_time() - started
+
+
+def test_run_info_set_before_the_first_step_is_kept() -> None:
+    clock = Clock()
+    state = MetricsState(run_ttl=60, clock=clock)
+    state.set_run_info("early", RunInfo(framework="skyrl"))
+    state.update(record(1, run="other", actor__is_ratio=1.0))  # expiry runs on every update
+    state.update(record(1, run="early", actor__is_ratio=1.0))
+    infos = {dict(lbl)["run"] for (name, lbl), _ in scrape(state).items() if name == "rlmon_run_info"}
+    assert infos == {"early"}
+    clock.now += 61  # metadata of a run that never reports goes after the run TTL
+    state.set_run_info("never", RunInfo(framework="trl"))
+    clock.now += 61
+    state.update(record(2, run="other", actor__is_ratio=1.0))
+    infos = {dict(lbl)["run"] for (name, lbl), _ in scrape(state).items() if name == "rlmon_run_info"}
+    assert "never" not in infos

@@ -150,6 +150,7 @@ class MetricsState:
         self._lock = threading.Lock()
         self._streams: dict[tuple[str, str], _Stream] = {}
         self._info: dict[str, RunInfo] = {}
+        self._info_set: dict[str, float] = {}
         self._finished: dict[str, float] = {}
         self._series = 0
         self._refused: set[tuple[str, str, str]] = set()
@@ -203,8 +204,10 @@ class MetricsState:
                     self._series -= 1
 
     def set_run_info(self, run: str, info: RunInfo) -> None:
+        """Metadata may arrive before the run's first step; it lives as long as a stream would."""
         with self._lock:
             self._info[run] = info
+            self._info_set[run] = self._clock()
 
     def finish_run(self, run: str) -> None:
         """The run ended: its series disappear ``finished_ttl`` seconds from now."""
@@ -223,8 +226,14 @@ class MetricsState:
                 self.expired_total += 1
         live_runs = {run for run, _ in self._streams}
         for run in [r for r in self._info if r not in live_runs]:
-            if run not in self._finished or now - self._finished[run] >= self.finished_ttl:
+            finished = self._finished.get(run)
+            if finished is None:
+                expired = now - self._info_set.get(run, now) >= self.run_ttl
+            else:
+                expired = now - finished >= self.finished_ttl
+            if expired:
                 self._info.pop(run, None)
+                self._info_set.pop(run, None)
                 self._finished.pop(run, None)
         if self._refused and self._series < self.max_series:
             self._refused.clear()  # room again: a refused series may be admitted next step
