@@ -8,6 +8,7 @@ until the service acknowledges them, so a restart loses no finalized step and fi
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -25,7 +26,12 @@ __all__ = ["AggregatorCore", "IngestAck"]
 
 @dataclass(slots=True)
 class IngestAck:
-    """What happened to one batch of messages (the sender only needs to know it arrived)."""
+    """What happened to one batch of messages.
+
+    ``floors`` gives, per (run, role) of the batch, the step below which everything is finalized:
+    a reporter keeps its messages of later steps, and resends them when ``incarnation`` changes
+    (the aggregator restarted and lost its open steps).
+    """
 
     accepted: int = 0
     duplicates: int = 0
@@ -33,6 +39,8 @@ class IngestAck:
     rejected: int = 0
     finalized: int = 0
     errors: list[str] = field(default_factory=list)
+    incarnation: str = ""
+    floors: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 class AggregatorCore:
@@ -49,6 +57,7 @@ class AggregatorCore:
         self.store = store
         self.max_errors = max_errors
         self.lock = threading.RLock()
+        self.incarnation = uuid.uuid4().hex
         self.undelivered: dict[StepKey, StepRecord] = {}
         self.reporter_drops: dict[tuple[str, str, tuple[int, ...]], int] = {}
         self.finalize_latency: list[float] = []  # last partial -> finalized, seconds (recent)
@@ -101,8 +110,13 @@ class AggregatorCore:
                     self.reporter_drops[(msg.run, msg.role, tuple(msg.rank))] = msg.dropped
                 if record is not None:
                     done.append(record)
+                ack.floors.setdefault((msg.run, msg.role), 0)
             self._commit(done)
+            for run, role in ack.floors:
+                finalized = asm.finalized.get((run, role))
+                ack.floors[(run, role)] = finalized.floor if finalized is not None else 0
         ack.finalized = len(done)
+        ack.incarnation = self.incarnation
         return ack
 
     def merge_states(self, states: Sequence[StepState]) -> int:

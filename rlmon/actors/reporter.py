@@ -32,9 +32,14 @@ Replicated = Sequence[str] | Literal["all"] | None
 
 
 class ReportSink(Protocol):
-    """Where step messages go. ``send`` returns once they are accepted, or raises to retry later."""
+    """Where step messages go. ``send`` returns once they are accepted, or raises to retry later.
 
-    def send(self, messages: Sequence[StepMessage]) -> None: ...
+    It may return an acknowledgement with ``incarnation`` and ``floors`` (see
+    :class:`~rlmon.actors.aggregation.IngestAck`); the Reporter then keeps the messages of steps
+    not yet finalized and resends them to a restarted aggregator.
+    """
+
+    def send(self, messages: Sequence[StepMessage]) -> Any: ...
 
 
 class LocalSink:
@@ -134,6 +139,9 @@ class Reporter:
         self._step_start = time.perf_counter()
         self._pending: deque[StepMessage] = deque()  # packed, sent or not, not acknowledged
         self._raw: deque[tuple[int, dict[Any, _Entry], float]] = deque()  # not packed yet
+        self._retained: deque[StepMessage] = deque()  # acknowledged, step not finalized yet
+        self._incarnation: str | None = None
+        self.resent = 0
         self._cond = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._send_loop, name="rlmon-reporter", daemon=True)
@@ -346,7 +354,7 @@ class Reporter:
                     continue
                 batch = [self._pending[i] for i in range(min(self.max_batch, len(self._pending)))]
             try:
-                self.sink.send(batch)
+                ack = self.sink.send(batch)
             except Exception as exc:  # the aggregator is slow, restarting or gone: keep and retry
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 with self._cond:
@@ -361,9 +369,28 @@ class Reporter:
                 while self._pending and self._pending[0].seq <= last:
                     self._pending.popleft()
                 self.sent += len(batch)
+                self._retain(batch, ack)
                 self._cond.notify_all()
 
     _give_up = False
+
+    def _retain(self, batch: list[StepMessage], ack: Any) -> None:
+        """Keep acknowledged messages of open steps; resend them to a restarted aggregator."""
+        incarnation = getattr(ack, "incarnation", None)
+        floors = getattr(ack, "floors", None)
+        if not incarnation or floors is None:
+            return
+        if self._incarnation is not None and incarnation != self._incarnation:
+            # The aggregator restarted: the open steps it held are gone; rebuild them.
+            self.resent += len(self._retained)
+            self._pending.extendleft(reversed(self._retained))
+            self._retained.clear()
+        self._incarnation = incarnation
+        self._retained.extend(batch)
+        floor = floors.get((self.run, self.role), 0)
+        self._retained = deque(m for m in self._retained if m.step >= floor)
+        while len(self._retained) > self.max_pending:
+            self._retained.popleft()
 
     @property
     def pending(self) -> int:

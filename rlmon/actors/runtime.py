@@ -28,6 +28,7 @@ __all__ = [
     "aggregator_name",
     "ensure_runtime",
     "shard_of",
+    "shutdown_runtime",
 ]
 
 SERVICE = "rlmon-service"
@@ -63,14 +64,31 @@ class RuntimeOptions:
             tempfile.gettempdir(), f"rlmon-{namespace}")
 
 
+# Handles of the actors this process created: a non-detached actor lives while its creator holds a
+# handle, so the creating process (the driver of `rlmon demo`, `rlmon serve`, a training script)
+# keeps them until it exits.
+_OWNED: dict[tuple[str, str], Any] = {}
+
+
+def _in_ray_worker() -> bool:
+    import ray
+
+    return bool(ray.get_runtime_context().worker.mode == ray.WORKER_MODE)
+
+
 def ensure_runtime(namespace: str = "rlmon", options: RuntimeOptions | None = None) -> Any:
-    """The service handle; starts the service and its aggregators when they are not running."""
+    """The service handle; starts the service and its aggregators when they are not running.
+
+    Started from a driver, the actors live as long as that driver (or for ever with
+    ``detached``). Started from inside a Ray worker (a Reporter in a policy rank), they are
+    detached, so the death of that one rank does not take monitoring down with it.
+    """
     import ray
 
     opts = options or RuntimeOptions()
     if not ray.is_initialized():
         ray.init(namespace=namespace, include_dashboard=False, log_to_driver=True)
-    lifetime = "detached" if opts.detached else None
+    lifetime = "detached" if opts.detached or _in_ray_worker() else None
     state_dir = opts.resolved_state_dir(namespace)
     port = opts.port
     if port is None and os.environ.get("RLMON_PORT"):
@@ -79,11 +97,12 @@ def ensure_runtime(namespace: str = "rlmon", options: RuntimeOptions | None = No
         name=SERVICE, namespace=namespace, get_if_exists=True, lifetime=lifetime,
         max_restarts=opts.max_restarts,
     ).remote(opts.config, state_dir, port, opts.host, opts.shards, opts.rules)
+    _OWNED[(namespace, SERVICE)] = service
     layout: Any = ray.get(service.layout.remote())
     shards = int(layout["shards"])
     cls = aggregator_actor_class()
     for shard in range(shards):
-        cls.options(
+        _OWNED[(namespace, aggregator_name(shard))] = cls.options(
             name=aggregator_name(shard), namespace=namespace, get_if_exists=True,
             lifetime=lifetime, max_restarts=opts.max_restarts,
         ).remote(namespace, SERVICE, shard, state_dir, opts.deadline_s, opts.tick_s)
@@ -133,7 +152,7 @@ class RaySink:
                 aggregator_name(shard), namespace=self.namespace)
         return handle
 
-    def send(self, messages: Sequence[StepMessage]) -> None:
+    def send(self, messages: Sequence[StepMessage]) -> IngestAck | None:
         import ray
 
         with self._lock:
@@ -148,3 +167,40 @@ class RaySink:
                 except Exception:
                     self._handles.pop(shard, None)
                     raise
+            return self.last_ack
+
+
+def shutdown_runtime(namespace: str = "rlmon", timeout: float = 10.0, kill: bool = True) -> bool:
+    """Graceful stop: aggregators finalize and deliver, the service drains its outbox; then kill.
+
+    Returns whether everything was delivered in time.
+    """
+    import ray
+
+    ok = True
+    try:
+        service = ray.get_actor(SERVICE, namespace=namespace)
+        layout: Any = ray.get(service.layout.remote(), timeout=timeout)
+        shards = int(layout["shards"])
+    except Exception:
+        return False
+    for shard in range(shards):
+        try:
+            agg = ray.get_actor(aggregator_name(shard), namespace=namespace)
+        except ValueError:
+            continue
+        try:
+            ok = bool(ray.get(agg.close.remote(), timeout=timeout)) and ok
+        except Exception:
+            ok = False
+        if kill:
+            ray.kill(agg, no_restart=True)
+    try:
+        ok = bool(ray.get(service.close.remote(timeout), timeout=timeout + 5)) and ok
+    except Exception:
+        ok = False
+    if kill:
+        ray.kill(service, no_restart=True)
+    for key in [k for k in _OWNED if k[0] == namespace]:
+        del _OWNED[key]
+    return ok
