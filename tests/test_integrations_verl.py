@@ -8,6 +8,8 @@ has the keys of ``verl/trainer/ppo/metric_utils.py`` and the actor keys reduced 
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 from integrations_support import Hub
 
@@ -16,7 +18,7 @@ from rlmon.service import keymaps
 
 
 class Tracking:
-    supported_backend = ["wandb", "console"]
+    supported_backend: ClassVar[list[str]] = ["wandb", "console"]
 
     def __init__(self, project_name, experiment_name, default_backend="console", config=None):
         backends = [default_backend] if isinstance(default_backend, str) else default_backend
