@@ -17,6 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "rlmon.commands.generate",
     "rlmon.commands.demo",
     "rlmon.commands.dashboards",
+    "rlmon.commands.serve",
 )
 
 

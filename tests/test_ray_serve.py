@@ -1,0 +1,66 @@
+"""``rlmon serve`` in the session's Ray cluster: health endpoint, live ingest, graceful shutdown."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.ray
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_serve_health_ingest_and_graceful_stop(
+    ray_cluster: Any, ray_namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rlmon.actors.reporter import Reporter
+    from rlmon.cli import build_parser
+    from rlmon.commands import serve
+
+    port = _free_port()
+    args = build_parser().parse_args([
+        "serve", "--namespace", ray_namespace, "--port", str(port), "--host", "127.0.0.1",
+        "--state-dir", str(tmp_path), "--deadline", "30",
+    ])
+    assert isinstance(args, argparse.Namespace)
+    # ray.init / ray.shutdown belong to the session fixture here
+    monkeypatch.setattr(ray_cluster, "init", lambda **kw: None)
+    monkeypatch.setattr(ray_cluster, "shutdown", lambda: None)
+    stop = threading.Event()
+    result: dict[str, int] = {}
+    thread = threading.Thread(target=lambda: result.update(rc=serve.run_serve(args, stop)))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                assert r.status == 200
+                break
+        except OSError:
+            assert time.monotonic() < deadline, "serve never became healthy"
+            time.sleep(0.1)
+    rep = Reporter("served", "actor", world={"dp": 2}, rank={"dp": 0}, namespace=ray_namespace,
+                   start_service=False, step_seconds=False)
+    rep.record("actor/loss", sum=2.0, count=4.0)
+    rep.end_step(0)  # rank 1 never reports: only the graceful stop finalizes this step
+    assert rep.flush(30)
+    stop.set()
+    thread.join(60)
+    assert result["rc"] == 0
+    from rlmon.service.history import HistoryStore
+
+    steps = HistoryStore(tmp_path / "history.sqlite").steps("served")
+    assert [(s["step"], s["complete"], s["metrics"]["actor/loss"]) for s in steps] == [
+        (0, False, 0.5)]
+    rep.close(timeout=0.1)
