@@ -1,24 +1,57 @@
-"""``rlmon demo``: replay the bundled example run (until the Ray demo lands)."""
+"""``rlmon demo``: the main job. A GRPO run on a local Ray cluster, watched by rlmon.
+
+It starts Ray and the service, runs policy ranks (DP x CP), a rollout worker and a reward worker
+as actors, injects a fault, shows the alert arriving (console, and any receiver configured with
+``--config``) while ``/metrics`` serves live values, then prints a summary table and writes a plot.
+``--replay`` replays the bundled example run instead, without Ray.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import urllib.request
 from importlib import resources
-
-from rlmon.commands.replay import print_json, print_table
-from rlmon.service.replay import replay
+from pathlib import Path
+from typing import Any
 
 __all__ = ["register"]
 
+# The curves of the summary table and the plot.
+_KEY_METRICS = (
+    "actor/is_ratio", "actor/logp_diff", "actor/kl", "actor/entropy", "actor/clip_ratio",
+    "rollout/reward",
+)
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("demo", help="run the demo")
-    p.add_argument("--json", action="store_true")
+    from rlmon.actors.demo import FAULTS
+
+    p = sub.add_parser("demo", help="run a GRPO job on Ray with a fault and watch rlmon catch it")
+    p.add_argument("--steps", type=int, default=40, help="trainer steps (40)")
+    p.add_argument("--dp", type=int, default=2, help="data-parallel policy ranks (2)")
+    p.add_argument("--cp", type=int, default=2, help="context-parallel policy ranks (2)")
+    p.add_argument("--fault", choices=FAULTS, default="stale_weights",
+                   help="fault to inject: the rollout stops receiving weights (default), a "
+                        "policy rank dies, or none")
+    p.add_argument("--fault-step", type=int, default=3, help="step of the fault (3)")
+    p.add_argument("--port", type=int, default=9464, help="exporter port (9464; 0: any free)")
+    p.add_argument("--config", default=None, help="YAML settings (notifiers, routing)")
+    p.add_argument("--plot", default="rlmon-demo.png", help="PNG to write (rlmon-demo.png)")
+    p.add_argument("--json", action="store_true",
+                   help="step and alert lines as JSON (the replay contract) on stdout")
+    p.add_argument("--replay", action="store_true",
+                   help="replay the bundled example run instead (no Ray)")
     p.set_defaults(func=_run)
 
 
-def _run(args: argparse.Namespace) -> int:
-    import sys
+def _replay(args: argparse.Namespace) -> int:
+    from rlmon.commands.replay import print_json, print_table
+    from rlmon.service.replay import replay
 
     data = resources.files("rlmon") / "data" / "example_run.jsonl"
     with data.open("rb") as handle:
@@ -28,3 +61,172 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print_table(result)
     return result.exit_code
+
+
+def _demo_config(user_config: str | None, state_dir: Path) -> str:
+    """The user's config, or one routing every alert to the console (the demo's receiver)."""
+    if user_config is not None:
+        return user_config
+    import yaml
+
+    path = state_dir / "demo-config.yaml"
+    path.write_text(yaml.safe_dump({
+        "routing": {"critical": ["console", "pagerduty", "slack"],
+                    "warning": ["console", "slack"]},
+        "notifiers": {"console": {"enabled": True, "stream": "stdout"}},
+    }))
+    return str(path)
+
+
+def _scrape(port: int, metric: str) -> str | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            body = r.read().decode()
+    except OSError:
+        return None
+    for line in body.splitlines():
+        if line.startswith(metric + "{"):
+            return line
+    return None
+
+
+def _plot(path: str, steps: list[dict[str, Any]], alerts: list[dict[str, Any]],
+          fault: str, fault_step: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(_KEY_METRICS), 1, figsize=(8, 2.0 * len(_KEY_METRICS)),
+                             sharex=True)
+    for ax, name in zip(axes, _KEY_METRICS, strict=True):
+        points = [(s["step"], s["metrics"].get(name)) for s in steps]
+        xs = [x for x, y in points if y is not None]
+        ys = [y for _, y in points if y is not None]
+        ax.plot(xs, ys, marker=".", label=name)
+        ax.set_ylabel(name, fontsize=8)
+        if fault != "none":
+            ax.axvline(fault_step, color="grey", linestyle=":", label=f"fault: {fault}")
+        for alert in alerts:
+            if alert["state"] == "firing":
+                ax.axvline(alert["step"], color="red", alpha=0.6, linestyle="--")
+                if alert["metric"] == name:
+                    ax.annotate(alert["alert"], (alert["step"], ys[-1] if ys else 0),
+                                color="red", fontsize=8)
+    axes[0].legend(loc="upper left", fontsize=7)
+    axes[-1].set_xlabel("trainer step")
+    fig.suptitle("rlmon demo: GRPO with DP x CP policy ranks (red: alerts firing)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _summary(steps: list[dict[str, Any]], alerts: list[dict[str, Any]], plot: str,
+             metrics_line: str | None, elapsed: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(Console().width, 150))
+    table = Table(title="rlmon demo: steps (actor ranks reporting; alerts of every role)")
+    for col in ("step", "ranks", *(n.split("/", 1)[1] for n in _KEY_METRICS), "alerts"):
+        table.add_column(col, justify="left" if col == "alerts" else "right")
+    fired: dict[int, list[str]] = {}
+    for alert in alerts:
+        fired.setdefault(alert["step"], []).append(f"{alert['alert']} {alert['state']}")
+    by_step: dict[int, dict[str, Any]] = {}
+    for s in steps:
+        entry = by_step.setdefault(s["step"], {"metrics": {}, "ranks": ""})
+        entry["metrics"].update(s["metrics"])
+        if s["role"] == "actor":
+            entry["ranks"] = f"{s['ranks_reporting']}/{s['ranks_expected']}"
+    for step in sorted(by_step):
+        entry = by_step[step]
+        cells = [f"{entry['metrics'][n]:.4g}" if entry["metrics"].get(n) is not None else ""
+                 for n in _KEY_METRICS]
+        table.add_row(str(step), entry["ranks"], *cells, "; ".join(fired.get(step, [])))
+    console.print(table)
+    firing = sorted({a["alert"] for a in alerts if a["state"] == "firing"})
+    console.print(f"alerts fired: {', '.join(firing) or 'none'}", highlight=False)
+    if metrics_line:
+        console.print(f"/metrics served live: {metrics_line}", highlight=False)
+    console.print(f"plot written to {plot}; {len(by_step)} steps in {elapsed:.1f} s",
+                  highlight=False)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.replay:
+        return _replay(args)
+    os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+
+    from rlmon.actors.demo import DemoJob
+    from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, shutdown_runtime
+    from rlmon.service import catalog
+
+    started = time.monotonic()
+    out = sys.stderr if args.json else sys.stdout
+    namespace = "rlmon-demo"
+    state_dir = Path(tempfile.mkdtemp(prefix="rlmon-demo-"))
+    ray.init(num_cpus=2, include_dashboard=False, namespace=namespace,
+             log_to_driver=not args.json, configure_logging=False)
+    code = 0
+    try:
+        opts = RuntimeOptions(config=_demo_config(args.config, state_dir),
+                              state_dir=str(state_dir), port=args.port, host="127.0.0.1",
+                              deadline_s=3.0)
+        service = ensure_runtime(namespace, opts)
+        port = ray.get(service.layout.remote())["port"]
+        print(f"rlmon demo: service up, live metrics at http://127.0.0.1:{port}/metrics; "
+              f"GRPO DP={args.dp} x CP={args.cp}, {args.steps} steps, fault "
+              f"{args.fault!r} at step {args.fault_step}", file=out, flush=True)
+        run = f"grpo-demo-{int(time.time())}"
+        seen = {"n": 0}
+        metric_name = catalog.get("actor/is_ratio").prometheus_name
+        live: dict[str, str | None] = {"line": None}
+
+        def on_step(step: int) -> None:
+            count, events = ray.get(service.recent_events.remote(seen["n"]))
+            seen["n"] = count
+            for e in events:
+                value = "null" if e.value is None else f"{e.value:.4g}"
+                print(f"ALERT {e.state.upper()} {e.alert} [{e.severity}] run={e.run} "
+                      f"role={e.role} step={e.step} {e.metric}={value}", file=out, flush=True)
+            line = _scrape(port, metric_name)
+            if line is not None:
+                live["line"] = line
+
+        job = DemoJob(namespace, run, args.steps, args.dp, args.cp, args.fault,
+                      args.fault_step, opts)
+        result = job.execute(on_step)
+        # the last steps finalize (or time out at the deadline for a dead rank), then report
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            steps = ray.get(service.steps.remote(run))
+            if {s["step"] for s in steps if s["role"] == "actor"} >= set(range(args.steps)):
+                break
+            time.sleep(0.1)
+        on_step(args.steps)
+        steps = ray.get(service.steps.remote(run))
+        alerts = ray.get(service.alerts.remote(run))
+        if args.json:
+            for s in steps:
+                print(json.dumps(s))
+            for a in alerts:
+                print(json.dumps(a))
+        _plot(args.plot, [s for s in steps if s["role"] in ("actor", "reward")], alerts,
+              args.fault, args.fault_step)
+        if not args.json:
+            _summary(steps, alerts, args.plot, live["line"], time.monotonic() - started)
+        expected = {"stale_weights": "ISRatioDivergence", "dead_rank": "RankMissing"}
+        want = expected.get(args.fault)
+        if want is not None and not any(a["alert"] == want for a in alerts):
+            print(f"rlmon demo: expected {want} to fire, it did not", file=sys.stderr)
+            code = 1
+        if not result["flushed"]:
+            print("rlmon demo: some reporters could not flush", file=sys.stderr)
+            code = 1
+    finally:
+        shutdown_runtime(namespace, timeout=10.0)
+        ray.shutdown()
+    return code

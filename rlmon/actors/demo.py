@@ -1,0 +1,186 @@
+"""The demo's RL job as Ray actors: policy ranks (DP x CP), a rollout worker, a reward worker.
+
+The arithmetic is :mod:`rlmon.workload.grpo` (real GRPO in numpy); this module only places it in
+separate processes the way a Ray RLHF framework does and gives every process its own Reporter.
+The driver plays the trainer's collective: it sums the ranks' gradient shards of a mini-batch and
+broadcasts the new weights (what an all-reduce would do), so the numbers are exactly those of
+:func:`~rlmon.workload.grpo.simulate`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rlmon.actors.reporter import Reporter
+from rlmon.actors.runtime import RuntimeOptions
+from rlmon.workload import grpo
+
+__all__ = ["FAULTS", "DemoJob", "record_partials"]
+
+FAULTS = ("stale_weights", "dead_rank", "none")
+
+
+def record_partials(
+    rep: Reporter, partials: Mapping[str, Mapping[str, Any]], minibatch: int = 0
+) -> None:
+    """Record contract-style partial dicts (``{"sum": .., "count": ..}``) through a Reporter."""
+    for name, partial in partials.items():
+        rep.record(name, minibatch=minibatch, **partial)
+
+
+def _actor_classes() -> tuple[Any, Any, Any]:
+    import ray
+
+    remote: Any = ray.remote
+
+    @remote(num_cpus=0, max_restarts=0)
+    class PolicyRank:
+        def __init__(self, namespace: str, run: str, dp: int, cp: int, world: dict[str, int],
+                     cfg: grpo.GRPOConfig, opts: RuntimeOptions) -> None:
+            self.rep = Reporter(run, "actor", rank={"dp": dp, "cp": cp}, world=world,
+                                namespace=namespace, runtime=opts)
+            self.dp, self.cp, self.world, self.cfg = dp, cp, world, cfg
+            self.shards: list[grpo.Shard] = []
+            self.compute = 0.0
+
+        def begin(self, batch: grpo.Batch, adv: np.ndarray) -> None:
+            self.shards = grpo.make_shards(batch, adv, self.cfg, self.world["dp"],
+                                           self.world["cp"], self.dp, self.cp)
+            self.compute = 0.0
+
+        def minibatch(self, m: int, theta: np.ndarray, theta_old: np.ndarray,
+                      theta_ref: np.ndarray) -> tuple[np.ndarray, float]:
+            start = time.perf_counter()
+            with self.rep.span("train"):
+                partials, grad, n_tok = grpo.shard_partials(
+                    self.shards[m], theta, theta_old, theta_ref, self.cfg)
+            record_partials(self.rep, partials, m)
+            self.compute += time.perf_counter() - start
+            return grad, n_tok
+
+        def finish(self, step: int, norms: list[float], lr: float) -> None:
+            for m, norm in enumerate(norms):
+                self.rep.record("actor/grad_norm", value=norm, minibatch_reduce="mean",
+                                minibatch=m)
+            self.rep.record("actor/lr", value=lr)
+            self.rep.end_step(step)
+
+        def flush(self) -> bool:
+            return self.rep.flush(30)
+
+    @remote(num_cpus=0, max_restarts=0)
+    class RolloutWorker:
+        def __init__(self, namespace: str, run: str, cfg: grpo.GRPOConfig, theta: np.ndarray,
+                     opts: RuntimeOptions) -> None:
+            self.rep = Reporter(run, "rollout", namespace=namespace, runtime=opts)
+            self.engine = grpo.Rollout(cfg, theta, seed=cfg.seed + 2)
+            self.cfg = cfg
+            self.targets = grpo.targets_for(cfg)
+
+        def generate(self, step: int, prompts: np.ndarray) -> grpo.Batch:
+            start = time.perf_counter()
+            with self.rep.span("generate"):
+                batch = self.engine.generate(prompts, self.targets)
+            seconds = time.perf_counter() - start
+            record_partials(self.rep, grpo.rollout_partials(batch, self.cfg, step, seconds))
+            self.rep.end_step(step)
+            return batch
+
+        def sync(self, theta: np.ndarray, version: int) -> None:
+            with self.rep.span("weight_sync"):
+                self.engine.sync(theta, version)
+
+        def flush(self) -> bool:
+            return self.rep.flush(30)
+
+    @remote(num_cpus=0, max_restarts=0)
+    class RewardWorker:
+        def __init__(self, namespace: str, run: str, cfg: grpo.GRPOConfig,
+                     opts: RuntimeOptions) -> None:
+            self.rep = Reporter(run, "reward", namespace=namespace, runtime=opts)
+            self.cfg = cfg
+
+        def score(self, step: int, batch: grpo.Batch) -> np.ndarray:
+            with self.rep.span("reward"):
+                adv, zero_std = grpo.group_advantages(batch.rewards, self.cfg.group_size)
+            record_partials(self.rep, grpo.reward_partials(batch.rewards, zero_std))
+            self.rep.end_step(step)
+            return adv
+
+        def flush(self) -> bool:
+            return self.rep.flush(30)
+
+    return PolicyRank, RolloutWorker, RewardWorker
+
+
+@dataclass
+class DemoJob:
+    """Drives one GRPO run on Ray; ``on_step`` is called after each trainer step."""
+
+    namespace: str
+    run: str
+    steps: int
+    dp: int
+    cp: int
+    fault: str
+    fault_step: int
+    opts: RuntimeOptions
+    config: grpo.GRPOConfig = field(default_factory=grpo.GRPOConfig)
+
+    def execute(self, on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
+        import ray
+
+        if self.fault not in FAULTS:
+            raise ValueError(f"fault must be one of {FAULTS}, got {self.fault!r}")
+        PolicyRank, RolloutWorker, RewardWorker = _actor_classes()
+        cfg = self.config
+        trainer = grpo.Trainer(cfg)
+        world = {"dp": self.dp, "cp": self.cp}
+        ranks = {
+            (d, c): PolicyRank.remote(self.namespace, self.run, d, c, world, cfg, self.opts)
+            for d in range(self.dp) for c in range(self.cp)
+        }
+        rollout = RolloutWorker.remote(self.namespace, self.run, cfg, trainer.theta, self.opts)
+        reward = RewardWorker.remote(self.namespace, self.run, cfg, self.opts)
+        prompt_rng = np.random.default_rng(cfg.seed + 3)
+        killed: list[tuple[int, int]] = []
+        try:
+            for step in range(self.steps):
+                if self.fault == "dead_rank" and step == self.fault_step:
+                    victim = (self.dp - 1, self.cp - 1)
+                    ray.kill(ranks.pop(victim))
+                    killed.append(victim)
+                prompts = prompt_rng.choice(cfg.num_prompts, size=cfg.prompts_per_step,
+                                            replace=False)
+                batch = ray.get(rollout.generate.remote(step, prompts))
+                adv = ray.get(reward.score.remote(step, batch))
+                ray.get([r.begin.remote(batch, adv) for r in ranks.values()])
+                theta_old = trainer.theta.copy()
+                norms = []
+                for m in range(cfg.minibatches):
+                    out = ray.get([r.minibatch.remote(m, trainer.theta, theta_old,
+                                                      trainer.theta_ref)
+                                   for r in ranks.values()])
+                    # the all-reduce of gradient shards and token counts, then the update
+                    grad_sum = sum((g for g, _ in out), np.zeros_like(trainer.theta))
+                    tokens = sum(n for _, n in out)
+                    if killed:  # the dead rank's shard is lost; rescale as an elastic job would
+                        tokens *= (len(ranks) + len(killed)) / len(ranks)
+                    norms.append(trainer.apply(grad_sum, tokens))
+                ray.get([r.finish.remote(step, norms, cfg.lr) for r in ranks.values()])
+                trainer.version = step + 1
+                stale = self.fault == "stale_weights" and step + 1 >= self.fault_step
+                if not stale:
+                    ray.get(rollout.sync.remote(trainer.theta, trainer.version))
+                if on_step is not None:
+                    on_step(step)
+            flushed = ray.get([a.flush.remote() for a in (*ranks.values(), rollout, reward)])
+        finally:
+            for actor in (*ranks.values(), rollout, reward):
+                ray.kill(actor)
+        return {"flushed": all(flushed), "killed": [{"dp": d, "cp": c} for d, c in killed]}
