@@ -55,26 +55,36 @@ def reduce_tensor(values: Any, mask: Any, reduce: str) -> Any:
     if reduce not in REDUCE_FORMS:
         raise ValueError(f"reduce must be one of {sorted(REDUCE_FORMS)}, got {reduce!r}")
     torch_input = _is_torch(values)
+    v: Any
+    m: Any
+    zero: Any
     if torch_input:
         import torch
 
         xp: Any = torch
-        v = values.detach().to(torch.float64)
-        m = torch.ones_like(v, dtype=torch.bool) if mask is None else mask.to(v.device).bool()
+        v = values.detach()
+        if mask is None:
+            m = torch.ones_like(v, dtype=torch.bool)
+        else:
+            m = mask if mask.dtype == torch.bool else mask.bool()
+            if m.device != v.device:
+                m = m.to(v.device)
         zero = torch.zeros((), dtype=v.dtype, device=v.device)
+        f64: Any = torch.float64
     else:
         xp = np
         v = np.asarray(values, dtype=np.float64)
         m = np.ones(v.shape, dtype=bool) if mask is None else np.asarray(mask).astype(bool)
         zero = np.float64(0.0)
+        f64 = np.float64
     if tuple(m.shape) != tuple(v.shape):
         raise ValueError(f"mask shape {tuple(m.shape)} differs from values {tuple(v.shape)}")
     masked = xp.where(m, v, zero)
-    count = m.sum()
+    count = m.sum(dtype=f64)
     if reduce in ("token_mean", "sum"):
-        stat = masked.sum()
+        stat = masked.sum(dtype=f64)  # accumulate in float64 without copying the tensor
     elif reduce == "sqsum":
-        stat = (masked * masked).sum()
+        stat = (masked * masked).sum(dtype=f64)
     elif reduce in ("min", "max"):
         empty = v.numel() == 0 if torch_input else v.size == 0
         if empty:
@@ -84,13 +94,13 @@ def reduce_tensor(values: Any, mask: Any, reduce: str) -> Any:
         else:
             stat = xp.where(m, v, xp.full_like(v, float("-inf"))).max()
     else:  # seq_mean: the mean of each sequence (last axis), pooled over sequences
-        tokens = m.sum(-1)
+        tokens = m.sum(-1, dtype=f64)
         has = tokens > 0
-        per_seq = masked.sum(-1) / xp.where(has, tokens, xp.ones_like(tokens))
-        stat = xp.where(has, per_seq, zero).sum()
-        count = has.sum()
+        per_seq = masked.sum(-1, dtype=f64) / xp.where(has, tokens, xp.ones_like(tokens))
+        stat = xp.where(has, per_seq, zero).sum(dtype=f64)
+        count = has.sum(dtype=f64)
     if torch_input:
-        return torch.stack([stat.reshape(()), count.to(v.dtype).reshape(())])
+        return torch.stack([stat.to(f64).reshape(()), count.reshape(())])
     return np.array([stat, count], dtype=np.float64)
 
 
