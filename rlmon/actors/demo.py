@@ -153,6 +153,8 @@ class DemoJob:
             for step in range(self.steps):
                 if self.fault == "dead_rank" and step == self.fault_step:
                     victim = (self.dp - 1, self.cp - 1)
+                    # it dies between steps, after its last step was delivered
+                    ray.get(ranks[victim].flush.remote())
                     ray.kill(ranks.pop(victim))
                     killed.append(victim)
                 prompts = prompt_rng.choice(cfg.num_prompts, size=cfg.prompts_per_step,

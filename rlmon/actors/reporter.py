@@ -73,6 +73,7 @@ class LocalSink:
 
 
 _PAD = {1: (0.0, 0.0), 2: (0.0,), 3: ()}
+_MEAN = Form.MEAN  # a module global: enum attribute access is slow on the hot path
 
 # An accumulator entry: [form, state, replicated, minibatch_mean, minibatch].
 _Entry = list[Any]
@@ -172,9 +173,9 @@ class Reporter:
             # The common case, inlined: a token/sample-weighted mean.
             entry = self._acc.get(name)
             if entry is None:
-                self._acc[name] = [Form.MEAN, (sum, count), None, False, 0]
+                self._acc[name] = [_MEAN, (sum, count), None, False, 0]
                 return
-            if entry[0] is Form.MEAN:
+            if entry[0] is _MEAN:
                 old = entry[1]
                 entry[1] = (old[0] + sum, old[1] + count)
                 return
