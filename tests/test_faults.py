@@ -100,7 +100,7 @@ def test_killed_rank_finalizes_at_deadline_with_rank_missing(
     ray_cluster: Any, ray_namespace: str, tmp_path: Path
 ) -> None:
     ray = ray_cluster
-    opts = RuntimeOptions(state_dir=str(tmp_path), deadline_s=1.0)
+    opts = RuntimeOptions(state_dir=str(tmp_path), deadline_s=3.0)
     service = ensure_runtime(ray_namespace, opts)
     Worker = _worker(ray)
     workers = [Worker.remote(ray_namespace, d, 2, opts) for d in range(2)]
