@@ -1,0 +1,58 @@
+"""Rank and world detection for a Reporter created without them."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import types
+
+import pytest
+
+from rlmon.actors.detect import detect_layout
+from rlmon.actors.reporter import LocalSink, Reporter
+from rlmon.service.rank import Rank, World
+
+
+def test_launcher_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    rep = Reporter("r", "actor", sink=LocalSink())
+    assert (rep.rank, rep.world) == (Rank(dp=3), World(dp=4))
+    rep.close()
+
+
+def test_single_rank_without_any_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert detect_layout() == (Rank(), World())
+
+
+def test_torch_distributed_gloo_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    dist = pytest.importorskip("torch.distributed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.delenv("RANK", raising=False)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1)
+    try:
+        assert detect_layout() == (Rank(dp=0), World(dp=1))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_megatron_parallel_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Megatron-LM cannot be installed here (CUDA build); a stand-in module exposes the same
+    ``parallel_state`` functions, which is all the detection reads."""
+    ps = types.ModuleType("megatron.core.parallel_state")
+    values = {
+        "model_parallel_is_initialized": True, "get_data_parallel_rank": 1,
+        "get_data_parallel_world_size": 2, "get_context_parallel_rank": 1,
+        "get_context_parallel_world_size": 2, "get_tensor_model_parallel_rank": 0,
+        "get_tensor_model_parallel_world_size": 2, "get_pipeline_model_parallel_rank": 3,
+        "get_pipeline_model_parallel_world_size": 4,
+    }
+    for name, value in values.items():
+        setattr(ps, name, lambda value=value: value)
+    monkeypatch.setitem(sys.modules, "megatron.core.parallel_state", ps)
+    assert detect_layout() == (Rank(1, 1, 0, 3), World(2, 2, 2, 4))
