@@ -82,3 +82,36 @@ def test_reporters_in_workers_to_metrics_and_alert(ray_cluster: Any, ray_namespa
     assert shutdown_runtime(ray_namespace)
     for w in workers:
         ray.kill(w)
+
+
+def _run_job(ray: Any, namespace: str, tmp_path: Path, collectors: bool) -> list[dict[str, Any]]:
+    from rlmon.actors.reporter import Reporter
+
+    opts = RuntimeOptions(state_dir=str(tmp_path / namespace), collectors=collectors,
+                          deadline_s=30.0)
+    service = ensure_runtime(namespace, opts)
+    reps = [Reporter("tier", "actor", rank={"dp": d, "cp": c}, world={"dp": 2, "cp": 2},
+                     namespace=namespace, runtime=opts, step_seconds=False)
+            for d in range(2) for c in range(2)]
+    for step in range(3):
+        for i, rep in enumerate(reps):
+            rep.record("actor/loss", sum=0.125 * (i + step), count=float(i + 1))
+            rep.record("actor/is_ratio_max", max=1.0 + 0.25 * i)
+            rep.record("rollout/reward", sum=0.5 * step, count=2.0, replicated=["cp"])
+            rep.end_step(step)
+    assert all(rep.flush(30) for rep in reps)
+    steps = _until(lambda: len(ray.get(service.steps.remote("tier"))) == 3
+                   and ray.get(service.steps.remote("tier")))
+    for rep in reps:
+        rep.close()
+    assert shutdown_runtime(namespace)
+    return steps
+
+
+def test_collector_tier_on_ray_gives_the_same_steps(ray_cluster: Any, ray_namespace: str,
+                                                    tmp_path: Path) -> None:
+    direct = _run_job(ray_cluster, ray_namespace + "-direct", tmp_path, collectors=False)
+    tiered = _run_job(ray_cluster, ray_namespace + "-tier", tmp_path, collectors=True)
+    assert [s["metrics"] for s in tiered] == [s["metrics"] for s in direct]
+    assert all(s["complete"] for s in tiered)
+    assert tiered[2]["metrics"]["actor/loss"] == pytest.approx(0.125 * (2 + 3 + 4 + 5) / 10)

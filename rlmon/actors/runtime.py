@@ -27,6 +27,7 @@ __all__ = [
     "RuntimeOptions",
     "aggregator_name",
     "ensure_runtime",
+    "node_collector",
     "shard_of",
     "shutdown_runtime",
 ]
@@ -58,6 +59,7 @@ class RuntimeOptions:
     max_restarts: int = -1
     deadline_s: float | None = None  # None: derived from the observed step period
     tick_s: float = 0.02
+    collectors: bool = False  # Reporters send to a per-node collector that pre-merges
 
     def resolved_state_dir(self, namespace: str) -> str:
         return self.state_dir or os.environ.get("RLMON_STATE_DIR") or os.path.join(
@@ -109,6 +111,25 @@ def ensure_runtime(namespace: str = "rlmon", options: RuntimeOptions | None = No
     return service
 
 
+def node_collector(namespace: str, shard: int, options: RuntimeOptions) -> Any:
+    """The collector of this node for one aggregator shard (started on this node if missing)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from rlmon.actors.collector import collector_actor_class
+
+    node = ray.get_runtime_context().get_node_id()
+    name = f"rlmon-collector-{shard}-{node[:16]}"
+    handle = collector_actor_class().options(
+        name=name, namespace=namespace, get_if_exists=True,
+        lifetime="detached" if options.detached or _in_ray_worker() else None,
+        max_restarts=options.max_restarts,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+    ).remote(namespace, aggregator_name(shard), options.tick_s)
+    _OWNED[(namespace, name)] = handle
+    return handle
+
+
 class RaySink:
     """Sends step messages to the aggregator shard of their (run, role) and waits for the ack.
 
@@ -146,10 +167,14 @@ class RaySink:
     def _handle(self, shard: int) -> Any:
         handle = self._handles.get(shard)
         if handle is None:
-            import ray
+            if self.options is not None and self.options.collectors:
+                handle = self._handles[shard] = node_collector(
+                    self.namespace, shard, self.options)
+            else:
+                import ray
 
-            handle = self._handles[shard] = ray.get_actor(
-                aggregator_name(shard), namespace=self.namespace)
+                handle = self._handles[shard] = ray.get_actor(
+                    aggregator_name(shard), namespace=self.namespace)
         return handle
 
     def send(self, messages: Sequence[StepMessage]) -> IngestAck | None:
@@ -184,6 +209,14 @@ def shutdown_runtime(namespace: str = "rlmon", timeout: float = 10.0, kill: bool
         shards = int(layout["shards"])
     except Exception:
         return False
+    for (ns, name), handle in list(_OWNED.items()):
+        if ns == namespace and name.startswith("rlmon-collector-"):
+            try:  # hand the collector's pre-merged states to the root first
+                ray.get(handle.flush.remote(), timeout=timeout)
+            except Exception:
+                ok = False
+            if kill:
+                ray.kill(handle, no_restart=True)
     for shard in range(shards):
         try:
             agg = ray.get_actor(aggregator_name(shard), namespace=namespace)
