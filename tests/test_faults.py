@@ -59,7 +59,16 @@ def test_aggregator_killed_mid_run_loses_and_double_counts_nothing(
     step(4, reps[:1])  # step 4 is half open when the aggregator dies
     assert all(rep.flush(20) for rep in reps)
     agg = ray.get_actor(aggregator_name(0), namespace=ray_namespace)
+    before = ray.get(agg.stats.remote())["incarnation"]
     ray.kill(agg, no_restart=False)  # Ray restarts it (max_restarts=-1)
+
+    def restarted() -> bool:
+        try:
+            return bool(ray.get(agg.stats.remote(), timeout=5)["incarnation"] != before)
+        except Exception:  # unavailable while it restarts
+            return False
+
+    _until(restarted)
     step(4, reps[1:])
     for s in range(5, 8):
         step(s, reps)

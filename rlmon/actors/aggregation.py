@@ -166,6 +166,7 @@ class AggregatorCore:
             return {
                 **asdict(self.assembler.counters),
                 "open_steps": len(self.assembler.open),
+                "incarnation": self.incarnation,
                 "undelivered": len(self.undelivered),
                 "reporter_dropped": sum(self.reporter_drops.values()),
                 "finalize_latency_p50": lat[len(lat) // 2] if lat else None,

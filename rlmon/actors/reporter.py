@@ -142,6 +142,7 @@ class Reporter:
         self._raw: deque[tuple[int, dict[Any, _Entry], float]] = deque()  # not packed yet
         self._retained: deque[StepMessage] = deque()  # acknowledged, step not finalized yet
         self._incarnation: str | None = None
+        self._packing = 0
         self.resent = 0
         self._cond = threading.Condition()
         self._closed = False
@@ -341,6 +342,7 @@ class Reporter:
                     return
                 raw = list(self._raw)
                 self._raw.clear()
+                self._packing = len(raw)  # neither raw nor pending while packed: flush waits
             packed = []
             for item in raw:
                 try:
@@ -350,6 +352,7 @@ class Reporter:
                     self.dropped += 1
             with self._cond:
                 self._pending.extend(packed)
+                self._packing = 0
                 self._trim()
                 if not self._pending:
                     continue
@@ -359,7 +362,7 @@ class Reporter:
             except Exception as exc:  # the aggregator is slow, restarting or gone: keep and retry
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 with self._cond:
-                    if self._closed and self._give_up:
+                    if self._closed:
                         return
                     self._cond.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
@@ -372,8 +375,6 @@ class Reporter:
                 self.sent += len(batch)
                 self._retain(batch, ack)
                 self._cond.notify_all()
-
-    _give_up = False
 
     def _retain(self, batch: list[StepMessage], ack: Any) -> None:
         """Keep acknowledged messages of open steps; resend them to a restarted aggregator."""
@@ -396,14 +397,14 @@ class Reporter:
     @property
     def pending(self) -> int:
         """Steps not yet acknowledged by the aggregator."""
-        return len(self._pending) + len(self._raw)
+        return len(self._pending) + len(self._raw) + self._packing
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every message was acknowledged; False if ``timeout`` passed first."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             self._cond.notify_all()
-            while self._pending or self._raw:
+            while self._pending or self._raw or self._packing:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
@@ -415,7 +416,6 @@ class Reporter:
         self.flush(timeout)
         with self._cond:
             self._closed = True
-            self._give_up = True
             self.dropped += len(self._pending) + len(self._raw)
             self._pending.clear()
             self._raw.clear()
