@@ -1,6 +1,6 @@
 """DeepSpeed engine probe with a real DeepSpeed engine on the CPU accelerator.
 
-Skipped when DeepSpeed is not installed, unless RLMON_REQUIRE_EXTRAS=1 (set by `make test-extras`; then it fails).
+Skipped when DeepSpeed is not installed, unless RLMON_REQUIRE_EXTRAS=1 (set by `make test-extras`).
 The first engine of a machine JIT-compiles an op (about 40 s); later ones take seconds.
 """
 
