@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from rlmon.actors.demo import FAULTS
 
     p = sub.add_parser("demo", help="run a GRPO job on Ray with a fault and watch rlmon catch it")
-    p.add_argument("--steps", type=int, default=40, help="trainer steps (40)")
+    p.add_argument("--steps", type=int, default=30, help="trainer steps (30)")
     p.add_argument("--dp", type=int, default=2, help="data-parallel policy ranks (2)")
     p.add_argument("--cp", type=int, default=2, help="context-parallel policy ranks (2)")
     p.add_argument("--fault", choices=FAULTS, default="stale_weights",

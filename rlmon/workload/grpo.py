@@ -49,12 +49,12 @@ class GRPOConfig:
     vocab: int = 32
     max_len: int = 12
     top_k: int = 4
-    temperature: float = 0.4
+    temperature: float = 0.25
     lr: float = 30.0
     clip_eps: float = 0.2
     is_cap: float = 5.0  # truncated-IS cap: tokens above it count as masked
     minibatches: int = 4
-    prior: float = 0.3  # initial logit bonus of each prompt's target token
+    prior: float = 1.0  # initial logit bonus of each prompt's target token
     seed: int = 0
 
 
@@ -183,8 +183,10 @@ def shard_partials(
     loss_tok = -np.minimum(unclipped, clipped)
     is_clipped = (clipped < unclipped).astype(np.float64)
     entropy = -(probs * logp_all).sum(axis=1)[:, None] * np.ones_like(mask)
-    log_r = logp_ref - logp
-    kl = np.exp(log_r) - log_r - 1.0
+    # k3 estimator, clamped to [-10, 10] as verl's "low_var_kl" does: unclamped it explodes on
+    # tokens the policy has all but ruled out.
+    log_r = np.clip(logp_ref - logp, -20.0, 20.0)
+    kl = np.clip(np.exp(log_r) - log_r - 1.0, -10.0, 10.0)
     approx_kl = 0.5 * (logp - logp_old) ** 2
     is_ratio = np.exp(logp_old - shard.logp_rollout)
     logp_diff = np.abs(logp_old - shard.logp_rollout)
@@ -284,7 +286,7 @@ class Trainer:
 
 
 def simulate(
-    steps: int = 40, dp: int = 2, cp: int = 2, fault_step: int | None = 3,
+    steps: int = 30, dp: int = 2, cp: int = 2, fault_step: int | None = 3,
     run: str = "grpo-demo", config: GRPOConfig | None = None, start_time: float = 1.7e9,
 ) -> Iterator[dict[str, Any]]:
     """The whole workload in one process, yielding contract records (one per rank and step).
