@@ -8,9 +8,10 @@ is neither exported, evaluated nor notified twice.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,12 @@ from rlmon.service.history import HistoryStore
 from rlmon.service.metrics_http import MetricsServer, serve_metrics
 from rlmon.service.notify.factory import build_dispatcher, open_outbox
 from rlmon.service.rules import Rule, default_rules, load_rules
+from rlmon.service.sanity import Finding, SanityChecker
 from rlmon.service.step import StepRecord
 
 __all__ = ["ServiceCore", "service_actor_class"]
+
+log = logging.getLogger("rlmon.sanity")
 
 
 class ServiceCore:
@@ -53,6 +57,12 @@ class ServiceCore:
             finished_ttl=exp.finished_run_ttl_seconds, redactor=self.settings.redactor(),
         )
         self.metrics.dispatch = self.dispatcher.stats
+        # The sanity layer looks at each (run, role)'s steps for values that look like training
+        # bugs but have known causes; findings are logged, kept and counted, not paged.
+        self.sanity: dict[tuple[str, str], SanityChecker] = {}
+        self.findings: deque[Finding] = deque(maxlen=1_000)
+        self.finding_counts: Counter[str] = Counter()
+        self.metrics.sanity = lambda: dict(self.finding_counts)
         self._shard_stats: dict[int, Mapping[str, Any]] = {}
         self.metrics.ingest = self._ingest_counters
         self.events: deque[AlertEvent] = deque(maxlen=10_000)
@@ -106,11 +116,21 @@ class ServiceCore:
                 mine = self.engine.evaluate(record)
                 self.metrics.update(record, mine)
                 events.extend(mine)
+                self._check_sanity(record)
             self.history.add(fresh, events)
             self.events.extend(events)
         if events:
             self.dispatcher.submit(events)
         return events
+
+    def _check_sanity(self, record: StepRecord) -> None:
+        checker = self.sanity.get((record.run, record.role))
+        if checker is None:
+            checker = self.sanity[(record.run, record.role)] = SanityChecker()
+        for finding in checker.observe(record.step, record.metrics):
+            self.findings.append(finding)
+            self.finding_counts[finding.kind.value] += 1
+            log.warning("%s/%s step %s: %s", record.run, record.role, record.step, finding.message)
 
     def recent_events(self, since: int = 0) -> tuple[int, list[AlertEvent]]:
         """Alert events after the first ``since`` ones, and the new count (for polling)."""

@@ -158,6 +158,7 @@ class MetricsState:
         self.expired_total = 0
         self.ingest: Callable[[], IngestCounters] | IngestCounters = IngestCounters()
         self.dispatch: Callable[[], Any] | None = None  # -> notify.DispatchStats
+        self.sanity: Callable[[], Mapping[str, int]] | None = None  # findings by kind
         self.last_scrape_seconds = 0.0
 
     # --- writers ---------------------------------------------------------------------------------
@@ -359,6 +360,13 @@ class RlmonCollector(Collector):
                 pending.add_metric([dest], float(n))
         yield outcomes
         yield pending
+        findings = CounterMetricFamily(
+            "rlmon_sanity_findings", "Sanity-layer findings (seed 000's checklist) by kind.",
+            labels=["kind"],
+        )
+        for kind, n in sorted((state.sanity() if state.sanity is not None else {}).items()):
+            findings.add_metric([kind], float(n))
+        yield findings
         yield GaugeMetricFamily("rlmon_exporter_series", "Series under the cardinality budget.",
                                 value=float(snap.series))
         yield GaugeMetricFamily("rlmon_exporter_series_budget", "The cardinality budget.",
@@ -386,6 +394,8 @@ _OTHER_DOCS: dict[str, str] = {
     "rlmon_notifications_total": "Notification attempts by `destination` and `outcome`"
     " (sent, retried, failed).",
     "rlmon_outbox_pending": "Notifications waiting in the outbox, by `destination`.",
+    "rlmon_sanity_findings_total": "Sanity-layer findings by `kind` (loss stuck at ln 2 / ln 3,"
+    " known DeepSpeed NaN grad-norm bug, collapsing loss scale).",
     "rlmon_exporter_series": "Series under the cardinality budget.",
     "rlmon_exporter_series_budget": "The cardinality budget.",
     "rlmon_exporter_series_refused_total": "Series refused because the budget was full.",
