@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import math
-import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rlmon.service.alerts import AlertEvent
+from rlmon.service.sqlite_db import open_database
 from rlmon.service.step import StepRecord
 
 __all__ = ["HistoryStore"]
@@ -43,12 +43,7 @@ class HistoryStore:
     """Append-only store of step lines (the replay contract's JSON) and alert transitions."""
 
     def __init__(self, path: str | Path = ":memory:") -> None:
-        if str(path) != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        self._db = open_database(path, _SCHEMA)
         self._lock = threading.Lock()
 
     def add(self, records: Sequence[StepRecord], events: Iterable[AlertEvent] = ()) -> int:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import pickle
-import sqlite3
 import threading
 from collections.abc import Iterable
 from pathlib import Path
 
 from rlmon.service.assembly import FinalizedSteps
+from rlmon.service.sqlite_db import open_database
 from rlmon.service.step import StepRecord
 
 __all__ = ["WatermarkStore"]
@@ -33,12 +33,7 @@ class WatermarkStore:
     """SQLite file (or ``:memory:``) holding finalized-step watermarks and the record outbox."""
 
     def __init__(self, path: str | Path = ":memory:") -> None:
-        if str(path) != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        self._db = open_database(path, _SCHEMA)
         self._lock = threading.Lock()
 
     def load(self) -> dict[tuple[str, str], FinalizedSteps]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import random
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlmon.service.notify.message import Notification
+from rlmon.service.sqlite_db import open_database
 
 __all__ = ["Backoff", "Outbox", "OutboxCounters", "PendingRow"]
 
@@ -93,12 +93,7 @@ class Outbox:
         self.sent_memory = sent_memory
         self._clock: Clock = clock or time.time
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
-                                   timeout=30.0)
-        if self.path != ":memory:":
-            self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across a crash
-        self._db.executescript(_SCHEMA)
+        self._db = open_database(self.path, _SCHEMA)
 
     def close(self) -> None:
         with self._lock:
