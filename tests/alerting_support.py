@@ -15,13 +15,13 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx2
 import pytest
+from polling import wait_for
 
 __all__ = [
     "LoopbackTransport",
@@ -32,18 +32,6 @@ __all__ = [
     "need_binary",
     "wait_for",
 ]
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str = "condition") -> Any:
-    """Poll ``predicate`` until truthy; fail with ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def free_port() -> int:

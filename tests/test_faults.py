@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from polling import wait_for
 
 from rlmon.actors.reporter import Reporter
 from rlmon.actors.runtime import (
@@ -20,23 +21,12 @@ from rlmon.service import catalog
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
-def _until(predicate: Any, timeout: float = 60.0, every: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        time.sleep(every)
-
-
 def _steps(ray: Any, service: Any, run: str, n: int) -> list[dict[str, Any]]:
     def got() -> list[dict[str, Any]] | None:
         steps: list[dict[str, Any]] = ray.get(service.steps.remote(run))
         return steps if len(steps) >= n else None
 
-    return _until(got)
+    return wait_for(got, 60.0, "steps in the history store")
 
 
 def test_aggregator_killed_mid_run_loses_and_double_counts_nothing(
@@ -68,7 +58,7 @@ def test_aggregator_killed_mid_run_loses_and_double_counts_nothing(
         except Exception:  # unavailable while it restarts
             return False
 
-    _until(restarted)
+    wait_for(restarted, 60.0, "the aggregator to restart")
     step(4, reps[1:])
     for s in range(5, 8):
         step(s, reps)

@@ -3,28 +3,17 @@ the exporter's /metrics, the history store, and a graceful shutdown."""
 
 from __future__ import annotations
 
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+from polling import wait_for
 
 from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, shutdown_runtime
 from rlmon.service import catalog
 
 pytestmark = pytest.mark.ray
-
-
-def _until(predicate: Any, timeout: float = 30.0, every: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        time.sleep(every)
 
 
 def _worker_class(ray: Any) -> Any:
@@ -64,8 +53,8 @@ def test_reporters_in_workers_to_metrics_and_alert(ray_cluster: Any, ray_namespa
         ratio = 1.0 if step < 2 else 3.0  # diverges at step 2
         ray.get([w.step.remote(step, ratio) for w in workers])
     assert all(ray.get([w.flush.remote() for w in workers]))
-    steps = _until(lambda: len(ray.get(service.steps.remote("run1"))) == 4
-                   and ray.get(service.steps.remote("run1")))
+    steps = wait_for(lambda: len(ray.get(service.steps.remote("run1"))) == 4
+                     and ray.get(service.steps.remote("run1")), 30.0, "four steps")
     assert [s["step"] for s in steps] == [0, 1, 2, 3]
     assert all(s["complete"] for s in steps)
     assert steps[3]["metrics"]["actor/is_ratio"] == pytest.approx(3.0)
@@ -100,8 +89,8 @@ def _run_job(ray: Any, namespace: str, tmp_path: Path, collectors: bool) -> list
             rep.record("rollout/reward", sum=0.5 * step, count=2.0, replicated=["cp"])
             rep.end_step(step)
     assert all(rep.flush(30) for rep in reps)
-    steps = _until(lambda: len(ray.get(service.steps.remote("tier"))) == 3
-                   and ray.get(service.steps.remote("tier")))
+    steps = wait_for(lambda: len(ray.get(service.steps.remote("tier"))) == 3
+                     and ray.get(service.steps.remote("tier")), 30.0, "three steps")
     for rep in reps:
         rep.close()
     assert shutdown_runtime(namespace)
