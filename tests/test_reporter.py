@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
+from extras import optional_import
 
 from rlmon.actors.message import StepMessage
 from rlmon.actors.reporter import LocalSink, Reporter
@@ -117,8 +118,9 @@ def test_tensor_statistics_masked_and_one_transfer() -> None:
     assert rep.transfers == 0  # numpy: already on the host
 
 
+@pytest.mark.torch
 def test_torch_tensors_take_one_transfer_per_step() -> None:
-    torch = pytest.importorskip("torch")
+    torch = optional_import("torch")
     sink = LocalSink()
     (rep,) = _reporters(sink, dp=1)
     v = torch.tensor([[1.0, 2.0], [3.0, 4.0]])

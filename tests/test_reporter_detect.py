@@ -7,6 +7,7 @@ import sys
 import types
 
 import pytest
+from extras import optional_import
 
 from rlmon.actors.detect import detect_layout
 from rlmon.actors.reporter import LocalSink, Reporter
@@ -27,12 +28,15 @@ def test_single_rank_without_any_source(monkeypatch: pytest.MonkeyPatch) -> None
     assert detect_layout() == (Rank(), World())
 
 
+@pytest.mark.torch
 def test_torch_distributed_gloo_group(monkeypatch: pytest.MonkeyPatch) -> None:
-    dist = pytest.importorskip("torch.distributed")
+    dist = optional_import("torch.distributed")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.delenv("RANK", raising=False)
+    if dist.is_initialized():  # a DeepSpeed engine earlier in the session leaves its group behind
+        dist.destroy_process_group()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
                             world_size=1)
     try:
