@@ -251,3 +251,32 @@ def test_empty_state_is_the_identity_of_sum_forms() -> None:
 def test_rank_identity_of_default_world() -> None:
     assert World().size == 1
     assert list(World(dp=2, cp=2).ranks())[-1] == Rank(1, 1, 0, 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(value=finite, dp=st.integers(1, 4), cp=st.integers(1, 3), seed=st.integers(0, 1000),
+       nudge=st.sampled_from([0.0, 1e-9, 1e-3]))
+def test_value_form_is_replicated_and_must_agree(
+    value: float, dp: int, cp: int, seed: int, nudge: float
+) -> None:
+    """A {"value"} partial (an all-reduced grad norm, a learning rate) is the same on every rank:
+    the result is that value whatever the layout and order; copies further apart than a relative
+    1e-6 are a ReplicaMismatch."""
+    copies = {(d, c): value for d in range(dp) for c in range(cp)}
+    odd = (dp - 1, cp - 1)
+    copies[odd] = value * (1 + nudge) + (nudge if value == 0 else 0.0)
+    reports = [
+        parse_report({"run": "r", "role": "actor", "step": 0, "rank": {"dp": d, "cp": c},
+                      "world": {"dp": dp, "cp": cp}, "metrics": {"lr": {"value": v}}})
+        for (d, c), v in copies.items()
+    ]
+    random.Random(seed).shuffle(reports)
+    asm = StepAssembler()
+    record = None
+    for report in reports:
+        record = asm.add(report)[1] or record
+    assert record is not None
+    other = copies[odd]
+    disagree = dp * cp > 1 and other != value and not math.isclose(other, value, rel_tol=1e-6)
+    assert record.replica_mismatches == (("lr",) if disagree else ())
+    assert record.metrics["lr"] == copies[(0, 0)]  # one copy counted: the lowest rank's
