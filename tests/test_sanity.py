@@ -59,6 +59,25 @@ def test_collapsing_loss_scale() -> None:
     assert _feed(SanityChecker(), [{keymaps.LOSS_SCALE: 2.0**16 / 2**i} for i in range(4)]) == []
 
 
+def test_loss_scale_collapse_fires_once_and_rearms_only_after_recovery() -> None:
+    """A collapsed scale that stays low is one finding, not one per step; once the scale has
+    held steady for a whole window (recovered), a fresh collapse fires again."""
+    checker = SanityChecker(scale_window=4)
+    collapse = [65536.0, 128.0, 128.0, 128.0]  # fires at step 1, stays collapsed to step 3
+    steady = [128.0] * 4  # the window forgets the peak: recovered, re-armed
+    again = [128.0 * 2**8, 128.0, 64.0]  # overflows again: one new finding
+    found = _feed(checker, [{keymaps.LOSS_SCALE: s} for s in collapse + steady + again])
+    assert [f.step for f in found] == [1, 9]
+    assert all(f.kind is Kind.LOSS_SCALE_COLLAPSE for f in found)
+
+
+def test_known_nan_grad_norm_fires_once_per_nan_stretch() -> None:
+    checker = SanityChecker(deepspeed_version="0.14.0")
+    series = [math.nan, math.nan, 1.0, math.nan, math.nan]
+    found = _feed(checker, [{keymaps.GRAD_NORM: v} for v in series])
+    assert [f.step for f in found] == [0, 3]
+
+
 def test_relayed_keys_that_are_not_comparable_warn() -> None:
     found = relay_warnings("openrlhf", ["policy_loss", "ppo_clip_ratio", "unknown_key"])
     assert [f.metric for f in found] == ["openrlhf/policy_loss"]

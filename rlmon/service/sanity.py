@@ -162,20 +162,27 @@ class SanityChecker:
                     "predicts uniformly over three classes; check preprocessing and labels"), out)
         for key in self.grad_norm_keys:
             v = values.get(key)
-            if v is not None and v != v and deepspeed_nan_bug(self.deepspeed_version):
-                out.append(Finding(
+            if v is None:
+                continue
+            if v != v and deepspeed_nan_bug(self.deepspeed_version):
+                self._once(Kind.GRAD_NORM_NAN_KNOWN_BUG, key, Finding(
                     Kind.GRAD_NORM_NAN_KNOWN_BUG, "info", key, step,
                     f"grad_norm is NaN under DeepSpeed {self.deepspeed_version}: a known bug of "
                     "0.13.5-0.14.0 (training may be fine); upgrade, or set gradient_clipping",
-                    known_bug=True))
+                    known_bug=True), out)
+            elif v == v:
+                self._fired.discard((Kind.GRAD_NORM_NAN_KNOWN_BUG, key))
         scale = values.get(self.loss_scale_key)
         if scale is not None and math.isfinite(scale) and scale > 0:
             self._scales.append(scale)
             del self._scales[:-self.scale_window]
             peak = max(self._scales)
+            fired = (Kind.LOSS_SCALE_COLLAPSE, self.loss_scale_key)
             if peak / scale >= self.scale_drop or scale < 1.0:
-                out.append(Finding(
+                self._once(Kind.LOSS_SCALE_COLLAPSE, self.loss_scale_key, Finding(
                     Kind.LOSS_SCALE_COLLAPSE, "warning", self.loss_scale_key, step,
                     f"fp16 loss scale fell from {peak:g} to {scale:g} within "
-                    f"{len(self._scales)} steps: repeated overflows"))
+                    f"{len(self._scales)} steps: repeated overflows"), out)
+            else:
+                self._fired.discard(fired)  # recovered: a later collapse is news again
         return out
