@@ -148,10 +148,37 @@ class AggregatorCore:
             self._commit(done)
         return len(done)
 
+    def _lowest_open(self) -> dict[tuple[str, str], int]:
+        low: dict[tuple[str, str], int] = {}
+        for run, role, step in self.assembler.open:
+            known = low.get((run, role))
+            if known is None or step < known:
+                low[(run, role)] = step
+        return low
+
     def pending_records(self, limit: int = 512) -> list[StepRecord]:
-        """Finalized records not yet acknowledged by the service, oldest step first per stream."""
+        """Finalized records ready for the service, in step order per (run, role).
+
+        A record whose (run, role) still has an earlier step open is held back (it stays in the
+        durable outbox) until that step finalizes, which its deadline guarantees: the service's
+        alerts then see every stream in increasing step order, whatever order steps finished in.
+        """
         with self.lock:
-            return sorted(self.undelivered.values(), key=lambda r: r.key)[:limit]
+            low = self._lowest_open()
+            ready = sorted(
+                (r for r in self.undelivered.values()
+                 if r.step < low.get((r.run, r.role), r.step + 1)),
+                key=lambda r: r.key,
+            )
+            return ready[:limit]
+
+    @property
+    def held(self) -> int:
+        """Finalized records waiting for an earlier open step of their (run, role)."""
+        with self.lock:
+            low = self._lowest_open()
+            return sum(1 for r in self.undelivered.values()
+                       if r.step >= low.get((r.run, r.role), r.step + 1))
 
     def delivered(self, records: Sequence[StepRecord]) -> None:
         with self.lock:
@@ -168,6 +195,7 @@ class AggregatorCore:
                 "open_steps": len(self.assembler.open),
                 "incarnation": self.incarnation,
                 "undelivered": len(self.undelivered),
+                "held_out_of_order": self.held,
                 "reporter_dropped": sum(self.reporter_drops.values()),
                 "finalize_latency_p50": lat[len(lat) // 2] if lat else None,
             }

@@ -62,7 +62,7 @@ class AggregatorServer:
             log.warning("delivery to the service failed: %s", exc)
             return False
         self.core.delivered(records)
-        return not self.core.undelivered
+        return not self.core.pending_records(1)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
