@@ -71,3 +71,21 @@ def test_rules_show_round_trips(tmp_path: Path) -> None:
     assert "15 rules OK" in checked.stdout
     path.write_text("rules: [{name: X}]")
     assert rlmon("rules", "check", str(path)).returncode == 2
+
+
+def test_table_mode_sends_rejections_to_stderr(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(EXAMPLE.read_text().splitlines()[0] + "\n{oops\n")
+    out = rlmon("replay", str(path))
+    assert out.returncode == 2
+    assert "line 2" in out.stderr
+    assert "line 2" not in out.stdout
+
+
+def test_rules_check_warns_about_metrics_outside_the_catalog(tmp_path: Path) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text("rules: [{name: Typo, severity: warning, condition: threshold, "
+                    "metric: actor/is_ratoi, op: '>', threshold: 2}]\n")
+    out = rlmon("rules", "check", str(path))
+    assert out.returncode == 0
+    assert "'actor/is_ratoi' is not in the catalog" in out.stderr

@@ -195,3 +195,45 @@ def test_world_disagreement_and_form_clash_reject_the_record_only() -> None:
     _, record = asm.add(parse_report(rec(dp=1, metrics={"actor/loss": {"sum": 3.0, "count": 1}})))
     assert record is not None
     assert record.metrics["actor/loss"] == 2.0
+
+
+def test_finalized_steps_never_take_an_unseen_step_for_finalized() -> None:
+    """Steps 1..4199 finalized, then step 0 arrives: it is new, not late."""
+    asm = StepAssembler()
+    for s in range(1, 4200):
+        asm.add(parse_report(rec(step=s, world={"dp": 1}, metrics={"m": {"sum": 1.0}})))
+    outcome, record = asm.add(parse_report(rec(step=0, world={"dp": 1}, metrics={"m": {"sum": 2.0}})))
+    assert outcome == AddOutcome.ACCEPTED
+    assert record is not None
+    assert record.metrics["m"] == 2.0
+    assert asm.finalized[("r", "actor")].floor == 4200
+    assert asm.finalized[("r", "actor")].intervals() == []
+
+
+def test_finalized_steps_memory_is_bounded_with_gaps() -> None:
+    from rlmon.service.assembly import FinalizedSteps
+
+    done = FinalizedSteps(limit=100)
+    for s in range(0, 10_000, 2):  # every other step: a gap each time
+        done.add(s + 1)
+    assert len(done.intervals()) <= 100
+    assert 9_999 in done
+    assert 9_998 not in done  # recent gaps stay open
+    assert 0 not in done  # step 0 never arrived and sits below everything: still open
+
+
+def test_huge_world_is_cheap_and_lists_a_bounded_number_of_missing_ranks() -> None:
+    import time
+
+    from rlmon.service.assembly import MAX_LISTED_MISSING
+
+    started = time.perf_counter()
+    result = replay(lines(rec(world={"dp": 1 << 20, "cp": 4}, metrics={"m": {"sum": 1.0}})))
+    assert time.perf_counter() - started < 10  # generous; listing all 4M ranks would be far slower
+    (record, _), = result.steps
+    assert record.ranks_expected == 1 << 22
+    assert record.ranks_reporting == 1
+    assert len(record.missing_ranks) == MAX_LISTED_MISSING
+    assert record.to_json()["missing_ranks_truncated"] is True
+    too_big = replay(lines(rec(world={"dp": 1 << 20, "cp": 8}, metrics={})))
+    assert "exceed the limit" in too_big.errors[0].error

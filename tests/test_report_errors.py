@@ -88,3 +88,14 @@ def test_non_finite_strings_and_tokens_are_accepted() -> None:
     result = replay(lines)
     assert not result.errors
     assert result.steps[0][0].metrics["m"] == float("inf")
+
+
+@pytest.mark.parametrize("count", ["NaN", "Infinity"])
+def test_non_finite_count_is_rejected(count: str) -> None:
+    result = replay([with_(metrics={"m": {"sum": 1.0, "count": count}})])
+    assert "metrics.m.count: must be a finite number" in result.errors[0].error
+
+
+def test_absurd_step_message_is_short() -> None:
+    result = replay([with_(step=10**300)])
+    assert len(result.errors[0].error) < 200

@@ -158,3 +158,28 @@ def test_invalid_rule_files_name_rule_and_field(text: str, message: str) -> None
     with pytest.raises(RuleError) as err:
         parse_rules(text, source="my-rules.yaml")
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("rules: [{name: X, severity: warning, condition: threshold, metric: m, op: '>', "
+         "threshold: .nan}]", "'threshold' must be a finite number"),
+        ("rules: [{name: X, severity: warning, condition: rank_missing, threshold: 3}]",
+         "'threshold' does not apply to condition 'rank_missing'"),
+        ("rules: [{name: X, severity: warning, condition: outside, metric: m, low: 0, high: 1, "
+         "window: 4}]", "'window' does not apply to condition 'outside'"),
+    ],
+)
+def test_rule_fields_must_fit_the_condition(text: str, message: str) -> None:
+    with pytest.raises(RuleError) as err:
+        parse_rules(text)
+    assert message in str(err.value)
+
+
+def test_resolved_non_finite_names_the_metric_that_fired() -> None:
+    engine = AlertEngine([r for r in default_rules() if r.name == "NonFiniteMetric"])
+    (fired,) = engine.evaluate(step(0, **{"actor/kl": math.nan}))
+    (resolved,) = engine.evaluate(step(1, **{"actor/kl": 0.1}))
+    assert (fired.metric, resolved.metric, resolved.state) == ("actor/kl", "actor/kl", "resolved")
+    assert resolved.value == 0.1

@@ -61,8 +61,9 @@ def print_table(result: ReplayResult) -> None:
     from rich.table import Table
 
     console = Console(width=None if sys.stdout.isatty() else 140)
-    for error in result.errors:
-        console.print(f"[red]line {error.line}[/red]: {error.error}", highlight=False)
+    errors = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
+    for error in result.errors:  # rejected lines go to stderr in either mode
+        errors.print(f"[red]line {error.line}[/red]: {error.error}", highlight=False)
     present = {n for record, _ in result.steps for n in record.metrics}
     shown = [n for n in KEY_METRICS if n in present][:6]
     table = Table(title="rlmon replay", show_lines=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlmon.service.rules import RuleError, load_rules, rules_to_yaml
+from rlmon.service.rules import RuleError, load_rules, rules_to_yaml, unknown_metrics
 
 __all__ = ["register"]
 
@@ -44,6 +44,8 @@ def _check(args: argparse.Namespace) -> int:
     except (RuleError, OSError) as exc:
         print(f"rlmon rules: {exc}", file=sys.stderr)
         return 2
+    for warning in unknown_metrics(rules):
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"{args.file}: {len(rules)} rules OK")
     return 0
 

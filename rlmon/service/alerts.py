@@ -65,6 +65,7 @@ class AlertState:
     false_steps: int = 0
     firing: bool = False
     since_step: int | None = None
+    metric: str = ""  # the metric that made it fire, named again when it resolves
     history: deque[float] = field(default_factory=deque)
 
 
@@ -205,12 +206,15 @@ class AlertEngine:
             if not state.firing and state.true_steps >= rule.for_steps:
                 state.firing = True
                 state.since_step = record.step
+                state.metric = check.metric
                 return self._event(rule, record, "firing", check)
         else:
             state.false_steps += 1
             state.true_steps = 0
             if state.firing and state.false_steps >= rule.resolve_steps:
                 state.firing = False
+                if not check.metric and state.metric:
+                    check = _Check(True, False, state.metric, record.metrics.get(state.metric))
                 return self._event(rule, record, "resolved", check)
         return None
 

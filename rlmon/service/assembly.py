@@ -7,6 +7,8 @@ step that was already finalized is late: counted, never folded into another step
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -17,9 +19,17 @@ from rlmon.service.report import ContractError, Report
 from rlmon.service.spec import Form
 from rlmon.service.step import StepKey, StepRecord
 
-__all__ = ["AddOutcome", "AssemblyCounters", "FinalizedSteps", "StepAssembler", "StepState"]
+__all__ = [
+    "MAX_LISTED_MISSING",
+    "AddOutcome",
+    "AssemblyCounters",
+    "FinalizedSteps",
+    "StepAssembler",
+    "StepState",
+]
 
 Clock = Callable[[], float]
+MAX_LISTED_MISSING = 1024
 
 
 class AddOutcome:
@@ -42,37 +52,77 @@ class AssemblyCounters:
 class FinalizedSteps:
     """Which steps of one (run, role) are finalized, in bounded memory.
 
-    Everything below ``floor`` is finalized; above it, an explicit set. Contiguous runs of steps
-    collapse into the floor, and the set is capped so a run with gaps cannot grow it for ever.
+    Everything below ``floor`` is finalized; above it, disjoint ``[start, end)`` intervals, so a
+    run of consecutive steps costs one interval however long it is, and a step that never arrived
+    is never taken for finalized. Only when more than ``limit`` separate intervals pile up (a run
+    with thousands of gaps) are the two oldest joined: a record for a step in that old gap counts
+    as late, which bounds memory without touching recent steps.
     """
 
-    __slots__ = ("floor", "limit", "steps")
+    __slots__ = ("_ends", "_starts", "floor", "limit")
 
     def __init__(self, floor: int = 0, limit: int = 4096) -> None:
         self.floor = floor
         self.limit = limit
-        self.steps: set[int] = set()
+        self._starts: list[int] = []
+        self._ends: list[int] = []
 
     def __contains__(self, step: int) -> bool:
-        return step < self.floor or step in self.steps
+        if step < self.floor:
+            return True
+        i = bisect.bisect_right(self._starts, step) - 1
+        return i >= 0 and step < self._ends[i]
 
     def add(self, step: int) -> None:
-        if step < self.floor:
+        if step in self:
             return
-        self.steps.add(step)
-        while self.floor in self.steps:
-            self.steps.discard(self.floor)
-            self.floor += 1
-        if len(self.steps) > self.limit:
-            self.floor = min(self.steps)
-            while self.floor in self.steps:
-                self.steps.discard(self.floor)
-                self.floor += 1
+        starts, ends = self._starts, self._ends
+        i = bisect.bisect_right(starts, step)
+        joins_left = i > 0 and ends[i - 1] == step
+        joins_right = i < len(starts) and starts[i] == step + 1
+        if joins_left and joins_right:
+            ends[i - 1] = ends[i]
+            del starts[i], ends[i]
+        elif joins_left:
+            ends[i - 1] = step + 1
+        elif joins_right:
+            starts[i] = step
+        else:
+            starts.insert(i, step)
+            ends.insert(i, step + 1)
+        while len(starts) > self.limit:
+            ends[0] = ends[1]
+            del starts[1], ends[1]
+        if starts and starts[0] <= self.floor:
+            self.floor = max(self.floor, ends[0])
+            del starts[0], ends[0]
 
     @property
     def high(self) -> int:
-        """One past the highest finalized step (0 when none)."""
-        return max(self.steps, default=self.floor - 1) + 1
+        """One past the highest finalized step (``floor`` when nothing lies above it)."""
+        return self._ends[-1] if self._ends else self.floor
+
+    def intervals(self) -> list[tuple[int, int]]:
+        """The finalized ``[start, end)`` intervals above ``floor``, in order."""
+        return list(zip(self._starts, self._ends, strict=True))
+
+    @classmethod
+    def restore(cls, floor: int, intervals: Iterable[Iterable[int] | int]) -> FinalizedSteps:
+        """Rebuild from :meth:`intervals` (single steps, as older watermarks stored, also work)."""
+        done = cls(floor)
+        for item in sorted(intervals, key=lambda x: x if isinstance(x, int) else min(x)):
+            start, end = (item, item + 1) if isinstance(item, int) else tuple(item)
+            if end <= done.high:  # already covered, or out of order: fall back to single steps
+                for step in range(start, end):
+                    done.add(step)
+            elif start <= done.high and done._ends:
+                done._ends[-1] = end
+            elif start <= done.floor:
+                done.floor = end
+            else:
+                done._starts.append(start)
+                done._ends.append(end)
+        return done
 
 
 @dataclass(slots=True)
@@ -163,14 +213,20 @@ class StepState:
                 ratio = straggler_ratio(result.per_rank)
                 if ratio is not None:
                     values[catalog.STRAGGLER_METRIC] = ratio
-        missing = tuple(r for r in self.world.ranks() if r not in self.finals)
+        # Every final record's rank was checked to lie in the world, so counting is exact; only
+        # the first MAX_LISTED_MISSING missing ranks are listed (a huge world must stay cheap).
+        reporting = len(self.finals)
+        missing: tuple[Rank, ...] = ()
+        if reporting < self.world.size:
+            absent = (r for r in self.world.ranks() if r not in self.finals)
+            missing = tuple(itertools.islice(absent, MAX_LISTED_MISSING))
         return StepRecord(
             run=self.run,
             role=self.role,
             step=self.step,
-            complete=not missing,
+            complete=reporting >= self.world.size,
             ranks_expected=self.world.size,
-            ranks_reporting=self.world.size - len(missing),
+            ranks_reporting=reporting,
             missing_ranks=missing,
             metrics=values,
             replica_mismatches=tuple(sorted(mismatches)),

@@ -33,6 +33,7 @@ __all__ = [
 MAX_LINE_BYTES = 4 * 1024 * 1024
 MAX_STEP = 2**53 - 1  # beyond this a JSON number no longer holds an exact integer
 MAX_AXIS = 1 << 20  # no real run has a million ranks along one axis
+MAX_WORLD = 1 << 22  # nor four million ranks in all
 MAX_METRICS = 100_000
 _RUN = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 _ROLE = re.compile(r"[a-z][a-z0-9_]*")
@@ -90,7 +91,7 @@ def _integer(value: Any, field: str, *, low: int = 0, high: int = MAX_STEP) -> i
         else:
             raise ContractError(field, f"must be an integer, got {_show(value)}")
     if not low <= value <= high:
-        raise ContractError(field, f"must be between {low} and {high}, got {value}")
+        raise ContractError(field, f"must be between {low} and {high}, got {_show(value)}")
     return value
 
 
@@ -146,6 +147,9 @@ def _partial(value: Any, field: str) -> Partial:
     for key in ("count", "sqsum"):
         if key in numbers and numbers[key] < 0:
             raise ContractError(f"{field}.{key}", f"must be >= 0, got {_show(value[key])}")
+    if "count" in numbers and not math.isfinite(numbers["count"]):
+        # a count is tokens or samples: NaN or Inf there is a producer bug, not a measurement
+        raise ContractError(f"{field}.count", f"must be a finite number, got {_show(value['count'])}")
     state: tuple[float, ...]
     if form is Form.MEAN:
         state = (numbers["sum"], numbers["count"])
@@ -184,6 +188,8 @@ def parse_report(obj: Any) -> Report:
     step = _integer(obj["step"], "step")
     rank = Rank(*_axes(obj.get("rank", {}), "rank", default=0, low=0))
     world = World(*_axes(obj.get("world", {}), "world", default=1, low=1))
+    if world.size > MAX_WORLD:
+        raise ContractError("world", f"{world.size} ranks in all exceed the limit of {MAX_WORLD}")
     if not world.contains(rank):
         raise ContractError("rank", f"{rank.as_dict()} lies outside world {world.as_dict()}")
     final = obj.get("final", True)

@@ -7,6 +7,7 @@ replica disagreement) apply to every metric and are declared here.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from enum import StrEnum
 from pathlib import Path
@@ -27,6 +28,7 @@ __all__ = [
     "load_rules",
     "parse_rules",
     "rules_to_yaml",
+    "unknown_metrics",
 ]
 
 
@@ -42,6 +44,14 @@ class Condition(StrEnum):
 
 
 _NEEDS_METRIC = {Condition.THRESHOLD, Condition.OUTSIDE, Condition.STUCK, Condition.TREND}
+# Condition-specific fields; giving one to another condition is a mistake worth an error.
+_CONDITION_FIELDS = ("op", "threshold", "low", "high", "window", "direction")
+_CONDITION_FIELDS_USED: dict[Condition, tuple[str, ...]] = {
+    Condition.THRESHOLD: ("op", "threshold"),
+    Condition.OUTSIDE: ("low", "high"),
+    Condition.STUCK: ("window",),
+    Condition.TREND: ("window", "direction"),
+}
 ANY_METRIC = "*"
 
 
@@ -69,6 +79,14 @@ class Rule(BaseModel):
     @model_validator(mode="after")
     def _fields_for_condition(self) -> Rule:
         cond = self.condition
+        for name in ("threshold", "low", "high"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"'{name}' must be a finite number, got {value}")
+        stray = [f for f in _CONDITION_FIELDS if getattr(self, f) is not None
+                 and f not in _CONDITION_FIELDS_USED.get(cond, ())]
+        if stray:
+            raise ValueError(f"'{stray[0]}' does not apply to condition {cond.value!r}")
         if cond in _NEEDS_METRIC and self.metric == ANY_METRIC:
             raise ValueError(f"condition {cond.value!r} needs a concrete 'metric'")
         if cond is Condition.THRESHOLD and (self.op is None or self.threshold is None):
@@ -208,6 +226,15 @@ def parse_rules(text: str, source: str = "rules") -> list[Rule]:
     overridden = set(names)
     merged = [r for r in base if r.name not in overridden] + user
     return [r for r in merged if r.name not in set(spec.disable)]
+
+
+def unknown_metrics(rules: Iterable[Rule]) -> list[str]:
+    """Warnings for rules watching a metric the catalog does not define (a typo, or custom)."""
+    return [
+        f"rule {r.name!r}: metric {r.metric!r} is not in the catalog (a custom metric, or a typo?)"
+        for r in rules
+        if r.metric != ANY_METRIC and catalog.lookup(r.metric) is None
+    ]
 
 
 def load_rules(path: str | Path | None) -> list[Rule]:

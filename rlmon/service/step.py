@@ -65,6 +65,8 @@ class StepRecord:
             "missing_ranks": [rank.as_dict() for rank in self.missing_ranks],
             "metrics": {name: json_number(v) for name, v in self.metrics.items()},
         }
+        if len(self.missing_ranks) < self.ranks_expected - self.ranks_reporting:
+            line["missing_ranks_truncated"] = True
         nonfinite = {n: _nonfinite_name(v) for n, v in self.metrics.items() if not math.isfinite(v)}
         if nonfinite:
             line["nonfinite"] = nonfinite

@@ -41,8 +41,7 @@ class WatermarkStore:
         for run, role, floor, steps in self._db.execute(
             "SELECT run, role, floor, steps FROM watermark"
         ):
-            done = FinalizedSteps(floor)
-            done.steps.update(json.loads(steps))
+            done = FinalizedSteps.restore(floor, json.loads(steps))
             out[(run, role)] = done
         return out
 
@@ -61,7 +60,7 @@ class WatermarkStore:
                     done = finalized[(run, role)]
                     self._db.execute(
                         "INSERT OR REPLACE INTO watermark VALUES (?, ?, ?, ?)",
-                        (run, role, done.floor, json.dumps(sorted(done.steps))),
+                        (run, role, done.floor, json.dumps(done.intervals())),
                     )
                 self._db.executemany(
                     "INSERT OR REPLACE INTO record_outbox VALUES (?, ?, ?, ?)",
