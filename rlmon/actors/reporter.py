@@ -10,6 +10,8 @@ Nothing here is a torch.distributed collective.
 from __future__ import annotations
 
 import contextlib
+import math
+import operator
 import threading
 import time
 from collections import deque
@@ -24,6 +26,7 @@ from rlmon.actors.tensor_stats import REDUCE_FORMS, Pending, Reduce, fetch, redu
 from rlmon.service import catalog
 from rlmon.service.partial import ALL_AXES, Partial, combine
 from rlmon.service.rank import AXES, Rank, World
+from rlmon.service.report import _ROLE, _RUN, MAX_STEP
 from rlmon.service.spec import Form
 
 __all__ = ["LocalSink", "ReportSink", "Reporter"]
@@ -79,6 +82,31 @@ _MEAN = Form.MEAN  # a module global: enum attribute access is slow on the hot p
 _Entry = list[Any]
 
 
+_PY_NUMBER = (float, int)
+_PROBE_S = 0.5  # how often a reporter holding retained messages asks the aggregator who it is
+
+
+def _check_name(name: object) -> None:
+    if not isinstance(name, str) or not 1 <= len(name) <= 200 or not name.isprintable():
+        raise ValueError(f"metric name must be 1-200 printable characters, got {name!r}")
+
+
+def _check_count(name: str, count: Any) -> None:
+    """Reject a negative or non-finite Python count here; other number types at pack time."""
+    if count.__class__ in _PY_NUMBER and not 0 <= count < math.inf:
+        raise ValueError(f"{name}: count must be finite and >= 0, got {count!r}")
+
+
+def _check_step(step: Any) -> int:
+    try:
+        value = operator.index(step)
+    except TypeError:
+        raise ValueError(f"step must be an integer, got {step!r}") from None
+    if isinstance(step, bool) or not 0 <= value <= MAX_STEP:
+        raise ValueError(f"step must be an integer in 0..{MAX_STEP}, got {step!r}")
+    return value
+
+
 def _replicated(value: Replicated) -> frozenset[str] | None:
     if value is None:
         return None
@@ -119,6 +147,10 @@ class Reporter:
         self.world = coerce_world(world) if world is not None else detected[1]  # type: ignore[index]
         if not self.world.contains(self.rank):
             raise ValueError(f"rank {self.rank.as_dict()} lies outside world {self.world.as_dict()}")
+        if not isinstance(run, str) or not _RUN.fullmatch(run):
+            raise ValueError(f"run must be 1-128 characters of [A-Za-z0-9_.:-], got {run!r}")
+        if not isinstance(role, str) or not _ROLE.fullmatch(role) or len(role) > 64:
+            raise ValueError(f"role must match [a-z][a-z0-9_]* (at most 64), got {role!r}")
         self.run, self.role = run, role
         if sink is None:
             from rlmon.actors.runtime import RaySink
@@ -132,6 +164,7 @@ class Reporter:
         self.transfers = 0  # device-to-host copies made for tensor statistics
         self.last_error: str | None = None
         self._acc: dict[Any, _Entry] = {}
+        self._names: set[str] = set()  # metric names already validated
         self._tensors: list[Pending] = []
         self._plain: dict[tuple[str, Form], bool] = {}
         self._schema: Schema | None = None
@@ -172,8 +205,13 @@ class Reporter:
         if count is not None and sum is not None and sqsum is None and replicated is None \
                 and minibatch_reduce is None:
             # The common case, inlined: a token/sample-weighted mean.
+            if count.__class__ in _PY_NUMBER and not 0 <= count < math.inf:
+                _check_count(name, count)
             entry = self._acc.get(name)
             if entry is None:
+                if name not in self._names:
+                    _check_name(name)
+                    self._names.add(name)
                 self._acc[name] = [_MEAN, (sum, count), None, False, 0]
                 return
             if entry[0] is _MEAN:
@@ -182,9 +220,13 @@ class Reporter:
                 return
         form: Form
         state: tuple[float, ...]
+        if name not in self._names:
+            _check_name(name)
+            self._names.add(name)
         if count is not None:
             if sum is None:
                 raise ValueError(f"{name}: count needs sum")
+            _check_count(name, count)
             if sqsum is not None:
                 form, state = Form.MOMENTS, (count, sum, sqsum)
             else:
@@ -282,6 +324,7 @@ class Reporter:
         The training thread only fetches pending tensor statistics (one transfer) and swaps the
         accumulator; packing the message happens on the sender thread.
         """
+        step = _check_step(step)
         if self._tensors:
             self._fold_tensors()
         now = time.perf_counter()
@@ -291,7 +334,7 @@ class Reporter:
         self._step_start = now
         acc, self._acc = self._acc, {}
         with self._cond:
-            self._raw.append((int(step), acc, time.time()))
+            self._raw.append((step, acc, time.time()))
             self._trim()
             self._cond.notify()
 
@@ -308,6 +351,11 @@ class Reporter:
         other: dict[int, dict[str, Partial]] = {}
         for key, (form, state, rep, mb_mean, mb) in acc.items():
             state = tuple(map(float, state))
+            if form is Form.MEAN or form is Form.MOMENTS:
+                count = state[1] if form is Form.MEAN else state[0]
+                if not 0 <= count < math.inf:
+                    name = key[0] if mb_mean else key
+                    raise ValueError(f"{name}: count must be finite and >= 0, got {count!r}")
             if rep is None and not mb_mean and self._is_plain(key, form):
                 plain.append((key, form, state))
             else:
@@ -347,8 +395,8 @@ class Reporter:
             for item in raw:
                 try:
                     packed.append(self._pack(*item))
-                except (TypeError, ValueError) as exc:  # a value that is not a number
-                    self.last_error = f"step {item[0]}: {exc}"
+                except Exception as exc:  # not a number, too large for a float, a bad count
+                    self.last_error = f"step {item[0]}: {type(exc).__name__}: {exc}"
                     self.dropped += 1
             with self._cond:
                 self._pending.extend(packed)
@@ -393,6 +441,21 @@ class Reporter:
         self._retained = deque(m for m in self._retained if m.step >= floor)
         while len(self._retained) > self.max_pending:
             self._retained.popleft()
+
+    def set_run_info(self, **fields: Any) -> None:
+        """Send the run's metadata (fields of :class:`~rlmon.service.exporter.RunInfo`) to the
+        service once, without waiting; an unknown field raises TypeError. No-op without a service.
+        """
+        from rlmon.actors.service import send_to_service
+        from rlmon.service.exporter import RunInfo
+
+        send_to_service(self.sink, "set_run_info", self.run, RunInfo.from_fields(fields))
+
+    def finish_run(self) -> None:
+        """Tell the service the run ended: its series leave the exporter after a short TTL."""
+        from rlmon.actors.service import send_to_service
+
+        send_to_service(self.sink, "finish_run", self.run)
 
     @property
     def pending(self) -> int:

@@ -16,19 +16,53 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rlmon.service import keymaps
 from rlmon.service.alerts import AlertEngine, AlertEvent
 from rlmon.service.config import Settings, load_config
-from rlmon.service.exporter import IngestCounters, MetricsState
+from rlmon.service.exporter import IngestCounters, MetricsState, RunInfo
 from rlmon.service.history import HistoryStore
 from rlmon.service.metrics_http import MetricsServer, serve_metrics
 from rlmon.service.notify.factory import build_dispatcher, open_outbox
 from rlmon.service.rules import Rule, default_rules, load_rules
-from rlmon.service.sanity import Finding, SanityChecker
+from rlmon.service.sanity import Finding, SanityChecker, relay_warnings
 from rlmon.service.step import StepRecord
 
-__all__ = ["ServiceCore", "service_actor_class"]
+__all__ = ["ServiceCore", "send_to_service", "service_actor_class"]
 
 log = logging.getLogger("rlmon.sanity")
+_log = logging.getLogger("rlmon.service")
+
+
+def _run_info(info: RunInfo | Mapping[str, Any]) -> RunInfo:
+    return info if isinstance(info, RunInfo) else RunInfo.from_fields(info)
+
+
+def send_to_service(sink: Any, method: str, *args: Any) -> bool:
+    """Call the service's ``method`` for a Reporter without waiting for the result.
+
+    A sink with a method of that name (an in-process sink) gets the call directly; a Ray sink
+    (one with a ``namespace``) reaches the named service actor and does not wait for the reply.
+    Any other sink (``LocalSink``) has no service: nothing is sent. Returns whether it was sent;
+    a failure is logged, never raised into the training loop.
+    """
+    hook = getattr(sink, method, None)
+    try:
+        if callable(hook):
+            hook(*args)
+            return True
+        namespace = getattr(sink, "namespace", None)
+        if not isinstance(namespace, str):
+            return False
+        import ray
+
+        from rlmon.actors.runtime import SERVICE
+
+        getattr(ray.get_actor(SERVICE, namespace=namespace), method).remote(*args)
+        return True
+    except Exception as exc:  # the service is down or restarting: metadata is best effort
+        _log.warning("rlmon: could not send %s to the service: %s: %s", method,
+                     type(exc).__name__, exc)
+        return False
 
 
 class ServiceCore:
@@ -60,6 +94,8 @@ class ServiceCore:
         # The sanity layer looks at each (run, role)'s steps for values that look like training
         # bugs but have known causes; findings are logged, kept and counted, not paged.
         self.sanity: dict[tuple[str, str], SanityChecker] = {}
+        self.run_info: dict[str, RunInfo] = {}
+        self._relayed: dict[str, set[str]] = {}  # relayed key names already checked, per run
         self.findings: deque[Finding] = deque(maxlen=1_000)
         self.finding_counts: Counter[str] = Counter()
         self.metrics.sanity = lambda: dict(self.finding_counts)
@@ -123,14 +159,51 @@ class ServiceCore:
             self.dispatcher.submit(events)
         return events
 
+    def set_run_info(self, run: str, info: RunInfo | Mapping[str, Any]) -> None:
+        """A run's metadata: shown as ``rlmon_run_info`` and used by the run's sanity checks."""
+        meta = _run_info(info)
+        with self._lock:
+            self.run_info[run] = meta
+            self.metrics.set_run_info(run, meta)
+            for (r, _role), checker in self.sanity.items():
+                if r == run:
+                    checker.dpo, checker.deepspeed_version = self._sanity_args(meta)
+
+    def finish_run(self, run: str) -> None:
+        """The run ended: its series leave the exporter after the finished-run TTL."""
+        with self._lock:
+            self.metrics.finish_run(run)
+
+    @staticmethod
+    def _sanity_args(info: RunInfo | None) -> tuple[bool, str | None]:
+        if info is None:
+            return False, None
+        return info.dpo or info.algorithm.lower() == "dpo", info.deepspeed_version or None
+
+    def _finding(self, record: StepRecord, finding: Finding) -> None:
+        self.findings.append(finding)
+        self.finding_counts[finding.kind.value] += 1
+        log.warning("%s/%s step %s: %s: %s", record.run, record.role, record.step,
+                    finding.metric, finding.message)
+
     def _check_sanity(self, record: StepRecord) -> None:
         checker = self.sanity.get((record.run, record.role))
         if checker is None:
-            checker = self.sanity[(record.run, record.role)] = SanityChecker()
+            dpo, ds_version = self._sanity_args(self.run_info.get(record.run))
+            checker = self.sanity[(record.run, record.role)] = SanityChecker(
+                dpo=dpo, deepspeed_version=ds_version)
         for finding in checker.observe(record.step, record.metrics):
-            self.findings.append(finding)
-            self.finding_counts[finding.kind.value] += 1
-            log.warning("%s/%s step %s: %s", record.run, record.role, record.step, finding.message)
+            self._finding(record, finding)
+        seen = self._relayed.setdefault(record.run, set())
+        fresh: dict[str, list[str]] = {}
+        for name in record.metrics:
+            framework, sep, key = name.partition("/")
+            if sep and framework in keymaps.FRAMEWORKS and name not in seen:
+                seen.add(name)
+                fresh.setdefault(framework, []).append(key)
+        for framework, keys in sorted(fresh.items()):
+            for finding in relay_warnings(framework, keys):
+                self._finding(record, finding)
 
     def recent_events(self, since: int = 0) -> tuple[int, list[AlertEvent]]:
         """Alert events after the first ``since`` ones, and the new count (for polling)."""
@@ -177,6 +250,12 @@ def service_actor_class() -> Any:
 
         def recent_events(self, since: int = 0) -> tuple[int, list[AlertEvent]]:
             return self.core.recent_events(since)
+
+        def set_run_info(self, run: str, info: RunInfo | dict[str, Any]) -> None:
+            self.core.set_run_info(run, info)
+
+        def finish_run(self, run: str) -> None:
+            self.core.finish_run(run)
 
         def steps(self, run: str | None = None, role: str | None = None) -> list[dict[str, Any]]:
             return self.core.history.steps(run, role)

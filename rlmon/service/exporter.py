@@ -100,10 +100,25 @@ class RunInfo:
     pp: int | None = None
     grad_accumulation: int | None = None
     zero_stage: int | None = None
+    deepspeed_version: str = ""
+    dpo: bool = False  # a preference run (DPO-style loss), whatever ``algorithm`` says
+
+    @classmethod
+    def from_fields(cls, values: Mapping[str, Any]) -> RunInfo:
+        """A RunInfo from keyword fields; an unknown field is a TypeError naming it."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise TypeError(f"RunInfo: unknown field {unknown[0]!r} (fields: {sorted(known)})")
+        return cls(**dict(values))
 
     def labels(self) -> dict[str, str]:
-        return {f.name: "" if getattr(self, f.name) is None else str(getattr(self, f.name))
-                for f in fields(self)}
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = "" if value is None else (
+                str(value).lower() if isinstance(value, bool) else str(value))
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +200,11 @@ class MetricsState:
             elif record.step < stream.record.step:
                 return  # an older step never replaces a newer one
             stream.record, stream.seen = record, now
-            self._finished.pop(record.run, None)
+            finished = self._finished.get(record.run)
+            if finished is not None and now - finished >= self.finished_ttl:
+                # steps long after the end: the run resumed. Steps within the TTL are its tail
+                # (finalized after the Reporter said it finished) and keep it finished.
+                del self._finished[record.run]
             for metric in record.metrics:
                 if metric not in stream.names:
                     if self._series >= self.max_series:
@@ -386,7 +405,7 @@ _OTHER_DOCS: dict[str, str] = {
     CUSTOM_METRIC: "A metric outside the rlmon catalog (label `metric`).",
     ALERT_FIRING: "1 while an rlmon alert fires (labels `alert`, `severity`).",
     RUN_INFO + "_info": "Run metadata: framework and version, algorithm, loss reduction, dp/cp/tp/pp,"
-    " gradient accumulation, ZeRO stage.",
+    " gradient accumulation, ZeRO stage, DeepSpeed version, dpo (set by `Reporter.set_run_info`).",
     "rlmon_partials_ingested_total": "Metric partials merged into steps.",
     "rlmon_partials_rejected_total": "Records rejected as invalid (the rest still counted).",
     "rlmon_partials_late_total": "Records that arrived after their step was finalized.",
