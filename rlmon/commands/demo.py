@@ -192,9 +192,11 @@ def _run(args: argparse.Namespace) -> int:
                               deadline_s=3.0)
         service = ensure_runtime(namespace, opts)
         port = ray.get(service.layout.remote())["port"]
+        fault = ("no fault" if args.fault == "none"
+                 else f"fault {args.fault!r} at step {args.fault_step}")
         print(f"rlmon demo: service up, live metrics at http://127.0.0.1:{port}/metrics; "
-              f"GRPO DP={args.dp} x CP={args.cp}, {args.steps} steps, fault "
-              f"{args.fault!r} at step {args.fault_step}", file=out, flush=True)
+              f"GRPO DP={args.dp} x CP={args.cp}, {args.steps} steps, {fault}",
+              file=out, flush=True)
         run = f"grpo-demo-{int(time.time())}"
         seen = {"n": 0}
         metric_name = catalog.get("actor/is_ratio").prometheus_name
