@@ -8,11 +8,24 @@ from rlmon.actors.reporter import LocalSink, Reporter
 from rlmon.service.step import StepRecord
 
 
-class Hub:
-    """Reporters of one test share one LocalSink; ``records()`` flushes them and returns steps."""
+class InfoSink(LocalSink):
+    """A LocalSink that also takes the service's run-metadata call, as an in-process sink does."""
 
     def __init__(self) -> None:
-        self.sink = LocalSink()
+        super().__init__()
+        self.run_info: dict[str, Any] = {}
+
+    def set_run_info(self, run: str, info: Any) -> None:
+        self.run_info[run] = info
+
+
+class Hub:
+    """Reporters of one test share one LocalSink; ``records()`` flushes them and returns steps.
+    ``run_info[run]`` holds the last ``Reporter.set_run_info`` of a run."""
+
+    def __init__(self) -> None:
+        self.sink = InfoSink()
+        self.run_info = self.sink.run_info
         self.reporters: list[Reporter] = []
 
     def reporter(self, run: str = "run", role: str = "driver", **kw: Any) -> Reporter:

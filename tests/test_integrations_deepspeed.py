@@ -17,11 +17,11 @@ from rlmon.service import keymaps
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 
 if os.environ.get("RLMON_REQUIRE_EXTRAS") == "1":
-    import deepspeed  # noqa: F401
+    import deepspeed
     import torch
 else:
     torch = pytest.importorskip("torch")
-    pytest.importorskip("deepspeed")
+    deepspeed = pytest.importorskip("deepspeed")
 
 from rlmon.actors.integrations import deepspeed as rl_ds  # noqa: E402
 
@@ -82,20 +82,30 @@ def test_deepspeed_scales_the_loss_by_gas_and_the_comparable_view_undoes_it(engi
     assert torch.allclose(ratio, torch.full_like(ratio, float(GAS)), rtol=1e-4)
     engine.step()  # the boundary: optimizer step, gradients consumed
     hub = Hub()
-    probe = rl_ds.EngineProbe(engine, reporter=hub.reporter("ds", "actor"))
+    probe = rl_ds.EngineProbe(engine, reporter=hub.reporter("ds", "actor"), algorithm="sft")
     assert probe.normalization.gradient_accumulation_steps == GAS
     assert probe.normalization.zero_stage == 0
-    scaled = float(loss.item()) / GAS  # what DeepSpeed back-propagates
-    assert probe.normalization.comparable(scaled) == pytest.approx(float(loss.item()))
-    snap = probe.record(1, loss=scaled)
+    forward = float(loss.item())  # the README's usage: the loss as the user computed it
+    snap = probe.record(1, loss=loss.item())
     rec = hub.step("actor", 1).metrics
     assert snap.global_steps == 1 and snap.skipped_steps == 0 and snap.loss_scale is None
     assert rec[keymaps.SKIPPED_STEPS] == 0
-    assert rec[rl_ds.GAS] == GAS and rec[rl_ds.ZERO] == 0
-    assert rec[rl_ds.LOSS_COMPARABLE] == pytest.approx(float(loss.item()))
+    assert rec[keymaps.LOSS] == pytest.approx(forward)  # comparable with the plain-torch run
+    assert rec[rl_ds.LOSS_SCALED] == pytest.approx(forward / GAS)  # what DeepSpeed propagates
+    # DeepSpeed's own 1/gas view, named as such, lands on the same comparable loss
+    probe.record(2, scaled_loss=forward / GAS)
+    two = hub.step("actor", 2).metrics
+    assert two[keymaps.LOSS] == pytest.approx(forward)
+    with pytest.raises(ValueError, match="not both"):
+        probe.record(3, loss=forward, scaled_loss=forward / GAS)
     if snap.global_grad_norm is not None:
         assert rec[keymaps.GRAD_NORM] == pytest.approx(snap.global_grad_norm)
         assert snap.global_grad_norm > 0
     meta = probe.normalization.as_metadata()
     assert meta["comparable_loss_factor"] == GAS and meta["deepspeed_version"]
+    info = hub.run_info["ds"]  # run metadata, not deepspeed/* metrics
+    assert (info.framework, info.zero_stage, info.grad_accumulation) == ("deepspeed", 0, GAS)
+    assert info.deepspeed_version == deepspeed.__version__ == info.framework_version
+    assert info.algorithm == "sft" and info.dp == 1
+    assert not any(name.startswith("deepspeed/") and name != rl_ds.LOSS_SCALED for name in rec)
     hub.close()

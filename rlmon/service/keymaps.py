@@ -225,9 +225,9 @@ _ROWS: tuple[KeyMapping, ...] = (
        source=_SK_WORKER),
     _m("skyrl", "policy/loss_metrics/is_ratio_min", IS_RATIO_MIN, R.MIN, RELAY, "tracker", False,
        "min of ratio x mask: 0 whenever any position is masked; do not alert on it", _SK_WORKER),
-    _m("skyrl", "policy/grad_norm", GRAD_NORM, R.GLOBAL_VALUE, RECOMP, "tracker",
-       note="pre-clip global norm of the first actor, averaged over optimizer steps",
-       source=_SK_TRAINER),
+    _m("skyrl", "policy/grad_norm", GRAD_NORM, R.GLOBAL_VALUE, RELAY, "tracker",
+       note="pre-clip global norm of the first actor, averaged over optimizer steps by SkyRL: "
+       "the canonical definition, forwarded as logged", source=_SK_TRAINER),
     _m("skyrl", "policy/policy_lr", LR, R.GLOBAL_VALUE, EXACT, "tracker", source=_SK_WORKER),
     _m("skyrl", "policy/rollout_train_logprobs_abs_diff_mean", LOGP_DIFF, R.DRIVER_EXACT, EXACT,
        "tracker", source=_SK_TRAINER),
@@ -252,17 +252,18 @@ _ROWS: tuple[KeyMapping, ...] = (
        "written twice; mean of micro-batch means when recomputed in update_policy", _VERL),
     _m("verl", "actor/kl_loss", KL, R.SUM_MINIBATCHES, RELAY, "tracker", False,
        "summed over mini-batches x epochs", _VERL),
-    _m("verl", "actor/grad_norm", GRAD_NORM, R.GLOBAL_VALUE, RECOMP, "tracker",
-       note="one global norm per optimizer step, averaged", source=_VERL),
+    _m("verl", "actor/grad_norm", GRAD_NORM, R.GLOBAL_VALUE, RELAY, "tracker",
+       note="one global norm per optimizer step, averaged by verl: the canonical definition, "
+       "forwarded as logged", source=_VERL),
     _m("verl", "actor/lr", LR, R.GLOBAL_VALUE, EXACT, "tracker", source=_VERL),
     _m("verl", "critic/score/mean", REWARD, R.DRIVER_EXACT, EXACT, "tracker", source=_VERL_DATA),
     _m("verl", "response_length/mean", RESPONSE_LENGTH, R.DRIVER_EXACT, EXACT, "tracker",
        source=_VERL_DATA),
     _m("verl", "response_length/clip_ratio", CLIPPED_RATIO, R.DRIVER_EXACT, EXACT, "tracker",
        source=_VERL_DATA),
-    _m("verl", "rollout_corr/rollout_is_mean", IS_RATIO, R.DRIVER_EXACT, EXACT, "tracker",
-       note="exact in decoupled mode; a mean of micro-batch means in bypass mode",
-       source="verl/trainer/ppo/rollout_corr_helper.py"),
+    _m("verl", "rollout_corr/rollout_is_mean", IS_RATIO, MOM, RELAY, "tracker", False,
+       "a full-batch token mean in decoupled mode but a mean of micro-batch means in bypass "
+       "mode, under the same key", "verl/trainer/ppo/rollout_corr_helper.py"),
     _m("verl", "rollout_corr/rollout_is_min", IS_RATIO_MIN, R.MIN, EXACT, "tracker",
        source="verl/trainer/ppo/rollout_corr_helper.py"),
     _m("verl", "rollout_corr/rollout_is_max", IS_RATIO_MAX, R.MAX, EXACT, "tracker",
@@ -301,16 +302,17 @@ _ROWS: tuple[KeyMapping, ...] = (
        "a window mean of per-batch maxima", _TRL),
     _m("trl", "sampling/sampling_logp_difference/mean", LOGP_DIFF, R.MEAN_OF_RANK_MEANS, RELAY,
        "callback", False, "per-rank token means, then averaged over ranks", _TRL),
-    _m("trl", "sampling/sampling_logp_difference/max", LOGP_DIFF_MAX, R.MAX, EXACT, "callback",
-       note="global max per batch (a window mean of maxima when logging_steps > 1)",
-       source=_TRL),
+    _m("trl", "sampling/sampling_logp_difference/max", LOGP_DIFF_MAX, R.WINDOW_MEAN, RELAY,
+       "callback", False, "a global max per batch, then averaged over the logging window by "
+       "Trainer.log: a mean of maxima, not the window's max", _TRL),
     _m("trl", "sampling/importance_sampling_ratio/mean", IS_RATIO, R.MEAN_OF_RANK_MEANS, RELAY,
        "callback", False, "logged after truncation or masking (TRL #5231), mean of rank means",
        _TRL),
     _m("trl", "sampling/importance_sampling_ratio/min", IS_RATIO_MIN, R.MIN, RELAY, "callback",
        False, "after masking: 0 whenever sequence_mask fired", _TRL),
-    _m("trl", "sampling/importance_sampling_ratio/max", IS_RATIO_MAX, R.MAX, EXACT, "callback",
-       note="capped under truncation", source=_TRL),
+    _m("trl", "sampling/importance_sampling_ratio/max", IS_RATIO_MAX, R.WINDOW_MEAN, RELAY,
+       "callback", False, "capped under truncation, and a window mean of per-batch maxima",
+       _TRL),
     _m("trl", "objective/kl", KL, SW, RELAY, "callback", False,
        "sequence-summed KL averaged over samples, not a token mean", _TRL_PPO),
     _m("trl", "objective/entropy", ENTROPY, SW, RELAY, "callback", False,
@@ -351,8 +353,9 @@ _ROWS: tuple[KeyMapping, ...] = (
     _m("deepspeed", "global_grad_norm", GRAD_NORM, R.GLOBAL_VALUE, EXACT, "engine probe",
        note="NaN under DeepSpeed 0.13.5-0.14.0 is a known bug", source=_DS),
     _m("deepspeed", "loss", LOSS, R.LOSS_SCALED_BY_GAS, RECOMP, "engine probe", False,
-       "engine.backward scales the loss by 1/gradient_accumulation_steps; the comparable view "
-       "multiplies it back", _DS),
+       "engine.backward scales the loss by 1/gradient_accumulation_steps; the probe takes the "
+       "forward loss (loss=) or DeepSpeed's scaled one (scaled_loss=) and reports actor/loss "
+       "in the plain scale", _DS),
 )
 
 FRAMEWORKS: tuple[str, ...] = ("openrlhf", "skyrl", "verl", "trl", "vllm", "deepspeed")

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 from rlmon.service import catalog, keymaps
 from rlmon.service.spec import Form
 
-__all__ = ["ReporterLike", "make_reporter", "relay", "scalar"]
+__all__ = ["ReporterLike", "make_reporter", "relay", "scalar", "send_run_info"]
 
 
 class ReporterLike(Protocol):
@@ -23,6 +23,28 @@ class ReporterLike(Protocol):
     def flush(self, timeout: float | None = None) -> bool: ...
 
     def close(self) -> None: ...
+
+
+def send_run_info(reporter: Any, **fields: Any) -> dict[str, Any]:
+    """Send what an integration knows of the run (fields of ``rlmon.service.exporter.RunInfo``:
+    framework, framework_version, algorithm, loss_reduction, dp, cp, tp, pp, grad_accumulation,
+    zero_stage, deepspeed_version, dpo) through ``Reporter.set_run_info``; unknown values (None)
+    are left out. Returns what was sent. Best effort: a reporter without it sends nothing."""
+    known = {k: v for k, v in fields.items() if v is not None}
+    hook = getattr(reporter, "set_run_info", None)
+    if callable(hook):
+        hook(**known)
+    return known
+
+
+def framework_version(module: str) -> str | None:
+    """The installed version of a framework package (None when it is not installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(module)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def make_reporter(run: str, role: str, **kw: Any) -> Any:

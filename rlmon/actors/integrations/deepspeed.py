@@ -2,9 +2,12 @@
 
 The probe reads what ``deepspeed.runtime.engine.DeepSpeedEngine`` already tracks: the fp16 loss
 scale, skipped (overflowed) optimizer steps, the global grad norm, gradient accumulation steps and
-the ZeRO stage. ``engine.backward`` divides the loss by gradient_accumulation_steps, so DeepSpeed
-losses are 1/gas of a plain run's; :attr:`EngineProbe.normalization` keeps that as run metadata
-and :meth:`EngineProbe.record` reports the comparable view next to the raw loss.
+the ZeRO stage. ``engine.backward`` divides the loss by gradient_accumulation_steps, so the loss
+DeepSpeed back-propagates (and logs) is 1/gas of a plain run's. :meth:`EngineProbe.record` takes
+either loss by name: ``loss=`` the forward loss as the user computed it (``loss.item()`` before
+``engine.backward``), or ``scaled_loss=`` DeepSpeed's 1/gas view; it reports the comparable loss
+as the canonical ``actor/loss`` and DeepSpeed's scaled view as ``deepspeed/loss_scaled``. ZeRO
+stage, gas and the DeepSpeed version go to the service as run metadata (``set_run_info``).
 """
 
 from __future__ import annotations
@@ -12,17 +15,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rlmon.actors.integrations._base import ReporterLike, make_reporter
+from rlmon.actors.integrations._base import (
+    ReporterLike,
+    framework_version,
+    make_reporter,
+    send_run_info,
+)
 from rlmon.service import keymaps
 from rlmon.service.sanity import LossNormalization
 
 __all__ = ["EngineProbe", "EngineSnapshot", "probe"]
 
 FRAMEWORK = "deepspeed"
-LOSS_RAW = keymaps.relay_name(FRAMEWORK, "loss")
-LOSS_COMPARABLE = keymaps.relay_name(FRAMEWORK, "loss_comparable")
-GAS = keymaps.relay_name(FRAMEWORK, "gradient_accumulation_steps")
-ZERO = keymaps.relay_name(FRAMEWORK, "zero_stage")
+LOSS_SCALED = keymaps.relay_name(FRAMEWORK, "loss_scaled")  # what engine.backward propagates
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,13 +66,16 @@ def probe(engine: Any) -> EngineSnapshot:
 
 
 class EngineProbe:
-    """Records the probe's values each step: ``EngineProbe(engine, run="sft-1")``."""
+    """Records the probe's values each step: ``EngineProbe(engine, run="sft-1")``.
+
+    ``algorithm`` (e.g. ``"sft"``, ``"dpo"``) and ``dpo`` go into the run metadata with the
+    engine's ZeRO stage, gradient accumulation steps, DP size and DeepSpeed version.
+    """
 
     def __init__(self, engine: Any, run: str | None = None, *,
                  reporter: ReporterLike | None = None, role: str = "actor",
+                 algorithm: str | None = None, dpo: bool | None = None,
                  **reporter_kw: Any) -> None:
-        import deepspeed
-
         self.engine = engine
         if reporter is None:
             if run is None:
@@ -75,15 +83,28 @@ class EngineProbe:
             reporter = make_reporter(run, role, **reporter_kw)
         self.reporter: ReporterLike = reporter
         snap = probe(engine)
+        version = framework_version(FRAMEWORK)
         self.normalization = LossNormalization(
             deepspeed=True, gradient_accumulation_steps=snap.gradient_accumulation_steps,
-            scaled_by_gas=True, zero_stage=snap.zero_stage,
-            deepspeed_version=str(deepspeed.__version__),
+            scaled_by_gas=True, zero_stage=snap.zero_stage, deepspeed_version=version,
+        )
+        dp = getattr(engine, "dp_world_size", None)
+        self.run_info = send_run_info(
+            reporter, framework=FRAMEWORK, framework_version=version, deepspeed_version=version,
+            algorithm=algorithm, dpo=dpo, zero_stage=snap.zero_stage,
+            grad_accumulation=snap.gradient_accumulation_steps,
+            dp=int(dp) if isinstance(dp, int) else None,
         )
 
-    def record(self, step: int, loss: float | None = None, *,
+    def record(self, step: int, loss: float | None = None, *, scaled_loss: float | None = None,
                end_step: bool = True) -> EngineSnapshot:
-        """Record the probe (and, given DeepSpeed's scaled loss, its comparable view)."""
+        """Record the probe and the loss: ``loss`` is the forward loss as computed (the value
+        handed to ``engine.backward``), ``scaled_loss`` DeepSpeed's 1/gas view of it; give one.
+        Both become ``actor/loss`` in the comparable (non-DeepSpeed) scale and
+        ``deepspeed/loss_scaled`` in DeepSpeed's. Called once per micro-batch with
+        ``end_step=False``, the losses pool into the step's mean."""
+        if loss is not None and scaled_loss is not None:
+            raise ValueError("give loss= (the forward loss) or scaled_loss= (loss / gas), not both")
         snap = probe(self.engine)
         rep = self.reporter
         if snap.loss_scale is not None:
@@ -91,11 +112,12 @@ class EngineProbe:
         rep.record(keymaps.SKIPPED_STEPS, value=float(snap.skipped_steps))
         if snap.global_grad_norm is not None:
             rep.record(keymaps.GRAD_NORM, value=snap.global_grad_norm)
-        rep.record(GAS, value=float(snap.gradient_accumulation_steps))
-        rep.record(ZERO, value=float(snap.zero_stage))
+        factor = self.normalization.factor
+        if scaled_loss is not None:
+            loss = float(scaled_loss) * factor
         if loss is not None:
-            rep.record(LOSS_RAW, sum=float(loss), count=1.0)
-            rep.record(LOSS_COMPARABLE, sum=self.normalization.comparable(float(loss)), count=1.0)
+            rep.record(keymaps.LOSS, sum=float(loss), count=1.0)
+            rep.record(LOSS_SCALED, sum=float(loss) / factor, count=1.0)
         if end_step:
             rep.end_step(int(step))
         return snap
