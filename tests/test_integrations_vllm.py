@@ -81,6 +81,32 @@ def test_two_engines_sum_and_pool_correctly() -> None:
     hub.close()
 
 
+def test_separate_engines_take_their_rank_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenRLHF / verl layout: two LLM instances, each data_parallel_size=1, engine_index 0."""
+    hub, clock = Hub(), Clock(2000.0)
+    monkeypatch.setenv("RLMON_RUN", "sep-engines")
+    monkeypatch.setenv("RLMON_VLLM_ENGINES", "2")
+    engines = []
+    for i in range(2):
+        monkeypatch.setenv("RLMON_VLLM_ENGINE_RANK", str(i))
+        engines.append(rl_vllm.RlmonStatLogger(None, 0, make=hub.factory, clock=clock))
+    assert [(e.rank, e.engines) for e in engines] == [(0, 2), (1, 2)]
+    engines[0].record(_sched(4, 1, 0.5, 100, 90), _iter(40, 1))
+    engines[1].record(_sched(2, 5, 0.7, 10, 1), _iter(25, 2))
+    for e in engines:
+        e.close()
+    m = hub.step("vllm", 200).metrics
+    assert m[keymaps.TOKENS] == 65 and m[keymaps.RUNNING] == 6
+    assert m[keymaps.PREFIX_HIT_RATE] == pytest.approx(91 / 110)
+    monkeypatch.delenv("RLMON_VLLM_ENGINE_RANK")
+    monkeypatch.delenv("RLMON_VLLM_ENGINES")
+    first = rl_vllm.RlmonStatLogger(None, 0, make=hub.factory, clock=clock)
+    with pytest.raises(rl_vllm.DuplicateEngineRank):
+        rl_vllm.RlmonStatLogger(None, 0, make=hub.factory, clock=clock)
+    first.close()
+    hub.close()
+
+
 DRIVER = textwrap.dedent("""
     import os, sys
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"

@@ -2,7 +2,11 @@
 
 Registered under the entry-point group ``vllm.stat_logger_plugins`` (``pyproject.toml``), so an
 ``AsyncLLM`` loads it by itself; ``LLMEngine.from_engine_args(..., stat_loggers=[RlmonStatLogger])``
-uses it explicitly. Each engine is one rank (``dp`` = engine index) of role ``vllm``; a step is a
+uses it explicitly. Each engine is one rank ``dp`` of role ``vllm``: ``RLMON_VLLM_ENGINE_RANK`` of
+``RLMON_VLLM_ENGINES`` when set (separate ``LLM`` instances, the OpenRLHF / verl rollout layout,
+each with ``data_parallel_size=1``), else vLLM's data-parallel engine index of
+``data_parallel_size``. Two engines of one run claiming the same rank on one machine raise
+:class:`DuplicateEngineRank` instead of having one engine's numbers dropped. A step is a
 wall-clock window of ``RLMON_VLLM_WINDOW_S`` seconds (default 10) aligned to the epoch, so
 engines in different processes line up. Per window and engine it sends sufficient statistics, so
 the aggregator's sums across engines are right:
@@ -17,17 +21,72 @@ the aggregator's sums across engines are right:
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rlmon.actors.integrations._base import ReporterLike, env_reporter
 from rlmon.service import keymaps
 
-__all__ = ["EngineWindow"]  # and RlmonStatLogger, built lazily by __getattr__
+__all__ = ["DuplicateEngineRank", "EngineWindow", "engine_rank"]  # and RlmonStatLogger (lazy)
 
 ROLE = "vllm"
+ENV_RANK, ENV_WORLD = "RLMON_VLLM_ENGINE_RANK", "RLMON_VLLM_ENGINES"
+
+
+class DuplicateEngineRank(RuntimeError):
+    """Two engines of one run report as the same rank: the aggregator would keep only one."""
+
+
+def engine_rank(vllm_config: Any, engine_index: int = 0,
+                env: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """(rank, world) of one engine: the ``RLMON_VLLM_ENGINE_RANK`` / ``RLMON_VLLM_ENGINES`` pair
+    when set, else vLLM's data-parallel engine index and ``data_parallel_size``."""
+    env = os.environ if env is None else env
+    rank_s, world_s = env.get(ENV_RANK), env.get(ENV_WORLD)
+    if (rank_s is None) != (world_s is None):
+        raise ValueError(f"set both {ENV_RANK} (this engine, 0..N-1) and {ENV_WORLD} (N)")
+    if rank_s is not None and world_s is not None:
+        rank, world = int(rank_s), int(world_s)
+    else:
+        pc = getattr(vllm_config, "parallel_config", None)
+        world = int(getattr(pc, "data_parallel_size", 1) or 1)
+        rank = int(engine_index) if world > 1 else 0
+    if not 0 <= rank < world:
+        raise ValueError(f"vLLM engine rank {rank} outside 0..{world - 1}")
+    return rank, world
+
+
+class _RankClaim:
+    """An exclusive lock file per (run, role, rank) held while an engine reports: a second engine
+    claiming it in any process of this machine fails loudly (flock, released when the holder
+    exits)."""
+
+    def __init__(self, run: str, role: str, rank: Mapping[str, int]) -> None:
+        label = f"{run}/{role}/" + ",".join(f"{k}={v}" for k, v in sorted(rank.items()))
+        folder = os.path.join(tempfile.gettempdir(), "rlmon-vllm-ranks")
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, hashlib.sha256(label.encode()).hexdigest()[:24] + ".lock")
+        self._fh: Any = open(path, "a+")  # noqa: SIM115  (held for the engine's lifetime)
+        try:
+            fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._fh.close()
+            self._fh = None
+            raise DuplicateEngineRank(
+                f"another vLLM engine of run {run!r} already reports as {label.split('/')[-1]}: "
+                f"its numbers would be dropped as duplicates. Give each engine a distinct "
+                f"{ENV_RANK}=0..N-1 with {ENV_WORLD}=N (or use vLLM data parallelism)") from None
+
+    def release(self) -> None:
+        if self._fh is not None:
+            fcntl.flock(self._fh, fcntl.LOCK_UN)
+            self._fh.close()
+            self._fh = None
 
 
 class EngineWindow:
@@ -36,6 +95,11 @@ class EngineWindow:
     def __init__(self, reporter: ReporterLike, window_s: float = 10.0,
                  clock: Callable[[], float] = time.time) -> None:
         self.reporter, self.window_s, self.clock = reporter, float(window_s), clock
+        rank = getattr(reporter, "rank", None)
+        as_dict = getattr(rank, "as_dict", None)
+        self._claim = _RankClaim(str(getattr(reporter, "run", "")), ROLE,
+                                 as_dict() if callable(as_dict) else {}) \
+            if hasattr(reporter, "run") else None
         self.window: int | None = None
         self.running = self.waiting = 0
         self.kv_usage: float | None = None
@@ -85,6 +149,11 @@ class EngineWindow:
         rep.end_step(self.window)
         self._reset()
 
+    def release(self) -> None:
+        """Give up this engine's rank (the engine shut down)."""
+        if self._claim is not None:
+            self._claim.release()
+
 
 def _build() -> type:
     from vllm.v1.metrics.loggers import StatLoggerBase
@@ -94,14 +163,12 @@ def _build() -> type:
 
         def __init__(self, vllm_config: Any, engine_index: int = 0, *,
                      reporter: ReporterLike | None = None,
+                     make: Callable[..., ReporterLike] = env_reporter,
                      clock: Callable[[], float] = time.time) -> None:
             env = os.environ
-            engines = int(env.get("RLMON_VLLM_ENGINES", "0")) or int(
-                getattr(getattr(vllm_config, "parallel_config", None),
-                        "data_parallel_size", 1) or 1)
-            rank = int(env.get("RLMON_VLLM_ENGINE_RANK", engine_index))
-            self.engine_index = engine_index
-            self.reporter = reporter or env_reporter(
+            rank, engines = engine_rank(vllm_config, engine_index)
+            self.engine_index, self.rank, self.engines = engine_index, rank, engines
+            self.reporter = reporter or make(
                 env.get("RLMON_RUN", "vllm"), ROLE, rank={"dp": rank}, world={"dp": engines})
             self.window = EngineWindow(self.reporter,
                                        float(env.get("RLMON_VLLM_WINDOW_S", "10")), clock)
@@ -121,6 +188,7 @@ def _build() -> type:
             self.window.close_window()
             self.window.window = None
             self.reporter.flush(10.0)
+            self.window.release()
 
     return RlmonStatLogger
 
