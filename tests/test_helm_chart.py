@@ -7,6 +7,7 @@ tests/data/crds/, with their source recorded in each file). No cluster or API se
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,7 @@ def crd_validator(kind: str) -> jsonschema.Draft7Validator:
 
 VARIANTS: list[dict[str, Any]] = [
     {},
-    {"ray": {"address": "ray://head.ray.svc.cluster.local:10001"},
+    {"ray": {"headAddress": "head.ray.svc.cluster.local:6379", "serviceResource": "rlmon_svc"},
      "secrets": {"slack": {"existingSecret": "rlmon-slack"},
                  "pagerduty": {"existingSecret": "rlmon-pd", "key": "key"}},
      "persistence": {"enabled": True}, "serviceMonitor": {"enabled": True},
@@ -107,22 +108,66 @@ def test_validators_catch_bad_objects() -> None:
     assert list(crd_validator("PodMonitor").iter_errors(monitor))
 
 
-def test_deployment_runs_rlmon_serve_against_the_kuberay_head() -> None:
-    c = container(render())
-    assert c["command"] == ["rlmon"]
-    args = c["args"]
-    assert args[0] == "serve"
-    assert args[args.index("--address") + 1] == (
-        f"ray://raycluster-kuberay-head-svc.{NAMESPACE}.svc.cluster.local:10001")
-    assert args[args.index("--port") + 1] == "9464"
-    assert args[args.index("--config") + 1] == "/etc/rlmon/config.yaml"
+def script(c: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The container's `ray start ...` and `rlmon serve ...` commands, as argv lists."""
+    assert c["command"] == ["/bin/sh", "-c"]
+    (text,) = c["args"]
+    start, serve = text.split(" && ")
+    serve_argv = shlex.split(serve)
+    assert serve_argv[0] == "exec"  # rlmon serve is PID 1's successor: it gets SIGTERM
+    return shlex.split(start), serve_argv[1:]
+
+
+def flag(argv: list[str], name: str) -> str:
+    for i, arg in enumerate(argv):
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+        if arg == name:
+            return argv[i + 1]
+    raise AssertionError(f"{name} not in {argv}")
+
+
+def test_pod_joins_the_raycluster_and_hosts_the_service() -> None:
+    """The service actor (exporter, notifiers, outbox) must run in this pod, where the config,
+    Secrets, state volume and probes are: the pod joins the cluster as a 0-CPU node offering the
+    service resource, and `rlmon serve` pins the service actor to it."""
+    objects = render()
+    c = container(objects)
+    start, serve = script(c)
+    assert start[:2] == ["ray", "start"]
+    assert flag(start, "--address") == (
+        f"raycluster-kuberay-head-svc.{NAMESPACE}.svc.cluster.local:6379")
+    assert flag(start, "--num-cpus") == "0"
+    assert json.loads(flag(start, "--resources")) == {"rlmon_service": 1}
+    assert serve[:2] == ["rlmon", "serve"]
+    assert flag(serve, "--address") == "auto"  # the pod's own Ray node, not Ray Client
+    assert flag(serve, "--service-resource") == "rlmon_service"
+    assert flag(serve, "--port") == "9464"
+    assert flag(serve, "--config") == "/etc/rlmon/config.yaml"
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert flag(serve, "--state-dir") == mounts["state"] == "/var/lib/rlmon"
+    assert mounts["config"] == "/etc/rlmon"
     assert c["ports"] == [{"name": "metrics", "containerPort": 9464, "protocol": "TCP"}]
-    assert c["readinessProbe"]["httpGet"]["path"] == "/healthz"
-    assert c["resources"]["requests"] == {"cpu": "100m", "memory": "256Mi"}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["resources"]["requests"] == {"cpu": "250m", "memory": "768Mi"}
     other = container(render({"ray": {"kuberay": {"clusterName": "rc", "namespace": "ray"}}}))
-    assert "ray://rc-head-svc.ray.svc.cluster.local:10001" in other["args"]
-    explicit = container(render({"ray": {"address": "auto"}}))
-    assert explicit["args"][explicit["args"].index("--address") + 1] == "auto"
+    assert flag(script(other)[0], "--address") == "rc-head-svc.ray.svc.cluster.local:6379"
+    explicit_start, explicit_serve = script(container(render(VARIANTS[1])))
+    assert flag(explicit_start, "--address") == "head.ray.svc.cluster.local:6379"
+    assert json.loads(flag(explicit_start, "--resources")) == {"rlmon_svc": 1}
+    assert flag(explicit_serve, "--service-resource") == "rlmon_svc"
+    assert "rlmon_service" in objects["NOTES"] and "ray://" not in objects["NOTES"]
+
+
+def test_serve_accepts_the_charts_command_line() -> None:
+    from rlmon.cli import build_parser
+
+    _, serve = script(container(render()))
+    args = build_parser().parse_args(serve[1:])
+    assert args.service_resource == "rlmon_service"
+    assert args.state_dir == "/var/lib/rlmon"
+    assert args.address == "auto"
 
 
 def test_secrets_are_referenced_never_inlined() -> None:
@@ -142,7 +187,9 @@ def test_secrets_are_referenced_never_inlined() -> None:
 
 
 def test_values_schema_rejects_bad_values() -> None:
-    for bad in ({"port": 70000}, {"ray": {"address": "http://head:10001"}},
+    for bad in ({"port": 70000}, {"ray": {"headAddress": "http://head:10001"}},
+                {"ray": {"headAddress": "ray://head:10001"}},
+                {"ray": {"serviceResource": "rlmon service"}},
                 {"podMonitor": {"enabled": True, "interval": "fifteen"}}, {"unknown": 1},
                 {"secrets": {"slack": {"existingSecret": "Not_A_Name", "key": "k"},
                              "pagerduty": {"existingSecret": "", "key": "k"}}}):
@@ -156,10 +203,13 @@ def test_config_map_is_a_valid_rlmon_config(tmp_path: Path) -> None:
     path.write_text(cm["data"]["config.yaml"])
     settings = load_config(path)
     assert settings.routing.critical == ["pagerduty", "slack"]
-    assert str(settings.outbox.path) == "/var/lib/rlmon/outbox.sqlite"
-    mounts = {m["name"]: m["mountPath"] for m in container(render())["volumeMounts"]}
-    assert mounts["config"] == "/etc/rlmon"
-    assert mounts["state"] == str(settings.outbox.path.parent)
+    # the outbox follows --state-dir, the state volume's mount
+    assert settings.outbox.path is None
+    from rlmon.service.notify.factory import outbox_path
+
+    _, serve = script(container(render()))
+    state = Path(flag(serve, "--state-dir"))
+    assert outbox_path(settings, state) == state / "outbox.sqlite"
 
 
 def test_monitoring_objects_carry_the_release_label() -> None:

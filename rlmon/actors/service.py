@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from rlmon.service import keymaps
-from rlmon.service.alerts import AlertEngine, AlertEvent
+from rlmon.service.alerts import AlertEngine, AlertEvent, AlertState
 from rlmon.service.config import Settings, load_config
 from rlmon.service.exporter import IngestCounters, MetricsState, RunInfo
 from rlmon.service.history import HistoryStore
 from rlmon.service.metrics_http import MetricsServer, serve_metrics
-from rlmon.service.notify.factory import build_dispatcher, open_outbox
+from rlmon.service.notify.factory import build_dispatcher, open_outbox, outbox_path
+from rlmon.service.redact import install_redaction
 from rlmon.service.rules import Rule, default_rules, load_rules
 from rlmon.service.sanity import Finding, SanityChecker, relay_warnings
 from rlmon.service.step import StepRecord
@@ -80,10 +81,23 @@ class ServiceCore:
     ) -> None:
         self.settings = settings or load_config()
         state = Path(state_dir) if state_dir is not None else None
+        if state is not None:
+            state.mkdir(parents=True, exist_ok=True)
         self.history = HistoryStore(state / "history.sqlite" if state else ":memory:")
         self.engine = AlertEngine(list(rules) if rules is not None else default_rules())
-        outbox = open_outbox(self.settings, state / "outbox.sqlite" if state else ":memory:")
+        # A restarted service continues every (run, role, alert) where it stopped: a firing
+        # alert still resolves, a pending one still needs only its remaining bad steps.
+        self.engine.states.update(self.history.alert_states())
+        self.engine.last_step.update(self.history.last_steps())
+        self._restored_firing: dict[tuple[str, str], list[str]] = {}
+        for (run, role, alert), st in self.engine.states.items():
+            if st.firing:
+                self._restored_firing.setdefault((run, role), []).append(alert)
+        self.outbox_path = outbox_path(self.settings, state)
+        outbox = open_outbox(self.settings, self.outbox_path)
         self.dispatcher = build_dispatcher(self.settings, outbox, transports=transports)
+        # after the notifier modules (and their clients' loggers) exist
+        install_redaction(self.settings.secret_values())
         self.dispatcher.start()
         exp = self.settings.exporter
         self.metrics = MetricsState(
@@ -130,8 +144,15 @@ class ServiceCore:
     def port(self) -> int | None:
         return self.server.port if self.server is not None else None
 
-    def healthy(self) -> bool:
-        return True
+    def healthy(self) -> tuple[bool, str]:
+        """(ok, reason) for ``/healthz``: unhealthy when alerts could no longer be delivered or
+        stored (a delivery thread died, the history store is closed)."""
+        dead = self.dispatcher.dead_threads()
+        if dead:
+            return False, f"delivery thread(s) not running: {', '.join(dead)}"
+        if self.history.closed:
+            return False, "history store closed"
+        return True, "ok"
 
     def publish(
         self, records: Sequence[StepRecord], shard: int = 0,
@@ -139,6 +160,7 @@ class ServiceCore:
     ) -> list[AlertEvent]:
         """Export, evaluate, store and notify finalized steps; returns the alert transitions."""
         events: list[AlertEvent] = []
+        batches: list[tuple[float | None, list[AlertEvent]]] = []
         with self._lock:
             if stats is not None:
                 self._shard_stats[shard] = dict(stats)
@@ -148,16 +170,45 @@ class ServiceCore:
                     self.redeliveries += 1
                     continue
                 fresh.append(record)
+            streams: set[tuple[str, str]] = set()
             for record in fresh:
                 mine = self.engine.evaluate(record)
-                self.metrics.update(record, mine)
+                streams.add((record.run, record.role))
+                self.metrics.update(record, self._restored(record) + mine)
                 events.extend(mine)
+                if mine:
+                    batches.append((record.finalized_at, mine))
                 self._check_sanity(record)
-            self.history.add(fresh, events)
+            self.history.add(fresh, events, states=self._states_of(streams),
+                             last_steps={k: self.engine.last_step[k] for k in streams
+                                         if k in self.engine.last_step})
             self.events.extend(events)
-        if events:
-            self.dispatcher.submit(events)
+        for finalized_at, batch in batches:
+            # latency is measured from the step's finalization, not from this call
+            self.dispatcher.submit(batch, finalized_at=finalized_at)
         return events
+
+    def _states_of(self, streams: set[tuple[str, str]]) -> dict[tuple[str, str, str], AlertState]:
+        states = self.engine.states
+        out = {}
+        for run, role in streams:
+            for rule in self.engine.rules:
+                key = (run, role, rule.name)
+                if key in states:
+                    out[key] = states[key]
+        return out
+
+    def _restored(self, record: StepRecord) -> list[AlertEvent]:
+        """Alerts that were firing before a restart, shown again on the stream's first step."""
+        alerts = self._restored_firing.pop((record.run, record.role), None)
+        if not alerts:
+            return []
+        return [
+            AlertEvent(record.run, record.role, record.step, alert,
+                       self.engine.severity_of(alert), "firing", "", None)
+            for alert in alerts if self.engine.states.get((record.run, record.role, alert),
+                                                          AlertState()).firing
+        ]
 
     def set_run_info(self, run: str, info: RunInfo | Mapping[str, Any]) -> None:
         """A run's metadata: shown as ``rlmon_run_info`` and used by the run's sanity checks."""
@@ -242,6 +293,11 @@ def service_actor_class() -> Any:
         def layout(self) -> dict[str, Any]:
             return {"shards": self.shards, "port": self.core.port}
 
+        def placement(self) -> dict[str, Any]:
+            """The node this service runs on and the resources it holds there."""
+            ctx = ray.get_runtime_context()
+            return {"node": ctx.get_node_id(), "resources": ctx.get_assigned_resources()}
+
         def publish(
             self, records: list[StepRecord], shard: int = 0,
             stats: dict[str, Any] | None = None,
@@ -269,6 +325,9 @@ def service_actor_class() -> Any:
                 "ingest": self.core._ingest_counters(),
                 "dispatch": self.core.dispatcher.stats(),
             }
+
+        def healthy(self) -> tuple[bool, str]:
+            return self.core.healthy()
 
         def close(self, timeout: float = 5.0) -> bool:
             return self.core.close(timeout)

@@ -16,7 +16,7 @@ from typing import IO
 from rlmon.service.config import DESTINATIONS, ConfigError, RoutingConfig, load_config
 from rlmon.service.replay import ReplayResult
 
-__all__ = ["deliver_alerts", "parse_destinations"]
+__all__ = ["deliver_alerts", "parse_destinations", "replay_routing"]
 
 
 def parse_destinations(text: str) -> list[str]:
@@ -29,12 +29,36 @@ def parse_destinations(text: str) -> list[str]:
     return names
 
 
+def replay_routing(routing: RoutingConfig, destinations: Sequence[str],
+                   all_severities: bool = False) -> RoutingConfig:
+    """The routing of a replay: the configured routes limited to ``destinations``; ``console``,
+    when named, gets every alert (it is how one watches a replay), and ``all_severities`` sends
+    every alert to every named destination."""
+    chosen = list(destinations)
+    if all_severities:
+        return RoutingConfig.model_validate({"critical": chosen, "warning": chosen})
+
+    def limit(route: list[str] | None) -> list[str] | None:
+        if route is None:
+            return None
+        kept = [d for d in route if d in chosen and d != "console"]
+        return kept + (["console"] if "console" in chosen else [])
+
+    data = routing.model_dump()
+    data["critical"], data["warning"] = limit(data["critical"]), limit(data["warning"])
+    for override in data["runs"]:
+        override["critical"], override["warning"] = (
+            limit(override["critical"]), limit(override["warning"]))
+    return RoutingConfig.model_validate(data)
+
+
 def deliver_alerts(
     result: ReplayResult, destinations: Sequence[str], config: str | None,
     all_severities: bool = False, timeout: float = 120.0, err: IO[str] | None = None,
 ) -> int:
     """Route and deliver; returns 0 when everything routed was accepted, 1 otherwise."""
     from rlmon.service.notify import build_dispatcher, open_outbox
+    from rlmon.service.redact import install_redaction
 
     err = err or sys.stderr
     try:
@@ -42,14 +66,12 @@ def deliver_alerts(
     except ConfigError as exc:
         print(f"rlmon replay: {exc}", file=err)
         return 2
-    if all_severities or list(destinations) == ["console"]:
-        chosen = RoutingConfig.model_validate({"critical": list(destinations),
-                                               "warning": list(destinations)})
-        settings.routing = chosen
+    settings.routing = replay_routing(settings.routing, destinations, all_severities)
     events = result.alerts
     with tempfile.TemporaryDirectory(prefix="rlmon-replay-") as tmp:
         outbox = open_outbox(settings, Path(tmp) / "outbox.sqlite")
         dispatcher = build_dispatcher(settings, outbox, only=destinations)
+        install_redaction(settings.secret_values())  # client libraries log request URLs
         missing = [d for d in destinations if d not in dispatcher.notifiers]
         if missing:
             print(f"rlmon replay: {', '.join(missing)} not configured (set its URL or key: see "

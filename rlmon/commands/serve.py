@@ -2,11 +2,17 @@
 
 SIGINT/SIGTERM trigger a graceful shutdown: aggregators finalize their open steps and deliver
 them, the service drains its notification outbox, then the actors exit.
+
+With ``--service-resource NAME`` the service actor (exporter, notifiers, outbox) requests one unit
+of the custom Ray resource NAME, so it runs on the one node that offers it: in Kubernetes, the
+rlmon pod itself joins the RayCluster with ``ray start --resources='{"NAME": 1}'``, and the service
+lives where its config file, secrets, state volume, probes and Service are.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -23,8 +29,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--namespace", default="rlmon", help="Ray namespace of the actors (rlmon)")
     p.add_argument("--config", default=None, help="YAML settings file (notifiers, routing, ...)")
     p.add_argument("--rules", default=None, help="YAML rule file (on top of the default pack)")
-    p.add_argument("--port", type=int, default=9464, help="exporter port for /metrics, /healthz")
-    p.add_argument("--host", default="0.0.0.0", help="exporter bind address (0.0.0.0)")
+    p.add_argument("--port", type=int, default=None,
+                   help="exporter port for /metrics, /healthz (default: exporter.port of the "
+                   "config)")
+    p.add_argument("--host", default=None,
+                   help="exporter bind address (default: exporter.host of the config, 0.0.0.0)")
+    p.add_argument("--service-resource", default=None, metavar="NAME",
+                   help="run the service actor on the node offering this custom Ray resource "
+                   "(the rlmon pod, which joins the cluster with ray start --resources)")
     p.add_argument("--state-dir", default=None,
                    help="directory for the history store, outbox and watermarks")
     p.add_argument("--shards", type=int, default=1, help="aggregator shards by (run, role)")
@@ -35,8 +47,47 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run_serve)
 
 
+def _absolute(path: str | None) -> str | None:
+    # the service actor may run in another working directory
+    return os.path.abspath(path) if path else None
+
+
+def pin_service(namespace: str, opts: Any, resource: str) -> Any:
+    """Create the named service actor on the node offering ``resource`` (before
+    ``ensure_runtime``, which then finds it and starts the aggregators beside it)."""
+    import ray
+
+    from rlmon.actors.runtime import SERVICE
+    from rlmon.actors.service import service_actor_class
+
+    offered = ray.cluster_resources().get(resource, 0.0)
+    if offered < 1.0:
+        raise RuntimeError(
+            f"no Ray node offers the resource {resource!r}: start the rlmon node with "
+            f"ray start --address=<head>:6379 --num-cpus=0 --resources="
+            f"{json.dumps({resource: 1})!r}")
+    return service_actor_class().options(
+        name=SERVICE, namespace=namespace, get_if_exists=True,
+        lifetime="detached" if opts.detached else None, max_restarts=opts.max_restarts,
+        resources={resource: 1.0},
+    ).remote(opts.config, opts.resolved_state_dir(namespace), opts.port, opts.host,
+             opts.shards, opts.rules)
+
+
 def run_serve(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
+    from rlmon.service.config import ConfigError, load_config
+    from rlmon.service.redact import install_redaction
+
+    try:
+        settings = load_config(args.config)  # fail here, not inside an actor, on a bad config
+    except ConfigError as exc:
+        print(f"rlmon serve: {exc}", file=sys.stderr)
+        return 2
+    install_redaction(settings.secret_values())
+    port = args.port if args.port is not None else settings.exporter.port
+    host = args.host if args.host is not None else settings.exporter.host
+
     import ray
 
     from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, shutdown_runtime
@@ -46,19 +97,25 @@ def run_serve(args: argparse.Namespace, stop: threading.Event | None = None) -> 
         init["address"] = args.address
     ray.init(**init)
     opts = RuntimeOptions(
-        config=args.config, rules=args.rules, state_dir=args.state_dir, port=args.port,
-        host=args.host, shards=args.shards, detached=args.detached, deadline_s=args.deadline,
+        config=_absolute(args.config), rules=_absolute(args.rules),
+        state_dir=_absolute(args.state_dir), port=port, host=host, shards=args.shards,
+        detached=args.detached, deadline_s=args.deadline,
     )
+    pinned = None
     try:
+        if args.service_resource:
+            pinned = pin_service(args.namespace, opts, args.service_resource)
         service = ensure_runtime(args.namespace, opts)
         layout: Any = ray.get(service.layout.remote())
     except Exception as exc:
         print(f"rlmon serve: cannot start: {exc}", file=sys.stderr)
         ray.shutdown()
         return 1
+    where = f" on the node offering {args.service_resource!r}" if pinned is not None else ""
     print(
         f"rlmon serve: namespace {args.namespace!r}, {layout['shards']} aggregator shard(s), "
-        f"metrics on http://{args.host}:{layout['port']}/metrics (health: /healthz)",
+        f"service{where} with metrics on http://{host}:{layout['port']}/metrics "
+        "(health: /healthz)",
         flush=True,
     )
     stop = stop or threading.Event()

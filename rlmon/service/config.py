@@ -92,6 +92,12 @@ class SlackConfig(_Section):
     @model_validator(mode="after")
     def _resolve(self) -> SlackConfig:
         secret = _secret_from("webhook_url", "slack", self.webhook_url, self.webhook_url_file)
+        if secret is not None and not secret.get_secret_value().startswith(
+                ("https://", "http://")):
+            # caught here, not by a day of retries; the value itself is never quoted
+            env = SECRET_ENV[("slack", "webhook_url")]
+            raise ValueError(f"notifiers.slack.webhook_url must be an http(s) URL (from {env} "
+                             "or webhook_url_file; the value is not shown)")
         object.__setattr__(self, "webhook_url", secret)
         return self
 
@@ -209,7 +215,8 @@ class Silence(_Section):
 
 
 class OutboxConfig(_Section):
-    path: Path = Path("rlmon-outbox.sqlite")
+    # None: <state_dir>/outbox.sqlite; a relative path lies under the state directory
+    path: Path | None = None
     backoff_initial_seconds: float = Field(default=1.0, gt=0.0)
     backoff_max_seconds: float = Field(default=300.0, gt=0.0)
     backoff_jitter: float = Field(default=0.2, ge=0.0, le=1.0)  # +-20 % of the delay

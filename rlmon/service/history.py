@@ -2,7 +2,9 @@
 
 It backs replays, reports and plots after (or during) a run; the live exporter keeps only the
 latest step per (run, role), so memory stays bounded by open steps while history goes to disk.
-Writing a step twice (a redelivery after an aggregator restart) keeps one row.
+Writing a step twice (a redelivery after an aggregator restart) keeps one row. The alert engine's
+state per (run, role, alert) is saved with the steps that produced it (one transaction), so a
+restarted service resumes every state machine exactly where it stopped.
 """
 
 from __future__ import annotations
@@ -10,11 +12,12 @@ from __future__ import annotations
 import json
 import math
 import threading
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlmon.service.alerts import AlertEvent
+from rlmon.service.alerts import AlertEvent, AlertState
 from rlmon.service.sqlite_db import open_database
 from rlmon.service.step import StepRecord
 
@@ -29,6 +32,12 @@ CREATE TABLE IF NOT EXISTS alerts (
     id INTEGER PRIMARY KEY AUTOINCREMENT, run TEXT NOT NULL, role TEXT NOT NULL,
     step INTEGER NOT NULL, alert TEXT NOT NULL, severity TEXT NOT NULL, state TEXT NOT NULL,
     metric TEXT NOT NULL, value REAL, UNIQUE (run, role, step, alert, state));
+CREATE TABLE IF NOT EXISTS alert_state (
+    run TEXT NOT NULL, role TEXT NOT NULL, alert TEXT NOT NULL, true_steps INTEGER NOT NULL,
+    false_steps INTEGER NOT NULL, firing INTEGER NOT NULL, since_step INTEGER,
+    history TEXT NOT NULL, metric TEXT NOT NULL DEFAULT '', PRIMARY KEY (run, role, alert));
+CREATE TABLE IF NOT EXISTS stream_state (
+    run TEXT NOT NULL, role TEXT NOT NULL, last_step INTEGER NOT NULL, PRIMARY KEY (run, role));
 """
 
 
@@ -45,9 +54,15 @@ class HistoryStore:
     def __init__(self, path: str | Path = ":memory:") -> None:
         self._db = open_database(path, _SCHEMA)
         self._lock = threading.Lock()
+        self.closed = False
 
-    def add(self, records: Sequence[StepRecord], events: Iterable[AlertEvent] = ()) -> int:
-        """Store steps and alert events; returns how many steps were new (not redeliveries)."""
+    def add(
+        self, records: Sequence[StepRecord], events: Iterable[AlertEvent] = (),
+        *, states: Mapping[tuple[str, str, str], AlertState] | None = None,
+        last_steps: Mapping[tuple[str, str], int] | None = None,
+    ) -> int:
+        """Store steps, alert events and the engine state after them, in one transaction;
+        returns how many steps were new (not redeliveries)."""
         with self._lock:
             self._db.execute("BEGIN")
             before = self._db.total_changes
@@ -69,8 +84,43 @@ class HistoryStore:
                     for e in events
                 ],
             )
+            self._db.executemany(
+                "INSERT OR REPLACE INTO alert_state VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (run, role, alert, st.true_steps, st.false_steps, int(st.firing),
+                     st.since_step, json.dumps([float(v) for v in st.history]),
+                     str(getattr(st, "metric", "")))
+                    for (run, role, alert), st in (states or {}).items()
+                ],
+            )
+            self._db.executemany(
+                "INSERT OR REPLACE INTO stream_state VALUES (?, ?, ?)",
+                [(run, role, step) for (run, role), step in (last_steps or {}).items()],
+            )
             self._db.execute("COMMIT")
         return new
+
+    def alert_states(self) -> dict[tuple[str, str, str], AlertState]:
+        """The saved alert state machines (see :class:`~rlmon.service.alerts.AlertEngine`)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT run, role, alert, true_steps, false_steps, firing, since_step, history, "
+                "metric FROM alert_state").fetchall()
+        out = {}
+        for run, role, alert, t, f, firing, since, hist, metric in rows:
+            state = AlertState(true_steps=int(t), false_steps=int(f), firing=bool(firing),
+                               since_step=since,
+                               history=deque(float(v) for v in json.loads(hist)))
+            if hasattr(state, "metric"):
+                state.metric = metric
+            out[(run, role, alert)] = state
+        return out
+
+    def last_steps(self) -> dict[tuple[str, str], int]:
+        """The last evaluated step of every (run, role)."""
+        with self._lock:
+            rows = self._db.execute("SELECT run, role, last_step FROM stream_state").fetchall()
+        return {(run, role): int(step) for run, role, step in rows}
 
     def has_step(self, run: str, role: str, step: int) -> bool:
         with self._lock:
@@ -118,3 +168,4 @@ class HistoryStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+            self.closed = True

@@ -19,7 +19,7 @@ from rlmon.service.exporter import MetricsState, RlmonCollector
 
 __all__ = ["MetricsServer", "build_registry", "serve_metrics"]
 
-Health = Callable[[], bool]
+Health = Callable[[], "bool | tuple[bool, str]"]
 
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
@@ -46,10 +46,12 @@ def _app(registry: CollectorRegistry, health: Health | None) -> Callable[..., It
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         if path == "/healthz":
-            ok = health() if health is not None else True
+            verdict = health() if health is not None else True
+            ok, reason = verdict if isinstance(verdict, tuple) else (
+                verdict, "ok" if verdict else "unhealthy")
             start_response("200 OK" if ok else "503 Service Unavailable",
                            [("Content-Type", "text/plain")])
-            return [b"ok\n" if ok else b"unhealthy\n"]
+            return [(reason if ok else f"unhealthy: {reason}").encode() + b"\n"]
         if path in ("/metrics", "/metrics/"):
             return metrics(environ, start_response)
         start_response("404 Not Found", [("Content-Type", "text/plain")])

@@ -7,9 +7,10 @@ messages, so every string that leaves the notifier path goes through a :class:`R
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable
 
-__all__ = ["MASK", "RedactingFilter", "Redactor"]
+__all__ = ["MASK", "WATCHED_LOGGERS", "RedactingFilter", "Redactor", "install_redaction"]
 
 MASK = "***"
 _MIN_SECRET = 4  # masking a 1-3 character "secret" would shred ordinary text
@@ -61,3 +62,33 @@ class RedactingFilter(logging.Filter):
             text = logging.Formatter().formatException(record.exc_info)
             record.exc_info, record.exc_text = None, self.redactor(text)
         return True
+
+
+# Client libraries that log request URLs or bodies (slack_sdk at DEBUG logs the webhook URL).
+WATCHED_LOGGERS: tuple[str, ...] = ("slack_sdk", "pagerduty", "httpx", "httpcore", "urllib3")
+
+_FILTER = RedactingFilter(Redactor())
+_SECRETS: set[str] = set()
+_INSTALL = threading.Lock()
+
+
+def install_redaction(secrets: Iterable[str]) -> RedactingFilter:
+    """Redact ``secrets`` in every log record of this process that reaches a root handler or the
+    client libraries' loggers (and their existing children).
+
+    One shared filter; calling again adds secrets and attaches it to handlers added since.
+    """
+    with _INSTALL:
+        _SECRETS.update(s for s in secrets if s)
+        _FILTER.redactor = Redactor(_SECRETS)
+        loggers = [logging.getLogger(name) for name in WATCHED_LOGGERS]
+        for name in list(logging.Logger.manager.loggerDict):
+            if any(name.startswith(prefix + ".") for prefix in WATCHED_LOGGERS):
+                loggers.append(logging.getLogger(name))
+        for logger in loggers:
+            if _FILTER not in logger.filters:
+                logger.addFilter(_FILTER)
+        for handler in logging.getLogger().handlers:
+            if _FILTER not in handler.filters:
+                handler.addFilter(_FILTER)
+    return _FILTER

@@ -50,15 +50,22 @@ release: {{ . | quote }}
 {{- end }}
 {{- end }}
 
-{{/* The Ray address: ray.address, else the KubeRay head service's Ray Client port. */}}
+{{/* The head's GCS address: ray.headAddress, else the KubeRay head service's GCS port. */}}
 {{- define "rlmon.rayAddress" -}}
-{{- if .Values.ray.address }}
-{{- .Values.ray.address }}
+{{- if .Values.ray.headAddress }}
+{{- .Values.ray.headAddress }}
 {{- else }}
 {{- $k := .Values.ray.kuberay }}
-{{- $svc := $k.headService | default (printf "%s-head-svc" (required "set ray.address or ray.kuberay.clusterName" $k.clusterName)) }}
-{{- printf "ray://%s.%s.svc.cluster.local:%d" $svc ($k.namespace | default .Release.Namespace) (int $k.clientPort) }}
+{{- $svc := $k.headService | default (printf "%s-head-svc" (required "set ray.headAddress or ray.kuberay.clusterName" $k.clusterName)) }}
+{{- printf "%s.%s.svc.cluster.local:%d" $svc ($k.namespace | default .Release.Namespace) (int $k.gcsPort) }}
 {{- end }}
+{{- end }}
+
+{{/* The container's script: join the RayCluster as a node offering the service resource, then
+run `rlmon serve` against that local node (exec: it gets SIGTERM and shuts down gracefully). */}}
+{{- define "rlmon.serveScript" -}}
+{{- $res := printf "{\"%s\": 1}" .Values.ray.serviceResource -}}
+ray start --address={{ include "rlmon.rayAddress" . }} --num-cpus=0 --num-gpus=0 --resources={{ $res | squote }} --object-store-memory={{ int64 .Values.ray.objectStoreMemory }} --disable-usage-stats && exec rlmon serve --address auto --service-resource {{ .Values.ray.serviceResource }} --port {{ .Values.port }} --host 0.0.0.0 --config /etc/rlmon/config.yaml --state-dir /var/lib/rlmon
 {{- end }}
 
 {{- define "rlmon.image" -}}

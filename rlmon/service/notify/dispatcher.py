@@ -175,6 +175,12 @@ class Dispatcher:
             thread.join(timeout)
         self._threads = []
 
+    def dead_threads(self) -> list[str]:
+        """Delivery threads that were started and have stopped without ``stop`` (for health)."""
+        if self._stop.is_set():
+            return []
+        return [t.name for t in self._threads if not t.is_alive()]
+
     def _loop(self, name: str) -> None:
         notifier, wake = self.notifiers[name], self._wake[name]
         while not self._stop.is_set():

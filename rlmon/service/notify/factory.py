@@ -12,7 +12,9 @@ from rlmon.service.notify.dispatcher import Dispatcher
 from rlmon.service.notify.message import Notifier
 from rlmon.service.notify.outbox import Backoff, Outbox
 
-__all__ = ["build_dispatcher", "build_notifiers", "open_outbox"]
+__all__ = ["DEFAULT_OUTBOX", "build_dispatcher", "build_notifiers", "open_outbox", "outbox_path"]
+
+DEFAULT_OUTBOX = "rlmon-outbox.sqlite"
 
 
 def build_notifiers(
@@ -59,10 +61,23 @@ def build_notifiers(
     return out
 
 
+def outbox_path(settings: Settings, state_dir: Path | None) -> str | Path:
+    """Where the service keeps its outbox: ``outbox.path`` when set (a relative path lies under
+    the state directory), else ``<state_dir>/outbox.sqlite``, else in memory."""
+    configured = settings.outbox.path
+    if configured is not None:
+        path = Path(configured).expanduser()
+        if not path.is_absolute() and state_dir is not None:
+            path = state_dir / path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+    return state_dir / "outbox.sqlite" if state_dir is not None else ":memory:"
+
+
 def open_outbox(settings: Settings, path: str | Path | None = None) -> Outbox:
     cfg = settings.outbox
     return Outbox(
-        path if path is not None else cfg.path,
+        path if path is not None else (cfg.path or DEFAULT_OUTBOX),
         backoff=Backoff(cfg.backoff_initial_seconds, cfg.backoff_max_seconds, cfg.backoff_jitter),
         give_up_after=cfg.give_up_after_seconds, sent_memory=cfg.sent_memory,
     )
