@@ -35,9 +35,10 @@ def test_checked_in_files_are_fresh() -> None:
 def test_for_and_keep_firing_follow_the_step_period() -> None:
     translated, skipped = prom_rules.translate(default_rules(), step_period=45)
     by_name = {r.alert: r for r in translated}
-    assert by_name["ClipRatioHigh"].for_ == "2m15s"  # 3 steps x 45 s
-    assert by_name["ClipRatioHigh"].keep_firing_for == "2m15s"
-    assert by_name["RewardStuck"].for_ == "15m"  # 20 steps
+    # rlmon fires at the Nth bad step, (N-1) periods after the first: for = (N-1) x period
+    assert by_name["ClipRatioHigh"].for_ == "1m30s"  # 3 steps: 2 x 45 s
+    assert by_name["ClipRatioHigh"].keep_firing_for == "1m30s"  # resolves at the 3rd good step
+    assert by_name["RewardStuck"].for_ == "14m15s"  # 20 steps: 19 x 45 s
     assert by_name["ISRatioDivergence"].for_ is None
     assert by_name["ISRatioDivergence"].expr == (
         "rlmon_actor_is_ratio < 0.5 or rlmon_actor_is_ratio > 2")
@@ -93,8 +94,37 @@ def test_rules_export_command(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     doc = yaml.safe_load(target.read_text())
     rules = {r["alert"]: r for r in doc["spec"]["groups"][0]["rules"]}
-    assert rules["EntropyCollapse"]["for"] == "30s"
+    assert rules["EntropyCollapse"]["for"] == "20s"  # 3 steps at 10 s: 2 periods
+    assert doc["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert rules["EntropyCollapse"]["labels"]["severity"] == "critical"
     default = subprocess.run([sys.executable, "-m", "rlmon", "rules", "export"],
                              capture_output=True, text=True, cwd=ROOT, timeout=60, check=False)
     assert default.stdout == RULES.read_text()
+
+
+def test_release_label_is_configurable_and_documented(tmp_path: Path) -> None:
+    operator = yaml.safe_load(OPERATOR.read_text())
+    assert operator["metadata"]["labels"]["release"] == prom_rules.DEFAULT_RELEASE
+    assert "release" in OPERATOR.read_text().split("apiVersion:")[0]  # the header says why
+    named = yaml.safe_load(prom_rules.render(fmt="prometheusrule", release="prom"))
+    assert named["metadata"]["labels"]["release"] == "prom"
+    bare = prom_rules.render(fmt="prometheusrule", release="")
+    assert "release" not in yaml.safe_load(bare)["metadata"]["labels"]
+    assert "ruleSelectorNilUsesHelmValues" in bare
+    target = tmp_path / "rule.yaml"
+    done = subprocess.run(
+        [sys.executable, "-m", "rlmon", "rules", "export", "--format", "prometheusrule",
+         "--release", "monitoring-stack", "-o", str(target)],
+        capture_output=True, text=True, cwd=ROOT, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert yaml.safe_load(target.read_text())["metadata"]["labels"]["release"] == (
+        "monitoring-stack")
+
+
+def test_single_step_rules_have_no_for() -> None:
+    translated, _ = prom_rules.translate(default_rules(), step_period=60)
+    by_name = {r.alert: r for r in translated}
+    single = [r for r in default_rules() if r.for_steps == 1]
+    assert single
+    for rule in single:
+        assert by_name[rule.name].for_ is None, rule.name

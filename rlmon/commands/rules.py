@@ -25,6 +25,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     export.add_argument("--rules", help="YAML rule file on top of the default pack")
     export.add_argument("--config", help="rlmon config (prometheus_rules.step_period_seconds)")
     export.add_argument("--step-period", type=float, help="seconds per trainer step (for: N steps)")
+    export.add_argument("--release", default=None,
+                        help="`release:` label of a PrometheusRule (kube-prometheus-stack's "
+                        "release name; default kube-prometheus-stack; '' for none)")
     export.add_argument("-o", "--output", help="write here instead of stdout")
     export.set_defaults(func=_export)
 
@@ -67,7 +70,11 @@ def _export(args: argparse.Namespace) -> int:
     if period <= 0:
         print("rlmon rules: --step-period must be positive", file=sys.stderr)
         return 2
-    text = render(rules, step_period=period, fmt=args.format, interval=cfg.evaluation_interval)
+    from rlmon.service.prom_rules import DEFAULT_RELEASE
+
+    release = DEFAULT_RELEASE if args.release is None else args.release
+    text = render(rules, step_period=period, fmt=args.format, interval=cfg.evaluation_interval,
+                  release=release)
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")
     else:
