@@ -83,6 +83,19 @@ def test_callback_is_a_real_trainer_callback(hub: Hub) -> None:
     assert ppo["trl/objective/kl"] == 3.1 and keymaps.KL not in ppo
 
 
+def test_run_info_from_the_trainer_args(hub: Hub) -> None:
+    cb = trl.callback("trl-info", reporter=hub.reporter("trl-info", "trainer"), algorithm="grpo")
+    handler, _, state, control = _handler(cb)
+    args = SimpleNamespace(output_dir="unused", report_to=[], loss_type="dapo",
+                           gradient_accumulation_steps=8, world_size=4)
+    state.global_step = 1
+    handler.on_log(args, state, control, logs=GRPO_LOGS)
+    handler.on_log(args, state, control, logs=GRPO_LOGS)  # sent once
+    info = hub.run_info["trl-info"]
+    assert (info.framework, info.algorithm, info.loss_reduction) == ("trl", "grpo", "dapo")
+    assert (info.grad_accumulation, info.dp, info.dpo) == (8, 4, False)
+
+
 def test_only_the_main_process_reports(hub: Hub) -> None:
     cb = trl.callback("trl-run", reporter=hub.reporter("trl-run", "trainer"))
     handler, args, state, control = _handler(cb)

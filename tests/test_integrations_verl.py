@@ -44,7 +44,11 @@ def test_install_adds_the_backend(hub: Hub) -> None:
     verl.install("verl-run", tracking_cls=Tracking, reporter=hub.reporter("verl-run", "driver"))
     verl.install("verl-run", tracking_cls=Tracking)  # idempotent
     assert "rlmon" in Tracking.supported_backend
-    tracker = Tracking("proj", "exp", default_backend=["console", "rlmon"])
+    config = {"algorithm": {"adv_estimator": "grpo"},
+              "actor_rollout_ref": {"actor": {"loss_agg_mode": "token-mean"}}}
+    tracker = Tracking("proj", "exp", default_backend=["console", "rlmon"], config=config)
+    info = hub.run_info["verl-run"]  # run metadata from verl's config
+    assert (info.framework, info.algorithm, info.loss_reduction) == ("verl", "grpo", "token-mean")
     tracker.log({"actor/pg_loss": 0.4, "actor/pg_clipfrac": 0.1, "actor/lr": 1e-6,
                  "critic/score/mean": 0.6, "response_length/mean": 210.0,
                  "rollout_corr/rollout_is_max": 2.5, "timing_s/step": 30.0}, step=3)

@@ -13,7 +13,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rlmon.actors.integrations._base import ReporterLike, make_reporter, relay
+from rlmon.actors.integrations._base import (
+    ReporterLike,
+    framework_version,
+    make_reporter,
+    relay,
+    send_run_info,
+)
 
 __all__ = ["callback"]  # and RlmonCallback, built lazily by __getattr__
 
@@ -24,8 +30,10 @@ class _Relay:
     """The framework-free part of the callback."""
 
     def __init__(self, run: str, *, reporter: ReporterLike | None = None,
-                 role: str = "trainer", **reporter_kw: Any) -> None:
-        self.run, self.role = run, role
+                 role: str = "trainer", algorithm: str | None = None,
+                 **reporter_kw: Any) -> None:
+        self.run, self.role, self.algorithm = run, role, algorithm
+        self.run_info: dict[str, Any] | None = None
         self._reporter = reporter
         self._kw = reporter_kw
         self.published: dict[str, str] = {}
@@ -40,8 +48,26 @@ class _Relay:
                **kwargs: Any) -> None:
         if not logs or not getattr(state, "is_world_process_zero", True):
             return
+        if self.run_info is None:
+            self.run_info = self._send_run_info(args)
         self.published.update(relay(self.reporter, FRAMEWORK, logs))
         self.reporter.end_step(int(state.global_step))
+
+    def _send_run_info(self, args: Any) -> dict[str, Any]:
+        """Run metadata from the trainer's args (GRPOConfig's ``loss_type`` is the reduction)."""
+
+        def integer(name: str) -> int | None:
+            value = getattr(args, name, None)
+            return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+        loss_type = getattr(args, "loss_type", None)
+        algorithm = self.algorithm
+        return send_run_info(
+            self.reporter, framework=FRAMEWORK, framework_version=framework_version(FRAMEWORK),
+            algorithm=algorithm, dpo=(algorithm or "").lower() == "dpo" or None,
+            loss_reduction=loss_type if isinstance(loss_type, str) else None,
+            grad_accumulation=integer("gradient_accumulation_steps"), dp=integer("world_size"),
+        )
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._reporter is not None:

@@ -12,7 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rlmon.actors.integrations._base import ReporterLike, make_reporter, relay
+from rlmon.actors.integrations._base import (
+    ReporterLike,
+    framework_version,
+    make_reporter,
+    relay,
+    send_run_info,
+)
 
 __all__ = ["RlmonBackend", "install"]
 
@@ -24,8 +30,13 @@ class RlmonBackend:
     """One verl tracking backend: ``log(data, step)`` and ``finish()``."""
 
     def __init__(self, run: str, *, reporter: ReporterLike | None = None, role: str = "driver",
-                 **reporter_kw: Any) -> None:
+                 config: Any = None, **reporter_kw: Any) -> None:
         self.reporter = reporter or make_reporter(run, role, **reporter_kw)
+        self.run_info = send_run_info(
+            self.reporter, framework=FRAMEWORK, framework_version=framework_version(FRAMEWORK),
+            algorithm=_dig(config, "algorithm.adv_estimator"),
+            loss_reduction=_dig(config, "actor_rollout_ref.actor.loss_agg_mode"),
+        )
 
     def log(self, data: Mapping[str, Any], step: int) -> None:
         relay(self.reporter, FRAMEWORK, data)
@@ -33,6 +44,16 @@ class RlmonBackend:
 
     def finish(self) -> None:
         self.reporter.flush(10.0)
+
+
+def _dig(config: Any, path: str) -> str | None:
+    """A dotted field of verl's config (OmegaConf or plain dicts), as text; None if absent."""
+    node = config
+    for part in path.split("."):
+        if node is None:
+            return None
+        node = node.get(part) if isinstance(node, Mapping) else getattr(node, part, None)
+    return None if node is None else str(node)
 
 
 def install(run: str, tracking_cls: Any = None, **kw: Any) -> None:
@@ -59,7 +80,8 @@ def install(run: str, tracking_cls: Any = None, **kw: Any) -> None:
         rest = [b for b in backends if b != BACKEND]
         init(self, project_name, experiment_name, rest, *args, **kwargs)
         if wanted:
-            self.logger[BACKEND] = RlmonBackend(run or str(experiment_name), **kw)
+            config = kwargs.get("config", args[0] if args else None)
+            self.logger[BACKEND] = RlmonBackend(run or str(experiment_name), config=config, **kw)
 
     tracking_cls.__init__ = __init__
     tracking_cls._rlmon_installed = True
