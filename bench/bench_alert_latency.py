@@ -12,6 +12,7 @@ Prints the figures and the ratio of the Prometheus path to rlmon's (the baseline
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import statistics
@@ -19,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the loopback parts
 
@@ -52,16 +54,22 @@ def _wait(predicate, timeout: float) -> None:  # type: ignore[no-untyped-def]
         time.sleep(0.001)
 
 
-def _summary(name: str, values: list[float]) -> float:
+class Summary(NamedTuple):
+    median: float
+    p95: float
+    max: float
+
+
+def _summary(name: str, values: list[float]) -> Summary:
     values = sorted(values)
-    p95 = values[min(len(values) - 1, round(0.95 * (len(values) - 1)))]
+    p95 = values[min(len(values) - 1, math.ceil(0.95 * len(values)) - 1)]  # nearest rank
     med = statistics.median(values)
     print(f"{name:<44} n={len(values):<3} median {med * 1000:8.1f} ms   p95 {p95 * 1000:8.1f} ms"
           f"   max {values[-1] * 1000:8.1f} ms")
-    return med
+    return Summary(med, p95, values[-1])
 
 
-def bench_engine(tmp: Path) -> dict[str, float]:
+def bench_engine(tmp: Path) -> dict[str, Summary]:
     receiver = Receiver().start()
     os.environ["RLMON_SLACK_WEBHOOK_URL"] = f"{receiver.url}/slack/T0/B0/bench"
     os.environ["RLMON_PAGERDUTY_ROUTING_KEY"] = "0" * 32
@@ -96,7 +104,7 @@ def bench_engine(tmp: Path) -> dict[str, float]:
             "pagerduty": _summary("rlmon engine -> PagerDuty (pagerduty client)", pd)}
 
 
-def bench_prometheus(tmp: Path) -> float | None:
+def bench_prometheus(tmp: Path) -> Summary | None:
     prometheus, alertmanager = shutil.which("prometheus"), shutil.which("prometheus-alertmanager")
     if not prometheus or not alertmanager:
         print("prometheus / prometheus-alertmanager not installed: Prometheus path skipped")
@@ -140,13 +148,18 @@ def main() -> int:
         prom_dir.mkdir()
         prom = bench_prometheus(prom_dir)
     budget = 1.0
+    # judged on the tail, every destination: the p95 and the worst delivery must both fit
+    p95 = max(s.p95 for s in engine.values())
+    worst = max(s.max for s in engine.values())
+    meets = p95 < budget and worst < budget
     print(f"budget (DESIGN): last partial -> alert delivered < {budget:g} s: rlmon engine "
-          f"{'meets' if max(engine.values()) < budget else 'MISSES'} it "
-          f"(ratio to budget {max(engine.values()) / budget:.3f})")
+          f"{'meets' if meets else 'MISSES'} it (p95 {p95 * 1000:.1f} ms, max "
+          f"{worst * 1000:.1f} ms; max / budget {worst / budget:.3f})")
     if prom is not None:
-        print(f"ratio Prometheus+Alertmanager path / rlmon engine (PagerDuty): "
-              f"{prom / engine['pagerduty']:.0f}x  (scrape 1 s, eval 1 s, group_wait 1 s)")
-    return 0
+        print(f"ratio Prometheus+Alertmanager path / rlmon engine (PagerDuty, medians): "
+              f"{prom.median / engine['pagerduty'].median:.0f}x  "
+              "(scrape 1 s, eval 1 s, group_wait 1 s)")
+    return 0 if meets else 1
 
 
 if __name__ == "__main__":

@@ -47,6 +47,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run_serve)
 
 
+def exporter_address(args: argparse.Namespace, settings: Any) -> tuple[int, str]:
+    """(port, host) of the exporter: the command line, else the config's ``exporter`` section."""
+    port = args.port if args.port is not None else settings.exporter.port
+    host = args.host if args.host is not None else settings.exporter.host
+    return int(port), str(host)
+
+
 def _absolute(path: str | None) -> str | None:
     # the service actor may run in another working directory
     return os.path.abspath(path) if path else None
@@ -85,8 +92,7 @@ def run_serve(args: argparse.Namespace, stop: threading.Event | None = None) -> 
         print(f"rlmon serve: {exc}", file=sys.stderr)
         return 2
     install_redaction(settings.secret_values())
-    port = args.port if args.port is not None else settings.exporter.port
-    host = args.host if args.host is not None else settings.exporter.host
+    port, host = exporter_address(args, settings)
 
     import ray
 
