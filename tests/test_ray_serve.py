@@ -64,3 +64,54 @@ def test_serve_health_ingest_and_graceful_stop(
     assert [(s["step"], s["complete"], s["metrics"]["actor/loss"]) for s in steps] == [
         (0, False, 0.5)]
     rep.close(timeout=0.1)
+
+
+def test_service_resource_pins_the_service_to_the_node_offering_it(
+    ray_cluster: Any, ray_namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--service-resource` is how the Helm chart keeps the service in the rlmon pod: the actor
+    requests the resource, so it runs only where it is offered (here the head node's built-in
+    `node:__internal_head__`; in Kubernetes the pod's `ray start --resources`)."""
+    from polling import wait_for
+
+    from rlmon.actors.runtime import SERVICE
+    from rlmon.cli import build_parser
+    from rlmon.commands import serve
+
+    monkeypatch.setattr(ray_cluster, "init", lambda **kw: None)
+    monkeypatch.setattr(ray_cluster, "shutdown", lambda: None)
+    missing = build_parser().parse_args([
+        "serve", "--namespace", ray_namespace + "-x", "--port", "0", "--host", "127.0.0.1",
+        "--state-dir", str(tmp_path / "x"), "--service-resource", "rlmon_no_such_node",
+    ])
+    assert serve.run_serve(missing, threading.Event()) == 1
+    assert "no Ray node offers the resource 'rlmon_no_such_node'" in capsys.readouterr().err
+
+    resource = "node:__internal_head__"
+    assert ray_cluster.cluster_resources().get(resource, 0) >= 1
+    port = _free_port()
+    args = build_parser().parse_args([
+        "serve", "--namespace", ray_namespace, "--port", str(port), "--host", "127.0.0.1",
+        "--state-dir", str(tmp_path), "--service-resource", resource,
+    ])
+    stop = threading.Event()
+    result: dict[str, int] = {}
+    thread = threading.Thread(target=lambda: result.update(rc=serve.run_serve(args, stop)))
+    thread.start()
+    try:
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+
+        wait_for(healthy, 60, "the pinned service's /healthz")
+        service = ray_cluster.get_actor(SERVICE, namespace=ray_namespace)
+        placed = ray_cluster.get(service.placement.remote(), timeout=30)
+        assert placed["resources"].get(resource) == 1.0
+    finally:
+        stop.set()
+        thread.join(60)
+    assert result["rc"] == 0
