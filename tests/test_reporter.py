@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
 from extras import optional_import
 
+from rlmon.actors import reporter as reporter_module
+from rlmon.actors.aggregation import AggregatorCore
 from rlmon.actors.message import StepMessage
 from rlmon.actors.reporter import LocalSink, Reporter
 from rlmon.service import catalog
 from rlmon.service.replay import replay
+from rlmon.service.watermark import WatermarkStore
 
 
 def _reporters(sink: LocalSink, run: str = "r", dp: int = 2, cp: int = 1) -> list[Reporter]:
@@ -132,18 +137,31 @@ def test_torch_tensors_take_one_transfer_per_step() -> None:
     assert sink.records[0].metrics["actor/kl"] == pytest.approx(8 / 3)
 
 
-def test_span_records_max_timing_and_step_seconds_feeds_straggler() -> None:
+def test_span_records_max_timing_and_step_seconds_feeds_straggler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a controlled clock: the span is the slowest rank's, the straggler ratio is the
+    slowest rank's step time over the median one."""
+    clock = [0.0]
+    fake = types.SimpleNamespace(
+        perf_counter=lambda: clock[0], time=time.time, monotonic=time.monotonic)
+    monkeypatch.setattr(reporter_module, "time", fake)
     sink = LocalSink()
     reps = [Reporter("r", "actor", rank={"dp": d}, world={"dp": 3}, sink=sink) for d in range(3)]
-    for rep in reps:
+    spans, steps = [], []
+    for d, rep in enumerate(reps):
         with rep.span("generate"):
-            pass
+            clock[0] += d + 1.0
+        spans.append(d + 1.0)
+        steps.append(clock[0])  # every rank's step began at 0
         rep.end_step(0)
     for rep in reps:
         assert rep.flush(5)
     (rec,) = sink.records
-    assert "timing/generate_seconds" in rec.metrics
-    assert catalog.STRAGGLER_METRIC in rec.metrics
+    assert rec.metrics["timing/generate_seconds"] == np.max(spans)
+    per_rank = np.array(steps)
+    assert rec.metrics[catalog.STRAGGLER_METRIC] == pytest.approx(
+        np.max(per_rank) / np.median(per_rank))
 
 
 def test_end_step_never_waits_drops_are_counted_and_resends_are_idempotent() -> None:
@@ -163,11 +181,10 @@ def test_end_step_never_waits_drops_are_counted_and_resends_are_idempotent() -> 
             inner.send(messages)
 
     rep = Reporter("r", "actor", sink=Flaky(), max_pending=5, max_batch=2, step_seconds=False)
-    start = time.perf_counter()
     for step in range(12):
         rep.record("actor/loss", sum=1.0, count=1.0)
-        rep.end_step(step)
-    assert time.perf_counter() - start < 0.5  # the sink is blocked; end_step did not wait
+        rep.end_step(step)  # returns although the sink is blocked on the gate
+    assert not gate.is_set() and not inner.records  # so end_step returned before any delivery
     assert rep.pending <= 5
     assert rep.dropped >= 12 - 5 - 2  # oldest steps dropped beyond the bound
     gate.set()
@@ -191,3 +208,82 @@ def test_bad_rank_and_forms_are_clear_errors() -> None:
     with pytest.raises(ValueError, match="one statistic form"):
         rep.record("actor/loss")
     rep.close()
+
+
+def test_a_value_too_large_for_a_float_is_dropped_and_the_sender_lives_on() -> None:
+    sink = LocalSink()
+    rep = Reporter("r", "actor", sink=sink, step_seconds=False)
+    rep.record("x", sum=10**400)
+    rep.end_step(0)
+    rep.record("actor/loss", sum=3.0, count=2.0)
+    rep.end_step(1)
+    assert rep.flush(5)
+    assert rep.dropped == 1
+    assert rep.last_error is not None and "step 0" in rep.last_error
+    assert "OverflowError" in rep.last_error
+    assert [r.step for r in sink.records] == [1]
+    assert sink.records[0].metrics["actor/loss"] == 1.5
+    assert rep._thread.is_alive()
+    rep.close()
+
+
+@pytest.mark.parametrize(("run", "role", "field"), [
+    ("", "actor", "run"), ("a b", "actor", "run"), ("r" * 129, "actor", "run"),
+    ("r", "Actor", "role"), ("r", "1x", "role"), ("r", "", "role"),
+])
+def test_bad_run_or_role_is_refused_at_construction(run: str, role: str, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        Reporter(run, role, sink=LocalSink())
+
+
+def test_bad_step_count_or_name_is_refused_where_it_is_given() -> None:
+    rep = Reporter("r", "actor", sink=LocalSink(), step_seconds=False)
+    for bad in (-3, 2**53, 1.5, "4", True):
+        with pytest.raises(ValueError, match="step"):
+            rep.end_step(bad)  # type: ignore[arg-type]
+    for count in (-5.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="actor/loss: count"):
+            rep.record("actor/loss", sum=1.0, count=count)
+        with pytest.raises(ValueError, match="user/m: count"):
+            rep.record("user/m", count=count, sum=1.0, sqsum=1.0)
+    for name in ("", "x" * 201, "a\nb"):
+        with pytest.raises(ValueError, match="metric name"):
+            rep.record(name, sum=1.0, count=1.0)
+        with pytest.raises(ValueError, match="metric name"):
+            rep.record(name, max=1.0)
+    rep.record("actor/loss", sum=1.0, count=np.float64(-2.0))  # not a Python number: at pack time
+    rep.end_step(2**53 - 1)
+    assert rep.flush(5)
+    assert rep.dropped == 1 and "count must be finite" in (rep.last_error or "")
+    rep.close()
+
+
+def test_an_idle_reporter_resends_to_a_restarted_aggregator(tmp_path: Path) -> None:
+    """Rank 0 sent step 2 and has nothing more to send when the aggregator restarts; its flush
+    must still get step 2 to the new aggregator, so step 2 completes with both ranks."""
+    db = tmp_path / "watermark-0.sqlite"
+    cur = {"core": AggregatorCore(store=WatermarkStore(db))}
+
+    class Sink:
+        def send(self, messages: Sequence[StepMessage]) -> object:
+            return cur["core"].ingest(messages)
+
+    reps = [Reporter("r", "actor", rank={"dp": i}, world={"dp": 2}, sink=Sink(),
+                     step_seconds=False) for i in range(2)]
+    for step in range(2):
+        for rep in reps:
+            rep.record("rollout/tokens", sum=1.0)
+            rep.end_step(step)
+    reps[0].record("rollout/tokens", sum=1.0)
+    reps[0].end_step(2)
+    assert all(rep.flush(5) for rep in reps)
+    cur["core"] = AggregatorCore(store=WatermarkStore(db))  # restart: open step 2 is lost
+    assert reps[0].flush(5)  # probes, sees the new incarnation, resends step 2
+    assert reps[0].resent >= 1
+    reps[1].record("rollout/tokens", sum=1.0)
+    reps[1].end_step(2)
+    assert reps[1].flush(5)
+    records = {r.step: r for r in cur["core"].pending_records()}
+    assert records[2].complete and records[2].metrics["rollout/tokens"] == 2.0
+    for rep in reps:
+        rep.close()

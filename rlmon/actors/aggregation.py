@@ -119,6 +119,13 @@ class AggregatorCore:
         ack.incarnation = self.incarnation
         return ack
 
+    def probe(self, run: str, role: str) -> IngestAck:
+        """Who this aggregator is and how far (run, role) is finalized, for an idle reporter."""
+        with self.lock:
+            finalized = self.assembler.finalized.get((run, role))
+            floor = finalized.floor if finalized is not None else 0
+        return IngestAck(incarnation=self.incarnation, floors={(run, role): floor})
+
     def merge_states(self, states: Sequence[StepState]) -> int:
         """Fold a collector's pre-merged step states in; returns how many steps that finished."""
         done: list[StepRecord] = []

@@ -119,6 +119,9 @@ def aggregator_actor_class() -> Any:
         def ingest(self, messages: list[StepMessage]) -> IngestAck:
             return self.server.ingest(messages)
 
+        def probe(self, run: str, role: str) -> IngestAck:
+            return self.server.core.probe(run, role)
+
         def merge_states(self, states: list[StepState]) -> int:
             return self.server.merge_states(states)
 

@@ -175,6 +175,9 @@ class Reporter:
         self._raw: deque[tuple[int, dict[Any, _Entry], float]] = deque()  # not packed yet
         self._retained: deque[StepMessage] = deque()  # acknowledged, step not finalized yet
         self._incarnation: str | None = None
+        self._next_probe = 0.0  # monotonic time of the next incarnation probe (while retained)
+        self._probe_asked = 0  # flush() asks for a probe that starts after it was called...
+        self._probe_done = 0  # ...and waits until one has answered
         self._packing = 0
         self.resent = 0
         self._cond = threading.Condition()
@@ -380,14 +383,50 @@ class Reporter:
 
     # -- sending (background thread) -----------------------------------------------------------
 
+    def _probe_due(self) -> float | None:
+        """Seconds until the next incarnation probe (0: now), or None when none is needed."""
+        if not self._retained:
+            return None
+        return max(0.0, self._next_probe - time.monotonic())
+
+    def _probe(self, asked: int) -> None:
+        """Ask the aggregator who it is, so retained messages reach a restarted one.
+
+        Without this a reporter that has nothing new to send would never learn of a restart, and
+        the steps it had sent but that were still open would finalize without it.
+        """
+        probe = getattr(self.sink, "probe", None)
+        try:
+            ack = probe(self.run, self.role) if probe is not None else self.sink.send([])
+        except Exception as exc:  # unreachable: try again later; flush() keeps waiting
+            with self._cond:
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                self._next_probe = time.monotonic() + 0.2
+            return
+        with self._cond:
+            self._next_probe = time.monotonic() + _PROBE_S
+            if ack is not None:
+                self._retain([], ack)
+            self._probe_done = max(self._probe_done, asked)
+            self._cond.notify_all()
+
     def _send_loop(self) -> None:
         backoff = 0.05
         while True:
+            probe_asked: int | None = None
             with self._cond:
                 while not self._pending and not self._raw and not self._closed:
-                    self._cond.wait()
-                if not self._pending and not self._raw and self._closed:
+                    due = self._probe_due()
+                    if due == 0.0:
+                        probe_asked = self._probe_asked
+                        break
+                    self._cond.wait(due)
+                if probe_asked is None and not self._pending and not self._raw and self._closed:
                     return
+            if probe_asked is not None:
+                self._probe(probe_asked)
+                continue
+            with self._cond:
                 raw = list(self._raw)
                 self._raw.clear()
                 self._packing = len(raw)  # neither raw nor pending while packed: flush waits
@@ -403,6 +442,7 @@ class Reporter:
                 self._packing = 0
                 self._trim()
                 if not self._pending:
+                    self._cond.notify_all()  # a flush waiting on what was dropped returns now
                     continue
                 batch = [self._pending[i] for i in range(min(self.max_batch, len(self._pending)))]
             try:
@@ -463,11 +503,21 @@ class Reporter:
         return len(self._pending) + len(self._raw) + self._packing
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every message was acknowledged; False if ``timeout`` passed first."""
+        """Wait until every message was acknowledged; False if ``timeout`` passed first.
+
+        With messages of still-open steps retained, it also waits for a fresh answer from the
+        aggregator, so messages a restarted aggregator lost are resent before it returns True.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
+            target = self._probe_done
+            if self._retained:
+                self._probe_asked += 1
+                target = self._probe_asked
+                self._next_probe = 0.0
             self._cond.notify_all()
-            while self._pending or self._raw or self._packing:
+            while self._pending or self._raw or self._packing or (
+                    self._retained and self._probe_done < target):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False

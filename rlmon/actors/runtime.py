@@ -177,6 +177,20 @@ class RaySink:
                     aggregator_name(shard), namespace=self.namespace)
         return handle
 
+    def probe(self, run: str, role: str) -> IngestAck | None:
+        """The incarnation and floor of the aggregator (or collector) serving (run, role)."""
+        import ray
+
+        with self._lock:
+            shard = shard_of(run, role, self._shard_count())
+            try:
+                ack: IngestAck = ray.get(
+                    self._handle(shard).probe.remote(run, role), timeout=self.timeout)
+            except Exception:
+                self._handles.pop(shard, None)
+                raise
+            return ack
+
     def send(self, messages: Sequence[StepMessage]) -> IngestAck | None:
         import ray
 
