@@ -1,7 +1,7 @@
 """Find a process's rank and world when the caller does not give them.
 
 Tried in order: Megatron-LM's ``parallel_state`` (DP, CP, TP, PP), a current torch
-``DeviceMesh`` whose dimension names say which axis they are, a plain initialised
+``DeviceMesh`` (dimensions named by axis; unrecognised names fold into dp), a plain initialised
 ``torch.distributed`` group (every rank a DP rank), then the launcher's ``RANK`` / ``WORLD_SIZE``.
 Nothing here issues a collective: each source only reads what the process already knows.
 """
@@ -65,13 +65,13 @@ def _device_mesh() -> tuple[Rank, World] | None:
         mesh = module._mesh_resources.get_current_mesh()
     except Exception:  # no current mesh
         return None
-    names = mesh.mesh_dim_names or ()
     coords = mesh.get_coordinate() or []
+    names = mesh.mesh_dim_names or ("",) * len(coords)  # unnamed dimensions fold into dp
     rank, world = dict.fromkeys(AXES, 0), dict.fromkeys(AXES, 1)
     for dim, name in enumerate(names):
-        axis = _MESH_AXES.get(name)
-        if axis is None:
-            continue
+        # An unrecognised dimension (torchtitan's dp_replicate, a custom name) still splits the
+        # ranks: it folds into dp, row-major, so no two ranks collide and none is lost.
+        axis = _MESH_AXES.get(name, "dp")
         rank[axis] = rank[axis] * mesh.size(dim) + coords[dim]
         world[axis] *= mesh.size(dim)
     return Rank(**rank), World(**world)
