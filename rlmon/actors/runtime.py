@@ -8,6 +8,7 @@ maps to the same shard. ``get_if_exists`` makes concurrent starts from many rank
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import threading
 import zlib
@@ -26,6 +27,7 @@ __all__ = [
     "RaySink",
     "RuntimeOptions",
     "aggregator_name",
+    "default_state_dir",
     "ensure_runtime",
     "node_collector",
     "shard_of",
@@ -51,7 +53,7 @@ class RuntimeOptions:
 
     config: str | None = None
     rules: str | None = None
-    state_dir: str | None = None  # default: <tmp>/rlmon-<namespace>
+    state_dir: str | None = None  # default: default_state_dir(namespace)
     port: int | None = None  # exporter port; None: RLMON_PORT or no HTTP server
     host: str = "127.0.0.1"
     shards: int = 1
@@ -62,8 +64,28 @@ class RuntimeOptions:
     collectors: bool = False  # Reporters send to a per-node collector that pre-merges
 
     def resolved_state_dir(self, namespace: str) -> str:
-        return self.state_dir or os.environ.get("RLMON_STATE_DIR") or os.path.join(
-            tempfile.gettempdir(), f"rlmon-{namespace}")
+        return self.state_dir or os.environ.get("RLMON_STATE_DIR") or default_state_dir(namespace)
+
+
+def default_state_dir(namespace: str) -> str:
+    """A per-user, private (0700) directory: ``$XDG_STATE_HOME/rlmon/<namespace>`` (default
+    ``~/.local/state``), never a shared, guessable path under /tmp that another user could plant
+    files in. Without a usable home, a fresh ``mkdtemp`` directory (the state is then ephemeral).
+    """
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local",
+                                                            "state")
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", namespace).strip(".") or "_"
+    path = os.path.join(base, "rlmon", safe)
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.stat(path)
+        if st.st_uid != os.getuid():
+            raise PermissionError(f"{path} belongs to another user")
+        if st.st_mode & 0o077:
+            os.chmod(path, 0o700)
+        return path
+    except OSError:
+        return tempfile.mkdtemp(prefix=f"rlmon-{namespace}-")
 
 
 # Handles of the actors this process created: a non-detached actor lives while its creator holds a

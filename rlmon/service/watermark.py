@@ -3,21 +3,30 @@
 Finalizing a step and queueing its record happen in one SQLite transaction, so after a restart the
 aggregator neither finalizes a step twice (the watermark) nor loses one it finalized but had not
 handed to the service yet (the outbox, redelivered until acknowledged).
+
+Outbox records are stored as the replay line's JSON (plus the timing fields), never pickled: a
+planted state file can at worst hold bad records, which are skipped, not run code.
 """
 
 from __future__ import annotations
 
 import json
-import pickle
+import logging
+import math
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from rlmon.service.assembly import FinalizedSteps
+from rlmon.service.rank import Rank
 from rlmon.service.sqlite_db import open_database
 from rlmon.service.step import StepRecord
 
-__all__ = ["WatermarkStore"]
+log = logging.getLogger(__name__)
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+__all__ = ["WatermarkStore", "decode_record", "encode_record"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS watermark (
@@ -27,6 +36,44 @@ CREATE TABLE IF NOT EXISTS record_outbox (
     run TEXT NOT NULL, role TEXT NOT NULL, step INTEGER NOT NULL, record BLOB NOT NULL,
     PRIMARY KEY (run, role, step));
 """
+
+
+def encode_record(record: StepRecord) -> str:
+    """The record as JSON: the replay line (NaN/Inf through ``nonfinite``) and its timings."""
+    line = record.to_json()
+    line["first_seen"] = record.first_seen
+    line["finalized_at"] = record.finalized_at
+    line["time"] = record.time
+    return json.dumps(line, allow_nan=False, separators=(",", ":"))
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def decode_record(text: str | bytes) -> StepRecord:
+    """Inverse of :func:`encode_record`; raises ValueError (or KeyError/TypeError) on bad input."""
+    obj = json.loads(text)
+    nonfinite = obj.get("nonfinite", {})
+    metrics: dict[str, float] = {}
+    for name, value in obj["metrics"].items():
+        if value is None:
+            if name not in nonfinite:
+                continue
+            metrics[name] = _NONFINITE[nonfinite[name]]
+        else:
+            metrics[name] = float(value)
+    return StepRecord(
+        run=str(obj["run"]), role=str(obj["role"]), step=int(obj["step"]),
+        complete=bool(obj["complete"]), ranks_expected=int(obj["ranks_expected"]),
+        ranks_reporting=int(obj["ranks_reporting"]),
+        missing_ranks=tuple(Rank(**{k: int(v) for k, v in r.items()})
+                            for r in obj["missing_ranks"]),
+        metrics=metrics, replica_mismatches=tuple(obj.get("replica_mismatches", ())),
+        first_seen=_optional_float(obj.get("first_seen")),
+        finalized_at=_optional_float(obj.get("finalized_at")),
+        time=_optional_float(obj.get("time")),
+    )
 
 
 class WatermarkStore:
@@ -64,7 +111,7 @@ class WatermarkStore:
                     )
                 self._db.executemany(
                     "INSERT OR REPLACE INTO record_outbox VALUES (?, ?, ?, ?)",
-                    [(r.run, r.role, r.step, pickle.dumps(r)) for r in records],
+                    [(r.run, r.role, r.step, encode_record(r)) for r in records],
                 )
                 self._db.execute("COMMIT")
             except BaseException:
@@ -76,7 +123,13 @@ class WatermarkStore:
             rows = self._db.execute(
                 "SELECT record FROM record_outbox ORDER BY run, role, step LIMIT ?", (limit,)
             ).fetchall()
-        return [pickle.loads(blob) for (blob,) in rows]
+        out: list[StepRecord] = []
+        for (text,) in rows:
+            try:
+                out.append(decode_record(text))
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                log.warning("skipping an unreadable outbox record: %s", exc)
+        return out
 
     def delivered(self, records: Iterable[StepRecord]) -> None:
         with self._lock:
