@@ -16,6 +16,7 @@ from typing import Any
 from rlmon.actors.columnar import ColumnarAssembler
 from rlmon.actors.deadline import DeadlinePolicy
 from rlmon.actors.message import StepMessage
+from rlmon.service import catalog
 from rlmon.service.assembly import AddOutcome, Clock, StepState
 from rlmon.service.report import ContractError
 from rlmon.service.step import StepKey, StepRecord
@@ -61,6 +62,7 @@ class AggregatorCore:
         self.undelivered: dict[StepKey, StepRecord] = {}
         self.reporter_drops: dict[tuple[str, str, tuple[int, ...]], int] = {}
         self.finalize_latency: list[float] = []  # last partial -> finalized, seconds (recent)
+        self.merged_batches: dict[str, int] = {}  # collector id -> last drain seq merged
         if store is not None:
             self.assembler.finalized.update(store.load())
             self.undelivered.update({r.key: r for r in store.undelivered(limit=1_000_000)})
@@ -126,13 +128,64 @@ class AggregatorCore:
             floor = finalized.floor if finalized is not None else 0
         return IngestAck(incarnation=self.incarnation, floors={(run, role): floor})
 
-    def merge_states(self, states: Sequence[StepState]) -> int:
-        """Fold a collector's pre-merged step states in; returns how many steps that finished."""
+    def _check_state(self, state: StepState, batch: dict[StepKey, StepState]) -> None:
+        """Raise ContractError if ``state`` cannot join its open step (nothing changes)."""
+        key = (state.run, state.role, state.step)
+        other = self.assembler.open.get(key) or batch.get(key)
+        if other is not None and other.world != state.world:
+            raise ContractError("world", f"{state.world.as_dict()} disagrees with "
+                                f"{other.world.as_dict()} of step {state.step}")
+        for name, pool in state.pools.items():
+            known = self.assembler.forms.get(name)
+            spec = catalog.lookup(name) if known is None else None
+            if (known is not None and known is not pool.form) or (
+                    spec is not None and pool.form not in spec.forms):
+                raise ContractError(f"metrics.{name}", f"form {pool.form.value!r} is not the "
+                                    "metric's form")
+            mine = other.pools.get(name) if other is not None else None
+            if mine is not None and (mine.form is not pool.form
+                                     or mine.replicated != pool.replicated
+                                     or mine.minibatch_mean != pool.minibatch_mean):
+                raise ContractError(f"metrics.{name}",
+                                    f"options differ from earlier records of step {state.step}")
+
+    def merge_states(
+        self, states: Sequence[StepState], source: tuple[str, int] | None = None,
+    ) -> IngestAck:
+        """Fold a collector's pre-merged step states in.
+
+        Every state is validated before any is merged, so a bad one is rejected whole and the
+        others count once. ``source`` (collector id, drain seq) makes a retried batch (its ack
+        lost to a timeout) a no-op instead of counting twice.
+        """
+        ack = IngestAck(incarnation=self.incarnation)
         done: list[StepRecord] = []
         with self.lock:
+            if source is not None:
+                if source[1] <= self.merged_batches.get(source[0], -1):
+                    ack.duplicates = len(states)
+                    self._floors(ack, states)
+                    return ack
+                self.merged_batches[source[0]] = source[1]
+            valid: dict[StepKey, StepState] = {}
+            accepted: list[StepState] = []
             for state in states:
+                try:
+                    self._check_state(state, valid)
+                except ContractError as exc:
+                    ack.rejected += 1
+                    self.assembler.counters.rejected += 1
+                    if len(ack.errors) < self.max_errors:
+                        ack.errors.append(f"{state.run}/{state.role} step {state.step}: {exc}")
+                    continue
+                valid.setdefault((state.run, state.role, state.step), state)
+                accepted.append(state)
+            for state in accepted:
                 key = (state.run, state.role, state.step)
                 opened = key not in self.assembler.open
+                ack.accepted += 1
+                for name, pool in state.pools.items():
+                    self.assembler.forms.setdefault(name, pool.form)
                 record = self.assembler.merge_state(state)
                 if opened and not self.assembler.is_finalized(*key):
                     self.deadline.observe(state.run, state.role, state.step,
@@ -140,7 +193,14 @@ class AggregatorCore:
                 if record is not None:
                     done.append(record)
             self._commit(done)
-        return len(done)
+            self._floors(ack, states)
+        ack.finalized = len(done)
+        return ack
+
+    def _floors(self, ack: IngestAck, states: Sequence[StepState]) -> None:
+        for state in states:
+            finalized = self.assembler.finalized.get((state.run, state.role))
+            ack.floors[(state.run, state.role)] = finalized.floor if finalized else 0
 
     def tick(self) -> int:
         """Finalize the open steps whose deadline passed; returns how many."""

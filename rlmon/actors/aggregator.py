@@ -44,11 +44,13 @@ class AggregatorServer:
             self._wake.set()
         return ack
 
-    def merge_states(self, states: list[StepState]) -> int:
-        done = self.core.merge_states(states)
-        if done:
+    def merge_states(
+        self, states: list[StepState], source: tuple[str, int] | None = None,
+    ) -> IngestAck:
+        ack = self.core.merge_states(states, source)
+        if ack.finalized:
             self._wake.set()
-        return done
+        return ack
 
     def deliver(self) -> bool:
         """Hand pending records to the service; True when nothing is left undelivered."""
@@ -122,8 +124,10 @@ def aggregator_actor_class() -> Any:
         def probe(self, run: str, role: str) -> IngestAck:
             return self.server.core.probe(run, role)
 
-        def merge_states(self, states: list[StepState]) -> int:
-            return self.server.merge_states(states)
+        def merge_states(
+            self, states: list[StepState], source: tuple[str, int] | None = None,
+        ) -> IngestAck:
+            return self.server.merge_states(states, source)
 
         def stats(self) -> dict[str, Any]:
             return {**self.server.core.stats(), "delivery_errors": self.server.delivery_errors}

@@ -2,16 +2,25 @@
 
 Partials are associative and commutative, so merging a node's ranks first and the nodes' states
 at the root gives the same result as merging every rank at the root
-(``tests/test_aggregator_tier.py``). The root then receives one state per node and step instead
+(``tests/test_aggregator_columnar.py``). The root then receives one state per node and step instead
 of one message per rank. A collector never finalizes: it does not know the world, only its ranks.
+
+Delivery is exactly-once as far as the root can tell: each drained batch carries (collector id,
+drain seq), so a batch retried after a lost ack is not merged twice; the collector answers a
+reporter with the root's incarnation (combined with its own), so reporters resend what a
+restarted root (or collector) lost, and a resend is taken again only when what it duplicates
+went to a root that no longer holds it.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import deque
+import time
+import uuid
+from collections.abc import Sequence
 from typing import Any
 
+from rlmon.actors.aggregation import IngestAck
 from rlmon.actors.columnar import StepBlock, fold_block
 from rlmon.actors.message import Schema, StepMessage
 from rlmon.service.assembly import StepState
@@ -21,27 +30,40 @@ from rlmon.service.step import StepKey
 
 __all__ = ["Collector", "collector_actor_class"]
 
+# (run, role, step, rank, seq): a message, keyed by step so a restarted worker whose seq starts
+# at 1 again is not taken for a resend of an earlier step.
+_SeenKey = tuple[str, str, int, Rank, int]
+_PENDING = ""  # a seen message not yet merged into any root
+
 
 class Collector:
     """Pre-merges messages into :class:`StepState` s; :meth:`drain` hands them on."""
 
-    def __init__(self, remember: int = 4096) -> None:
+    def __init__(self, remember: int = 65536) -> None:
+        self.id = uuid.uuid4().hex
         self.states: dict[StepKey, StepState] = {}
         self.blocks: dict[StepKey, StepBlock] = {}
         self.schemas: dict[int, Schema] = {}
         self.remember = remember
-        self._seen: dict[tuple[str, str, Rank], deque[int]] = {}
+        # seen message -> the root incarnation its state was merged into (_PENDING: not yet)
+        self._seen: dict[_SeenKey, str] = {}
+        self.root_incarnation = _PENDING
+        self.floors: dict[tuple[str, str], int] = {}
         self.duplicates = 0
+        self._drains = 0
         self.lock = threading.Lock()
 
     def add(self, msg: StepMessage) -> bool:
-        """Fold one message in; False for a resend of a message already taken."""
+        """Fold one message in; False for a resend of a message the root still holds."""
         with self.lock:
-            seen = self._seen.setdefault((msg.run, msg.role, msg.rank), deque(maxlen=self.remember))
-            if msg.seq in seen:
+            seen_key = (msg.run, msg.role, msg.step, msg.rank, msg.seq)
+            where = self._seen.get(seen_key)
+            if where is not None and (where == _PENDING or where == self.root_incarnation):
                 self.duplicates += 1
                 return False
-            seen.append(msg.seq)
+            self._seen[seen_key] = _PENDING
+            while len(self._seen) > self.remember:
+                del self._seen[next(iter(self._seen))]
             key = (msg.run, msg.role, msg.step)
             state = self.states.get(key)
             if state is None:
@@ -69,6 +91,38 @@ class Collector:
             fold_block(states[key].pools, block)
         return [states[key] for key in sorted(states)]
 
+    def next_batch(self) -> tuple[tuple[str, int], list[StepState]] | None:
+        """The next drained batch with its (collector id, drain seq), or None when empty."""
+        states = self.drain()
+        if not states:
+            return None
+        self._drains += 1
+        return (self.id, self._drains), states
+
+    def merged(self, states: Sequence[StepState], ack: IngestAck) -> None:
+        """The root took ``states``: remember which root holds their messages, and its floors."""
+        with self.lock:
+            self.learn(ack)
+            for state in states:
+                for rank, seq in state.seen:
+                    key = (state.run, state.role, state.step, rank, seq)
+                    if key in self._seen:
+                        self._seen[key] = ack.incarnation
+
+    def learn(self, ack: IngestAck) -> None:
+        self.root_incarnation = ack.incarnation or self.root_incarnation
+        self.floors.update(ack.floors)
+
+    def ack(self, messages: Sequence[StepMessage], accepted: int) -> IngestAck:
+        """What a reporter gets back: counts, floors, and an incarnation that changes when
+        this collector or its root restarted (so the reporter resends what was lost)."""
+        streams = {(m.run, m.role) for m in messages}
+        return IngestAck(
+            accepted=accepted, duplicates=len(messages) - accepted,
+            incarnation=f"{self.id}:{self.root_incarnation}",
+            floors={s: self.floors.get(s, 0) for s in streams},
+        )
+
 
 def collector_actor_class() -> Any:
     """A Ray actor around :class:`Collector` forwarding to the root aggregator every ``tick_s``."""
@@ -82,24 +136,41 @@ def collector_actor_class() -> Any:
             self.collector = Collector()
             self.namespace, self.aggregator, self.tick_s = namespace, aggregator, tick_s
             self._stop = threading.Event()
-            self._held: list[StepState] = []
+            self._batches: list[tuple[tuple[str, int], list[StepState]]] = []
+            self._forward_lock = threading.Lock()
+            self._next_probe = 0.0
             threading.Thread(target=self._loop, daemon=True).start()
 
-        def ingest(self, messages: list[StepMessage]) -> int:
-            return sum(self.collector.add(m) for m in messages)
+        def ingest(self, messages: list[StepMessage]) -> IngestAck:
+            accepted = sum(self.collector.add(m) for m in messages)
+            return self.collector.ack(messages, accepted)
+
+        def probe(self, run: str, role: str) -> IngestAck:
+            return self.collector.ack([], 0)
+
+        def _root(self) -> Any:
+            return ray.get_actor(self.aggregator, namespace=self.namespace)
 
         def _forward(self) -> None:
-            self._held.extend(self.collector.drain())
-            if self._held:
-                root = ray.get_actor(self.aggregator, namespace=self.namespace)
-                ray.get(root.merge_states.remote(self._held), timeout=10)
-                self._held = []
+            with self._forward_lock:
+                batch = self.collector.next_batch()
+                if batch is not None:
+                    self._batches.append(batch)
+                while self._batches:  # in order; a retried batch keeps its (id, seq)
+                    source, states = self._batches[0]
+                    ack = ray.get(self._root().merge_states.remote(states, source), timeout=10)
+                    self.collector.merged(states, ack)
+                    self._batches.pop(0)
+                if time.monotonic() >= self._next_probe:  # learn of a root restart while idle
+                    self.collector.learn(ray.get(self._root().merge_states.remote([]),
+                                                 timeout=10))
+                    self._next_probe = time.monotonic() + 0.5
 
         def _loop(self) -> None:
             while not self._stop.wait(self.tick_s):
                 try:
                     self._forward()
-                except Exception:  # the root is restarting: keep the states, retry
+                except Exception:  # the root is restarting: keep the batches, retry
                     self._stop.wait(0.2)
 
         def flush(self) -> bool:
