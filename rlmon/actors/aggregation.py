@@ -13,12 +13,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 from rlmon.actors.columnar import ColumnarAssembler
 from rlmon.actors.deadline import DeadlinePolicy
 from rlmon.actors.message import StepMessage
 from rlmon.service import catalog
 from rlmon.service.assembly import AddOutcome, Clock, StepState
-from rlmon.service.report import ContractError
+from rlmon.service.report import _ROLE, _RUN, MAX_STEP, ContractError
+from rlmon.service.spec import Form
 from rlmon.service.step import StepKey, StepRecord
 from rlmon.service.watermark import WatermarkStore
 
@@ -44,6 +47,66 @@ class IngestAck:
     floors: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
+def _check_name(name: object) -> None:
+    if not isinstance(name, str) or not 1 <= len(name) <= 200 or not name.isprintable():
+        raise ContractError("metrics", f"bad metric name {name!r}")
+
+
+# Rows and columns of a columnar block that hold a count or a sqsum (both must be >= 0).
+_NONNEGATIVE = {Form.MEAN: (1,), Form.MOMENTS: (0, 2), Form.SQSUM: (0,)}
+
+
+class MessageChecks:
+    """The contract's checks on a :class:`StepMessage` from any producer, not only a Reporter
+    (which checks the same on its side): names, step range, rank in world, counts >= 0.
+    Streams and schemas are checked once and remembered, so the per-message cost stays small."""
+
+    def __init__(self) -> None:
+        self.streams: set[tuple[str, str]] = set()
+        self.schemas: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def __call__(self, msg: StepMessage) -> None:
+        if (msg.run, msg.role) not in self.streams:
+            if not isinstance(msg.run, str) or not _RUN.fullmatch(msg.run):
+                raise ContractError("run", f"must be 1-128 chars of [A-Za-z0-9_.:-], got "
+                                    f"{msg.run!r}")
+            if not isinstance(msg.role, str) or not _ROLE.fullmatch(msg.role) \
+                    or len(msg.role) > 64:
+                raise ContractError("role", f"must match [a-z][a-z0-9_]*, got {msg.role!r}")
+            self.streams.add((msg.run, msg.role))
+        if isinstance(msg.step, bool) or not isinstance(msg.step, int | np.integer) \
+                or not 0 <= msg.step <= MAX_STEP:
+            raise ContractError("step", f"must be an integer in 0..{MAX_STEP}, got {msg.step!r}")
+        if not msg.world.contains(msg.rank):
+            raise ContractError("rank", f"{msg.rank.as_dict()} lies outside world "
+                                f"{msg.world.as_dict()}")
+        cols = msg.columns
+        if cols is not None:
+            rows_cols = self.schemas.get(cols.schema.id)
+            if rows_cols is None:
+                for name in cols.schema.names:
+                    _check_name(name)
+                pairs = [(i, c) for i, f in enumerate(cols.schema.forms)
+                         for c in _NONNEGATIVE.get(f, ())]
+                rows_cols = (np.array([p[0] for p in pairs], dtype=np.intp),
+                             np.array([p[1] for p in pairs], dtype=np.intp))
+                self.schemas[cols.schema.id] = rows_cols
+            if cols.values.shape != (len(cols.schema.names), 3):
+                raise ContractError("metrics", f"block of shape {cols.values.shape} for "
+                                    f"{len(cols.schema.names)} metrics")
+            if len(rows_cols[0]):
+                bad = cols.values[rows_cols] < 0
+                if bad.any():
+                    name = cols.schema.names[int(rows_cols[0][int(np.argmax(bad))])]
+                    raise ContractError(f"metrics.{name}", "count and sqsum must be >= 0")
+        for _, partials in msg.partials:
+            for name, partial in partials.items():
+                _check_name(name)
+                for i in _NONNEGATIVE.get(partial.form, ()):
+                    if partial.state[i] < 0:
+                        raise ContractError(f"metrics.{name}", "count and sqsum must be >= 0")
+
+
 class AggregatorCore:
     def __init__(
         self,
@@ -63,6 +126,7 @@ class AggregatorCore:
         self.reporter_drops: dict[tuple[str, str, tuple[int, ...]], int] = {}
         self.finalize_latency: list[float] = []  # last partial -> finalized, seconds (recent)
         self.merged_batches: dict[str, int] = {}  # collector id -> last drain seq merged
+        self.check_message = MessageChecks()
         if store is not None:
             self.assembler.finalized.update(store.load())
             self.undelivered.update({r.key: r for r in store.undelivered(limit=1_000_000)})
@@ -94,6 +158,11 @@ class AggregatorCore:
                 key = (msg.run, msg.role, msg.step)
                 opened = key not in asm.open
                 try:
+                    try:
+                        self.check_message(msg)
+                    except ContractError:
+                        asm.counters.rejected += 1
+                        raise
                     outcome, record = asm.add_message(msg)
                 except ContractError as exc:
                     ack.rejected += 1
