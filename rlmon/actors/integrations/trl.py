@@ -57,7 +57,10 @@ class _Relay:
         """Run metadata from the trainer's args (GRPOConfig's ``loss_type`` is the reduction)."""
 
         def integer(name: str) -> int | None:
-            value = getattr(args, name, None)
+            try:  # TrainingArguments properties (world_size) need torch and a backend to answer
+                value = getattr(args, name, None)
+            except Exception:
+                return None
             return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
         loss_type = getattr(args, "loss_type", None)
