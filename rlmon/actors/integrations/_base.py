@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from rlmon.service import catalog, keymaps
@@ -23,6 +23,21 @@ class ReporterLike(Protocol):
     def flush(self, timeout: float | None = None) -> bool: ...
 
     def close(self) -> None: ...
+
+
+def lazy_class(module: str, name: str, build: Callable[[], type]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` that builds class ``name`` on first use, so that importing the
+    integration does not import its framework (the class subclasses one of the framework's)."""
+    built: list[type] = []
+
+    def __getattr__(attr: str) -> Any:
+        if attr != name:
+            raise AttributeError(f"module {module!r} has no attribute {attr!r}")
+        if not built:
+            built.append(build())
+        return built[0]
+
+    return __getattr__
 
 
 def send_run_info(reporter: Any, **fields: Any) -> dict[str, Any]:

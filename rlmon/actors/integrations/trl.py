@@ -16,6 +16,7 @@ from typing import Any
 from rlmon.actors.integrations._base import (
     ReporterLike,
     framework_version,
+    lazy_class,
     make_reporter,
     relay,
     send_run_info,
@@ -86,16 +87,7 @@ def _build() -> type:
     return RlmonCallback
 
 
-_CLASS: type | None = None
-
-
-def __getattr__(name: str) -> Any:
-    global _CLASS
-    if name == "RlmonCallback":
-        if _CLASS is None:
-            _CLASS = _build()
-        return _CLASS
-    raise AttributeError(name)
+__getattr__ = lazy_class(__name__, "RlmonCallback", _build)
 
 
 def callback(run: str, **kw: Any) -> Any:

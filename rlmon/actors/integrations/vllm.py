@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rlmon.actors.integrations._base import ReporterLike, env_reporter
+from rlmon.actors.integrations._base import ReporterLike, env_reporter, lazy_class
 from rlmon.service import keymaps
 
 __all__ = ["DuplicateEngineRank", "EngineWindow", "engine_rank"]  # and RlmonStatLogger (lazy)
@@ -193,13 +193,4 @@ def _build() -> type:
     return RlmonStatLogger
 
 
-_CLASS: type | None = None
-
-
-def __getattr__(name: str) -> Any:
-    global _CLASS
-    if name == "RlmonStatLogger":
-        if _CLASS is None:
-            _CLASS = _build()
-        return _CLASS
-    raise AttributeError(name)
+__getattr__ = lazy_class(__name__, "RlmonStatLogger", _build)
