@@ -20,7 +20,13 @@ from rlmon.actors.deadline import DeadlinePolicy
 from rlmon.actors.message import StepMessage
 from rlmon.service import catalog
 from rlmon.service.assembly import AddOutcome, Clock, StepState
-from rlmon.service.report import _ROLE, _RUN, MAX_STEP, ContractError
+from rlmon.service.report import (
+    MAX_STEP,
+    ContractError,
+    check_metric_name,
+    check_role,
+    check_run,
+)
 from rlmon.service.spec import Form
 from rlmon.service.step import StepKey, StepRecord
 from rlmon.service.watermark import WatermarkStore
@@ -47,11 +53,6 @@ class IngestAck:
     floors: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
-def _check_name(name: object) -> None:
-    if not isinstance(name, str) or not 1 <= len(name) <= 200 or not name.isprintable():
-        raise ContractError("metrics", f"bad metric name {name!r}")
-
-
 # Rows and columns of a columnar block that hold a count or a sqsum (both must be >= 0).
 _NONNEGATIVE = {Form.MEAN: (1,), Form.MOMENTS: (0, 2), Form.SQSUM: (0,)}
 
@@ -67,12 +68,8 @@ class MessageChecks:
 
     def __call__(self, msg: StepMessage) -> None:
         if (msg.run, msg.role) not in self.streams:
-            if not isinstance(msg.run, str) or not _RUN.fullmatch(msg.run):
-                raise ContractError("run", f"must be 1-128 chars of [A-Za-z0-9_.:-], got "
-                                    f"{msg.run!r}")
-            if not isinstance(msg.role, str) or not _ROLE.fullmatch(msg.role) \
-                    or len(msg.role) > 64:
-                raise ContractError("role", f"must match [a-z][a-z0-9_]*, got {msg.role!r}")
+            check_run(msg.run)
+            check_role(msg.role)
             self.streams.add((msg.run, msg.role))
         if isinstance(msg.step, bool) or not isinstance(msg.step, int | np.integer) \
                 or not 0 <= msg.step <= MAX_STEP:
@@ -85,7 +82,7 @@ class MessageChecks:
             rows_cols = self.schemas.get(cols.schema.id)
             if rows_cols is None:
                 for name in cols.schema.names:
-                    _check_name(name)
+                    check_metric_name(name)
                 pairs = [(i, c) for i, f in enumerate(cols.schema.forms)
                          for c in _NONNEGATIVE.get(f, ())]
                 rows_cols = (np.array([p[0] for p in pairs], dtype=np.intp),
@@ -101,7 +98,7 @@ class MessageChecks:
                     raise ContractError(f"metrics.{name}", "count and sqsum must be >= 0")
         for _, partials in msg.partials:
             for name, partial in partials.items():
-                _check_name(name)
+                check_metric_name(name)
                 for i in _NONNEGATIVE.get(partial.form, ()):
                     if partial.state[i] < 0:
                         raise ContractError(f"metrics.{name}", "count and sqsum must be >= 0")

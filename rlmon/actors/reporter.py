@@ -26,7 +26,7 @@ from rlmon.actors.tensor_stats import REDUCE_FORMS, Pending, Reduce, fetch, redu
 from rlmon.service import catalog
 from rlmon.service.partial import ALL_AXES, Partial, combine
 from rlmon.service.rank import AXES, Rank, World
-from rlmon.service.report import _ROLE, _RUN, MAX_STEP
+from rlmon.service.report import MAX_STEP, check_metric_name, check_role, check_run
 from rlmon.service.spec import Form
 
 __all__ = ["LocalSink", "ReportSink", "Reporter"]
@@ -86,11 +86,6 @@ _PY_NUMBER = (float, int)
 _PROBE_S = 0.5  # how often a reporter holding retained messages asks the aggregator who it is
 
 
-def _check_name(name: object) -> None:
-    if not isinstance(name, str) or not 1 <= len(name) <= 200 or not name.isprintable():
-        raise ValueError(f"metric name must be 1-200 printable characters, got {name!r}")
-
-
 def _check_count(name: str, count: Any) -> None:
     """Reject a negative or non-finite Python count here; other number types at pack time."""
     if count.__class__ in _PY_NUMBER and not 0 <= count < math.inf:
@@ -147,11 +142,7 @@ class Reporter:
         self.world = coerce_world(world) if world is not None else detected[1]  # type: ignore[index]
         if not self.world.contains(self.rank):
             raise ValueError(f"rank {self.rank.as_dict()} lies outside world {self.world.as_dict()}")
-        if not isinstance(run, str) or not _RUN.fullmatch(run):
-            raise ValueError(f"run must be 1-128 characters of [A-Za-z0-9_.:-], got {run!r}")
-        if not isinstance(role, str) or not _ROLE.fullmatch(role) or len(role) > 64:
-            raise ValueError(f"role must match [a-z][a-z0-9_]* (at most 64), got {role!r}")
-        self.run, self.role = run, role
+        self.run, self.role = check_run(run), check_role(role)
         if sink is None:
             from rlmon.actors.runtime import RaySink
 
@@ -213,7 +204,7 @@ class Reporter:
             entry = self._acc.get(name)
             if entry is None:
                 if name not in self._names:
-                    _check_name(name)
+                    check_metric_name(name)
                     self._names.add(name)
                 self._acc[name] = [_MEAN, (sum, count), None, False, 0]
                 return
@@ -224,7 +215,7 @@ class Reporter:
         form: Form
         state: tuple[float, ...]
         if name not in self._names:
-            _check_name(name)
+            check_metric_name(name)
             self._names.add(name)
         if count is not None:
             if sum is None:

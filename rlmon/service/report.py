@@ -26,6 +26,9 @@ __all__ = [
     "MAX_STEP",
     "ContractError",
     "Report",
+    "check_metric_name",
+    "check_role",
+    "check_run",
     "parse_line",
     "parse_report",
 ]
@@ -82,6 +85,25 @@ class Report:
 def _show(value: Any) -> str:
     text = json.dumps(value) if not isinstance(value, float) else repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check_run(run: Any) -> str:
+    """The run id of the contract, or ContractError naming ``run`` (shared by every producer path)."""
+    if not isinstance(run, str) or not _RUN.fullmatch(run):
+        raise ContractError("run", f"must be 1-128 chars of [A-Za-z0-9_.:-], got {_show(run)}")
+    return run
+
+
+def check_role(role: Any) -> str:
+    if not isinstance(role, str) or not _ROLE.fullmatch(role) or len(role) > 64:
+        raise ContractError("role", f"must match [a-z][a-z0-9_]* (at most 64), got {_show(role)}")
+    return role
+
+
+def check_metric_name(name: Any) -> str:
+    if not isinstance(name, str) or not name or len(name) > 200 or not name.isprintable():
+        raise ContractError("metrics", f"bad metric name {_show(name)} (1-200 printable chars)")
+    return name
 
 
 def _integer(value: Any, field: str, *, low: int = 0, high: int = MAX_STEP) -> int:
@@ -180,11 +202,7 @@ def parse_report(obj: Any) -> Report:
     for required in ("run", "role", "step", "metrics"):
         if required not in obj:
             raise ContractError(required, "required field is missing")
-    run, role = obj["run"], obj["role"]
-    if not isinstance(run, str) or not _RUN.fullmatch(run):
-        raise ContractError("run", f"must be 1-128 chars of [A-Za-z0-9_.:-], got {_show(run)}")
-    if not isinstance(role, str) or not _ROLE.fullmatch(role) or len(role) > 64:
-        raise ContractError("role", f"must match [a-z][a-z0-9_]* (at most 64), got {_show(role)}")
+    run, role = check_run(obj["run"]), check_role(obj["role"])
     step = _integer(obj["step"], "step")
     rank = Rank(*_axes(obj.get("rank", {}), "rank", default=0, low=0))
     world = World(*_axes(obj.get("world", {}), "world", default=1, low=1))
@@ -211,9 +229,7 @@ def parse_report(obj: Any) -> Report:
         raise ContractError("metrics", f"{len(metrics)} metrics exceed the limit of {MAX_METRICS}")
     partials: dict[str, Partial] = {}
     for name, partial in metrics.items():
-        if not name or len(name) > 200 or not name.isprintable():
-            raise ContractError("metrics", f"bad metric name {_show(name)}")
-        partials[name] = _partial(partial, f"metrics.{name}")
+        partials[check_metric_name(name)] = _partial(partial, f"metrics.{name}")
     return Report(run, role, step, partials, rank, world, final, seq, minibatch, time)
 
 
