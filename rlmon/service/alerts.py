@@ -118,10 +118,10 @@ def _check(rule: Rule, record: StepRecord, state: AlertState) -> _Check:
         first = names[0] if names else rule.metric
         return _Check(True, bool(names), first if first != ANY_METRIC else "", metrics.get(first))
     if cond is Condition.NON_FINITE:
-        names = sorted(metrics) if rule.metric == ANY_METRIC else [rule.metric]
-        bad = [n for n in names if n in metrics and not math.isfinite(metrics[n])]
         if rule.metric != ANY_METRIC and rule.metric not in metrics:
             return _NOT_APPLICABLE
+        names = sorted(metrics) if rule.metric == ANY_METRIC else [rule.metric]
+        bad = [n for n in names if not math.isfinite(metrics[n])]
         return _Check(True, bool(bad), bad[0] if bad else "", metrics[bad[0]] if bad else None)
     if cond is Condition.OUT_OF_DOMAIN:
         names = sorted(metrics) if rule.metric == ANY_METRIC else [rule.metric]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -245,8 +246,6 @@ class StepAssembler:
     """
 
     def __init__(self, clock: Clock | None = None) -> None:
-        import time
-
         self._clock: Clock = clock or time.monotonic
         self.open: dict[StepKey, StepState] = {}
         self.finalized: dict[tuple[str, str], FinalizedSteps] = {}
