@@ -10,10 +10,12 @@ Nothing here is a torch.distributed collective.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import operator
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, Protocol
@@ -29,9 +31,29 @@ from rlmon.service.rank import AXES, Rank, World
 from rlmon.service.report import MAX_STEP, check_metric_name, check_role, check_run
 from rlmon.service.spec import Form
 
-__all__ = ["LocalSink", "ReportSink", "Reporter"]
+__all__ = ["LocalSink", "ReportSink", "Reporter", "SinkClosed", "close_all_reporters"]
 
 Replicated = Sequence[str] | Literal["all"] | None
+log = logging.getLogger(__name__)
+
+# Every Reporter not yet closed, so that interpreter exit flushes them while Ray is still up.
+_LIVE: weakref.WeakSet[Reporter] = weakref.WeakSet()
+_LIVE_LOCK = threading.Lock()
+
+
+def close_all_reporters(timeout: float = 10.0) -> None:
+    """Flush and close every open Reporter of this process (the runtime's exit hook calls it);
+    ``timeout`` bounds the whole wait, not each Reporter's."""
+    deadline = time.monotonic() + timeout
+    with _LIVE_LOCK:
+        reporters = list(_LIVE)
+    for reporter in reporters:
+        reporter.close(max(0.0, deadline - time.monotonic()))
+
+
+class SinkClosed(RuntimeError):
+    """Raised by a sink that can never deliver again (Ray shut down for good): the Reporter
+    counts what it holds as dropped, says so once, and stops sending."""
 
 
 class ReportSink(Protocol):
@@ -173,8 +195,11 @@ class Reporter:
         self.resent = 0
         self._cond = threading.Condition()
         self._closed = False
+        self._gone = False  # the sink said Ray is gone for good: nothing more can be sent
         self._thread = threading.Thread(target=self._send_loop, name="rlmon-reporter", daemon=True)
         self._thread.start()
+        with _LIVE_LOCK:
+            _LIVE.add(self)
 
     # -- recording (training thread) ----------------------------------------------------------
 
@@ -390,6 +415,9 @@ class Reporter:
         try:
             ack = probe(self.run, self.role) if probe is not None else self.sink.send([])
         except Exception as exc:  # unreachable: try again later; flush() keeps waiting
+            if isinstance(exc, SinkClosed):
+                self._give_up(exc)
+                return
             with self._cond:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 self._next_probe = time.monotonic() + 0.2
@@ -416,6 +444,8 @@ class Reporter:
                     return
             if probe_asked is not None:
                 self._probe(probe_asked)
+                if self._gone:
+                    return
                 continue
             with self._cond:
                 raw = list(self._raw)
@@ -440,6 +470,9 @@ class Reporter:
                 ack = self.sink.send(batch)
             except Exception as exc:  # the aggregator is slow, restarting or gone: keep and retry
                 self.last_error = f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, SinkClosed):
+                    self._give_up(exc)
+                    return
                 with self._cond:
                     if self._closed:
                         return
@@ -454,6 +487,19 @@ class Reporter:
                 self.sent += len(batch)
                 self._retain(batch, ack)
                 self._cond.notify_all()
+
+    def _give_up(self, exc: Exception) -> None:
+        """Ray is gone for good: count what can no longer be sent, say it once, stop."""
+        with self._cond:
+            lost = len(self._pending) + len(self._raw)
+            self.dropped += lost
+            self._pending.clear()
+            self._raw.clear()
+            self._retained.clear()
+            self._gone = True
+            self._cond.notify_all()
+        log.warning("rlmon: %s/%s: %s; %d step message(s) not sent (counted as dropped)",
+                    self.run, self.role, exc, lost)
 
     def _retain(self, batch: list[StepMessage], ack: Any) -> None:
         """Keep acknowledged messages of open steps; resend them to a restarted aggregator."""
@@ -507,16 +553,19 @@ class Reporter:
                 target = self._probe_asked
                 self._next_probe = 0.0
             self._cond.notify_all()
-            while self._pending or self._raw or self._packing or (
-                    self._retained and self._probe_done < target):
+            while not self._gone and (self._pending or self._raw or self._packing or (
+                    self._retained and self._probe_done < target)):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
                 self._cond.wait(left if left is not None else 0.5)
-        return True
+        return not self._gone
 
     def close(self, timeout: float = 10.0) -> None:
-        """Flush for up to ``timeout`` seconds, then stop; what is still unsent counts as dropped."""
+        """Flush for up to ``timeout`` seconds, then stop; what is still unsent counts as dropped.
+        Closing twice is harmless."""
+        if self._closed:
+            return
         self.flush(timeout)
         with self._cond:
             self._closed = True
@@ -525,6 +574,8 @@ class Reporter:
             self._raw.clear()
             self._cond.notify_all()
         self._thread.join(timeout=5.0)
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
 
     def __enter__(self) -> Reporter:
         return self

@@ -7,35 +7,44 @@ maps to the same shard. ``get_if_exists`` makes concurrent starts from many rank
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
 import re
+import sys
 import tempfile
 import threading
+import uuid
 import zlib
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlmon.actors.aggregation import IngestAck
 from rlmon.actors.aggregator import aggregator_actor_class
 from rlmon.actors.message import StepMessage
+from rlmon.actors.reporter import SinkClosed
 from rlmon.actors.service import service_actor_class
 
 __all__ = [
     "AGGREGATOR",
     "SERVICE",
     "RaySink",
+    "Runtime",
+    "RuntimeGone",
     "RuntimeOptions",
     "aggregator_name",
     "default_state_dir",
     "ensure_runtime",
     "node_collector",
+    "runtime_of",
     "shard_of",
     "shutdown_runtime",
 ]
 
 SERVICE = "rlmon-service"
 AGGREGATOR = "rlmon-aggregator"
+log = logging.getLogger(__name__)
 
 
 def aggregator_name(shard: int) -> str:
@@ -49,22 +58,36 @@ def shard_of(run: str, role: str, shards: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class RuntimeOptions:
-    """How to start the service and aggregators when none are running (embedded defaults)."""
+    """How to start the service and aggregators when none are running (embedded defaults).
 
-    config: str | None = None
+    Every field reaches the actors however they are started (first Reporter, ``ensure_runtime``,
+    ``rlmon serve``); a runtime already running keeps the options it was started with.
+    """
+
+    config: str | None = None  # YAML file (notifiers, routing, exporter, outbox)
     rules: str | None = None
-    state_dir: str | None = None  # default: default_state_dir(namespace)
-    port: int | None = None  # exporter port; None: RLMON_PORT or no HTTP server
-    host: str = "127.0.0.1"
+    state_dir: str | None = None  # default: RLMON_STATE_DIR, else default_state_dir(namespace)
+    port: int | None = None  # exporter port; None: RLMON_PORT, else the config's (9464)
+    host: str | None = None  # exporter address; None: RLMON_HOST, else the config's (127.0.0.1)
     shards: int = 1
     detached: bool = False
     max_restarts: int = -1
     deadline_s: float | None = None  # None: derived from the observed step period
     tick_s: float = 0.02
     collectors: bool = False  # Reporters send to a per-node collector that pre-merges
+    service_resource: str | None = None  # place the service on the node offering this resource
 
     def resolved_state_dir(self, namespace: str) -> str:
         return self.state_dir or os.environ.get("RLMON_STATE_DIR") or default_state_dir(namespace)
+
+    def resolved_port(self) -> int | None:
+        if self.port is not None:
+            return self.port
+        env = os.environ.get("RLMON_PORT")
+        return int(env) if env else None
+
+    def resolved_host(self) -> str | None:
+        return self.host or os.environ.get("RLMON_HOST") or None
 
 
 def default_state_dir(namespace: str) -> str:
@@ -88,10 +111,32 @@ def default_state_dir(namespace: str) -> str:
         return tempfile.mkdtemp(prefix=f"rlmon-{namespace}-")
 
 
-# Handles of the actors this process created: a non-detached actor lives while its creator holds a
-# handle, so the creating process (the driver of `rlmon demo`, `rlmon serve`, a training script)
-# keeps them until it exits.
-_OWNED: dict[tuple[str, str], Any] = {}
+@dataclass(slots=True)
+class Runtime:
+    """The handles this process holds on one namespace's service and aggregators.
+
+    Kept in :data:`_RUNTIMES` for the life of the process and never replaced: a non-detached
+    actor lives while its creator holds the handle it got at creation, so dropping or
+    overwriting that handle would kill the actor under every other Reporter of the process.
+    """
+
+    namespace: str
+    service: Any
+    aggregators: list[Any]
+    port: int | None
+    owned: bool  # this process started the service: it shuts the runtime down at exit
+    detached: bool
+    collectors: dict[str, Any] = field(default_factory=dict)
+
+
+_LOCK = threading.RLock()
+_RUNTIMES: dict[str, Runtime] = {}
+_PROCESS = uuid.uuid4().hex  # who started a service: the owner shuts it down at exit
+_state = {"exiting": False, "hooked": False}
+
+
+class RuntimeGone(SinkClosed):
+    """Ray was shut down (or the interpreter is exiting): rlmon will not start it again."""
 
 
 def _in_ray_worker() -> bool:
@@ -100,37 +145,141 @@ def _in_ray_worker() -> bool:
     return bool(ray.get_runtime_context().worker.mode == ray.WORKER_MODE)
 
 
+def _connect_ray(namespace: str) -> None:
+    """Start a local Ray when none is connected, unless this process already had one: a second
+    local Ray started after the user's (or Ray's exit hook's) ``ray.shutdown()`` would outlive
+    the script and, at interpreter exit, crash beside libraries such as vLLM."""
+    import ray
+
+    if _state["exiting"]:
+        raise RuntimeGone("the interpreter is exiting")
+    if ray.is_initialized():
+        return
+    if _RUNTIMES:
+        raise RuntimeGone("Ray was shut down in this process; rlmon does not restart it")
+    os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
+    if threading.current_thread() is threading.main_thread():
+        ray.init(namespace=namespace, include_dashboard=False, log_to_driver=True)
+        return
+    # Ray's local processes get SIGKILL when the *thread* that started them ends
+    # (PR_SET_PDEATHSIG), and a Reporter's sender thread ends when the Reporter closes: start
+    # Ray on a daemon thread that lives as long as the process.
+    started = threading.Event()
+    failure: list[BaseException] = []
+
+    def keep() -> None:
+        try:
+            ray.init(namespace=namespace, include_dashboard=False, log_to_driver=True)
+        except BaseException as exc:
+            failure.append(exc)
+            return
+        finally:
+            started.set()
+        threading.Event().wait()
+
+    threading.Thread(target=keep, name="rlmon-ray", daemon=True).start()
+    started.wait()
+    if failure:
+        raise failure[0]
+
+
+def _hook_exit() -> None:
+    """Register the exit hook after Ray's (``import ray`` registers its own ``shutdown``):
+    atexit runs hooks last-in first-out, so Reporters flush and an owned runtime finalizes its
+    open steps and delivers its alerts while Ray is still up."""
+    if not _state["hooked"]:
+        _state["hooked"] = True
+        atexit.register(_at_exit)
+
+
+def _at_exit() -> None:
+    from rlmon.actors.reporter import close_all_reporters
+
+    close_all_reporters(timeout=10.0)
+    with _LOCK:
+        _state["exiting"] = True
+        owned = [rt.namespace for rt in _RUNTIMES.values() if rt.owned and not rt.detached]
+    for namespace in owned:
+        try:
+            shutdown_runtime(namespace, timeout=10.0)
+        except Exception as exc:  # never let rlmon turn a clean exit into a traceback
+            log.warning("rlmon: shutting down namespace %r at exit failed: %s", namespace, exc)
+
+
+def _get_actor(name: str, namespace: str) -> Any:
+    import ray
+
+    try:
+        return ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        return None
+
+
 def ensure_runtime(namespace: str = "rlmon", options: RuntimeOptions | None = None) -> Any:
     """The service handle; starts the service and its aggregators when they are not running.
 
-    Started from a driver, the actors live as long as that driver (or for ever with
-    ``detached``). Started from inside a Ray worker (a Reporter in a policy rank), they are
-    detached, so the death of that one rank does not take monitoring down with it.
+    Any number of calls, from any number of Reporters of a process, share one runtime per
+    namespace (see :class:`Runtime`). Started from a driver, the actors live as long as that
+    driver (or for ever with ``detached``), and the driver finalizes and delivers everything at
+    exit. Started from inside a Ray worker (a Reporter in a policy rank), they are detached, so
+    the death of that one rank does not take monitoring down with it.
     """
     import ray
 
-    opts = options or RuntimeOptions()
-    if not ray.is_initialized():
-        ray.init(namespace=namespace, include_dashboard=False, log_to_driver=True)
-    lifetime = "detached" if opts.detached or _in_ray_worker() else None
-    state_dir = opts.resolved_state_dir(namespace)
-    port = opts.port
-    if port is None and os.environ.get("RLMON_PORT"):
-        port = int(os.environ["RLMON_PORT"])
-    service = service_actor_class().options(
-        name=SERVICE, namespace=namespace, get_if_exists=True, lifetime=lifetime,
-        max_restarts=opts.max_restarts,
-    ).remote(opts.config, state_dir, port, opts.host, opts.shards, opts.rules)
-    _OWNED[(namespace, SERVICE)] = service
-    layout: Any = ray.get(service.layout.remote())
-    shards = int(layout["shards"])
-    cls = aggregator_actor_class()
-    for shard in range(shards):
-        _OWNED[(namespace, aggregator_name(shard))] = cls.options(
-            name=aggregator_name(shard), namespace=namespace, get_if_exists=True,
-            lifetime=lifetime, max_restarts=opts.max_restarts,
-        ).remote(namespace, SERVICE, shard, state_dir, opts.deadline_s, opts.tick_s)
-    return service
+    with _LOCK:
+        known = _RUNTIMES.get(namespace)
+        if known is not None:
+            return known.service
+        opts = options or RuntimeOptions()
+        _connect_ray(namespace)
+        _hook_exit()
+        detached = opts.detached or _in_ray_worker()
+        lifetime = "detached" if detached else None
+        state_dir = opts.resolved_state_dir(namespace)
+        service = _get_actor(SERVICE, namespace)
+        if service is None:
+            extra: dict[str, Any] = {}
+            if opts.service_resource:
+                extra["resources"] = {opts.service_resource: 1.0}
+            service = service_actor_class().options(
+                name=SERVICE, namespace=namespace, get_if_exists=True, lifetime=lifetime,
+                max_restarts=opts.max_restarts, **extra,
+            ).remote(opts.config, state_dir, opts.resolved_port(), opts.resolved_host(), opts.shards,
+                     opts.rules, _PROCESS)
+        layout: Any = ray.get(service.layout.remote())
+        cls = aggregator_actor_class()
+        aggregators = []
+        for shard in range(int(layout["shards"])):
+            agg = _get_actor(aggregator_name(shard), namespace)
+            if agg is None:
+                agg = cls.options(
+                    name=aggregator_name(shard), namespace=namespace, get_if_exists=True,
+                    lifetime=lifetime, max_restarts=opts.max_restarts,
+                ).remote(namespace, SERVICE, shard, state_dir, opts.deadline_s, opts.tick_s)
+            aggregators.append(agg)
+        owned = layout.get("creator") == _PROCESS
+        runtime = _RUNTIMES[namespace] = Runtime(
+            namespace, service, aggregators, layout.get("port"), owned, detached)
+        if owned:
+            _announce(runtime, layout)
+        return service
+
+
+def runtime_of(namespace: str) -> Runtime | None:
+    """The runtime this process holds for ``namespace``, if any."""
+    with _LOCK:
+        return _RUNTIMES.get(namespace)
+
+
+def _announce(runtime: Runtime, layout: Mapping[str, Any]) -> None:
+    """Say once, in the process that started the service, where to look."""
+    port = layout.get("port")
+    where = (f"/metrics on http://{layout.get('host')}:{port}/metrics" if port is not None
+             else "no /metrics (exporter disabled)")
+    moved = f" (port {layout['wanted_port']} was taken)" if layout.get("port_moved") else ""
+    alerts = ", ".join(layout.get("destinations") or ["nowhere"])
+    print(f"rlmon: service started in namespace {runtime.namespace!r}: {where}{moved}; "
+          f"alerts to {alerts}; state in {layout.get('state_dir')}", file=sys.stderr, flush=True)
 
 
 def node_collector(namespace: str, shard: int, options: RuntimeOptions) -> Any:
@@ -142,22 +291,28 @@ def node_collector(namespace: str, shard: int, options: RuntimeOptions) -> Any:
 
     node = ray.get_runtime_context().get_node_id()
     name = f"rlmon-collector-{shard}-{node[:16]}"
-    handle = collector_actor_class().options(
-        name=name, namespace=namespace, get_if_exists=True,
-        lifetime="detached" if options.detached or _in_ray_worker() else None,
-        max_restarts=options.max_restarts,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-    ).remote(namespace, aggregator_name(shard), options.tick_s)
-    _OWNED[(namespace, name)] = handle
-    return handle
+    with _LOCK:
+        runtime = _RUNTIMES[namespace]
+        handle = runtime.collectors.get(name) or _get_actor(name, namespace)
+        if handle is None:
+            handle = collector_actor_class().options(
+                name=name, namespace=namespace, get_if_exists=True,
+                lifetime="detached" if runtime.detached else None,
+                max_restarts=options.max_restarts,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+            ).remote(namespace, aggregator_name(shard), options.tick_s)
+        runtime.collectors[name] = handle
+        return handle
 
 
 class RaySink:
     """Sends step messages to the aggregator shard of their (run, role) and waits for the ack.
 
-    It runs on the Reporter's sender thread, never on the training thread. A failed call (the
-    actor restarting or gone) raises, the Reporter keeps the messages, and the next call looks the
-    actor up again.
+    It runs on the Reporter's sender thread, never on the training thread: the first send starts
+    (or finds) Ray and the runtime there, so creating a Reporter and recording never wait for
+    Ray. A failed call (the actor restarting or gone) raises, the Reporter keeps the messages,
+    and the next call looks the actor up again. :class:`RuntimeGone` means Ray was shut down
+    for good in this process.
     """
 
     def __init__(
@@ -169,22 +324,37 @@ class RaySink:
         self._handles: dict[int, Any] = {}
         self._shards: int | None = None
         self._lock = threading.Lock()
+        self._calls: list[tuple[str, tuple[Any, ...]]] = []  # service calls made before connect
+        self._service: Any = None
         self.last_ack: IngestAck | None = None
-        if start_service:
-            service = ensure_runtime(namespace, options)
-            import ray
 
-            layout: Any = ray.get(service.layout.remote())
-            self._shards = int(layout["shards"])
+    def _connect(self) -> None:
+        """Find (or start) the runtime; called with the lock held, on the sender thread."""
+        if self._shards is not None:
+            _connect_ray(self.namespace)  # raises RuntimeGone after a shutdown
+            return
+        import ray
 
-    def _shard_count(self) -> int:
-        if self._shards is None:
-            import ray
+        if self.start_service:
+            self._service = ensure_runtime(self.namespace, self.options)
+        else:
+            _connect_ray(self.namespace)
+            self._service = ray.get_actor(SERVICE, namespace=self.namespace)
+        layout: Any = ray.get(self._service.layout.remote(), timeout=self.timeout)
+        self._shards = int(layout["shards"])
+        calls, self._calls = self._calls, []
+        for method, args in calls:
+            getattr(self._service, method).remote(*args)
 
-            service = ray.get_actor(SERVICE, namespace=self.namespace)
-            layout: Any = ray.get(service.layout.remote())
-            self._shards = int(layout["shards"])
-        return self._shards
+    def call_service(self, method: str, *args: Any) -> None:
+        """Call a service method without waiting; before the first send it is queued, so the
+        training thread never starts Ray."""
+        with self._lock:
+            if self._service is None:
+                self._calls.append((method, args))
+                return
+            service = self._service
+        getattr(service, method).remote(*args)
 
     def _handle(self, shard: int) -> Any:
         handle = self._handles.get(shard)
@@ -204,7 +374,9 @@ class RaySink:
         import ray
 
         with self._lock:
-            shard = shard_of(run, role, self._shard_count())
+            self._connect()
+            assert self._shards is not None
+            shard = shard_of(run, role, self._shards)
             try:
                 ack: IngestAck = ray.get(
                     self._handle(shard).probe.remote(run, role), timeout=self.timeout)
@@ -217,10 +389,11 @@ class RaySink:
         import ray
 
         with self._lock:
-            shards = self._shard_count()
+            self._connect()
+            assert self._shards is not None
             by_shard: dict[int, list[StepMessage]] = {}
             for msg in messages:
-                by_shard.setdefault(shard_of(msg.run, msg.role, shards), []).append(msg)
+                by_shard.setdefault(shard_of(msg.run, msg.role, self._shards), []).append(msg)
             for shard, batch in by_shard.items():
                 try:
                     self.last_ack = ray.get(
@@ -238,25 +411,29 @@ def shutdown_runtime(namespace: str = "rlmon", timeout: float = 10.0, kill: bool
     """
     import ray
 
+    if not ray.is_initialized():
+        return False
+    with _LOCK:
+        runtime = _RUNTIMES.pop(namespace, None)
     ok = True
     try:
-        service = ray.get_actor(SERVICE, namespace=namespace)
+        service = runtime.service if runtime is not None else ray.get_actor(
+            SERVICE, namespace=namespace)
         layout: Any = ray.get(service.layout.remote(), timeout=timeout)
         shards = int(layout["shards"])
     except Exception:
         return False
-    for (ns, name), handle in list(_OWNED.items()):
-        if ns == namespace and name.startswith("rlmon-collector-"):
-            try:  # hand the collector's pre-merged states to the root first
-                ray.get(handle.flush.remote(), timeout=timeout)
-            except Exception:
-                ok = False
-            if kill:
-                ray.kill(handle, no_restart=True)
+    for handle in (runtime.collectors.values() if runtime is not None else ()):
+        try:  # hand the collector's pre-merged states to the root first
+            ray.get(handle.flush.remote(), timeout=timeout)
+        except Exception:
+            ok = False
+        if kill:
+            ray.kill(handle, no_restart=True)
     for shard in range(shards):
-        try:
-            agg = ray.get_actor(aggregator_name(shard), namespace=namespace)
-        except ValueError:
+        agg = runtime.aggregators[shard] if runtime is not None and shard < len(
+            runtime.aggregators) else _get_actor(aggregator_name(shard), namespace)
+        if agg is None:
             continue
         try:
             ok = bool(ray.get(agg.close.remote(), timeout=timeout)) and ok
@@ -270,6 +447,4 @@ def shutdown_runtime(namespace: str = "rlmon", timeout: float = 10.0, kill: bool
         ok = False
     if kill:
         ray.kill(service, no_restart=True)
-    for key in [k for k in _OWNED if k[0] == namespace]:
-        del _OWNED[key]
     return ok

@@ -51,6 +51,10 @@ def send_to_service(sink: Any, method: str, *args: Any) -> bool:
         if callable(hook):
             hook(*args)
             return True
+        call_service = getattr(sink, "call_service", None)
+        if callable(call_service):  # a RaySink: queued until its sender thread connects
+            call_service(method, *args)
+            return True
         namespace = getattr(sink, "namespace", None)
         if not isinstance(namespace, str):
             return False
@@ -78,7 +82,10 @@ class ServiceCore:
         host: str | None = None,
         rules: Sequence[Rule] | None = None,
         transports: Mapping[str, Any] | None = None,
+        port_fallback: bool = False,
     ) -> None:
+        """``port`` None: no HTTP server; with ``port_fallback`` a taken port gives way to a
+        free one (the embedded default), otherwise it raises."""
         self.settings = settings or load_config()
         state = Path(state_dir) if state_dir is not None else None
         if state is not None:
@@ -119,17 +126,28 @@ class ServiceCore:
         self.redeliveries = 0
         self._lock = threading.Lock()
         self.server: MetricsServer | None = None
+        self.wanted_port = port
+        self.host = host or exp.host
         if port is not None:
-            self.server = serve_metrics(self.metrics, port, host or exp.host, health=self.healthy)
+            try:
+                self.server = serve_metrics(self.metrics, port, self.host, health=self.healthy)
+            except OSError as exc:
+                if not port_fallback:
+                    raise
+                _log.warning("rlmon: port %s on %s is taken (%s); serving /metrics on a free "
+                             "port", port, self.host, exc)
+                self.server = serve_metrics(self.metrics, 0, self.host, health=self.healthy)
 
     @classmethod
     def from_config(
         cls, config: str | Path | None, *, state_dir: str | Path | None = None,
         port: int | None = None, host: str | None = None, rules: str | Path | None = None,
+        port_fallback: bool = False,
     ) -> ServiceCore:
         settings = load_config(config)
         return cls(settings, state_dir=state_dir, port=port, host=host,
-                   rules=load_rules(str(rules)) if rules is not None else None)
+                   rules=load_rules(str(rules)) if rules is not None else None,
+                   port_fallback=port_fallback)
 
     def _ingest_counters(self) -> IngestCounters:
         stats = list(self._shard_stats.values())
@@ -283,15 +301,27 @@ def service_actor_class() -> Any:
     class ServiceActor:
         def __init__(
             self, config: str | None, state_dir: str | None, port: int | None,
-            host: str | None, shards: int, rules: str | None = None,
+            host: str | None, shards: int, rules: str | None = None, creator: str = "",
         ) -> None:
-            self.core = ServiceCore.from_config(
-                config, state_dir=state_dir, port=port, host=host, rules=rules)
-            self.shards = shards
+            """``port`` None: the config's ``exporter.port``; a taken port gives way to a free
+            one, said in :meth:`layout`. ``creator`` names the process that started it."""
+            settings = load_config(config)
+            wanted = port if port is not None else settings.exporter.port
+            self.core = ServiceCore(
+                settings, state_dir=state_dir, port=wanted, host=host,
+                rules=load_rules(rules) if rules is not None else None, port_fallback=True)
+            self.shards, self.creator, self.state_dir = shards, creator, state_dir
             self.started = time.time()
 
         def layout(self) -> dict[str, Any]:
-            return {"shards": self.shards, "port": self.core.port}
+            core = self.core
+            return {
+                "shards": self.shards, "port": core.port, "host": core.host,
+                "wanted_port": core.wanted_port,
+                "port_moved": core.port is not None and core.wanted_port not in (0, core.port),
+                "creator": self.creator, "state_dir": self.state_dir,
+                "destinations": core.dispatcher.destinations(),
+            }
 
         def placement(self) -> dict[str, Any]:
             """The node this service runs on and the resources it holds there."""

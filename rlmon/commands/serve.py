@@ -59,13 +59,9 @@ def _absolute(path: str | None) -> str | None:
     return os.path.abspath(path) if path else None
 
 
-def pin_service(namespace: str, opts: Any, resource: str) -> Any:
-    """Create the named service actor on the node offering ``resource`` (before
-    ``ensure_runtime``, which then finds it and starts the aggregators beside it)."""
+def check_service_resource(resource: str) -> None:
+    """Fail fast, with the command that fixes it, when no node offers ``resource``."""
     import ray
-
-    from rlmon.actors.runtime import SERVICE
-    from rlmon.actors.service import service_actor_class
 
     offered = ray.cluster_resources().get(resource, 0.0)
     if offered < 1.0:
@@ -73,12 +69,6 @@ def pin_service(namespace: str, opts: Any, resource: str) -> Any:
             f"no Ray node offers the resource {resource!r}: start the rlmon node with "
             f"ray start --address=<head>:6379 --num-cpus=0 --resources="
             f"{json.dumps({resource: 1})!r}")
-    return service_actor_class().options(
-        name=SERVICE, namespace=namespace, get_if_exists=True,
-        lifetime="detached" if opts.detached else None, max_restarts=opts.max_restarts,
-        resources={resource: 1.0},
-    ).remote(opts.config, opts.resolved_state_dir(namespace), opts.port, opts.host,
-             opts.shards, opts.rules)
 
 
 def run_serve(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
@@ -106,18 +96,18 @@ def run_serve(args: argparse.Namespace, stop: threading.Event | None = None) -> 
         config=_absolute(args.config), rules=_absolute(args.rules),
         state_dir=_absolute(args.state_dir), port=port, host=host, shards=args.shards,
         detached=args.detached, deadline_s=args.deadline,
+        service_resource=args.service_resource or None,
     )
-    pinned = None
     try:
         if args.service_resource:
-            pinned = pin_service(args.namespace, opts, args.service_resource)
+            check_service_resource(args.service_resource)
         service = ensure_runtime(args.namespace, opts)
         layout: Any = ray.get(service.layout.remote())
     except Exception as exc:
         print(f"rlmon serve: cannot start: {exc}", file=sys.stderr)
         ray.shutdown()
         return 1
-    where = f" on the node offering {args.service_resource!r}" if pinned is not None else ""
+    where = f" on the node offering {args.service_resource!r}" if args.service_resource else ""
     print(
         f"rlmon serve: namespace {args.namespace!r}, {layout['shards']} aggregator shard(s), "
         f"service{where} with metrics on http://{host}:{layout['port']}/metrics "

@@ -225,8 +225,9 @@ class OutboxConfig(_Section):
 
 
 class ExporterConfig(_Section):
-    host: str = "0.0.0.0"
-    port: int = Field(default=9400, ge=0, le=65_535)
+    # loopback by default: a training node's /metrics is not for the whole network unless asked
+    host: str = "127.0.0.1"
+    port: int = Field(default=9464, ge=0, le=65_535)  # 0: any free port
     max_series: int = Field(default=10_000, ge=1)
     run_ttl_seconds: float = Field(default=900.0, gt=0.0)  # no step for this long: dead
     finished_run_ttl_seconds: float = Field(default=120.0, ge=0.0)

@@ -59,6 +59,13 @@ class Dispatcher:
         self._threads: list[threading.Thread] = []
         self.latencies: deque[float] = deque(maxlen=1000)  # finalization -> accepted, seconds
 
+    def destinations(self) -> list[str]:
+        """The receivers alerts can reach, for the start-up announcement."""
+        receivers = sorted(n for n in self.notifiers if n != "console")
+        if "console" in self.notifiers:
+            receivers.append("console" if receivers else "console (no receiver configured)")
+        return receivers
+
     # --- intake ----------------------------------------------------------------------------------
 
     def submit(self, events: Iterable[AlertEvent], finalized_at: float | None = None) -> int:

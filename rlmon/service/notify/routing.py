@@ -1,7 +1,8 @@
 """Routing: which destinations get an alert, and how alerts become notifications.
 
 Severity routes come from config (critical: PagerDuty and Slack; warning: Slack by default), the
-first matching per-run override wins, and silences mute matching alerts. Chat-like destinations
+first matching per-run override wins, and silences mute matching alerts. When none of an alert's
+routed receivers is configured, the console gets it (unless disabled in config). Chat-like destinations
 (Slack, webhook, console) get one message per (run, role, step) holding every alert of that step;
 PagerDuty gets one event per alert, so its dedup_key opens and closes one incident.
 """
@@ -42,7 +43,12 @@ def route(
     groups: dict[tuple[str, str, str, int], list[AlertEvent]] = defaultdict(list)
     for event in events:
         silenced = settings.silenced(event.run, event.role, event.alert)
-        for dest in settings.routing.destinations(event.run, event.severity):
+        wanted = settings.routing.destinations(event.run, event.severity)
+        if "console" in available and not any(d in available for d in wanted):
+            # none of the routed receivers is configured (the embedded default): the console
+            # of the process that started the service shows the alert instead of nobody
+            wanted = ["console"]
+        for dest in wanted:
             # a silence mutes triggers; a PagerDuty resolve still goes out so no incident dangles
             if silenced and not (dest == "pagerduty" and event.state == "resolved"):
                 continue
