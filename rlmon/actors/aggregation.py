@@ -7,7 +7,9 @@ until the service acknowledges them, so a restart loses no finalized step and fi
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -28,10 +30,12 @@ from rlmon.service.report import (
     check_run,
 )
 from rlmon.service.spec import Form
-from rlmon.service.step import StepKey, StepRecord
+from rlmon.service.step import StepIdentity, StepKey, StepRecord
 from rlmon.service.watermark import WatermarkStore
 
 __all__ = ["AggregatorCore", "IngestAck"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -119,14 +123,25 @@ class AggregatorCore:
         self.max_errors = max_errors
         self.lock = threading.RLock()
         self.incarnation = uuid.uuid4().hex
-        self.undelivered: dict[StepKey, StepRecord] = {}
+        self.undelivered: dict[StepIdentity, StepRecord] = {}
         self.reporter_drops: dict[tuple[str, str, tuple[int, ...]], int] = {}
         self.finalize_latency: list[float] = []  # last partial -> finalized, seconds (recent)
         self.merged_batches: dict[str, int] = {}  # collector id -> last drain seq merged
         self.check_message = MessageChecks()
+        # Unix time of each stream's latest finalization (kept in the store): a reporter created
+        # after it that sends an already finalized step belongs to a rerun of the run; a resend
+        # by an older reporter is late. Without a record, this aggregator's start time.
+        self.started = time.time()
+        self.last_finalized: dict[tuple[str, str], float] = {}
+        self._late_said: set[tuple[str, str]] = set()
         if store is not None:
             self.assembler.finalized.update(store.load())
-            self.undelivered.update({r.key: r for r in store.undelivered(limit=1_000_000)})
+            for stream, (attempt, last) in store.load_streams().items():
+                self.assembler.attempts[stream] = attempt
+                if last is not None:
+                    self.last_finalized[stream] = last
+            self.undelivered.update(
+                {r.identity: r for r in store.undelivered(limit=1_000_000)})
 
     @property
     def counters(self) -> Any:
@@ -135,10 +150,12 @@ class AggregatorCore:
     def _commit(self, records: list[StepRecord]) -> None:
         if not records:
             return
+        now = time.time()
         if self.store is not None:
-            self.store.commit(self.assembler.finalized, records)
+            self.store.commit(self.assembler.finalized, records, now)
         for record in records:
-            self.undelivered[record.key] = record
+            self.undelivered[record.identity] = record
+            self.last_finalized[(record.run, record.role)] = now
         lat = self.finalize_latency
         lat.extend(
             r.finalized_at - r.first_seen for r in records
@@ -160,6 +177,8 @@ class AggregatorCore:
                     except ContractError:
                         asm.counters.rejected += 1
                         raise
+                    if asm.is_finalized(*key) and self._is_rerun(msg):
+                        self._begin_attempt(msg)
                     outcome, record = asm.add_message(msg)
                 except ContractError as exc:
                     ack.rejected += 1
@@ -174,6 +193,7 @@ class AggregatorCore:
                     ack.duplicates += 1
                 else:
                     ack.late += 1
+                    self._say_late(msg)
                 if msg.dropped:
                     self.reporter_drops[(msg.run, msg.role, tuple(msg.rank))] = msg.dropped
                 if record is not None:
@@ -186,6 +206,31 @@ class AggregatorCore:
         ack.finalized = len(done)
         ack.incarnation = self.incarnation
         return ack
+
+    def _is_rerun(self, msg: StepMessage) -> bool:
+        """A finalized step sent by a reporter younger than the stream's last finalization."""
+        stream = (msg.run, msg.role)
+        return msg.started > self.last_finalized.get(stream, self.started)
+
+    def _begin_attempt(self, msg: StepMessage) -> None:
+        """Record a rerun of (run, role) as its next attempt (see ``StepAssembler.begin_attempt``)."""
+        asm = self.assembler
+        self._commit(asm.begin_attempt(msg.run, msg.role))
+        attempt = asm.attempts[(msg.run, msg.role)]
+        if self.store is not None:
+            self.store.begin_attempt(msg.run, msg.role, attempt)
+        self._late_said.discard((msg.run, msg.role))
+        log.warning("rlmon: %s/%s restarted at step %d: recorded as attempt %d of the run",
+                    msg.run, msg.role, msg.step, attempt)
+
+    def _say_late(self, msg: StepMessage) -> None:
+        stream = (msg.run, msg.role)
+        if stream not in self._late_said:
+            self._late_said.add(stream)
+            log.warning(
+                "rlmon: %s/%s step %d arrived after the step was finalized (a rank past the "
+                "deadline, or a resend); not folded in, counted in rlmon_partials_late_total "
+                "(said once per run and role)", msg.run, msg.role, msg.step)
 
     def probe(self, run: str, role: str) -> IngestAck:
         """Who this aggregator is and how far (run, role) is finalized, for an idle reporter."""
@@ -299,9 +344,8 @@ class AggregatorCore:
         with self.lock:
             low = self._lowest_open()
             ready = sorted(
-                (r for r in self.undelivered.values()
-                 if r.step < low.get((r.run, r.role), r.step + 1)),
-                key=lambda r: r.key,
+                (r for r in self.undelivered.values() if not self._held(r, low)),
+                key=lambda r: r.identity,
             )
             return ready[:limit]
 
@@ -310,13 +354,19 @@ class AggregatorCore:
         """Finalized records waiting for an earlier open step of their (run, role)."""
         with self.lock:
             low = self._lowest_open()
-            return sum(1 for r in self.undelivered.values()
-                       if r.step >= low.get((r.run, r.role), r.step + 1))
+            return sum(1 for r in self.undelivered.values() if self._held(r, low))
+
+    def _held(self, record: StepRecord, low: dict[tuple[str, str], int]) -> bool:
+        """Whether an earlier step of the record's attempt is still open (open steps always
+        belong to the stream's current attempt; an older attempt's records never wait)."""
+        stream = (record.run, record.role)
+        return (record.attempt == self.assembler.attempts.get(stream, 0)
+                and record.step >= low.get(stream, record.step + 1))
 
     def delivered(self, records: Sequence[StepRecord]) -> None:
         with self.lock:
             for record in records:
-                self.undelivered.pop(record.key, None)
+                self.undelivered.pop(record.identity, None)
             if self.store is not None:
                 self.store.delivered(records)
 

@@ -24,6 +24,9 @@ __all__ = ["aggregator_actor_class"]
 
 log = logging.getLogger(__name__)
 
+# Counters that can change while no step finalizes; a change is published on its own.
+_SAID_WITHOUT_A_STEP = ("late", "rejected", "duplicates", "restarts", "reporter_dropped")
+
 
 class AggregatorServer:
     """What the actor does, with the service handle injected (a Protocol seam for tests)."""
@@ -35,6 +38,7 @@ class AggregatorServer:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self.delivery_errors = 0
+        self._published_stats: dict[str, Any] | None = None
         self._thread = threading.Thread(target=self._loop, daemon=True, name="rlmon-aggregator")
         self._thread.start()
 
@@ -55,10 +59,14 @@ class AggregatorServer:
     def deliver(self) -> bool:
         """Hand pending records to the service; True when nothing is left undelivered."""
         records = self.core.pending_records()
-        if not records:
+        stats = self.core.stats()
+        counts = {k: stats[k] for k in _SAID_WITHOUT_A_STEP}
+        if not records and counts == self._published_stats:
             return True
         try:
-            self.publish(records, self.shard, self.core.stats())
+            # counters changed without a step (late or rejected records): /metrics shows them now
+            self.publish(records, self.shard, stats)
+            self._published_stats = counts
         except Exception as exc:  # the service is restarting: keep the records, retry
             self.delivery_errors += 1
             log.warning("delivery to the service failed: %s", exc)

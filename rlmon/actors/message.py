@@ -107,7 +107,9 @@ class StepMessage:
     """One rank's step: what ``Reporter.end_step`` sends, and what a resend repeats verbatim.
 
     ``seq`` increases per message of one reporter, so a resend is recognised as a duplicate.
-    ``dropped`` is the reporter's running count of messages it had to give up on.
+    ``dropped`` is the reporter's running count of messages it had to give up on. ``started`` is
+    when the reporter was created (unix seconds): a message for an already finalized step from a
+    reporter created after that stream last finalized a step comes from a rerun of the run.
     """
 
     run: str
@@ -121,6 +123,7 @@ class StepMessage:
     # Partials outside the columnar block, per mini-batch index.
     partials: tuple[tuple[int, Mapping[str, Partial]], ...] = field(default=())
     dropped: int = 0
+    started: float = 0.0
 
     @property
     def n_partials(self) -> int:

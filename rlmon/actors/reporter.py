@@ -183,6 +183,7 @@ class Reporter:
         self._schema: Schema | None = None
         self._schema_key: tuple[Any, ...] = ()
         self._seq = 0
+        self._started = time.time()  # tells a rerun of the run from a late resend
         self._step_start = time.perf_counter()
         self._pending: deque[StepMessage] = deque()  # packed, sent or not, not acknowledged
         self._raw: deque[tuple[int, dict[Any, _Entry], float]] = deque()  # not packed yet
@@ -385,6 +386,7 @@ class Reporter:
         return StepMessage(
             self.run, self.role, step, self.rank, self.world, self._seq, wall,
             columns, tuple(sorted(other.items(), key=lambda kv: kv[0])), self.dropped,
+            self._started,
         )
 
     def _columns(self, plain: list[tuple[str, Form, tuple[float, ...]]]) -> Columns:

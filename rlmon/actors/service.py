@@ -156,6 +156,8 @@ class ServiceCore:
             rejected=sum(int(s.get("rejected", 0)) for s in stats),
             late=sum(int(s.get("late", 0)) for s in stats),
             dropped=sum(int(s.get("reporter_dropped", 0)) for s in stats),
+            restarts=sum(int(s.get("restarts", 0)) for s in stats),
+            redelivered=self.redeliveries,
         )
 
     @property
@@ -183,9 +185,14 @@ class ServiceCore:
             if stats is not None:
                 self._shard_stats[shard] = dict(stats)
             fresh = []
-            for record in sorted(records, key=lambda r: r.key):
-                if self.history.has_step(*record.key):
+            for record in sorted(records, key=lambda r: r.identity):
+                if self.history.has_step(*record.key, record.attempt):
                     self.redeliveries += 1
+                    if self.redeliveries == 1:
+                        _log.warning("rlmon: %s/%s step %d (attempt %d) is already stored: a "
+                                     "redelivery, ignored; counted in "
+                                     "rlmon_steps_redelivered_total (said once)", record.run,
+                                     record.role, record.step, record.attempt)
                     continue
                 fresh.append(record)
             streams: set[tuple[str, str]] = set()

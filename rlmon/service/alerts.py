@@ -39,6 +39,7 @@ class AlertEvent:
     summary: str = ""
     condition: str = ""
     what_to_check: str = ""
+    attempt: int = 0  # the run's attempt (restart count) the step belongs to
 
     @property
     def dedup_key(self) -> str:
@@ -154,6 +155,7 @@ class AlertEngine:
         self.rules = list(rules)
         self.states: dict[tuple[str, str, str], AlertState] = {}
         self.last_step: dict[tuple[str, str], int] = {}
+        self.attempts: dict[tuple[str, str], int] = {}  # latest attempt seen per (run, role)
         self.skipped_out_of_order = 0
 
     def firing(self) -> list[tuple[str, str, str]]:
@@ -176,6 +178,14 @@ class AlertEngine:
     def evaluate(self, record: StepRecord) -> list[AlertEvent]:
         """Feed one finalized step; returns the alerts that fired or resolved at it."""
         stream = (record.run, record.role)
+        if record.attempt > self.attempts.get(stream, 0):
+            # a rerun under the same name starts again from its first step; the alert states
+            # carry over, so an alert firing at the end of the last attempt resolves or stays
+            self.attempts[stream] = record.attempt
+            self.last_step.pop(stream, None)
+        elif record.attempt < self.attempts.get(stream, 0):
+            self.skipped_out_of_order += 1
+            return []
         last = self.last_step.get(stream)
         if last is not None and record.step <= last:
             self.skipped_out_of_order += 1
@@ -234,6 +244,7 @@ class AlertEngine:
             summary=rule.summary or rule.describe(),
             condition=rule.describe(),
             what_to_check=spec.what_to_check if spec is not None else "",
+            attempt=record.attempt,
         )
 
 
@@ -241,5 +252,5 @@ def evaluate_in_order(engine: AlertEngine, records: Iterable[StepRecord]) -> lis
     tuple[StepRecord, list[AlertEvent]]
 ]:
     """Evaluate a batch of records per (run, role) in increasing step order."""
-    ordered = sorted(records, key=lambda r: (r.run, r.role, r.step))
+    ordered = sorted(records, key=lambda r: r.identity)
     return [(record, engine.evaluate(record)) for record in ordered]

@@ -11,7 +11,7 @@ import bisect
 import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rlmon.service import catalog
 from rlmon.service.partial import MetricPool, straggler_ratio
@@ -48,6 +48,7 @@ class AssemblyCounters:
     partials: int = 0
     steps_finalized: int = 0
     steps_incomplete: int = 0
+    restarts: int = 0  # new attempts of a (run, role): a rerun under an existing name
 
 
 class FinalizedSteps:
@@ -251,6 +252,7 @@ class StepAssembler:
         self.finalized: dict[tuple[str, str], FinalizedSteps] = {}
         self.forms: dict[str, Form] = {}
         self.counters = AssemblyCounters()
+        self.attempts: dict[tuple[str, str], int] = {}  # absent: attempt 0
 
     def _check_forms(self, report: Report) -> None:
         for name, partial in report.metrics.items():
@@ -328,10 +330,26 @@ class StepAssembler:
         state = self.open.pop(key)
         self.finalized.setdefault((state.run, state.role), FinalizedSteps()).add(state.step)
         record = state.record(finalized_at=self._clock())
+        attempt = self.attempts.get((state.run, state.role))
+        if attempt:
+            record = replace(record, attempt=attempt)
         self.counters.steps_finalized += 1
         if not record.complete:
             self.counters.steps_incomplete += 1
         return record
+
+    def begin_attempt(self, run: str, role: str) -> list[StepRecord]:
+        """Start a new attempt of (run, role): a rerun under the same name.
+
+        Its open steps finalize now as the old attempt's (returned), its finalized steps are
+        forgotten, and its next steps are recorded under the next attempt number.
+        """
+        stream = (run, role)
+        old = [self.finalize(key) for key in sorted(k for k in self.open if k[:2] == stream)]
+        self.finalized.pop(stream, None)
+        self.attempts[stream] = self.attempts.get(stream, 0) + 1
+        self.counters.restarts += 1
+        return old
 
     def finalize_all(self) -> list[StepRecord]:
         """Close every open step (end of input), in (run, role, step) order."""

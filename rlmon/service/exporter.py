@@ -129,10 +129,13 @@ class IngestCounters:
     rejected: int = 0
     late: int = 0
     dropped: int = 0
+    restarts: int = 0  # reruns under an existing run name, recorded as new attempts
+    redelivered: int = 0  # finalized steps the history store already held (ignored)
 
     @classmethod
     def from_assembly(cls, counters: AssemblyCounters, dropped: int = 0) -> IngestCounters:
-        return cls(counters.partials, counters.rejected, counters.late, dropped)
+        return cls(counters.partials, counters.rejected, counters.late, dropped,
+                   counters.restarts)
 
 
 @dataclass(slots=True)
@@ -197,8 +200,8 @@ class MetricsState:
                     return
                 stream = self._streams[key] = _Stream(record, now)
                 self._series += _STREAM_SERIES
-            elif record.step < stream.record.step:
-                return  # an older step never replaces a newer one
+            elif (record.attempt, record.step) < (stream.record.attempt, stream.record.step):
+                return  # an older step never replaces a newer one (a rerun's steps are newer)
             stream.record, stream.seen = record, now
             finished = self._finished.get(record.run)
             if finished is not None and now - finished >= self.finished_ttl:
@@ -365,6 +368,11 @@ class RlmonCollector(Collector):
             ("dropped", ingest.dropped, "Records dropped by a full buffer."),
         ):
             yield CounterMetricFamily(f"rlmon_partials_{name}", doc, value=float(value))
+        yield CounterMetricFamily("rlmon_run_restarts", _OTHER_DOCS["rlmon_run_restarts_total"],
+                                  value=float(ingest.restarts))
+        yield CounterMetricFamily("rlmon_steps_redelivered",
+                                  _OTHER_DOCS["rlmon_steps_redelivered_total"],
+                                  value=float(ingest.redelivered))
         outcomes = CounterMetricFamily(
             "rlmon_notifications", "Notification delivery attempts by destination and outcome.",
             labels=["destination", "outcome"],
@@ -410,6 +418,10 @@ _OTHER_DOCS: dict[str, str] = {
     "rlmon_partials_rejected_total": "Records rejected as invalid (the rest still counted).",
     "rlmon_partials_late_total": "Records that arrived after their step was finalized.",
     "rlmon_partials_dropped_total": "Records dropped by a full buffer.",
+    "rlmon_run_restarts_total": "Reruns under an existing run name (steps starting again),"
+    " recorded as the run's next attempt.",
+    "rlmon_steps_redelivered_total": "Finalized steps delivered again after a restart; the"
+    " history store already held them, so they were ignored.",
     "rlmon_notifications_total": "Notification attempts by `destination` and `outcome`"
     " (sent, retried, failed).",
     "rlmon_outbox_pending": "Notifications waiting in the outbox, by `destination`.",

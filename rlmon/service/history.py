@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
 import threading
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -27,11 +28,13 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS steps (
     run TEXT NOT NULL, role TEXT NOT NULL, step INTEGER NOT NULL, complete INTEGER NOT NULL,
     ranks_expected INTEGER NOT NULL, ranks_reporting INTEGER NOT NULL, finalized_at REAL,
-    line TEXT NOT NULL, PRIMARY KEY (run, role, step));
+    line TEXT NOT NULL, attempt INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (run, role, attempt, step));
 CREATE TABLE IF NOT EXISTS alerts (
     id INTEGER PRIMARY KEY AUTOINCREMENT, run TEXT NOT NULL, role TEXT NOT NULL,
     step INTEGER NOT NULL, alert TEXT NOT NULL, severity TEXT NOT NULL, state TEXT NOT NULL,
-    metric TEXT NOT NULL, value REAL, UNIQUE (run, role, step, alert, state));
+    metric TEXT NOT NULL, value REAL, attempt INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (run, role, attempt, step, alert, state));
 CREATE TABLE IF NOT EXISTS alert_state (
     run TEXT NOT NULL, role TEXT NOT NULL, alert TEXT NOT NULL, true_steps INTEGER NOT NULL,
     false_steps INTEGER NOT NULL, firing INTEGER NOT NULL, since_step INTEGER,
@@ -48,6 +51,22 @@ def _metrics(line: dict[str, Any]) -> dict[str, float]:
     return values
 
 
+def _add_attempts(db: sqlite3.Connection) -> None:
+    """Rebuild a store written before runs had attempts: its rows become attempt 0."""
+    for table in ("steps", "alerts"):
+        columns = [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
+        if "attempt" in columns:
+            continue
+        create = _SCHEMA.split("CREATE TABLE IF NOT EXISTS ")[1 if table == "steps" else 2]
+        kept = ", ".join(c for c in columns)
+        db.execute("BEGIN")
+        db.execute(f"ALTER TABLE {table} RENAME TO {table}_old")
+        db.execute("CREATE TABLE " + create.strip().rstrip(";"))
+        db.execute(f"INSERT INTO {table} ({kept}) SELECT {kept} FROM {table}_old")
+        db.execute(f"DROP TABLE {table}_old")
+        db.execute("COMMIT")
+
+
 class HistoryStore:
     """Append-only store of step lines (the replay contract's JSON) and alert transitions."""
 
@@ -55,6 +74,7 @@ class HistoryStore:
         self._db = open_database(path, _SCHEMA)
         self._lock = threading.Lock()
         self.closed = False
+        _add_attempts(self._db)
 
     def add(
         self, records: Sequence[StepRecord], events: Iterable[AlertEvent] = (),
@@ -67,20 +87,21 @@ class HistoryStore:
             self._db.execute("BEGIN")
             before = self._db.total_changes
             self._db.executemany(
-                "INSERT OR IGNORE INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR IGNORE INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (r.run, r.role, r.step, int(r.complete), r.ranks_expected, r.ranks_reporting,
-                     r.finalized_at, json.dumps(r.to_json(), allow_nan=False))
+                     r.finalized_at, json.dumps(r.to_json(), allow_nan=False), r.attempt)
                     for r in records
                 ],
             )
             new = self._db.total_changes - before
             self._db.executemany(
                 "INSERT OR IGNORE INTO alerts (run, role, step, alert, severity, state, metric, "
-                "value) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "value, attempt) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (e.run, e.role, e.step, e.alert, e.severity, e.state, e.metric,
-                     e.value if e.value is not None and math.isfinite(e.value) else None)
+                     e.value if e.value is not None and math.isfinite(e.value) else None,
+                     e.attempt)
                     for e in events
                 ],
             )
@@ -122,10 +143,11 @@ class HistoryStore:
             rows = self._db.execute("SELECT run, role, last_step FROM stream_state").fetchall()
         return {(run, role): int(step) for run, role, step in rows}
 
-    def has_step(self, run: str, role: str, step: int) -> bool:
+    def has_step(self, run: str, role: str, step: int, attempt: int = 0) -> bool:
         with self._lock:
             row = self._db.execute(
-                "SELECT 1 FROM steps WHERE run = ? AND role = ? AND step = ?", (run, role, step)
+                "SELECT 1 FROM steps WHERE run = ? AND role = ? AND attempt = ? AND step = ?",
+                (run, role, attempt, step),
             ).fetchone()
         return row is not None
 
@@ -142,7 +164,7 @@ class HistoryStore:
         if clauses:
             query += " WHERE " + " AND ".join(clauses)
         with self._lock:
-            rows = self._db.execute(query + " ORDER BY run, role, step", args).fetchall()
+            rows = self._db.execute(query + " ORDER BY run, role, attempt, step", args).fetchall()
         return [json.loads(line) for (line,) in rows]
 
     def series(self, run: str, role: str, metric: str) -> list[tuple[int, float]]:

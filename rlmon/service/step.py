@@ -9,9 +9,10 @@ from typing import Any
 
 from rlmon.service.rank import Rank
 
-__all__ = ["StepKey", "StepRecord", "json_number"]
+__all__ = ["StepIdentity", "StepKey", "StepRecord", "json_number"]
 
 StepKey = tuple[str, str, int]  # (run, role, step)
+StepIdentity = tuple[str, str, int, int]  # (run, role, attempt, step): unique across reruns
 
 
 def json_number(value: float | None) -> float | None:
@@ -32,7 +33,8 @@ class StepRecord:
     """The aggregated values of one step of one role of one run.
 
     ``metrics`` holds every metric that was defined in the step (a mean over zero tokens is left
-    out: absent is not zero); NaN and Inf are kept as floats.
+    out: absent is not zero); NaN and Inf are kept as floats. ``attempt`` counts the restarts of
+    the (run, role): a new run under an existing name starts attempt 1, 2, ... (0 is the first).
     """
 
     run: str
@@ -47,10 +49,15 @@ class StepRecord:
     first_seen: float | None = None
     finalized_at: float | None = None
     time: float | None = field(default=None)
+    attempt: int = 0
 
     @property
     def key(self) -> StepKey:
         return (self.run, self.role, self.step)
+
+    @property
+    def identity(self) -> StepIdentity:
+        return (self.run, self.role, self.attempt, self.step)
 
     def to_json(self) -> dict[str, Any]:
         """The replay line of DESIGN.md; ``nonfinite`` is added only when some value is NaN/Inf."""
@@ -72,4 +79,6 @@ class StepRecord:
             line["nonfinite"] = nonfinite
         if self.replica_mismatches:
             line["replica_mismatches"] = list(self.replica_mismatches)
+        if self.attempt:
+            line["attempt"] = self.attempt
         return line

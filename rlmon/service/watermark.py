@@ -35,7 +35,14 @@ CREATE TABLE IF NOT EXISTS watermark (
 CREATE TABLE IF NOT EXISTS record_outbox (
     run TEXT NOT NULL, role TEXT NOT NULL, step INTEGER NOT NULL, record BLOB NOT NULL,
     PRIMARY KEY (run, role, step));
+CREATE TABLE IF NOT EXISTS step_outbox (
+    run TEXT NOT NULL, role TEXT NOT NULL, attempt INTEGER NOT NULL, step INTEGER NOT NULL,
+    record BLOB NOT NULL, PRIMARY KEY (run, role, attempt, step));
+CREATE TABLE IF NOT EXISTS streams (
+    run TEXT NOT NULL, role TEXT NOT NULL, attempt INTEGER NOT NULL, last_finalized REAL,
+    PRIMARY KEY (run, role));
 """
+# record_outbox is the pre-attempt outbox: its rows move to step_outbox (attempt 0) on open.
 
 
 def encode_record(record: StepRecord) -> str:
@@ -73,6 +80,7 @@ def decode_record(text: str | bytes) -> StepRecord:
         first_seen=_optional_float(obj.get("first_seen")),
         finalized_at=_optional_float(obj.get("finalized_at")),
         time=_optional_float(obj.get("time")),
+        attempt=int(obj.get("attempt", 0)),
     )
 
 
@@ -82,6 +90,28 @@ class WatermarkStore:
     def __init__(self, path: str | Path = ":memory:") -> None:
         self._db = open_database(path, _SCHEMA)
         self._lock = threading.Lock()
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.execute("INSERT OR IGNORE INTO step_outbox SELECT run, role, 0, step, record "
+                             "FROM record_outbox")
+            self._db.execute("DELETE FROM record_outbox")
+            self._db.execute("COMMIT")
+
+    def load_streams(self) -> dict[tuple[str, str], tuple[int, float | None]]:
+        """(attempt, unix time of the latest finalization) per (run, role)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT run, role, attempt, last_finalized FROM streams").fetchall()
+        return {(run, role): (int(attempt), last) for run, role, attempt, last in rows}
+
+    def begin_attempt(self, run: str, role: str, attempt: int) -> None:
+        """A rerun of (run, role): forget its finalized steps, remember the attempt number."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.execute("DELETE FROM watermark WHERE run = ? AND role = ?", (run, role))
+            self._db.execute("INSERT OR REPLACE INTO streams VALUES (?, ?, ?, NULL)",
+                             (run, role, attempt))
+            self._db.execute("COMMIT")
 
     def load(self) -> dict[tuple[str, str], FinalizedSteps]:
         out: dict[tuple[str, str], FinalizedSteps] = {}
@@ -93,7 +123,8 @@ class WatermarkStore:
         return out
 
     def commit(
-        self, finalized: dict[tuple[str, str], FinalizedSteps], records: Iterable[StepRecord]
+        self, finalized: dict[tuple[str, str], FinalizedSteps], records: Iterable[StepRecord],
+        now: float | None = None,
     ) -> None:
         """Persist the watermark of every stream touched by ``records`` and queue the records."""
         records = list(records)
@@ -110,8 +141,13 @@ class WatermarkStore:
                         (run, role, done.floor, json.dumps(done.intervals())),
                     )
                 self._db.executemany(
-                    "INSERT OR REPLACE INTO record_outbox VALUES (?, ?, ?, ?)",
-                    [(r.run, r.role, r.step, encode_record(r)) for r in records],
+                    "INSERT OR REPLACE INTO streams VALUES (?, ?, ?, ?)",
+                    [(r.run, r.role, r.attempt, now) for r in {(r.run, r.role): r
+                                                                 for r in records}.values()],
+                )
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO step_outbox VALUES (?, ?, ?, ?, ?)",
+                    [(r.run, r.role, r.attempt, r.step, encode_record(r)) for r in records],
                 )
                 self._db.execute("COMMIT")
             except BaseException:
@@ -121,7 +157,8 @@ class WatermarkStore:
     def undelivered(self, limit: int = 1000) -> list[StepRecord]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT record FROM record_outbox ORDER BY run, role, step LIMIT ?", (limit,)
+                "SELECT record FROM step_outbox ORDER BY run, role, attempt, step LIMIT ?",
+                (limit,)
             ).fetchall()
         out: list[StepRecord] = []
         for (text,) in rows:
@@ -134,8 +171,8 @@ class WatermarkStore:
     def delivered(self, records: Iterable[StepRecord]) -> None:
         with self._lock:
             self._db.executemany(
-                "DELETE FROM record_outbox WHERE run = ? AND role = ? AND step = ?",
-                [(r.run, r.role, r.step) for r in records],
+                "DELETE FROM step_outbox WHERE run = ? AND role = ? AND attempt = ? AND step = ?",
+                [(r.run, r.role, r.attempt, r.step) for r in records],
             )
 
     def close(self) -> None:
