@@ -272,6 +272,14 @@ class PromStack:
         with urllib.request.urlopen(url, timeout=5) as resp:
             return list(json.loads(resp.read())["data"]["result"])
 
+    def am_alerts(self) -> list[dict[str, Any]]:
+        """The alerts Alertmanager holds as active now (its v2 API leaves resolved ones out)."""
+        import urllib.request
+
+        url = f"http://127.0.0.1:{self.am_port}/api/v2/alerts?active=true&silenced=true&inhibited=true"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return [a for a in json.loads(resp.read()) if a["status"]["state"] != "resolved"]
+
     def stop(self) -> None:
         for proc in self.procs:
             proc.terminate()

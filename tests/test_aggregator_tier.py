@@ -89,13 +89,13 @@ def test_reporters_resend_through_a_collector_after_the_root_restarts(tmp_path: 
             rep.end_step(step)
     reps[0].record("rollout/tokens", sum=1.0)
     reps[0].end_step(2)
-    assert all(rep.flush(5) for rep in reps)
+    assert all(rep.flush(30) for rep in reps)
     tier.root = AggregatorCore(store=WatermarkStore(db))  # the root restarts; step 2 is lost
-    assert reps[0].flush(5)
+    assert reps[0].flush(30)
     assert reps[0].resent >= 1
     reps[1].record("rollout/tokens", sum=1.0)
     reps[1].end_step(2)
-    assert reps[1].flush(5)
+    assert reps[1].flush(30)
     records = {r.step: r for r in tier.root.pending_records()}
     assert records[2].complete and records[2].metrics["rollout/tokens"] == 2.0
     for rep in reps:

@@ -222,14 +222,12 @@ def test_finalized_steps_memory_is_bounded_with_gaps() -> None:
     assert 0 not in done  # step 0 never arrived and sits below everything: still open
 
 
-def test_huge_world_is_cheap_and_lists_a_bounded_number_of_missing_ranks() -> None:
-    import time
-
+def test_huge_world_lists_a_bounded_number_of_missing_ranks() -> None:
+    """4M ranks expected, one reporting: the step names at most MAX_LISTED_MISSING of the missing
+    ones (what that costs in time is measured by bench/bench_aggregator.py)."""
     from rlmon.service.assembly import MAX_LISTED_MISSING
 
-    started = time.perf_counter()
     result = replay(lines(rec(world={"dp": 1 << 20, "cp": 4}, metrics={"m": {"sum": 1.0}})))
-    assert time.perf_counter() - started < 10  # generous; listing all 4M ranks would be far slower
     (record, _), = result.steps
     assert record.ranks_expected == 1 << 22
     assert record.ranks_reporting == 1

@@ -11,13 +11,14 @@ notification-outcome and outbox-depth families carry real samples (sent and retr
 from __future__ import annotations
 
 import re
+import socket
 import urllib.request
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
 import pytest
-from alerting_support import free_port, wait_for
+from alerting_support import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from rlmon.actors.service import ServiceCore
@@ -42,9 +43,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, set[s
     assert result.steps, "the example run should produce steps"
     assert result.alerts, "the example run should raise alerts"
     state: Path = tmp_path_factory.mktemp("service")
+    # a port we hold bound but never listen on: connections are refused for as long as we hold
+    # it, so the webhook is retried whoever else runs on this machine
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
     settings = load_config(None, routing={"critical": ["console", "webhook"],
                                           "warning": ["console", "webhook"]},
-                           notifiers={"webhook": {"url": f"http://127.0.0.1:{free_port()}/x"}})
+                           notifiers={"webhook": {
+                               "url": f"http://127.0.0.1:{dead.getsockname()[1]}/x"}})
     core = ServiceCore(settings, state_dir=state, port=0, host="127.0.0.1")
     try:
         core.publish([record for record, _ in result.steps],
@@ -53,7 +59,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, set[s
         run = result.steps[0][0].run
         core.metrics.set_run_info(run, RunInfo(framework="example", algorithm="grpo", dp=2, cp=2))
         wait_for(lambda: {("console", "sent"), ("webhook", "retried")}
-                 <= set(core.dispatcher.stats().outcomes), 20.0, "console and webhook outcomes")
+                 <= set(core.dispatcher.stats().outcomes), 60.0, "console and webhook outcomes")
         url = f"http://127.0.0.1:{core.port}/metrics"
         with urllib.request.urlopen(url, timeout=10) as answer:
             text = answer.read().decode()
@@ -68,6 +74,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, set[s
         yield served
     finally:
         core.close()
+        dead.close()
 
 
 def test_every_dashboard_query_names_only_served_series(served: dict[str, set[str]]) -> None:

@@ -1,8 +1,7 @@
-"""The exporter: exposition built at scrape time, budget, TTL, labels, self-metrics, /healthz."""
+"""The exporter: exposition built at scrape time, cardinality budget, TTL, labels, self-metrics, /healthz."""
 
 from __future__ import annotations
 
-import time
 import urllib.request
 
 import pytest
@@ -179,27 +178,23 @@ def test_readme_lists_every_exported_family() -> None:
 
 
 @pytest.mark.slow
-def test_scrape_of_10k_series_is_fast() -> None:
-    """DESIGN budget: a scrape of 10,000 series in < 100 ms, collect + text exposition, measured as
-    the scraping thread's CPU time (best of 5) so other load on a 2-core CI box does not count."""
+def test_scrape_of_10k_series_returns_every_series() -> None:
+    """10,000 series in one scrape, every one with its value and labels (the time such a scrape
+    takes is a budget, measured by bench/bench_aggregator.py, not asserted here)."""
     state = MetricsState(max_series=20_000)
-    names = [spec.name for spec in catalog.metrics()][:40]
-    for i in range(10_000 // (len(names) + 7)):
+    specs = list(catalog.metrics())[:40]
+    runs = 10_000 // (len(specs) + 7) + 1
+    for i in range(runs):
         state.update(StepRecord(f"run-{i}", "actor", 1, True, 8, 8, (),
-                                {n: float(j) for j, n in enumerate(names)}))
-    assert state.series >= 9_500
-    registry = build_registry(state, process=False)
-    from prometheus_client import generate_latest
-
-    generate_latest(registry)
-    best = min(_timed(lambda: generate_latest(registry)) for _ in range(5))
-    assert best < 0.1, f"scrape took {best * 1000:.0f} ms"
-
-
-def _timed(fn: object) -> float:
-    started = time.thread_time()
-    fn()  # type: ignore[operator]
-    return time.thread_time() - started
+                                {spec.name: float(i * 100 + j) for j, spec in enumerate(specs)}))
+    assert state.series == runs * (len(specs) + 7) >= 10_000
+    got = scrape(state)
+    want = {(spec.prometheus_name, labels(run=f"run-{i}", role="actor")): float(i * 100 + j)
+            for i in range(runs) for j, spec in enumerate(specs)}
+    assert {k: got.get(k) for k in want} == want
+    per_stream = [k for k in got if dict(k[1]).keys() == {"run", "role"}]
+    assert len(per_stream) == state.series
+    assert got[("rlmon_exporter_series_refused_total", ())] == 0
 
 
 def test_run_info_set_before_the_first_step_is_kept() -> None:

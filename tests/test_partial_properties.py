@@ -9,7 +9,7 @@ import random
 from typing import Any
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlmon.service.assembly import StepAssembler, StepState
@@ -17,6 +17,9 @@ from rlmon.service.partial import Partial, combine
 from rlmon.service.rank import Rank, World
 from rlmon.service.report import Report, parse_report
 from rlmon.service.spec import Form
+
+# no time limit per example, and none on generating them: a loaded CI box is slow, not wrong
+SLOW_OK = [HealthCheck.too_slow]
 
 finite = st.floats(min_value=-1e3, max_value=1e3, allow_nan=False, allow_infinity=False)
 weights = st.floats(min_value=0.0, max_value=50.0, allow_nan=False, allow_infinity=False)
@@ -127,7 +130,7 @@ def assemble(reports: list[Report]) -> dict[str, float]:
 FORMS = [Form.MEAN, Form.SUM, Form.MIN, Form.MAX, Form.SQSUM, Form.MOMENTS]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=SLOW_OK)
 @given(data=split_data(), form=st.sampled_from(FORMS))
 def test_any_split_any_order_matches_numpy(data: dict[str, Any], form: Form) -> None:
     xs = np.asarray(data["values"])
@@ -140,7 +143,7 @@ def test_any_split_any_order_matches_numpy(data: dict[str, Any], form: Form) -> 
     assert close(got, want, scale), (got, want)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, suppress_health_check=SLOW_OK)
 @given(data=split_data(), form=st.sampled_from(FORMS), tree_seed=st.integers(0, 10_000))
 def test_collector_tree_gives_the_same_value(data: dict[str, Any], form: Form, tree_seed: int) -> None:
     """Per-node collectors (each owns whole ranks, any grouping) pre-merge; the root merges their
@@ -168,7 +171,7 @@ def test_collector_tree_gives_the_same_value(data: dict[str, Any], form: Form, t
         assert close(record.metrics[key], value, scale)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80, deadline=None, suppress_health_check=SLOW_OK)
 @given(
     form=st.sampled_from([*FORMS, Form.VALUE]),
     states=st.lists(st.tuples(finite, weights, weights), min_size=3, max_size=3),
@@ -186,7 +189,7 @@ def test_combine_is_associative_and_commutative(form: Form, states: list[tuple[f
         assert math.isclose(x, z, rel_tol=1e-12, abs_tol=1e-9)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, suppress_health_check=SLOW_OK)
 @given(values=st.lists(finite, min_size=1, max_size=20), dp=st.integers(1, 4), cp=st.integers(2, 3),
        seed=st.integers(0, 1000))
 def test_cp_replicas_counted_once(values: list[float], dp: int, cp: int, seed: int) -> None:
@@ -206,7 +209,7 @@ def test_cp_replicas_counted_once(values: list[float], dp: int, cp: int, seed: i
     assert close(got, float(np.mean(values)), max(abs(v) for v in values))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, suppress_health_check=SLOW_OK)
 @given(
     minibatches=st.lists(st.lists(finite, min_size=1, max_size=8), min_size=1, max_size=4),
     dp=st.integers(1, 3), seed=st.integers(0, 1000),
@@ -253,7 +256,7 @@ def test_rank_identity_of_default_world() -> None:
     assert list(World(dp=2, cp=2).ranks())[-1] == Rank(1, 1, 0, 0)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, suppress_health_check=SLOW_OK)
 @given(value=finite, dp=st.integers(1, 4), cp=st.integers(1, 3), seed=st.integers(0, 1000),
        nudge=st.sampled_from([0.0, 1e-9, 1e-3]))
 def test_value_form_is_replicated_and_must_agree(
