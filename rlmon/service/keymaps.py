@@ -77,6 +77,8 @@ class KeyMapping:
     ``callback``, ``driver hook``, ``worker path``, ``stat logger``, ``engine probe``).
     ``comparable`` says whether the framework's own logged number is comparable across runs and
     configurations; when it is not, relays go to :func:`relay_name` and sanity warns.
+    ``unchecked`` says why no test checks the row against the framework's own functions (empty:
+    a test does; for OpenRLHF, SkyRL and verl, ``tests/test_frameworks_<framework>.py``).
     """
 
     framework: str
@@ -88,6 +90,7 @@ class KeyMapping:
     comparable: bool = True
     note: str = ""
     source: str = ""
+    unchecked: str = ""
 
 
 def _c(name: str) -> str:
@@ -113,7 +116,10 @@ LOGP_DIFF_MAX = _c("actor/logp_diff_max")
 IS_MASKED_FRAC = _c("actor/is_masked_frac")
 REWARD = _c("rollout/reward")
 REWARD_STD = _c("rollout/reward_std")
+REWARD_MIN = _c("rollout/reward_min")
+REWARD_MAX = _c("rollout/reward_max")
 RESPONSE_LENGTH = _c("rollout/response_length")
+RESPONSE_LENGTH_MAX = _c("rollout/response_length_max")
 CLIPPED_RATIO = _c("rollout/clipped_ratio")
 FRAC_ZERO_STD = _c("rollout/frac_reward_zero_std")
 CRITIC_LOSS = _c("critic/loss")
@@ -145,15 +151,17 @@ _SK_TRAINER = "skyrl/train/trainer.py"
 _VERL = "verl/utils/metric/utils.py"
 _VERL_DATA = "verl/trainer/ppo/metric_utils.py"
 _TRL = "trl/trainer/grpo_trainer.py"
-_TRL_PPO = "trl/trainer/ppo_trainer.py"
+_TRL_VLLM = ("logged only with use_vllm=True (vLLM importance-sampling correction); the CPU "
+             "GRPOTrainer run in CI generates without vLLM")
 _VLLM = "vllm/v1/metrics/stats.py"
 _DS = "deepspeed/runtime/engine.py"
 
 
 def _m(fw: str, key: str, canon: str | None, red: Reduction, fid: Fidelity, via: str,
-       comparable: bool = True, note: str = "", source: str = "") -> KeyMapping:
+       comparable: bool = True, note: str = "", source: str = "",
+       unchecked: str = "") -> KeyMapping:
     return KeyMapping(fw, key, _c(canon) if canon else None, red, fid, via, comparable, note,
-                      source)
+                      source, unchecked)
 
 
 _ROWS: tuple[KeyMapping, ...] = (
@@ -274,61 +282,65 @@ _ROWS: tuple[KeyMapping, ...] = (
        "summed over mini-batches x epochs", _VERL),
     _m("verl", "timing_s/step", STEP_SECONDS, R.DRIVER_EXACT, EXACT, "tracker",
        source=_VERL_DATA),
-    # --- TRL (GRPOTrainer and PPOTrainer, on_log keys) ------------------------------------------------
+    # --- TRL (GRPOTrainer, TRL 1.16: on_log keys, and the hooks of RlmonCallback.attach) ------
+    # TRL 1.x ships no PPOTrainer; other trainers' keys are relayed under trl/<key>.
     _m("trl", "loss", LOSS, R.WINDOW_MEAN, RELAY, "callback", False,
-       "HF Trainer loss averaged over the logging window; DPO/SFT/PPO meanings differ", _TRL),
-    _m("trl", "grad_norm", GRAD_NORM, R.GLOBAL_VALUE, EXACT, "callback", source=_TRL),
+       "HF Trainer loss averaged over the logging window, scaled per loss_type", _TRL),
+    _m("trl", "grad_norm", GRAD_NORM, R.GLOBAL_VALUE, EXACT, "callback",
+       note="the step's pre-clip global norm", source=_TRL),
     _m("trl", "learning_rate", LR, R.GLOBAL_VALUE, EXACT, "callback", source=_TRL),
-    _m("trl", "reward", REWARD, R.WINDOW_MEAN, EXACT, "callback",
-       note="gathered across processes before logging: exact per generation batch",
+    _m("trl", "reward", REWARD, R.WINDOW_MEAN, EXACT, "trainer hook",
+       note="rlmon pools the gathered rewards of _calculate_rewards (NaN-aware); TRL's nanmean "
+       "per generation batch, averaged over the window, is the same for equal batches",
        source=_TRL),
+    _m("trl", "reward_std", REWARD_STD, R.WINDOW_MEAN, EXACT, "trainer hook", False,
+       "TRL logs the Bessel-corrected (sample) std of each generation batch, averaged over the "
+       "logging window; rlmon sends (n, sum, sum of squares) of the gathered rewards: the "
+       "population std of the step", _TRL),
+    _m("trl", "(not logged) reward min", REWARD_MIN, R.MIN, EXACT, "trainer hook",
+       note="min of the gathered rewards", source=_TRL),
+    _m("trl", "(not logged) reward max", REWARD_MAX, R.MAX, EXACT, "trainer hook",
+       note="max of the gathered rewards", source=_TRL),
     _m("trl", "frac_reward_zero_std", FRAC_ZERO_STD, R.WINDOW_MEAN, EXACT, "callback",
-       source=_TRL),
+       note="a share of the gathered batch; batches are of equal size, so the window mean is "
+       "exact", source=_TRL),
     _m("trl", "completions/mean_length", RESPONSE_LENGTH, R.WINDOW_MEAN, EXACT, "callback",
-       source=_TRL),
+       note="gathered lengths, equal-size batches", source=_TRL),
+    _m("trl", "completions/max_length", RESPONSE_LENGTH_MAX, R.WINDOW_MEAN, EXACT,
+       "trainer hook", False, "TRL averages the per-batch maxima over the logging window; "
+       "rlmon takes the max of the trainer's per-batch values", _TRL),
     _m("trl", "completions/clipped_ratio", CLIPPED_RATIO, R.WINDOW_MEAN, EXACT, "callback",
-       source=_TRL),
-    _m("trl", "entropy", ENTROPY, TW, EXACT, "callback",
-       note="global masked mean per micro-batch since TRL PR #6380", source=_TRL),
-    _m("trl", "kl", KL, TW, EXACT, "callback", note="k3, global masked mean since PR #6380",
-       source=_TRL),
-    _m("trl", "clip_ratio/region_mean", CLIP_RATIO, TW, EXACT, "callback", source=_TRL),
-    _m("trl", "clip_ratio/low_mean", None, TW, RELAY, "callback",
-       note="ordinary lower clip (not verl's dual-clip pg_clipfrac_lower)", source=_TRL),
-    _m("trl", "clip_ratio/high_mean", None, TW, RELAY, "callback", source=_TRL),
+       note="gathered, equal-size batches", source=_TRL),
+    _m("trl", "entropy", ENTROPY, MOM, EXACT, "trainer hook", False,
+       "a global masked mean per micro-batch (PR #6380), then the mean over the step's "
+       "micro-batches; rlmon pools the (sum, count) pairs _compute_loss reduces", _TRL),
+    _m("trl", "kl", KL, MOM, EXACT, "trainer hook", False,
+       "k3 to the reference (beta != 0); mean of micro-batch means; rlmon pools the pairs", _TRL),
+    _m("trl", "clip_ratio/region_mean", CLIP_RATIO, MOM, EXACT, "trainer hook", False,
+       "mean of micro-batch means; rlmon pools the pairs", _TRL),
+    _m("trl", "clip_ratio/low_mean", None, MOM, RELAY, "callback", False,
+       "ordinary lower clip (not verl's dual-clip pg_clipfrac_lower); mean of micro-batch "
+       "means", _TRL),
+    _m("trl", "clip_ratio/high_mean", None, MOM, RELAY, "callback", False,
+       "mean of micro-batch means", _TRL),
     _m("trl", "clip_ratio/low_min", None, R.WINDOW_MEAN, RELAY, "callback", False,
-       "a window mean of per-batch minima", _TRL),
+       "a window mean of per-micro-batch minima", _TRL),
     _m("trl", "clip_ratio/high_max", None, R.WINDOW_MEAN, RELAY, "callback", False,
-       "a window mean of per-batch maxima", _TRL),
+       "a window mean of per-micro-batch maxima", _TRL),
     _m("trl", "sampling/sampling_logp_difference/mean", LOGP_DIFF, R.MEAN_OF_RANK_MEANS, RELAY,
-       "callback", False, "per-rank token means, then averaged over ranks", _TRL),
+       "callback", False, "per-rank token means, then averaged over ranks", _TRL,
+       unchecked=_TRL_VLLM),
     _m("trl", "sampling/sampling_logp_difference/max", LOGP_DIFF_MAX, R.WINDOW_MEAN, RELAY,
        "callback", False, "a global max per batch, then averaged over the logging window by "
-       "Trainer.log: a mean of maxima, not the window's max", _TRL),
+       "Trainer.log: a mean of maxima, not the window's max", _TRL, unchecked=_TRL_VLLM),
     _m("trl", "sampling/importance_sampling_ratio/mean", IS_RATIO, R.MEAN_OF_RANK_MEANS, RELAY,
        "callback", False, "logged after truncation or masking (TRL #5231), mean of rank means",
-       _TRL),
+       _TRL, unchecked=_TRL_VLLM),
     _m("trl", "sampling/importance_sampling_ratio/min", IS_RATIO_MIN, R.MIN, RELAY, "callback",
-       False, "after masking: 0 whenever sequence_mask fired", _TRL),
+       False, "after masking: 0 whenever sequence_mask fired", _TRL, unchecked=_TRL_VLLM),
     _m("trl", "sampling/importance_sampling_ratio/max", IS_RATIO_MAX, R.WINDOW_MEAN, RELAY,
        "callback", False, "capped under truncation, and a window mean of per-batch maxima",
-       _TRL),
-    _m("trl", "objective/kl", KL, SW, RELAY, "callback", False,
-       "sequence-summed KL averaged over samples, not a token mean", _TRL_PPO),
-    _m("trl", "objective/entropy", ENTROPY, SW, RELAY, "callback", False,
-       "sequence-summed entropy averaged over samples", _TRL_PPO),
-    _m("trl", "objective/scores", REWARD, SW, EXACT, "callback", source=_TRL_PPO),
-    _m("trl", "policy/clipfrac_avg", CLIP_RATIO, MOM, RELAY, "callback", False,
-       "mean over mini-batch means", _TRL_PPO),
-    _m("trl", "policy/approxkl_avg", APPROX_KL, MOM, RELAY, "callback", False,
-       "mean over mini-batch means", _TRL_PPO),
-    _m("trl", "loss/policy_avg", LOSS, MOM, RELAY, "callback", False,
-       "mean over mini-batch means", _TRL_PPO),
-    _m("trl", "loss/value_avg", CRITIC_LOSS, MOM, RELAY, "callback", False,
-       "mean over mini-batch means", _TRL_PPO),
-    _m("trl", "val/clipfrac_avg", CRITIC_CLIP, MOM, RELAY, "callback", False,
-       "mean over mini-batch means", _TRL_PPO),
-    _m("trl", "lr", LR, R.GLOBAL_VALUE, EXACT, "callback", source=_TRL_PPO),
+       _TRL, unchecked=_TRL_VLLM),
     # --- vLLM (per-engine stat logger) --------------------------------------------------------------
     _m("vllm", "SchedulerStats.num_running_reqs", RUNNING, R.ENGINE_COUNTERS, EXACT,
        "stat logger", note="last value per engine in the window, summed over engines",
