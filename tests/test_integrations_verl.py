@@ -55,7 +55,9 @@ def test_install_adds_the_backend(hub: Hub) -> None:
     tracker.logger["rlmon"].finish()
     rec = hub.step("driver", 3).metrics
     assert rec[keymaps.REWARD] == 0.6 and rec[keymaps.RESPONSE_LENGTH] == 210.0
-    assert rec[keymaps.IS_RATIO_MAX] == 2.5 and rec[keymaps.LR] == 1e-6
+    assert rec[keymaps.LR] == 1e-6
+    assert rec["verl/rollout_corr/rollout_is_max"] == 2.5  # of the truncated weights: relayed
+    assert keymaps.IS_RATIO_MAX not in rec
     assert rec[keymaps.STEP_SECONDS] == 30.0
     assert rec["verl/actor/pg_loss"] == 0.4 and rec["verl/actor/pg_clipfrac"] == 0.1
     assert keymaps.CLIP_RATIO not in rec and keymaps.LOSS not in rec

@@ -150,10 +150,20 @@ _SK_WORKER = "skyrl/backends/skyrl_train/workers/worker_utils.py"
 _SK_TRAINER = "skyrl/train/trainer.py"
 _VERL = "verl/utils/metric/utils.py"
 _VERL_DATA = "verl/trainer/ppo/metric_utils.py"
+_VERL_RC = "verl/trainer/ppo/rollout_corr_helper.py"
+_VERL_LOSS_NOTE = ("verl 0.9 engine workers: each micro-batch's loss normalized by the "
+                   "mini-batch's global token count, summed over micro-batches and DP (Metric "
+                   "SUM): the mini-batch token mean; then averaged over mini-batches x epochs "
+                   "(the pre-0.9 workers summed them, verl PR #5766)")
 _TRL = "trl/trainer/grpo_trainer.py"
 _TRL_VLLM = ("logged only with use_vllm=True (vLLM importance-sampling correction); the CPU "
              "GRPOTrainer run in CI generates without vLLM")
 _VLLM = "vllm/v1/metrics/stats.py"
+_TIMER = "a wall-clock timer of the driver: nothing to compute on CPU"
+_OR_UNCHECKED_TRAIN = ("per-sample values merged in ActorPPOTrainer.ppo_train, which needs a "
+                       "DeepSpeed engine on CUDA")
+_OR_UNCHECKED_DRIVER = ("BasePPOTrainer._compute_rollout_stats: openrlhf/trainer/ppo_trainer.py "
+                        "imports the Actor stack (peft, flash_attn: CUDA-only)")
 _DS = "deepspeed/runtime/engine.py"
 
 
@@ -180,40 +190,57 @@ _ROWS: tuple[KeyMapping, ...] = (
     _m("openrlhf", "vllm_kl", None, TW, RELAY, "logger",
        note="signed k1 of rollout - old log-probs; rlmon's driver hook gives actor/logp_diff "
        "and the IS ratio exactly", source=_OR_ACTOR),
-    _m("openrlhf", "kl", KL, SW, RELAY, "logger", False,
+    _m("openrlhf", "is_filter_ratio", None, TW, RELAY, "logger", False,
+       "logged since v0.11 with IS correction: at is_correction_level=token the fraction of "
+       "tokens outside the band (equal to the driver hook's actor/is_masked_frac), at seq the "
+       "fraction of sequences, token-weighted over micro-batches", _OR_ACTOR),
+    _m("openrlhf", "kl", KL, SW, EXACT, "worker path", False,
        "sample-weighted in-reward KL, or token-weighted window-normalized KL loss with "
-       "kl.use_loss: the same key changes meaning with a flag", _OR_ACTOR),
+       "kl.use_loss: the same key changes meaning with a flag; the worker path (kl=) pools "
+       "the per-token estimator", _OR_ACTOR),
     _m("openrlhf", "actor_grad_norm", GRAD_NORM, LAST, RECOMP, "worker path", False,
        "OpenRLHF logs the last optimizer step only; the worker path reports every optimizer "
-       "step and takes their mean", _OR_ACTOR),
+       "step and takes their mean", _OR_ACTOR,
+       unchecked="the norm comes from DeepspeedStrategy.get_grad_norm on a DeepSpeed engine"),
     _m("openrlhf", "actor_lr", LR, LAST, EXACT, "logger", source=_OR_ACTOR),
-    _m("openrlhf", "reward", REWARD, SW, EXACT, "logger", source=_OR_ACTOR),
+    _m("openrlhf", "reward", REWARD, SW, EXACT, "logger", source=_OR_ACTOR,
+       unchecked=_OR_UNCHECKED_TRAIN),
     _m("openrlhf", "response_length", RESPONSE_LENGTH, SW, EXACT, "logger",
        note="a first-to-last action token span (includes tool tokens in multi-turn)",
-       source=_OR_ACTOR),
+       source=_OR_ACTOR, unchecked=_OR_UNCHECKED_TRAIN),
     _m("openrlhf", "rollout/reward_mean", REWARD, R.DRIVER_EXACT, EXACT, "logger",
-       source=_OR_DRIVER),
+       source=_OR_DRIVER, unchecked=_OR_UNCHECKED_DRIVER),
     _m("openrlhf", "rollout/truncated_rate", CLIPPED_RATIO, R.DRIVER_EXACT, EXACT, "logger",
-       source=_OR_DRIVER),
+       source=_OR_DRIVER, unchecked=_OR_UNCHECKED_DRIVER),
     _m("openrlhf", "critic_loss", CRITIC_LOSS, MOM, RELAY, "logger", False,
        "plain mean over ranks and micro-batches", _OR_CRITIC),
     _m("openrlhf", "values", CRITIC_VALUE, MOM, RELAY, "logger", False,
        "mean of per-micro-batch means", _OR_CRITIC),
     _m("openrlhf", "critic_grad_norm", CRITIC_GRAD_NORM, MOM, RELAY, "logger", False,
-       "averaged over micro-batches including stale values", _OR_CRITIC),
+       "averaged over micro-batches including stale values", _OR_CRITIC,
+       unchecked="the norm comes from a DeepSpeed engine"),
     _m("openrlhf", "timing/generation", GEN_SECONDS, R.DRIVER_EXACT, EXACT, "logger",
-       source=_OR_DRIVER),
+       source=_OR_DRIVER, unchecked=_TIMER),
     _m("openrlhf", "timing/ppo_train", TRAIN_SECONDS, R.DRIVER_EXACT, EXACT, "logger",
-       source=_OR_DRIVER),
+       source=_OR_DRIVER, unchecked=_TIMER),
     _m("openrlhf", "timing/broadcast", SYNC_SECONDS, R.DRIVER_EXACT, EXACT, "logger",
-       source=_OR_DRIVER),
+       source=_OR_DRIVER, unchecked=_TIMER),
     _m("openrlhf", "(not logged) IS ratio", IS_RATIO, R.DRIVER_EXACT, EXACT, "driver hook",
-       note="mean/min/max of exp(old - rollout) over action tokens; OpenRLHF discards it",
-       source="openrlhf/models/loss.py"),
+       note="token mean of exp(old - rollout) over action tokens; PolicyLoss applies it and "
+       "discards it", source="openrlhf/models/loss.py"),
+    _m("openrlhf", "(not logged) IS ratio min", IS_RATIO_MIN, R.DRIVER_EXACT, EXACT,
+       "driver hook", source="openrlhf/models/loss.py"),
+    _m("openrlhf", "(not logged) IS ratio max", IS_RATIO_MAX, R.DRIVER_EXACT, EXACT,
+       "driver hook", source="openrlhf/models/loss.py"),
     _m("openrlhf", "(not logged) logp diff", LOGP_DIFF, R.DRIVER_EXACT, EXACT, "driver hook",
+       note="abs(old - rollout); OpenRLHF's vllm_kl is the signed mean",
        source="openrlhf/models/loss.py"),
+    _m("openrlhf", "(not logged) logp diff max", LOGP_DIFF_MAX, R.DRIVER_EXACT, EXACT,
+       "driver hook", source="openrlhf/models/loss.py"),
     _m("openrlhf", "(not logged) IS masked fraction", IS_MASKED_FRAC, R.DRIVER_EXACT, EXACT,
-       "driver hook", note="tokens outside the tis/icepop band", source="openrlhf/models/loss.py"),
+       "driver hook", note="tokens outside the band (token level: equal to is_filter_ratio; "
+       "seq-mask-tis: every token of a sequence whose geometric-mean ratio is outside it)",
+       source="openrlhf/models/loss.py"),
     # --- SkyRL (prefixed policy/ and critic/ by the trainer) --------------------------------------
     _m("skyrl", "policy/policy_loss", LOSS, R.SUM_DP_MEAN_MINIBATCH, RECOMP, "worker path",
        False, "masked sum with advantages pre-scaled by loss_reduction; scale depends on "
@@ -235,7 +262,8 @@ _ROWS: tuple[KeyMapping, ...] = (
        "min of ratio x mask: 0 whenever any position is masked; do not alert on it", _SK_WORKER),
     _m("skyrl", "policy/grad_norm", GRAD_NORM, R.GLOBAL_VALUE, RELAY, "tracker",
        note="pre-clip global norm of the first actor, averaged over optimizer steps by SkyRL: "
-       "the canonical definition, forwarded as logged", source=_SK_TRAINER),
+       "the canonical definition, forwarded as logged", source=_SK_TRAINER,
+       unchecked="the norm comes from the optimizer step of an FSDP/Megatron strategy"),
     _m("skyrl", "policy/policy_lr", LR, R.GLOBAL_VALUE, EXACT, "tracker", source=_SK_WORKER),
     _m("skyrl", "policy/rollout_train_logprobs_abs_diff_mean", LOGP_DIFF, R.DRIVER_EXACT, EXACT,
        "tracker", source=_SK_TRAINER),
@@ -248,21 +276,25 @@ _ROWS: tuple[KeyMapping, ...] = (
     _m("skyrl", "critic/critic_loss", CRITIC_LOSS, MOM, RELAY, "tracker", False,
        "averaged over the whole world and micro-batches", _SK_WORKER),
     _m("skyrl", "timing/step", STEP_SECONDS, R.DRIVER_EXACT, EXACT, "tracker",
-       source=_SK_TRAINER),
-    # --- verl (legacy workers) ----------------------------------------------------------------------
-    _m("verl", "actor/pg_loss", LOSS, R.SUM_MINIBATCHES, RELAY, "tracker", False,
-       "sum over mini-batches x epochs of per-mini-batch means (verl PR #5766)", _VERL),
+       source=_SK_TRAINER, unchecked=_TIMER),
+    # --- verl (0.9 engine workers) ----------------------------------------------------------------------
+    _m("verl", "actor/pg_loss", LOSS, R.SUM_DP_MEAN_MINIBATCH, RELAY, "tracker", False,
+       _VERL_LOSS_NOTE, _VERL),
     _m("verl", "actor/pg_clipfrac", CLIP_RATIO, MOM, RELAY, "tracker", False,
        "unweighted mean of micro-batch token means (verl #1508)", _VERL),
     _m("verl", "actor/ppo_kl", APPROX_KL, MOM, RELAY, "tracker", False,
        "mean of micro-batch means", _VERL),
-    _m("verl", "actor/entropy", ENTROPY, MOM, RELAY, "tracker", False,
-       "written twice; mean of micro-batch means when recomputed in update_policy", _VERL),
-    _m("verl", "actor/kl_loss", KL, R.SUM_MINIBATCHES, RELAY, "tracker", False,
-       "summed over mini-batches x epochs", _VERL),
+    _m("verl", "actor/entropy", ENTROPY, R.DRIVER_EXACT, RELAY, "tracker", False,
+       "verl 0.9: agg_loss of the recomputed entropies over the whole batch on the driver, in "
+       "the actor's loss_agg_mode: the token mean under token-mean, another aggregate under "
+       "the seq-mean modes (the update's own is actor/entropy_loss)",
+       "verl/trainer/ppo/ray_trainer.py"),
+    _m("verl", "actor/kl_loss", KL, R.SUM_DP_MEAN_MINIBATCH, RELAY, "tracker", False,
+       _VERL_LOSS_NOTE, _VERL),
     _m("verl", "actor/grad_norm", GRAD_NORM, R.GLOBAL_VALUE, RELAY, "tracker",
        note="one global norm per optimizer step, averaged by verl: the canonical definition, "
-       "forwarded as logged", source=_VERL),
+       "forwarded as logged", source=_VERL,
+       unchecked="the norm comes from the optimizer step of an FSDP/Megatron engine"),
     _m("verl", "actor/lr", LR, R.GLOBAL_VALUE, EXACT, "tracker", source=_VERL),
     _m("verl", "critic/score/mean", REWARD, R.DRIVER_EXACT, EXACT, "tracker", source=_VERL_DATA),
     _m("verl", "response_length/mean", RESPONSE_LENGTH, R.DRIVER_EXACT, EXACT, "tracker",
@@ -270,18 +302,22 @@ _ROWS: tuple[KeyMapping, ...] = (
     _m("verl", "response_length/clip_ratio", CLIPPED_RATIO, R.DRIVER_EXACT, EXACT, "tracker",
        source=_VERL_DATA),
     _m("verl", "rollout_corr/rollout_is_mean", IS_RATIO, MOM, RELAY, "tracker", False,
-       "a full-batch token mean in decoupled mode but a mean of micro-batch means in bypass "
-       "mode, under the same key", "verl/trainer/ppo/rollout_corr_helper.py"),
-    _m("verl", "rollout_corr/rollout_is_min", IS_RATIO_MIN, R.MIN, EXACT, "tracker",
-       source="verl/trainer/ppo/rollout_corr_helper.py"),
-    _m("verl", "rollout_corr/rollout_is_max", IS_RATIO_MAX, R.MAX, EXACT, "tracker",
-       source="verl/trainer/ppo/rollout_corr_helper.py"),
+       "the mean of the applied weights (truncated at rollout_is_threshold by TIS, zeroed out "
+       "of band by IcePop), not of the ratio; a full-batch token mean in decoupled mode but a "
+       "mean of micro-batch means in bypass mode, under the same key", _VERL_RC),
+    _m("verl", "rollout_corr/rollout_is_min", IS_RATIO_MIN, R.MIN, RELAY, "tracker", False,
+       "min of the applied weights: 0 under IcePop; in bypass mode a mean over micro-batches "
+       "and DP of per-micro-batch minima", _VERL_RC),
+    _m("verl", "rollout_corr/rollout_is_max", IS_RATIO_MAX, R.MAX, RELAY, "tracker", False,
+       "max of the applied weights: capped at rollout_is_threshold under TIS; in bypass mode "
+       "a mean over micro-batches and DP of per-micro-batch maxima", _VERL_RC),
     _m("verl", "training/rollout_probs_diff_mean", None, R.DRIVER_EXACT, RELAY, "tracker",
-       note="an absolute difference of probabilities, not log-probabilities", source=_VERL_DATA),
-    _m("verl", "critic/vf_loss", CRITIC_LOSS, R.SUM_MINIBATCHES, RELAY, "tracker", False,
-       "summed over mini-batches x epochs", _VERL),
+       note="an absolute difference of probabilities, not log-probabilities",
+       source="verl/utils/debug/metrics.py"),
+    _m("verl", "critic/vf_loss", CRITIC_LOSS, R.SUM_DP_MEAN_MINIBATCH, RELAY, "tracker", False,
+       _VERL_LOSS_NOTE, _VERL),
     _m("verl", "timing_s/step", STEP_SECONDS, R.DRIVER_EXACT, EXACT, "tracker",
-       source=_VERL_DATA),
+       source=_VERL_DATA, unchecked=_TIMER),
     # --- TRL (GRPOTrainer, TRL 1.16: on_log keys, and the hooks of RlmonCallback.attach) ------
     # TRL 1.x ships no PPOTrainer; other trainers' keys are relayed under trl/<key>.
     _m("trl", "loss", LOSS, R.WINDOW_MEAN, RELAY, "callback", False,
@@ -414,6 +450,7 @@ def keymap_json(framework: str | None = None) -> list[dict[str, Any]]:
             "comparable_across_runs": row.comparable,
             "note": row.note,
             "source": row.source,
+            "unchecked": row.unchecked,
         }
         for row in mappings(framework)
     ]
@@ -448,17 +485,40 @@ def fidelity_matrix() -> dict[str, dict[str, Fidelity]]:
     return matrix
 
 
-def matrix_markdown() -> str:
-    """The README table: canonical metrics x frameworks, marked exact / recomputed / relayed."""
+def unchecked_cells() -> dict[tuple[str, str], list[KeyMapping]]:
+    """(canonical, framework) cells of the matrix whose every best-fidelity row is unchecked."""
     matrix = fidelity_matrix()
+    cells: dict[tuple[str, str], list[KeyMapping]] = {}
+    for row in _ROWS:
+        if row.canonical is not None and matrix[row.canonical][row.framework] is row.fidelity:
+            cells.setdefault((row.canonical, row.framework), []).append(row)
+    return {cell: rows for cell, rows in cells.items() if all(r.unchecked for r in rows)}
+
+
+def matrix_markdown() -> str:
+    """The README table: canonical metrics x frameworks, marked exact / recomputed / relayed;
+    ``*`` marks a claim no test checks against the framework (:func:`unchecked_markdown`)."""
+    matrix = fidelity_matrix()
+    unchecked = unchecked_cells()
     lines = ["| metric | " + " | ".join(FRAMEWORKS) + " |",
              "|---|" + "---|" * len(FRAMEWORKS)]
     for spec in catalog.metrics():
         cell = matrix.get(spec.name)
         if not cell:
             continue
-        marks = [cell[fw].value if fw in cell else "" for fw in FRAMEWORKS]
+        marks = [cell[fw].value + ("*" if (spec.name, fw) in unchecked else "")
+                 if fw in cell else "" for fw in FRAMEWORKS]
         lines.append(f"| `{spec.name}` | " + " | ".join(marks) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def unchecked_markdown() -> str:
+    """Why each ``*`` cell of the matrix is not checked against the framework's functions."""
+    lines = ["`*` not checked against the framework's own functions:", ""]
+    for (canon, fw), rows in sorted(unchecked_cells().items(), key=lambda c: (c[0][1], c[0][0])):
+        why = "; ".join(dict.fromkeys(r.unchecked for r in rows))
+        keys = ", ".join(f"`{r.key}`" for r in rows)
+        lines.append(f"- {fw} `{canon}` ({keys}): {why}")
     return "\n".join(lines) + "\n"
 
 
@@ -466,4 +526,5 @@ def artifacts() -> list[Any]:
     """The README's framework table, kept fresh by ``rlmon generate``."""
     from rlmon.service.generated import Artifact
 
-    return [Artifact("README.md", matrix_markdown, block="frameworks")]
+    return [Artifact("README.md", matrix_markdown, block="frameworks"),
+            Artifact("README.md", unchecked_markdown, block="frameworks-unchecked")]

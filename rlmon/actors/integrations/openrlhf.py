@@ -34,7 +34,7 @@ IS_MODES = ("tis", "icepop", "seq-mask-tis")
 
 def _np(x: Any) -> np.ndarray:
     if type(x).__module__.startswith("torch"):
-        x = x.detach().float().cpu().numpy()
+        x = x.detach().double().cpu().numpy()  # float64: no precision lost to float32
     return np.asarray(x, dtype=np.float64)
 
 
@@ -51,7 +51,10 @@ def importance_stats(
 
     Returns sums and counts (never means) so batches and steps pool exactly. ``masked`` counts
     the tokens the correction changes: clamped (tis), zeroed (icepop), or in a sequence whose
-    geometric-mean ratio leaves [low, high] (seq-mask-tis), as in ``openrlhf/models/loss.py``.
+    geometric-mean ratio leaves [low, high] (seq-mask-tis), as in ``openrlhf/models/loss.py``
+    (v0.11: ``is_correction_level=token`` with ``is_correction_mode=clip`` / ``mask``, and
+    ``level=seq`` with ``mode=mask``, ratio gating). At token level the fraction equals
+    OpenRLHF's ``is_filter_ratio``; at seq level OpenRLHF counts sequences, rlmon their tokens.
     """
     if mode not in IS_MODES:
         raise ValueError(f"mode must be one of {IS_MODES}, got {mode!r}")

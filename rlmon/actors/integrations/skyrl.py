@@ -36,7 +36,7 @@ CP = ["cp"]
 
 def _np(x: Any) -> np.ndarray:
     if type(x).__module__.startswith("torch"):
-        x = x.detach().float().cpu().numpy()
+        x = x.detach().double().cpu().numpy()  # float64: no precision lost to float32
     return np.atleast_2d(np.asarray(x, dtype=np.float64))
 
 
