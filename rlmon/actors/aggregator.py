@@ -39,6 +39,7 @@ class AggregatorServer:
         self._stop = threading.Event()
         self.delivery_errors = 0
         self._published_stats: dict[str, Any] | None = None
+        self._delivering = threading.Lock()  # the loop and close() never publish the same records
         self._thread = threading.Thread(target=self._loop, daemon=True, name="rlmon-aggregator")
         self._thread.start()
 
@@ -58,6 +59,10 @@ class AggregatorServer:
 
     def deliver(self) -> bool:
         """Hand pending records to the service; True when nothing is left undelivered."""
+        with self._delivering:
+            return self._deliver()
+
+    def _deliver(self) -> bool:
         records = self.core.pending_records()
         stats = self.core.stats()
         counts = {k: stats[k] for k in _SAID_WITHOUT_A_STEP}

@@ -36,6 +36,7 @@ __all__ = [
     "aggregator_name",
     "default_state_dir",
     "ensure_runtime",
+    "metrics_url",
     "node_collector",
     "runtime_of",
     "shard_of",
@@ -124,6 +125,7 @@ class Runtime:
     service: Any
     aggregators: list[Any]
     port: int | None
+    host: str | None
     owned: bool  # this process started the service: it shuts the runtime down at exit
     detached: bool
     collectors: dict[str, Any] = field(default_factory=dict)
@@ -184,18 +186,29 @@ def _connect_ray(namespace: str) -> None:
 
 
 def _hook_exit() -> None:
-    """Register the exit hook after Ray's (``import ray`` registers its own ``shutdown``):
-    atexit runs hooks last-in first-out, so Reporters flush and an owned runtime finalizes its
-    open steps and delivers its alerts while Ray is still up."""
-    if not _state["hooked"]:
+    """Flush at interpreter exit while Ray is still up: Reporters send what they hold (waiting
+    for Ray's start-up if the script was shorter), an owned runtime finalizes its open steps and
+    delivers its alerts. ``threading._register_atexit`` hooks run when the main thread ends,
+    before every ``atexit`` hook, Ray's ``shutdown`` among them (concurrent.futures uses it the
+    same way); ``atexit`` is the fallback."""
+    with _LOCK:
+        if _state["hooked"]:
+            return
         _state["hooked"] = True
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is None:
+            raise RuntimeError("no threading._register_atexit")
+        register(_at_exit)
+    except RuntimeError:
         atexit.register(_at_exit)
 
 
 def _at_exit() -> None:
     from rlmon.actors.reporter import close_all_reporters
 
-    close_all_reporters(timeout=10.0)
+    # a script shorter than Ray's start-up still gets every step through: wait for it
+    close_all_reporters(timeout=float(os.environ.get("RLMON_EXIT_TIMEOUT", "60")))
     with _LOCK:
         _state["exiting"] = True
         owned = [rt.namespace for rt in _RUNTIMES.values() if rt.owned and not rt.detached]
@@ -259,9 +272,12 @@ def ensure_runtime(namespace: str = "rlmon", options: RuntimeOptions | None = No
             aggregators.append(agg)
         owned = layout.get("creator") == _PROCESS
         runtime = _RUNTIMES[namespace] = Runtime(
-            namespace, service, aggregators, layout.get("port"), owned, detached)
+            namespace, service, aggregators, layout.get("port"), layout.get("host"), owned,
+            detached)
         if owned:
             _announce(runtime, layout)
+            threading.Thread(target=_relay_console, args=(runtime,), daemon=True,
+                             name="rlmon-console").start()
         return service
 
 
@@ -269,6 +285,15 @@ def runtime_of(namespace: str) -> Runtime | None:
     """The runtime this process holds for ``namespace``, if any."""
     with _LOCK:
         return _RUNTIMES.get(namespace)
+
+
+def metrics_url(namespace: str = "rlmon") -> str | None:
+    """Where the namespace's ``/metrics`` is served, once this process reached its runtime
+    (after a Reporter's first send, or :func:`ensure_runtime`); None before, or when disabled."""
+    runtime = runtime_of(namespace)
+    if runtime is None or runtime.port is None:
+        return None
+    return f"http://{runtime.host}:{runtime.port}/metrics"
 
 
 def _announce(runtime: Runtime, layout: Mapping[str, Any]) -> None:
@@ -280,6 +305,24 @@ def _announce(runtime: Runtime, layout: Mapping[str, Any]) -> None:
     alerts = ", ".join(layout.get("destinations") or ["nowhere"])
     print(f"rlmon: service started in namespace {runtime.namespace!r}: {where}{moved}; "
           f"alerts to {alerts}; state in {layout.get('state_dir')}", file=sys.stderr, flush=True)
+
+
+def _print_console(service: Any, timeout: float = 10.0) -> None:
+    import ray
+
+    lines: list[str] = ray.get(service.take_console.remote(), timeout=timeout)
+    if lines:
+        print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def _relay_console(runtime: Runtime, period: float = 0.2) -> None:
+    """Print the service's console alerts here, in the process that started it, while it runs."""
+    stop = threading.Event()
+    while runtime_of(runtime.namespace) is runtime and not stop.wait(period):
+        try:
+            _print_console(runtime.service)
+        except Exception:  # the service restarting, or shut down under us: try again
+            continue
 
 
 def node_collector(namespace: str, shard: int, options: RuntimeOptions) -> Any:
@@ -327,6 +370,7 @@ class RaySink:
         self._calls: list[tuple[str, tuple[Any, ...]]] = []  # service calls made before connect
         self._service: Any = None
         self.last_ack: IngestAck | None = None
+        _hook_exit()
 
     def _connect(self) -> None:
         """Find (or start) the runtime; called with the lock held, on the sender thread."""
@@ -443,6 +487,7 @@ def shutdown_runtime(namespace: str = "rlmon", timeout: float = 10.0, kill: bool
             ray.kill(agg, no_restart=True)
     try:
         ok = bool(ray.get(service.close.remote(timeout), timeout=timeout + 5)) and ok
+        _print_console(service, timeout)  # the alerts of the last steps, before Ray stops
     except Exception:
         ok = False
     if kill:

@@ -22,6 +22,7 @@ from rlmon.service.config import Settings, load_config
 from rlmon.service.exporter import IngestCounters, MetricsState, RunInfo
 from rlmon.service.history import HistoryStore
 from rlmon.service.metrics_http import MetricsServer, serve_metrics
+from rlmon.service.notify.console import ConsoleBuffer
 from rlmon.service.notify.factory import build_dispatcher, open_outbox, outbox_path
 from rlmon.service.redact import install_redaction
 from rlmon.service.rules import Rule, default_rules, load_rules
@@ -96,6 +97,7 @@ class ServiceCore:
         # alert still resolves, a pending one still needs only its remaining bad steps.
         self.engine.states.update(self.history.alert_states())
         self.engine.last_step.update(self.history.last_steps())
+        self.engine.attempts.update(self.history.latest_attempts())
         self._restored_firing: dict[tuple[str, str], list[str]] = {}
         for (run, role, alert), st in self.engine.states.items():
             if st.firing:
@@ -314,9 +316,11 @@ def service_actor_class() -> Any:
             one, said in :meth:`layout`. ``creator`` names the process that started it."""
             settings = load_config(config)
             wanted = port if port is not None else settings.exporter.port
+            self.console = ConsoleBuffer()  # printed by the process that started the service
             self.core = ServiceCore(
                 settings, state_dir=state_dir, port=wanted, host=host,
-                rules=load_rules(rules) if rules is not None else None, port_fallback=True)
+                rules=load_rules(rules) if rules is not None else None, port_fallback=True,
+                transports={"console": self.console})
             self.shards, self.creator, self.state_dir = shards, creator, state_dir
             self.started = time.time()
 
@@ -343,6 +347,10 @@ def service_actor_class() -> Any:
 
         def recent_events(self, since: int = 0) -> tuple[int, list[AlertEvent]]:
             return self.core.recent_events(since)
+
+        def take_console(self) -> list[str]:
+            """Console alert lines not yet printed (each is handed out once)."""
+            return self.console.take()
 
         def set_run_info(self, run: str, info: RunInfo | dict[str, Any]) -> None:
             self.core.set_run_info(run, info)

@@ -12,7 +12,7 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from rlmon.service import catalog
@@ -178,11 +178,9 @@ class AlertEngine:
     def evaluate(self, record: StepRecord) -> list[AlertEvent]:
         """Feed one finalized step; returns the alerts that fired or resolved at it."""
         stream = (record.run, record.role)
+        events: list[AlertEvent] = []
         if record.attempt > self.attempts.get(stream, 0):
-            # a rerun under the same name starts again from its first step; the alert states
-            # carry over, so an alert firing at the end of the last attempt resolves or stays
-            self.attempts[stream] = record.attempt
-            self.last_step.pop(stream, None)
+            events.extend(self._restart(record))
         elif record.attempt < self.attempts.get(stream, 0):
             self.skipped_out_of_order += 1
             return []
@@ -191,7 +189,6 @@ class AlertEngine:
             self.skipped_out_of_order += 1
             return []
         self.last_step[stream] = record.step
-        events: list[AlertEvent] = []
         for rule in self.rules:
             if rule.roles is not None and record.role not in rule.roles:
                 continue
@@ -227,6 +224,26 @@ class AlertEngine:
                     check = _Check(True, False, state.metric, record.metrics.get(state.metric))
                 return self._event(rule, record, "resolved", check)
         return None
+
+    def _restart(self, record: StepRecord) -> list[AlertEvent]:
+        """A rerun under the same name starts afresh: the last attempt's firing alerts resolve
+        (no incident stays open for a run that no longer exists) and every rule starts over, so
+        the same fault in the new attempt fires again."""
+        stream = (record.run, record.role)
+        self.attempts[stream] = record.attempt
+        self.last_step.pop(stream, None)
+        resolved = []
+        for rule in self.rules:
+            key = (record.run, record.role, rule.name)
+            state = self.states.get(key)
+            if state is None:
+                continue
+            self.states[key] = AlertState()  # saved with the step, so a restart keeps it reset
+            if state.firing:
+                event = self._event(rule, record, "resolved", _Check(True, False, state.metric))
+                resolved.append(replace(event, value=None,
+                                        summary=f"{event.summary} (the run restarted)"))
+        return resolved
 
     @staticmethod
     def _event(rule: Rule, record: StepRecord, state: State, check: _Check) -> AlertEvent:

@@ -143,6 +143,13 @@ class HistoryStore:
             rows = self._db.execute("SELECT run, role, last_step FROM stream_state").fetchall()
         return {(run, role): int(step) for run, role, step in rows}
 
+    def latest_attempts(self) -> dict[tuple[str, str], int]:
+        """The latest attempt (rerun) stored for every (run, role) that has one."""
+        with self._lock:
+            rows = self._db.execute("SELECT run, role, MAX(attempt) FROM steps GROUP BY run, role "
+                                    "HAVING MAX(attempt) > 0").fetchall()
+        return {(run, role): int(attempt) for run, role, attempt in rows}
+
     def has_step(self, run: str, role: str, step: int, attempt: int = 0) -> bool:
         with self._lock:
             row = self._db.execute(

@@ -3,11 +3,45 @@
 from __future__ import annotations
 
 import sys
+import threading
+from collections import deque
 from typing import IO, Any
 
 from rlmon.service.notify.message import Delivery
 
-__all__ = ["ConsoleNotifier"]
+__all__ = ["ConsoleBuffer", "ConsoleNotifier"]
+
+
+class ConsoleBuffer:
+    """A stream that keeps console lines for another process to print (bounded; the oldest go,
+    counted in ``lost``). The embedded service writes its alerts here and the process that
+    started it prints them on its own console: Ray's forwarding of actor output lags, and a job
+    that ends right after a step would lose the last lines."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self._lines: deque[str] = deque()
+        self._partial = ""
+        self._lock = threading.Lock()
+        self.limit, self.lost = limit, 0
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            *done, self._partial = (self._partial + text).split("\n")
+            self._lines.extend(done)
+            while len(self._lines) > self.limit:
+                self._lines.popleft()
+                self.lost += 1
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def take(self) -> list[str]:
+        """Every complete line written since the last call (each line is taken once)."""
+        with self._lock:
+            lines = list(self._lines)
+            self._lines.clear()
+        return lines
 
 
 class ConsoleNotifier:

@@ -57,7 +57,9 @@ def build_notifiers(
     if want("console") and n.console.enabled:
         import sys
 
-        out.append(ConsoleNotifier(sys.stdout if n.console.stream == "stdout" else sys.stderr))
+        stream = transports.get("console") or (
+            sys.stdout if n.console.stream == "stdout" else sys.stderr)
+        out.append(ConsoleNotifier(stream))
     return out
 
 

@@ -31,7 +31,12 @@ class Routed:
 def _chat_key(destination: str, events: Sequence[AlertEvent]) -> str:
     first = events[0]
     alerts = ",".join(f"{e.alert}={e.state}" for e in sorted(events, key=lambda e: e.alert))
-    return f"{destination}:{first.run}/{first.role}@{first.step}:{alerts}"
+    return f"{destination}:{first.run}/{first.role}@{_at(first)}:{alerts}"
+
+
+def _at(event: AlertEvent) -> str:
+    """Where an event happened, for outbox keys: a rerun's step 4 is not the first run's."""
+    return f"{event.step}" if not event.attempt else f"{event.step}#{event.attempt}"
 
 
 def route(
@@ -77,5 +82,5 @@ def _pagerduty(event: AlertEvent, settings: Settings, created: float) -> Notific
     pd = settings.notifiers.pagerduty
     body = pagerduty_body(event, dict(pd.severity_map), pd.group,
                           settings.dashboard_link(event.run, event.role))
-    key = f"pagerduty:{event.dedup_key}@{event.step}:{event.state}"
+    key = f"pagerduty:{event.dedup_key}@{_at(event)}:{event.state}"
     return Notification("pagerduty", key, event.dedup_key, body, created)

@@ -1,0 +1,64 @@
+"""The README's first snippet: one line of setup, nothing configured.
+
+    python examples/quickstart.py [--steps 12] [--run quickstart]
+
+The first ``end_step`` starts a local Ray and the rlmon service in the background (the training
+loop never waits for it); alerts print on this console, ``/metrics`` serves on 127.0.0.1:9464
+(or a free port, said once), and at exit the Reporter flushes and the last steps are finalized.
+The stand-in "training" below has no learning signal from step 2 on (every prompt group's
+rewards tie), so rlmon's critical ``NoLearningSignal`` fires at step 4.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import urllib.request
+
+import numpy as np
+
+from rlmon.actors.reporter import Reporter
+from rlmon.actors.runtime import metrics_url
+
+
+def print_exported(run: str, last_step: int, timeout: float = 30.0) -> None:
+    """Show what /metrics says about the run once it shows the last step (the service publishes a
+    step a few milliseconds after the aggregator finalized it)."""
+    url = metrics_url()
+    if url is None:
+        return
+    wanted = f'rlmon_step{{role="actor",run="{run}"}} {float(last_step)}'
+    deadline = time.monotonic() + timeout
+    lines: list[str] = []
+    while time.monotonic() < deadline and wanted not in lines:
+        with urllib.request.urlopen(url, timeout=10) as page:
+            lines = page.read().decode().splitlines()
+    print(f"{url}:")
+    print("\n".join(line for line in lines
+                    if line.startswith(("rlmon_step{", "rlmon_alert_firing{"))))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--run", default="quickstart")
+    args = p.parse_args()
+    rng = np.random.default_rng(0)
+
+    rep = Reporter(args.run, "actor")  # the one line: rank and world come from the environment
+    for step in range(args.steps):
+        groups = rng.integers(0, 2, size=(8, 4)).astype(float)  # 8 prompts x 4 samples
+        if step >= 2:
+            groups[:] = 0.0  # the reward model broke: every group ties
+        tied = float((groups.std(axis=1) == 0).sum())
+        rep.record("rollout/reward", sum=float(groups.sum()), count=groups.size)
+        rep.record("rollout/frac_reward_zero_std", sum=tied, count=len(groups))
+        rep.record("actor/entropy", sum=float(rng.uniform(0.8, 1.2)) * 512, count=512)
+        rep.end_step(step)
+    rep.flush(timeout=60)  # optional: wait until rlmon has every step, to peek at /metrics
+    print_exported(args.run, args.steps - 1)
+    # No close() needed: at exit rlmon flushes, finalizes and delivers, then Ray stops.
+
+
+if __name__ == "__main__":
+    main()
