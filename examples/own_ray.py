@@ -15,6 +15,7 @@ import argparse
 
 import numpy as np
 import ray
+from exported import print_exported
 
 from rlmon.actors.reporter import Reporter
 from rlmon.actors.runtime import shutdown_runtime
@@ -49,6 +50,7 @@ def main() -> None:
     for step in range(args.steps):
         ray.get([rank.train_step.remote(step) for rank in ranks])
     print("flushed:", ray.get([rank.close.remote() for rank in ranks]))
+    print_exported(args.run, "actor", args.steps - 1)
     # rlmon's runtime was started inside a rank, detached: stop it gracefully (finalize, deliver
     # the alerts) before the job's own ray.shutdown(), after which rlmon never starts Ray again.
     shutdown_runtime()

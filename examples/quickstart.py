@@ -12,30 +12,11 @@ rewards tie), so rlmon's critical ``NoLearningSignal`` fires at step 4.
 from __future__ import annotations
 
 import argparse
-import time
-import urllib.request
 
 import numpy as np
+from exported import print_exported
 
 from rlmon.actors.reporter import Reporter
-from rlmon.actors.runtime import metrics_url
-
-
-def print_exported(run: str, last_step: int, timeout: float = 30.0) -> None:
-    """Show what /metrics says about the run once it shows the last step (the service publishes a
-    step a few milliseconds after the aggregator finalized it)."""
-    url = metrics_url()
-    if url is None:
-        return
-    wanted = f'rlmon_step{{role="actor",run="{run}"}} {float(last_step)}'
-    deadline = time.monotonic() + timeout
-    lines: list[str] = []
-    while time.monotonic() < deadline and wanted not in lines:
-        with urllib.request.urlopen(url, timeout=10) as page:
-            lines = page.read().decode().splitlines()
-    print(f"{url}:")
-    print("\n".join(line for line in lines
-                    if line.startswith(("rlmon_step{", "rlmon_alert_firing{"))))
 
 
 def main() -> None:
@@ -56,7 +37,7 @@ def main() -> None:
         rep.record("actor/entropy", sum=float(rng.uniform(0.8, 1.2)) * 512, count=512)
         rep.end_step(step)
     rep.flush(timeout=60)  # optional: wait until rlmon has every step, to peek at /metrics
-    print_exported(args.run, args.steps - 1)
+    print_exported(args.run, "actor", args.steps - 1)
     # No close() needed: at exit rlmon flushes, finalizes and delivers, then Ray stops.
 
 

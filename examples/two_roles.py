@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+from exported import print_exported
 
 from rlmon.actors.reporter import Reporter
 
@@ -40,7 +41,8 @@ def main() -> None:
     critic.close()  # closing one Reporter leaves the other and the runtime running
     actor.record("actor/entropy", sum=0.0, count=1)
     actor.end_step(args.steps)
-    print(f"sent {args.steps + 1} actor steps and {args.steps} critic steps")
+    actor.flush(timeout=60)
+    print_exported(args.run, "actor", args.steps)
 
 
 if __name__ == "__main__":

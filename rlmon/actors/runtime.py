@@ -287,13 +287,21 @@ def runtime_of(namespace: str) -> Runtime | None:
         return _RUNTIMES.get(namespace)
 
 
-def metrics_url(namespace: str = "rlmon") -> str | None:
-    """Where the namespace's ``/metrics`` is served, once this process reached its runtime
-    (after a Reporter's first send, or :func:`ensure_runtime`); None before, or when disabled."""
+def metrics_url(namespace: str = "rlmon", timeout: float = 10.0) -> str | None:
+    """Where the namespace's ``/metrics`` is served; None when no service runs (this process
+    connected to Ray and none was found) or its exporter is disabled."""
     runtime = runtime_of(namespace)
-    if runtime is None or runtime.port is None:
-        return None
-    return f"http://{runtime.host}:{runtime.port}/metrics"
+    if runtime is not None:
+        port, host = runtime.port, runtime.host
+    else:
+        import ray
+
+        service = _get_actor(SERVICE, namespace) if ray.is_initialized() else None
+        if service is None:
+            return None
+        layout: Any = ray.get(service.layout.remote(), timeout=timeout)
+        port, host = layout.get("port"), layout.get("host")
+    return None if port is None else f"http://{host}:{port}/metrics"
 
 
 def _announce(runtime: Runtime, layout: Mapping[str, Any]) -> None:
