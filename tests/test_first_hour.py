@@ -229,3 +229,39 @@ def test_example_runs_as_a_user_runs_it(script: str, tmp_path: Path) -> None:
     assert "Traceback" not in output, output[-4000:]
     assert _ray_processes_under(ray_tmp) == []
     shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+AFTER_SHUTDOWN = """
+import ray
+from rlmon.actors.reporter import Reporter
+
+rep = Reporter("after-shutdown", "actor", rank={"dp": 0}, world={"dp": 1})
+rep.record("actor/loss", sum=1.0, count=1)
+rep.end_step(0)
+assert rep.flush(120), rep.last_error
+ray.shutdown()  # the user's own shutdown, before the Reporter is done
+for step in (1, 2):
+    rep.record("actor/loss", sum=1.0, count=1)
+    rep.end_step(step)
+print("steps after shutdown recorded; exiting without close()")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.examples
+def test_no_second_ray_after_the_users_shutdown(tmp_path: Path) -> None:
+    """A Reporter that outlives ``ray.shutdown()`` and is never closed: the exit flush must not
+    start a second local Ray (which outlived the script, and crashed it beside vLLM); what it
+    could not send is counted and said once."""
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rlx-"))
+    env = {**os.environ, "RLMON_STATE_DIR": str(tmp_path / "state"), "RAY_TMPDIR": str(ray_tmp),
+           "RAY_DISABLE_USAGE_STATS": "1", "RLMON_EXIT_TIMEOUT": "20"}
+    done = subprocess.run([sys.executable, "-c", AFTER_SHUTDOWN], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=240)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    assert output.count("Started a local Ray instance") == 1, output[-4000:]
+    assert "does not restart it" in output and "not sent (counted as dropped)" in output, \
+        output[-4000:]
+    assert _ray_processes_under(ray_tmp) == []
+    shutil.rmtree(ray_tmp, ignore_errors=True)

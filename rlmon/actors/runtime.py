@@ -325,8 +325,12 @@ def _print_console(service: Any, timeout: float = 10.0) -> None:
 
 def _relay_console(runtime: Runtime, period: float = 0.2) -> None:
     """Print the service's console alerts here, in the process that started it, while it runs."""
+    import ray
+
     stop = threading.Event()
     while runtime_of(runtime.namespace) is runtime and not stop.wait(period):
+        if not ray.is_initialized():
+            return  # the job shut Ray down; nothing is left to relay from
         try:
             _print_console(runtime.service)
         except Exception:  # the service restarting, or shut down under us: try again
