@@ -78,8 +78,11 @@ def main() -> int:
                               processing_class=PreTrainedTokenizerFast.from_pretrained(tokenizer))
         callback = RlmonCallback.attach(trainer, run=args.run)  # rlmon, line 2
         trainer.train()
+    if not callback.reporter.flush(30.0):  # every step acknowledged by rlmon's aggregator
+        print(f"rlmon: steps of run {args.run!r} not delivered: {callback.reporter.last_error}")
+        return 1
     canonical = sorted({n for n in callback.published.values() if not n.startswith("trl/")})
-    print(f"rlmon: {trainer.state.global_step} steps of run {args.run!r} reported: "
+    print(f"rlmon: {trainer.state.global_step} steps of run {args.run!r} delivered: "
           f"{', '.join(canonical)} and {len(callback.published) - len(canonical)} trl/ keys")
     return 0
 

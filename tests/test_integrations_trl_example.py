@@ -25,7 +25,7 @@ def test_the_example_runs_and_rlmon_receives_every_step(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "examples/trl_grpo.py", "--steps", "3"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "rlmon: 3 steps of run 'trl-tiny' reported" in proc.stdout
+    assert "rlmon: 3 steps of run 'trl-tiny' delivered" in proc.stdout
     result = replay(sink.read_text().splitlines())
     assert not result.errors
     steps = {rec.step: rec.metrics for rec, _ in result.steps}
