@@ -1,13 +1,15 @@
 """The README's TRL snippet as a script: GRPO with rlmon on a tiny model made here, on the CPU.
 
-    python examples/trl_grpo.py [--steps 4] [--run trl-tiny]
+    python examples/trl_grpo.py [--steps 4] [--run trl-tiny] [--zero-reward]
 
 Needs ``trl`` (``pip install 'rlmon[trl]'``; the extras venv of ``make test-extras`` has it).
 Nothing is downloaded: a random 2-layer Qwen2 and a word-level tokenizer are built in a temporary
 folder. The two rlmon lines are the ones marked below. By default the callback's Reporter sends
 to rlmon on Ray (it starts a local Ray and the rlmon service if none is running);
 ``RLMON_SINK_JSONL=run.jsonl`` writes the contract lines to a file instead, for
-``rlmon replay run.jsonl``.
+``rlmon replay run.jsonl``. ``--zero-reward`` gives every completion reward 0: every prompt group
+ties, GRPO has no learning signal, and with ``--steps 6`` rlmon's ``NoLearningSignal`` fires on
+this console at step 5, the third step that generated (``num_iterations=2``: every other step).
 """
 
 from __future__ import annotations
@@ -49,10 +51,15 @@ def reward_cats(completions: list[str], **_: object) -> list[float]:
     return [c.count("cat") + 0.1 * len(c.split()) for c in completions]
 
 
+def reward_zero(completions: list[str], **_: object) -> list[float]:
+    return [0.0] * len(completions)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--run", default="trl-tiny")
+    parser.add_argument("--zero-reward", action="store_true")
     args = parser.parse_args()
 
     from datasets import Dataset
@@ -73,7 +80,8 @@ def main() -> int:
             beta=0.04, learning_rate=5e-3, max_steps=args.steps, logging_steps=1,
             save_strategy="no", disable_tqdm=True, seed=0,
         )
-        trainer = GRPOTrainer(model=model, reward_funcs=reward_cats, args=config,
+        reward = reward_zero if args.zero_reward else reward_cats
+        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config,
                               train_dataset=dataset,
                               processing_class=PreTrainedTokenizerFast.from_pretrained(tokenizer))
         callback = RlmonCallback.attach(trainer, run=args.run)  # rlmon, line 2

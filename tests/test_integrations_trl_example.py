@@ -1,8 +1,11 @@
-"""examples/trl_grpo.py, the README's TRL snippet, run as a user runs it (a subprocess)."""
+"""examples/trl_grpo.py, the README's TRL snippet, run as a user runs it (a subprocess, rlmon on
+a local Ray it starts), with a reward of zero: every step must reach rlmon's aggregator, and the
+service's ``NoLearningSignal`` alert must print on the console of the script that started it."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -10,26 +13,31 @@ from pathlib import Path
 import pytest
 from extras import optional_import
 
-from rlmon.service import keymaps
-from rlmon.service.replay import replay
-
-pytestmark = [pytest.mark.trl, pytest.mark.examples]
+pytestmark = [pytest.mark.trl, pytest.mark.examples, pytest.mark.ray]
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_example_runs_and_rlmon_receives_every_step(tmp_path: Path) -> None:
+def test_the_example_reports_every_step_and_alerts_on_the_console(tmp_path: Path) -> None:
     optional_import("trl")
-    sink = tmp_path / "run.jsonl"
-    env = {**os.environ, "RLMON_SINK_JSONL": str(sink)}  # a file instead of Ray, for replay
-    proc = subprocess.run([sys.executable, "examples/trl_grpo.py", "--steps", "3"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "rlmon: 3 steps of run 'trl-tiny' delivered" in proc.stdout
-    result = replay(sink.read_text().splitlines())
-    assert not result.errors
-    steps = {rec.step: rec.metrics for rec, _ in result.steps}
-    assert sorted(steps) == [1, 2, 3]
-    for step, metrics in steps.items():
-        assert {keymaps.KL, keymaps.ENTROPY, keymaps.CLIP_RATIO, keymaps.LR} <= set(metrics)
-        assert (keymaps.REWARD in metrics) == (step % 2 == 1)  # num_iterations=2
+    optional_import("ray")
+    env = {**os.environ, "RLMON_NAMESPACE": f"trl-example-{os.getpid()}",
+           "RLMON_STATE_DIR": str(tmp_path / "state"), "RAY_DISABLE_USAGE_STATS": "1",
+           "RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    env.pop("RLMON_SINK_JSONL", None)
+    proc = subprocess.Popen(  # a session of its own: a timeout takes Ray's processes down too
+        [sys.executable, "examples/trl_grpo.py", "--steps", "6", "--zero-reward",
+         "--run", "trl-example"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=400)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    assert proc.returncode == 0, err[-4000:]
+    # flush() returned True: the aggregator acknowledged all six steps
+    assert "rlmon: 6 steps of run 'trl-example' delivered" in out, out + err[-2000:]
+    alerts = [line for line in err.splitlines() if "NoLearningSignal" in line]
+    assert alerts and "trl-example/trainer step 5" in alerts[0], err[-4000:]
+    assert "rollout/frac_reward_zero_std = 1" in alerts[0]
