@@ -129,3 +129,18 @@ class Ledger:
                 assert not _close(rlmon, truth, gap), f"{where} == truth {truth!r}"
             else:
                 assert eq_truth, f"{where} != truth {truth!r}"
+
+
+def check_row_coverage(framework: str, row_checks: dict[str, str], tests: dict[str, object]) -> None:
+    """Every keymap row of ``framework`` names the test that checks it, or says in the keymap
+    (``unchecked``) why it cannot be checked here."""
+    from rlmon.service import keymaps
+
+    rows = {row.key: row for row in keymaps.mappings(framework)}
+    assert set(rows) == set(row_checks)
+    for key, test in row_checks.items():
+        if test:
+            assert test in tests, test
+            assert not rows[key].unchecked, key
+        else:
+            assert rows[key].unchecked, f"{key}: neither checked nor says why"

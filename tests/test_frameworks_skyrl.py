@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from frameworks_support import Ledger, framework_module, optional_import
+from frameworks_support import Ledger, check_row_coverage, framework_module, optional_import
 from integrations_support import Hub
 
 from rlmon.actors.integrations import skyrl
@@ -364,11 +364,4 @@ def test_critic_loss_is_a_mean_of_means(hub: Hub) -> None:
 
 
 def test_every_skyrl_row_is_checked_or_says_why() -> None:
-    rows = {row.key: row for row in keymaps.mappings("skyrl")}
-    assert set(rows) == set(ROW_CHECKS)
-    for key, test in ROW_CHECKS.items():
-        if test:
-            assert test in globals(), test
-            assert not rows[key].unchecked, key
-        else:
-            assert rows[key].unchecked, f"{key}: neither checked nor says why"
+    check_row_coverage("skyrl", ROW_CHECKS, globals())

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from frameworks_support import Ledger, framework_module, optional_import
+from frameworks_support import Ledger, check_row_coverage, framework_module, optional_import
 from integrations_support import Hub
 
 from rlmon.actors.integrations import verl
@@ -326,11 +326,4 @@ def test_install_on_the_real_tracking_class(hub: Hub) -> None:
 
 
 def test_every_verl_row_is_checked_or_says_why() -> None:
-    rows = {row.key: row for row in keymaps.mappings("verl")}
-    assert set(rows) == set(ROW_CHECKS)
-    for key, test in ROW_CHECKS.items():
-        if test:
-            assert test in globals(), test
-            assert not rows[key].unchecked, key
-        else:
-            assert rows[key].unchecked, f"{key}: neither checked nor says why"
+    check_row_coverage("verl", ROW_CHECKS, globals())
