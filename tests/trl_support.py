@@ -211,6 +211,8 @@ class Truth:
                 "rollout/response_length": float(lengths.mean()),
                 "rollout/response_length_max": float(lengths.max()),
                 "rollout/clipped_ratio": float(np.mean([t for g in gens for t in g.truncated])),
+                "rollout/samples": float(len(rewards)),
+                "rollout/tokens": float(lengths.sum()),
                 "sample_std": float(rewards.std(ddof=1)),
             }
         return out

@@ -134,6 +134,7 @@ PREEMPTIONS = _c("rollout/preemptions")
 PREFIX_HIT_RATE = _c("rollout/prefix_cache_hit_rate")
 TOKENS_PER_SECOND = _c("rollout/tokens_per_second")
 TOKENS = _c("rollout/tokens")
+SAMPLES = _c("rollout/samples")
 STEP_SECONDS = _c("perf/step_seconds")
 GEN_SECONDS = _c("timing/generate_seconds")
 TRAIN_SECONDS = _c("timing/train_seconds")
@@ -337,6 +338,11 @@ _ROWS: tuple[KeyMapping, ...] = (
        note="min of the gathered rewards", source=_TRL),
     _m("trl", "(not logged) reward max", REWARD_MAX, R.MAX, EXACT, "trainer hook",
        note="max of the gathered rewards", source=_TRL),
+    _m("trl", "(not logged) samples", SAMPLES, R.DRIVER_EXACT, EXACT, "trainer hook",
+       note="completions scored in the step: the gathered rewards' count", source=_TRL),
+    _m("trl", "(not logged) tokens", TOKENS, R.WINDOW_MEAN, RECOMP, "trainer hook",
+       note="completion tokens of the step: each batch's completions/mean_length (over the "
+       "gathered lengths) times its size", source=_TRL),
     _m("trl", "frac_reward_zero_std", FRAC_ZERO_STD, R.WINDOW_MEAN, EXACT, "callback",
        note="a share of the gathered batch; batches are of equal size, so the window mean is "
        "exact", source=_TRL),

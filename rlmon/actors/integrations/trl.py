@@ -205,6 +205,15 @@ class _Relay:
                     rep.record(name, max=max(values))
                     done[key] = name
         if got.rewards:
+            sizes = [int(t.numel()) for t in got.rewards]  # completions per generation batch
+            rep.record(keymaps.SAMPLES, sum=float(sum(sizes)))
+            done["(not logged) samples"] = keymaps.SAMPLES
+            means = list(self.trainer._metrics.get("train", {}).get(
+                "completions/mean_length", ())) if "loss" in self.hooks else []
+            if len(means) == len(sizes):  # TRL's mean over each gathered batch, undone
+                rep.record(keymaps.TOKENS, sum=float(sum(
+                    round(m * n) for m, n in zip(means, sizes, strict=True))))
+                done["(not logged) tokens"] = keymaps.TOKENS
             values = [v for v in _tolist(got.rewards, cat=True) if not math.isnan(v)]
             if values:
                 s, q = math.fsum(values), math.fsum(v * v for v in values)
