@@ -96,6 +96,39 @@ def test_reporter_leaves_ray_to_its_sender_thread(ray_cluster: Any, ray_namespac
     assert shutdown_runtime(ray_namespace)
 
 
+@pytest.mark.ray
+def test_config_exporter_port_is_honoured_and_alerts_reach_the_console(
+        ray_cluster: Any, ray_namespace: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``exporter.port`` of a config given through RuntimeOptions(config=...) is where /metrics
+    serves, and with no receiver configured the alert prints on this process's console."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:  # a port free now, for the config to ask for
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = tmp_path / "rlmon.yaml"
+    config.write_text(f"exporter:\n  host: 127.0.0.1\n  port: {port}\n")
+    opts = RuntimeOptions(config=str(config), state_dir=str(tmp_path / "state"))
+    rep = Reporter("console", "actor", rank={"dp": 0}, world={"dp": 1}, namespace=ray_namespace,
+                   runtime=opts)
+    for step in range(4):
+        rep.record("rollout/frac_reward_zero_std", sum=1.0, count=1)
+        rep.end_step(step)
+    assert rep.flush(60), rep.last_error
+    runtime = runtime_of(ray_namespace)
+    assert runtime is not None and runtime.port == port
+    url = f"http://127.0.0.1:{port}/metrics"
+    wait_for(lambda: 'rlmon_step{role="actor",run="console"} 3.0' in urllib.request.urlopen(
+        url, timeout=10).read().decode(), 30.0, "step 3 on /metrics")
+    rep.close()
+    assert shutdown_runtime(ray_namespace)
+    err = capsys.readouterr().err
+    assert f"/metrics on http://127.0.0.1:{port}/metrics" in err
+    assert "[CRITICAL] NoLearningSignal on console/actor step 2" in err
+
+
 # -- a rerun under the same run name (in process) --------------------------------------------------
 
 class _CoreSink:
