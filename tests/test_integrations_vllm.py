@@ -5,19 +5,13 @@ Skipped when vLLM is not installed, unless RLMON_REQUIRE_EXTRAS=1 (set by `make 
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 from integrations_support import Hub
 
 from rlmon.service import keymaps
-from rlmon.service.assembly import StepAssembler
-from rlmon.service.report import parse_line
 
 pytestmark = pytest.mark.vllm
 
@@ -51,6 +45,14 @@ def _iter(tokens: int, preempted: int) -> IterationStats:
     return it
 
 
+@pytest.fixture(autouse=True)
+def _time_windows() -> Iterator[None]:
+    """Each test starts and ends with no step set (the process-wide set_step state)."""
+    rl_vllm.set_step(None)
+    yield
+    rl_vllm.set_step(None)
+
+
 def test_entry_point_is_found_and_is_a_stat_logger() -> None:
     factories = load_stat_logger_plugin_factories()
     ours = [f for f in factories if f.__module__ == rl_vllm.__name__]
@@ -65,19 +67,24 @@ def test_two_engines_sum_and_pool_correctly() -> None:
                    clock=clock) for i in range(2)]
     # engine 0: hit rate 90 / 100; engine 1: 1 / 10. Pooled 91 / 110, not (0.9 + 0.1) / 2.
     engines[0].record(_sched(4, 1, 0.5, 60, 50), _iter(40, 1))
-    engines[0].record(_sched(3, 0, 0.25, 40, 40), _iter(60, 0))
     engines[1].record(_sched(2, 5, 0.75, 10, 1), _iter(25, 2))
+    clock.t = 1002.0
+    engines[0].record(_sched(3, 0, 0.25, 40, 40), _iter(60, 0))
     clock.t = 1010.0  # the 10 s window ends; log() closes it
     for e in engines:
         e.log()
-    rec = hub.step("vllm", 100)
+    rec = hub.step("vllm", 0)  # window 0 of the engines' process, not an epoch window index
     m = rec.metrics
     assert rec.complete
-    assert m[keymaps.RUNNING] == 3 + 2 and m[keymaps.WAITING] == 0 + 5
-    assert m[keymaps.KV_USAGE] == pytest.approx((0.25 + 0.75) / 2)
+    # per engine the mean over its iterations, summed over engines: (4 + 3) / 2 + 2
+    assert m[keymaps.RUNNING] == 3.5 + 2 and m[keymaps.WAITING] == 0.5 + 5
+    assert m[keymaps.RUNNING_MAX] == 4 and m[keymaps.WAITING_MAX] == 5
+    assert m[keymaps.KV_USAGE] == pytest.approx((0.5 + 0.25 + 0.75) / 3)
+    assert m[keymaps.KV_USAGE_MAX] == 0.75
     assert m[keymaps.PREEMPTIONS] == 3
     assert m[keymaps.PREFIX_HIT_RATE] == pytest.approx(91 / 110)
-    assert m[keymaps.TOKENS] == 125 and m[keymaps.TOKENS_PER_SECOND] == pytest.approx(12.5)
+    # engine 0: 60 tokens in the 2 s after its first iteration; engine 1: one iteration, no span
+    assert m[keymaps.TOKENS] == 125 and m[keymaps.TOKENS_PER_SECOND] == pytest.approx(30.0)
     hub.close()
 
 
@@ -95,7 +102,7 @@ def test_separate_engines_take_their_rank_from_env(monkeypatch: pytest.MonkeyPat
     engines[1].record(_sched(2, 5, 0.7, 10, 1), _iter(25, 2))
     for e in engines:
         e.close()
-    m = hub.step("vllm", 200).metrics
+    m = hub.step("vllm", 0).metrics
     assert m[keymaps.TOKENS] == 65 and m[keymaps.RUNNING] == 6
     assert m[keymaps.PREFIX_HIT_RATE] == pytest.approx(91 / 110)
     monkeypatch.delenv("RLMON_VLLM_ENGINE_RANK")
@@ -107,65 +114,64 @@ def test_separate_engines_take_their_rank_from_env(monkeypatch: pytest.MonkeyPat
     hub.close()
 
 
-DRIVER = textwrap.dedent("""
-    import os, sys
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-    model_dir = sys.argv[1]
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=2, vocab_size=512,
-                      max_position_embeddings=256)
-    LlamaForCausalLM(cfg).save_pretrained(model_dir)
-    from vllm import EngineArgs, SamplingParams
-    from vllm.inputs import TokensPrompt
-    from vllm.v1.engine.llm_engine import LLMEngine
-    from rlmon.actors.integrations.vllm import RlmonStatLogger
-
-    def main():
-        args = EngineArgs(model=model_dir, skip_tokenizer_init=True, dtype="float32",
-                          max_model_len=128, enforce_eager=True, gpu_memory_utilization=0.1)
-        found = []
-
-        def factory(vllm_config, engine_index=0):
-            found.append(RlmonStatLogger(vllm_config, engine_index))
-            return found[-1]
-
-        engine = LLMEngine.from_engine_args(args, stat_loggers=[factory])
-        params = SamplingParams(max_tokens=16, detokenize=False, ignore_eos=True)
-        for i in range(3):
-            engine.add_request(str(i), TokensPrompt(prompt_token_ids=[1, 2, 3, 4 + i]), params)
-        while engine.has_unfinished_requests():
-            engine.step()
-        assert found, "rlmon logger not installed"
-        for lg in found:
-            lg.close()
-        print("LOGGERS", len(found))
-
-    if __name__ == "__main__":
-        main()
-""")
+def test_steps_follow_set_step_and_every_engine_sends_each_step() -> None:
+    """Batch-then-pause traffic under trainer steps: the gauges' last sample is 0 after a batch,
+    their mean and max show the load; an idle engine still sends its zeros, so steps complete."""
+    hub, clock = Hub(), Clock(5000.0)
+    engines = [rl_vllm.RlmonStatLogger(
+        None, i, reporter=hub.reporter("steps", "vllm", rank={"dp": i}, world={"dp": 2}),
+        clock=clock) for i in range(2)]
+    for step in (7, 8):
+        rl_vllm.set_step(step)
+        for running, tokens in ((8, 8), (8, 8), (3, 8), (0, 3)):  # one batch, then a pause
+            engines[0].record(_sched(running, 0, running / 16, 0, 0), _iter(tokens, 0))
+            clock.t += 1.0
+        clock.t += 600.0  # training: no engine iteration, no window closes
+    rl_vllm.set_step(9)  # step 8 is sent now, not at the next request
+    steps = {r.step: r for r in hub.records()}
+    assert sorted(steps) == [7, 8] and all(r.complete for r in steps.values())
+    m = steps[8].metrics
+    assert m[keymaps.TOKENS] == 27
+    assert m[keymaps.RUNNING] == pytest.approx(19 / 4) and m[keymaps.RUNNING_MAX] == 8
+    assert m[keymaps.KV_USAGE] == pytest.approx(19 / 16 / 4) and m[keymaps.KV_USAGE_MAX] == 0.5
+    assert m[keymaps.TOKENS_PER_SECOND] == pytest.approx(19 / 3)
+    for e in engines:
+        e.close()
+    done = hub.records()
+    assert [r.step for r in done] == [7, 8, 9] and done[-1].metrics[keymaps.TOKENS] == 0
+    hub.close()
 
 
-@pytest.mark.slow
-def test_real_engine_reports_generated_tokens(tmp_path: Path) -> None:
-    """A tiny random Llama on the CPU engine; the plugin writes contract lines to a file."""
-    out = tmp_path / "vllm.jsonl"
-    script = tmp_path / "drive.py"
-    script.write_text(DRIVER)
-    env = dict(os.environ, RLMON_SINK_JSONL=str(out), RLMON_RUN="vllm-test",
-               RLMON_VLLM_WINDOW_S="3600")
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "model")], env=env,
-                          capture_output=True, text=True, timeout=240, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "LOGGERS 1" in proc.stdout
-    assembler = StepAssembler()
-    records = list(assembler.add_many(parse_line(ln) for ln in out.read_text().splitlines()))
-    records += assembler.finalize_all()
-    assert len(records) == 1 and records[0].complete, [json.dumps(r.to_json()) for r in records]
-    m = records[0].metrics
-    assert m[keymaps.TOKENS] == 3 * 16
-    assert m[keymaps.RUNNING] == 0 and m[keymaps.WAITING] == 0
-    assert 0.0 <= m[keymaps.KV_USAGE] <= 1.0
+def test_close_sends_the_open_step_and_time_windows_count_from_the_first_logger() -> None:
+    hub, clock = Hub(), Clock(123456.0)
+    lg = rl_vllm.RlmonStatLogger(None, 0, reporter=hub.reporter("win", "vllm", rank={"dp": 0},
+                                                                world={"dp": 1}), clock=clock)
+    lg.record(_sched(1, 0, 0.1, 0, 0), _iter(5, 0))
+    clock.t += 25.0  # windows of 10 s: the next iteration is in window 2
+    lg.record(_sched(1, 0, 0.1, 0, 0), _iter(6, 0))
+    lg.close()  # the engine shut down: the open window 2 is sent, nothing waits for its end
+    assert [(r.step, r.metrics[keymaps.TOKENS]) for r in hub.records()] == [(0, 5), (2, 6)]
+    hub.close()
+
+
+def test_set_step_rejects_what_is_not_a_step() -> None:
+    for bad in (-1, 1.5, True, "3"):
+        with pytest.raises((ValueError, TypeError)):
+            rl_vllm.set_step(bad)  # type: ignore[arg-type]
+    assert rl_vllm.current_step() is None
+
+
+def test_a_dropped_engine_sends_its_open_step() -> None:
+    """An AsyncLLM loads the logger by itself: when the engine (and so its logger) goes away,
+    the step it was accumulating is sent, not lost with it."""
+    import gc
+
+    hub = Hub()
+    rl_vllm.set_step(3)
+    lg = rl_vllm.RlmonStatLogger(None, 0, reporter=hub.reporter("gone", "vllm", rank={"dp": 0},
+                                                                world={"dp": 1}))
+    lg.record(_sched(2, 0, 0.5, 0, 0), _iter(9, 0))
+    del lg
+    gc.collect()
+    assert [(r.step, r.metrics[keymaps.TOKENS]) for r in hub.records()] == [(3, 9)]
+    hub.close()

@@ -128,8 +128,11 @@ CRITIC_GRAD_NORM = _c("critic/grad_norm")
 CRITIC_LR = _c("critic/lr")
 CRITIC_CLIP = _c("critic/clip_ratio")
 RUNNING = _c("rollout/num_running_reqs")
+RUNNING_MAX = _c("rollout/num_running_reqs_max")
 WAITING = _c("rollout/num_waiting_reqs")
+WAITING_MAX = _c("rollout/num_waiting_reqs_max")
 KV_USAGE = _c("rollout/kv_cache_usage")
+KV_USAGE_MAX = _c("rollout/kv_cache_usage_max")
 PREEMPTIONS = _c("rollout/preemptions")
 PREFIX_HIT_RATE = _c("rollout/prefix_cache_hit_rate")
 TOKENS_PER_SECOND = _c("rollout/tokens_per_second")
@@ -385,19 +388,30 @@ _ROWS: tuple[KeyMapping, ...] = (
        _TRL, unchecked=_TRL_VLLM),
     # --- vLLM (per-engine stat logger) --------------------------------------------------------------
     _m("vllm", "SchedulerStats.num_running_reqs", RUNNING, R.ENGINE_COUNTERS, EXACT,
-       "stat logger", note="last value per engine in the window, summed over engines",
-       source=_VLLM),
+       "stat logger", note="per engine the mean over its scheduler iterations in the step, "
+       "summed over engines (the last sample of a window reads 0 after a batch)", source=_VLLM),
+    _m("vllm", "SchedulerStats.num_running_reqs (max)", RUNNING_MAX, R.MAX, EXACT,
+       "stat logger", note="the largest sample of any engine in the step", source=_VLLM),
     _m("vllm", "SchedulerStats.num_waiting_reqs", WAITING, R.ENGINE_COUNTERS, EXACT,
+       "stat logger", note="as num_running_reqs", source=_VLLM),
+    _m("vllm", "SchedulerStats.num_waiting_reqs (max)", WAITING_MAX, R.MAX, EXACT,
        "stat logger", source=_VLLM),
     _m("vllm", "SchedulerStats.kv_cache_usage", KV_USAGE, R.ENGINE_COUNTERS, EXACT,
-       "stat logger", note="last value per engine, mean over engines", source=_VLLM),
+       "stat logger", note="mean over every engine's scheduler iterations in the step",
+       source=_VLLM),
+    _m("vllm", "SchedulerStats.kv_cache_usage (max)", KV_USAGE_MAX, R.MAX, EXACT,
+       "stat logger", source=_VLLM),
     _m("vllm", "IterationStats.num_preempted_reqs", PREEMPTIONS, R.ENGINE_COUNTERS, EXACT,
        "stat logger", source=_VLLM),
     _m("vllm", "PrefixCacheStats.hits/queries", PREFIX_HIT_RATE, R.ENGINE_COUNTERS, RECOMP,
        "stat logger", note="hits over queries pooled over engines (not a mean of engine rates)",
        source=_VLLM),
-    _m("vllm", "IterationStats.num_generation_tokens", TOKENS_PER_SECOND, R.ENGINE_COUNTERS,
-       RECOMP, "stat logger", note="tokens over the window's seconds, summed over engines",
+    _m("vllm", "IterationStats.num_generation_tokens", TOKENS, R.ENGINE_COUNTERS, EXACT,
+       "stat logger", note="summed over iterations and engines; equal to vLLM's own "
+       "vllm:generation_tokens counter", source=_VLLM),
+    _m("vllm", "IterationStats.num_generation_tokens (rate)", TOKENS_PER_SECOND,
+       R.ENGINE_COUNTERS, RECOMP, "stat logger", note="per engine the tokens generated between "
+       "its first and last iteration of the step over that span, summed over engines",
        source=_VLLM),
     # --- DeepSpeed (engine probe) -----------------------------------------------------------------------
     _m("deepspeed", "loss_scale", LOSS_SCALE, R.GLOBAL_VALUE, EXACT, "engine probe",

@@ -1,41 +1,69 @@
-"""vLLM: a V1 ``StatLoggerBase`` plugin reporting rollout-engine metrics per engine.
+"""vLLM: a V1 ``StatLoggerBase`` reporting rollout-engine metrics per engine and per trainer step.
 
-Registered under the entry-point group ``vllm.stat_logger_plugins`` (``pyproject.toml``), so an
-``AsyncLLM`` loads it by itself; ``LLMEngine.from_engine_args(..., stat_loggers=[RlmonStatLogger])``
-uses it explicitly. Each engine is one rank ``dp`` of role ``vllm``: ``RLMON_VLLM_ENGINE_RANK`` of
+How it gets into an engine:
+
+- ``AsyncLLM``: by itself, through the entry point ``vllm.stat_logger_plugins`` (``pyproject.toml``).
+- ``LLM`` (the offline engine RL frameworks use) builds no stat logger of a plugin, so
+  ``attach(LLM(..., disable_log_stats=False), run=...)`` adds one to the engine's
+  ``StatLoggerManager``; ``attach`` also takes an ``LLMEngine`` or an ``AsyncLLM``.
+- ``LLMEngine.from_engine_args(args, stat_loggers=[RlmonStatLogger])`` names it explicitly.
+
+Steps. The rollout loop calls :func:`set_step` with the trainer's global step (or the weights
+version it synced); everything the engines of the process generate until the next call is
+reported under that step, and each engine sends the step when it changes. Without a ``set_step``
+call a step is a window of ``RLMON_VLLM_WINDOW_S`` seconds (default 10) counted from the first
+logger of the process (0, 1, 2, ...), for serving; call ``set_step`` before the first request.
+
+Nothing is lost at the end: :func:`close` (or ``RlmonStatLogger.close``), the ``shutdown`` of an
+``AsyncLLM`` given to :func:`attach`, the garbage collection of an engine, and the exit of the
+process all send the open step and wait for its delivery.
+
+Each engine is one rank ``dp`` of role ``vllm``: ``RLMON_VLLM_ENGINE_RANK`` of
 ``RLMON_VLLM_ENGINES`` when set (separate ``LLM`` instances, the OpenRLHF / verl rollout layout,
 each with ``data_parallel_size=1``), else vLLM's data-parallel engine index of
 ``data_parallel_size``. Two engines of one run claiming the same rank on one machine raise
-:class:`DuplicateEngineRank` instead of having one engine's numbers dropped. A step is a
-wall-clock window of ``RLMON_VLLM_WINDOW_S`` seconds (default 10) aligned to the epoch, so
-engines in different processes line up. Per window and engine it sends sufficient statistics, so
-the aggregator's sums across engines are right:
+:class:`DuplicateEngineRank` instead of having one engine's numbers dropped. Per step and engine
+it sends sufficient statistics, so that the aggregator's sums across engines are right:
 
-- running and waiting requests: the engine's last value, summed over engines;
-- KV-cache usage: the last value, averaged over engines (sum, count 1);
-- preemptions and generated tokens: summed; tokens per second = tokens / window length, summed;
+- generated tokens and preemptions: summed (tokens equal vLLM's ``vllm:generation_tokens``);
+- running and waiting requests: the engine's mean over its scheduler iterations in the step,
+  summed over engines, and the largest sample of any engine (``..._max``): a gauge's last sample
+  reads 0 once a batch is done, its mean over the step shows the load;
+- KV-cache usage: the mean over every engine's iterations (sum, count) and the largest sample;
+- tokens per second: tokens generated between an engine's first and last iteration of the step
+  over that span, summed over engines;
 - prefix-cache hit rate: hits over queries pooled over engines, not a mean of engine rates.
 
-``vllm`` is imported only when ``RlmonStatLogger`` is first touched.
+``vllm`` is imported only when ``RlmonStatLogger`` or :func:`attach` is first used.
 """
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import hashlib
+import logging
+import operator
 import os
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Mapping
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rlmon.actors.integrations._base import ReporterLike, env_reporter, lazy_class
 from rlmon.service import keymaps
 
-__all__ = ["DuplicateEngineRank", "EngineWindow", "engine_rank"]  # and RlmonStatLogger (lazy)
+__all__ = ["DuplicateEngineRank", "EngineWindow", "attach", "close", "current_step",
+           "engine_rank", "set_step"]  # and RlmonStatLogger (lazy)
+
+log = logging.getLogger(__name__)
 
 ROLE = "vllm"
 ENV_RANK, ENV_WORLD = "RLMON_VLLM_ENGINE_RANK", "RLMON_VLLM_ENGINES"
+CLOSE_TIMEOUT_S = 10.0
 
 
 class DuplicateEngineRank(RuntimeError):
@@ -59,6 +87,92 @@ def engine_rank(vllm_config: Any, engine_index: int = 0,
     if not 0 <= rank < world:
         raise ValueError(f"vLLM engine rank {rank} outside 0..{world - 1}")
     return rank, world
+
+
+# -- the process's step: set by the rollout loop, read by every engine window ------------------
+
+_LOCK = threading.Lock()
+_STATE: dict[str, Any] = {"step": None, "origin": None, "hooked": False}
+_LIVE: weakref.WeakSet[EngineWindow] = weakref.WeakSet()
+
+
+def set_step(step: int | None) -> None:
+    """Attribute what the engines of this process generate from now on to ``step`` (the trainer's
+    global step, or the weights version just synced to the engines).
+
+    Every engine sends the step it was accumulating when the step changes, so a step is final at
+    the aggregator as soon as the loop moves on; an engine that generated nothing still sends its
+    zeros, so the step of a multi-engine run completes. ``None`` goes back to time windows.
+    Steps should increase: numbers sent for a step the aggregator already finalized are counted
+    as late, not merged.
+    """
+    if step is not None:
+        value = operator.index(step)
+        if isinstance(step, bool) or value < 0:
+            raise ValueError(f"step must be an integer >= 0, got {step!r}")
+        step = value
+    with _LOCK:
+        _STATE["step"] = step
+        windows = list(_LIVE)
+    for window in windows:
+        window.advance_to(step)
+
+
+def current_step() -> int | None:
+    """The step :func:`set_step` set last in this process (None: time windows)."""
+    return _STATE["step"]
+
+
+def close(timeout: float = CLOSE_TIMEOUT_S) -> None:
+    """Send every engine's open step in this process and wait (``timeout`` in all) for delivery.
+
+    The exit of the process does this by itself; call it where the process lives on after the
+    last generation (a notebook, a driver that keeps training without the engines)."""
+    _close_windows(list(_LIVE), timeout)
+
+
+def _close_windows(windows: Iterable[EngineWindow], timeout: float = CLOSE_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    for window in windows:
+        window.close(max(0.0, deadline - time.monotonic()))
+
+
+def _at_exit() -> None:
+    try:
+        close()
+    except Exception as exc:  # never turn a clean exit into a traceback, but say it
+        log.warning("rlmon: sending the vLLM engines' last step at exit failed: %s", exc)
+
+
+def _hook_exit() -> None:
+    """Send the open steps at interpreter exit before anything else shuts down. Thread-exit
+    hooks (``threading._register_atexit``, what ``concurrent.futures`` uses) run before every
+    ``atexit`` hook, so Ray and vLLM's engine finalizers are still up; plain ``atexit`` is the
+    fallback. The rlmon runtime closes every Reporter in a thread-exit hook of its own, and those
+    run last-in first-out: it registers its hook here first, so that this one runs before it."""
+    with _LOCK:
+        if _STATE["hooked"]:
+            return
+        _STATE["hooked"] = True
+    from rlmon.actors import runtime
+
+    runtime._hook_exit()
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is None:
+            raise RuntimeError("no thread-exit hook")
+        register(_at_exit)
+    except RuntimeError:
+        atexit.register(_at_exit)
+
+
+def _process_origin() -> float:
+    """The wall time of the first logger of the process: time window 0 starts there, so that the
+    data-parallel engines of one ``AsyncLLM`` (one process) share their windows."""
+    with _LOCK:
+        if _STATE["origin"] is None:
+            _STATE["origin"] = time.time()
+        return float(_STATE["origin"])
 
 
 class _RankClaim:
@@ -90,63 +204,124 @@ class _RankClaim:
 
 
 class EngineWindow:
-    """One engine's accumulator over aligned windows; framework-free so it is testable alone."""
+    """One engine's accumulator for the current step; framework-free so it is testable alone.
+
+    ``record`` takes vLLM's ``SchedulerStats`` and ``IterationStats`` (or anything with their
+    fields) from the engine's thread, :func:`set_step` and ``close`` come from others: a lock
+    keeps each step's numbers whole. ``origin`` is where time window 0 starts (default: now).
+    """
 
     def __init__(self, reporter: ReporterLike, window_s: float = 10.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, *, origin: float | None = None) -> None:
+        if not window_s > 0:
+            raise ValueError(f"window_s must be > 0, got {window_s!r}")
         self.reporter, self.window_s, self.clock = reporter, float(window_s), clock
+        self.origin = float(clock() if origin is None else origin)
         rank = getattr(reporter, "rank", None)
         as_dict = getattr(rank, "as_dict", None)
         self._claim = _RankClaim(str(getattr(reporter, "run", "")), ROLE,
                                  as_dict() if callable(as_dict) else {}) \
             if hasattr(reporter, "run") else None
-        self.window: int | None = None
-        self.running = self.waiting = 0
-        self.kv_usage: float | None = None
+        self._lock = threading.Lock()
+        self.steps_sent: deque[int] = deque(maxlen=256)  # the latest steps sent (bounded)
         self._reset()
+        with _LOCK:
+            self.step: int | None = _STATE["step"]  # the step being accumulated, if any
+            _LIVE.add(self)
+        _hook_exit()
 
     def _reset(self) -> None:
         self.tokens = self.preempted = self.hits = self.queries = 0
+        self.samples = self.running_max = self.waiting_max = 0
+        self.running_sum = self.waiting_sum = 0
+        self.kv_sum = self.kv_max = 0.0
+        self.first_t: float | None = None
+        self.first_tokens = 0
+        self.last_t = 0.0
 
-    def _advance(self) -> None:
-        w = int(self.clock() // self.window_s)
-        if self.window is not None and w != self.window:
-            self.close_window()
-        self.window = w
+    def _step_now(self, now: float) -> int:
+        explicit = _STATE["step"]
+        if explicit is not None:
+            return int(explicit)
+        return max(0, int((now - self.origin) // self.window_s))
 
     def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
-        self._advance()
-        if scheduler_stats is not None:
-            self.running = int(scheduler_stats.num_running_reqs)
-            self.waiting = int(scheduler_stats.num_waiting_reqs)
-            self.kv_usage = float(scheduler_stats.kv_cache_usage)
-            pcs = getattr(scheduler_stats, "prefix_cache_stats", None)
-            if pcs is not None:
-                self.hits += int(pcs.hits)
-                self.queries += int(pcs.queries)
-        if iteration_stats is not None:
-            self.tokens += int(iteration_stats.num_generation_tokens)
-            self.preempted += int(iteration_stats.num_preempted_reqs)
+        now = self.clock()
+        with self._lock:
+            step = self._step_now(now)
+            if self.step is not None and step != self.step:
+                self._send()
+            self.step = step
+            if scheduler_stats is not None:
+                running = int(scheduler_stats.num_running_reqs)
+                waiting = int(scheduler_stats.num_waiting_reqs)
+                kv = float(scheduler_stats.kv_cache_usage)
+                self.samples += 1
+                self.running_sum += running
+                self.waiting_sum += waiting
+                self.kv_sum += kv
+                self.running_max = max(self.running_max, running)
+                self.waiting_max = max(self.waiting_max, waiting)
+                self.kv_max = max(self.kv_max, kv)
+                pcs = getattr(scheduler_stats, "prefix_cache_stats", None)
+                if pcs is not None:
+                    self.hits += int(pcs.hits)
+                    self.queries += int(pcs.queries)
+            if iteration_stats is not None:
+                tokens = int(iteration_stats.num_generation_tokens)
+                self.tokens += tokens
+                self.preempted += int(iteration_stats.num_preempted_reqs)
+                if tokens:
+                    if self.first_t is None:
+                        self.first_t, self.first_tokens = now, tokens
+                    self.last_t = now
 
     def tick(self) -> None:
-        """Close the window if the clock has left it (vLLM calls ``log()`` periodically)."""
-        if self.window is not None:
-            self._advance()
+        """Send the time window the clock has left (vLLM calls ``log()`` every few seconds)."""
+        now = self.clock()
+        with self._lock:
+            if self.step is not None and self._step_now(now) != self.step:
+                self._send()
+                self.step = None
+
+    def advance_to(self, step: int | None) -> None:
+        """:func:`set_step` moved on: send the step accumulated so far, start ``step``."""
+        with self._lock:
+            if self.step is not None and self.step != step:
+                self._send()
+            self.step = step
 
     def close_window(self) -> None:
-        if self.window is None:
-            return
-        rep = self.reporter
-        rep.record(keymaps.RUNNING, sum=float(self.running))
-        rep.record(keymaps.WAITING, sum=float(self.waiting))
-        if self.kv_usage is not None:
-            rep.record(keymaps.KV_USAGE, sum=self.kv_usage, count=1.0)
+        """Send the open step now (the next record starts the current one again)."""
+        with self._lock:
+            if self.step is not None:
+                self._send()
+            self.step = None
+
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> bool:
+        """Send the open step and wait up to ``timeout`` s for delivery; False if it timed out."""
+        self.close_window()
+        return bool(self.reporter.flush(timeout))
+
+    def _send(self) -> None:
+        assert self.step is not None
+        rep, n = self.reporter, self.samples
+        rep.record(keymaps.TOKENS, sum=float(self.tokens))
         rep.record(keymaps.PREEMPTIONS, sum=float(self.preempted))
+        rep.record(keymaps.RUNNING, sum=self.running_sum / n if n else 0.0)
+        rep.record(keymaps.RUNNING_MAX, max=float(self.running_max))
+        rep.record(keymaps.WAITING, sum=self.waiting_sum / n if n else 0.0)
+        rep.record(keymaps.WAITING_MAX, max=float(self.waiting_max))
+        if n:
+            rep.record(keymaps.KV_USAGE, sum=self.kv_sum, count=float(n))
+            rep.record(keymaps.KV_USAGE_MAX, max=self.kv_max)
         if self.queries > 0:
             rep.record(keymaps.PREFIX_HIT_RATE, sum=float(self.hits), count=float(self.queries))
-        rep.record(keymaps.TOKENS, sum=float(self.tokens))
-        rep.record(keymaps.TOKENS_PER_SECOND, sum=self.tokens / self.window_s)
-        rep.end_step(self.window)
+        if self.first_t is not None and self.last_t > self.first_t:
+            rate = (self.tokens - self.first_tokens) / (self.last_t - self.first_t)
+            rep.record(keymaps.TOKENS_PER_SECOND, sum=rate)
+        rep.end_step(self.step)
+        self.steps_sent.append(self.step)
         self._reset()
 
     def release(self) -> None:
@@ -159,19 +334,31 @@ def _build() -> type:
     from vllm.v1.metrics.loggers import StatLoggerBase
 
     class RlmonStatLogger(StatLoggerBase):
-        """Per-engine rlmon stat logger (``engine_index`` is the engine's rank)."""
+        """Per-engine rlmon stat logger (``engine_index`` is the engine's rank).
+
+        ``run`` defaults to ``RLMON_RUN`` (else ``vllm``); ``reporter`` to a Reporter built by
+        ``make`` (``RLMON_SINK_JSONL`` picks a file, else the Ray aggregator of
+        ``RLMON_NAMESPACE``)."""
+
+        set_step = staticmethod(set_step)
 
         def __init__(self, vllm_config: Any, engine_index: int = 0, *,
-                     reporter: ReporterLike | None = None,
+                     run: str | None = None, reporter: ReporterLike | None = None,
                      make: Callable[..., ReporterLike] = env_reporter,
                      clock: Callable[[], float] = time.time) -> None:
             env = os.environ
             rank, engines = engine_rank(vllm_config, engine_index)
             self.engine_index, self.rank, self.engines = engine_index, rank, engines
             self.reporter = reporter or make(
-                env.get("RLMON_RUN", "vllm"), ROLE, rank={"dp": rank}, world={"dp": engines})
+                run or env.get("RLMON_RUN", "vllm"), ROLE, rank={"dp": rank},
+                world={"dp": engines})
+            origin = _process_origin() if clock is time.time else None
             self.window = EngineWindow(self.reporter,
-                                       float(env.get("RLMON_VLLM_WINDOW_S", "10")), clock)
+                                       float(env.get("RLMON_VLLM_WINDOW_S", "10")), clock,
+                                       origin=origin)
+            # The engine was dropped (an AsyncLLM after shutdown, an LLM going out of scope):
+            # send its open step. At exit the thread-exit hook has done it, while Ray is up.
+            weakref.finalize(self, _close_windows, [self.window]).atexit = False
 
         def record(self, scheduler_stats: Any, iteration_stats: Any,
                    mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
@@ -183,14 +370,83 @@ def _build() -> type:
         def log_engine_initialized(self) -> None:
             pass
 
-        def close(self) -> None:
-            """Send the open window and wait for delivery (vLLM has no shutdown hook for this)."""
-            self.window.close_window()
-            self.window.window = None
-            self.reporter.flush(10.0)
+        def close(self, timeout: float = CLOSE_TIMEOUT_S) -> bool:
+            """Send the open step, wait for delivery, give up the engine's rank."""
+            done = self.window.close(timeout)
             self.window.release()
+            return done
 
     return RlmonStatLogger
 
 
 __getattr__ = lazy_class(__name__, "RlmonStatLogger", _build)
+
+
+def _ours(manager: Any) -> list[Any]:
+    """The rlmon loggers already in a ``StatLoggerManager`` (plugin or ``stat_loggers=``)."""
+    cls = __getattr__("RlmonStatLogger")
+    found = []
+    for agg in getattr(manager, "stat_loggers", ()):
+        per_engine = getattr(agg, "per_engine_stat_loggers", None) or {}
+        found += [lg for lg in per_engine.values() if isinstance(lg, cls)]
+    return found
+
+
+def _close_loggers(loggers: list[Any], timeout: float = CLOSE_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    for lg in loggers:
+        lg.close(max(0.0, deadline - time.monotonic()))
+
+
+def attach(engine: Any, *, run: str | None = None, reporter: ReporterLike | None = None,
+           make: Callable[..., ReporterLike] = env_reporter) -> list[Any]:
+    """Report an engine to rlmon; returns its rlmon loggers (one per data-parallel engine).
+
+    ``engine`` is a ``vllm.LLM`` built with ``disable_log_stats=False`` (the default of ``LLM``
+    turns vLLM's statistics off at the source: no logger can see them), an ``LLMEngine`` or an
+    ``AsyncLLM``. An engine that already has rlmon loggers (an ``AsyncLLM`` loads them by itself)
+    keeps them. The open step is sent when the engine is garbage-collected, when an ``AsyncLLM``
+    shuts down, and at the exit of the process.
+    """
+    target = getattr(engine, "llm_engine", engine)  # LLM -> its LLMEngine
+    manager = getattr(target, "logger_manager", None)
+    if manager is None:
+        raise ValueError(
+            "this vLLM engine collects no statistics: build it with disable_log_stats=False, "
+            "e.g. LLM(model, disable_log_stats=False) (LLM turns them off by default)")
+    loggers = _ours(manager)
+    if loggers and reporter is not None:
+        raise ValueError("the engine already reports to rlmon (the vllm.stat_logger_plugins "
+                         "entry point); set RLMON_RUN / RLMON_NAMESPACE instead of reporter=")
+    if not loggers:
+        from vllm.v1.metrics.loggers import PerEngineStatLoggerAdapter
+
+        indexes = list(getattr(manager, "engine_indexes", None) or [0])
+        if reporter is not None and len(indexes) > 1:
+            raise ValueError(f"{len(indexes)} data-parallel engines need a reporter each: "
+                             "pass make= instead of reporter=")
+        cls = __getattr__("RlmonStatLogger")
+
+        def factory(vllm_config: Any, engine_index: int = 0) -> Any:
+            return cls(vllm_config, engine_index, run=run, reporter=reporter, make=make)
+
+        adapter = PerEngineStatLoggerAdapter(target.vllm_config, indexes, factory)
+        adapter.log_engine_initialized()
+        manager.stat_loggers.insert(0, adapter)
+        loggers = list(adapter.per_engine_stat_loggers.values())
+    finalizer = weakref.finalize(engine, _close_loggers, list(loggers))
+    finalizer.atexit = False  # the thread-exit hook sends earlier, while Ray is still up
+    shutdown = getattr(type(engine), "shutdown", None)
+    if callable(shutdown) and "shutdown" not in vars(engine):
+        ref = weakref.ref(engine)  # no cycle: AsyncLLM relies on __del__ to shut down
+
+        def shutdown_then_close(*args: Any, **kwargs: Any) -> Any:
+            _close_loggers(loggers)
+            eng = ref()
+            if eng is None:
+                return None
+            vars(eng).pop("shutdown", None)  # once: a later shutdown (__del__) is vLLM's own
+            return shutdown(eng, *args, **kwargs)
+
+        engine.shutdown = shutdown_then_close
+    return loggers
