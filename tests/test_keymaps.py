@@ -144,10 +144,13 @@ def _emitted_by_paths() -> dict[tuple[str, str], set[str]]:
     out["skyrl", "worker path"] = rec.names
 
     rec = Recorder()
-    window = vllm.EngineWindow(rec, 10.0, lambda: 0.0)
-    window.record(NS(num_running_reqs=1, num_waiting_reqs=1, kv_cache_usage=0.5,
-                     prefix_cache_stats=NS(queries=4, hits=1)),
-                  NS(num_generation_tokens=3, num_preempted_reqs=1))
+    now = [0.0]  # two iterations a second apart: a throughput needs a span
+    window = vllm.EngineWindow(rec, 10.0, lambda: now[0])
+    for _ in range(2):
+        window.record(NS(num_running_reqs=1, num_waiting_reqs=1, kv_cache_usage=0.5,
+                         prefix_cache_stats=NS(queries=4, hits=1)),
+                      NS(num_generation_tokens=3, num_preempted_reqs=1))
+        now[0] += 1.0
     window.close_window()
     out["vllm", "stat logger"] = rec.names
 
