@@ -16,7 +16,7 @@ import tempfile
 import threading
 import uuid
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,7 @@ __all__ = [
     "RuntimeGone",
     "RuntimeOptions",
     "aggregator_name",
+    "before_exit_flush",
     "default_state_dir",
     "ensure_runtime",
     "metrics_url",
@@ -204,9 +205,26 @@ def _hook_exit() -> None:
         atexit.register(_at_exit)
 
 
+_BEFORE_EXIT_FLUSH: list[Callable[[], None]] = []
+
+
+def before_exit_flush(callback: Callable[[], None]) -> None:
+    """Run ``callback`` at interpreter exit before Reporters flush (an integration's last window,
+    such as vLLM's open step, must reach its Reporter first). A failure is logged, not raised."""
+    _hook_exit()
+    with _LOCK:
+        if callback not in _BEFORE_EXIT_FLUSH:
+            _BEFORE_EXIT_FLUSH.append(callback)
+
+
 def _at_exit() -> None:
     from rlmon.actors.reporter import close_all_reporters
 
+    for callback in list(_BEFORE_EXIT_FLUSH):
+        try:
+            callback()
+        except Exception as exc:  # never turn a clean exit into a traceback, but say it
+            log.warning("rlmon: exit callback %s failed: %s", callback, exc)
     # a script shorter than Ray's start-up still gets every step through: wait for it
     close_all_reporters(timeout=float(os.environ.get("RLMON_EXIT_TIMEOUT", "60")))
     with _LOCK:

@@ -39,7 +39,6 @@ it sends sufficient statistics, so that the aggregator's sums across engines are
 
 from __future__ import annotations
 
-import atexit
 import fcntl
 import hashlib
 import logging
@@ -92,7 +91,7 @@ def engine_rank(vllm_config: Any, engine_index: int = 0,
 # -- the process's step: set by the rollout loop, read by every engine window ------------------
 
 _LOCK = threading.Lock()
-_STATE: dict[str, Any] = {"step": None, "origin": None, "hooked": False}
+_STATE: dict[str, Any] = {"step": None, "origin": None}
 _LIVE: weakref.WeakSet[EngineWindow] = weakref.WeakSet()
 
 
@@ -137,33 +136,12 @@ def _close_windows(windows: Iterable[EngineWindow], timeout: float = CLOSE_TIMEO
         window.close(max(0.0, deadline - time.monotonic()))
 
 
-def _at_exit() -> None:
-    try:
-        close()
-    except Exception as exc:  # never turn a clean exit into a traceback, but say it
-        log.warning("rlmon: sending the vLLM engines' last step at exit failed: %s", exc)
-
-
 def _hook_exit() -> None:
-    """Send the open steps at interpreter exit before anything else shuts down. Thread-exit
-    hooks (``threading._register_atexit``, what ``concurrent.futures`` uses) run before every
-    ``atexit`` hook, so Ray and vLLM's engine finalizers are still up; plain ``atexit`` is the
-    fallback. The rlmon runtime closes every Reporter in a thread-exit hook of its own, and those
-    run last-in first-out: it registers its hook here first, so that this one runs before it."""
-    with _LOCK:
-        if _STATE["hooked"]:
-            return
-        _STATE["hooked"] = True
+    """Send the engines' open steps at interpreter exit, before rlmon's Reporters flush and
+    while Ray and vLLM's engines are still up."""
     from rlmon.actors import runtime
 
-    runtime._hook_exit()
-    register = getattr(threading, "_register_atexit", None)
-    try:
-        if register is None:
-            raise RuntimeError("no thread-exit hook")
-        register(_at_exit)
-    except RuntimeError:
-        atexit.register(_at_exit)
+    runtime.before_exit_flush(close)
 
 
 def _process_origin() -> float:
