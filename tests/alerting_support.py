@@ -249,7 +249,7 @@ class PromStack:
             [prometheus, f"--config.file={prom_cfg}", f"--storage.tsdb.path={self.workdir / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{self.prom_port}", "--rules.alert.resend-delay=1s"],
             stdout=log, stderr=subprocess.STDOUT))
-        wait_for(lambda: self._ready(self.am_port) and self._ready(self.prom_port), 30,
+        wait_for(lambda: self._ready(self.am_port) and self._ready(self.prom_port), 120,
                  "Prometheus and Alertmanager to be ready")
         return self
 
@@ -269,7 +269,7 @@ class PromStack:
 
         url = (f"http://127.0.0.1:{self.prom_port}/api/v1/query?"
                + urllib.parse.urlencode({"query": expr}))
-        with urllib.request.urlopen(url, timeout=5) as resp:
+        with urllib.request.urlopen(url, timeout=30) as resp:
             return list(json.loads(resp.read())["data"]["result"])
 
     def am_alerts(self) -> list[dict[str, Any]]:
@@ -277,7 +277,7 @@ class PromStack:
         import urllib.request
 
         url = f"http://127.0.0.1:{self.am_port}/api/v2/alerts?active=true&silenced=true&inhibited=true"
-        with urllib.request.urlopen(url, timeout=5) as resp:
+        with urllib.request.urlopen(url, timeout=30) as resp:
             return [a for a in json.loads(resp.read()) if a["status"]["state"] != "resolved"]
 
     def stop(self) -> None:
