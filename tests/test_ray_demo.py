@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from rlmon.service.replay import replay
+from rlmon.workload import grpo
+
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
@@ -32,6 +35,31 @@ def test_demo_dead_rank_json_and_plot(tmp_path: Path) -> None:
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_demo_lr_spike_computes_what_the_workload_does(tmp_path: Path) -> None:
+    """The Ray job (ranks, rollout and reward actors, the driver's all-reduce) gives exactly the
+    numbers of the in-process workload, so the alert sets pinned in test_demo_workload hold live:
+    ClipRatioHigh, and nothing else, on the third spiked step."""
+    env = {**os.environ, "RAY_DISABLE_USAGE_STATS": "1", "RAY_AUTH_MODE": "disabled"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlmon.cli", "demo", "--steps", "7", "--fault", "lr_spike",
+         "--fault-step", "3", "--port", "0", "--plot", str(tmp_path / "demo.png"), "--json"],
+        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    alerts = [(a["alert"], a["state"], a["step"]) for a in lines if a.get("type") == "alert"]
+    assert alerts == [("ClipRatioHigh", "firing", 5)]
+    live = {s["step"]: s["metrics"] for s in lines if s.get("type") == "step"
+            and s["role"] == "actor"}
+    records = grpo.simulate(steps=7, fault="lr_spike", fault_step=3)
+    offline = {rec.step: rec.metrics for rec, _ in replay([json.dumps(r) for r in records]).steps
+               if rec.role == "actor"}
+    assert sorted(live) == sorted(offline) == list(range(7))
+    for step in range(7):
+        for name in ("actor/clip_ratio", "actor/loss", "actor/kl", "actor/lr", "actor/grad_norm"):
+            assert live[step][name] == pytest.approx(offline[step][name], rel=1e-9), (step, name)
+
+
 def test_demo_replay_mode() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "rlmon.cli", "demo", "--replay", "--json"],
@@ -39,4 +67,6 @@ def test_demo_replay_mode() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     alerts = [json.loads(x) for x in proc.stdout.splitlines() if '"type": "alert"' in x]
-    assert any(a["alert"] == "ISRatioDivergence" for a in alerts)
+    # the bundled run is the default demo: the rollout stops receiving weights at step 3
+    assert {(a["alert"], a["state"]) for a in alerts} == {
+        ("LogprobMismatch", "firing"), ("ISRatioStale", "firing")}

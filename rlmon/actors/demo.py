@@ -4,7 +4,8 @@ The arithmetic is :mod:`rlmon.workload.grpo` (real GRPO in numpy); this module o
 separate processes the way a Ray RLHF framework does and gives every process its own Reporter.
 The driver plays the trainer's collective: it sums the ranks' gradient shards of a mini-batch and
 broadcasts the new weights (what an all-reduce would do), so the numbers are exactly those of
-:func:`~rlmon.workload.grpo.simulate`.
+:func:`~rlmon.workload.grpo.simulate`, faults included (see :data:`FAULTS` and the alerts each
+one fires in :mod:`rlmon.workload.grpo`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from rlmon.workload import grpo
 
 __all__ = ["FAULTS", "DemoJob", "record_partials"]
 
-FAULTS = ("stale_weights", "dead_rank", "none")
+FAULTS = grpo.FAULTS
 
 
 def record_partials(
@@ -41,27 +42,29 @@ def _actor_classes() -> tuple[Any, Any, Any]:
     @remote(num_cpus=0, max_restarts=0)
     class PolicyRank:
         def __init__(self, namespace: str, run: str, dp: int, cp: int, world: dict[str, int],
-                     cfg: grpo.GRPOConfig, opts: RuntimeOptions) -> None:
+                     cfg: grpo.GRPOConfig, theta_ref: np.ndarray, opts: RuntimeOptions) -> None:
             self.rep = Reporter(run, "actor", rank={"dp": dp, "cp": cp}, world=world,
                                 namespace=namespace, runtime=opts)
             self.dp, self.cp, self.world, self.cfg = dp, cp, world, cfg
+            self.theta_ref = theta_ref
+            self.theta_old = theta_ref
             self.shards: list[grpo.Shard] = []
-            self.compute = 0.0
 
-        def begin(self, batch: grpo.Batch, adv: np.ndarray) -> None:
+        def begin(self, batch: grpo.Batch, adv: np.ndarray, theta_old: np.ndarray) -> None:
             self.shards = grpo.make_shards(batch, adv, self.cfg, self.world["dp"],
                                            self.world["cp"], self.dp, self.cp)
-            self.compute = 0.0
+            self.theta_old = theta_old
 
-        def minibatch(self, m: int, theta: np.ndarray, theta_old: np.ndarray,
-                      theta_ref: np.ndarray) -> tuple[np.ndarray, float]:
-            start = time.perf_counter()
+        def minibatch(self, m: int, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+            """Update ``m`` of the step (epoch ``m // minibatches``): this rank's gradient sum,
+            as the rows it touches (a few of the table's) and their values, and its tokens."""
             with self.rep.span("train"):
                 partials, grad, n_tok = grpo.shard_partials(
-                    self.shards[m], theta, theta_old, theta_ref, self.cfg)
+                    self.shards[m % self.cfg.minibatches], theta, self.theta_old,
+                    self.theta_ref, self.cfg)
             record_partials(self.rep, partials, m)
-            self.compute += time.perf_counter() - start
-            return grad, n_tok
+            rows = np.flatnonzero(np.abs(grad).sum(axis=(1, 2)))
+            return rows, grad[rows], n_tok
 
         def finish(self, step: int, norms: list[float], lr: float) -> None:
             for m, norm in enumerate(norms):
@@ -141,8 +144,10 @@ class DemoJob:
         cfg = self.config
         trainer = grpo.Trainer(cfg)
         world = {"dp": self.dp, "cp": self.cp}
+        theta_ref = ray.put(trainer.theta_ref)
         ranks = {
-            (d, c): PolicyRank.remote(self.namespace, self.run, d, c, world, cfg, self.opts)
+            (d, c): PolicyRank.remote(self.namespace, self.run, d, c, world, cfg, theta_ref,
+                                      self.opts)
             for d in range(self.dp) for c in range(self.cp)
         }
         rollout = RolloutWorker.remote(self.namespace, self.run, cfg, trainer.theta, self.opts)
@@ -151,8 +156,8 @@ class DemoJob:
         killed: list[tuple[int, int]] = []
         try:
             for step in range(self.steps):
-                if self.fault == "dead_rank" and step == self.fault_step:
-                    victim = (self.dp - 1, self.cp - 1)
+                victim = grpo.dead_rank(step, self.fault, self.fault_step, self.dp, self.cp)
+                if victim is not None and victim in ranks:
                     # it dies between steps, after its last step was delivered
                     ray.get(ranks[victim].flush.remote())
                     ray.kill(ranks.pop(victim))
@@ -161,23 +166,24 @@ class DemoJob:
                                             replace=False)
                 batch = ray.get(rollout.generate.remote(step, prompts))
                 adv = ray.get(reward.score.remote(step, batch))
-                ray.get([r.begin.remote(batch, adv) for r in ranks.values()])
-                theta_old = trainer.theta.copy()
+                lr = grpo.learning_rate(cfg, step, self.fault, self.fault_step)
+                theta_old = ray.put(trainer.theta)
+                ray.get([r.begin.remote(batch, adv, theta_old) for r in ranks.values()])
                 norms = []
-                for m in range(cfg.minibatches):
-                    out = ray.get([r.minibatch.remote(m, trainer.theta, theta_old,
-                                                      trainer.theta_ref)
-                                   for r in ranks.values()])
+                for m in range(cfg.epochs * cfg.minibatches):
+                    theta = theta_old if m == 0 else ray.put(trainer.theta)
+                    out = ray.get([r.minibatch.remote(m, theta) for r in ranks.values()])
                     # the all-reduce of gradient shards and token counts, then the update
-                    grad_sum = sum((g for g, _ in out), np.zeros_like(trainer.theta))
-                    tokens = sum(n for _, n in out)
+                    grad_sum = np.zeros_like(trainer.theta)
+                    for rows, values, _ in out:
+                        grad_sum[rows] += values
+                    tokens = sum(n for _, _, n in out)
                     if killed:  # the dead rank's shard is lost; rescale as an elastic job would
                         tokens *= (len(ranks) + len(killed)) / len(ranks)
-                    norms.append(trainer.apply(grad_sum, tokens))
-                ray.get([r.finish.remote(step, norms, cfg.lr) for r in ranks.values()])
+                    norms.append(trainer.apply(grad_sum, tokens, lr))
+                ray.get([r.finish.remote(step, norms, lr) for r in ranks.values()])
                 trainer.version = step + 1
-                stale = self.fault == "stale_weights" and step + 1 >= self.fault_step
-                if not stale:
+                if grpo.weights_synced(step, self.fault, self.fault_step):
                     ray.get(rollout.sync.remote(trainer.theta, trainer.version))
                 if on_step is not None:
                     on_step(step)

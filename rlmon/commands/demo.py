@@ -37,7 +37,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--cp", type=int, default=2, help="context-parallel policy ranks (2)")
     p.add_argument("--fault", choices=FAULTS, default="stale_weights",
                    help="fault to inject: the rollout stops receiving weights (default), a "
-                        "policy rank dies, or none")
+                        "policy rank dies, the learning rate spikes 20x for 8 steps, or none "
+                        "(a healthy run: no alert fires)")
     p.add_argument("--fault-step", type=int, default=3, help="step of the fault (3)")
     p.add_argument("--port", type=int, default=9464, help="exporter port (9464; 0: any free)")
     p.add_argument("--config", default=None, help="YAML settings (notifiers, routing)")
@@ -235,12 +236,16 @@ def _run(args: argparse.Namespace) -> int:
               args.fault, args.fault_step)
         if not args.json:
             _summary(steps, alerts, args.plot, live["line"], time.monotonic() - started)
-        expected = {"stale_weights": "ISRatioDivergence", "dead_rank": "RankMissing"}
-        want = expected.get(args.fault)
-        if want is not None and not any(a["alert"] == want for a in alerts):
-            # Not a failure: a short run may end before the fault has grown large enough.
-            print(f"rlmon demo: {want} did not fire within {args.steps} steps (with the default "
-                  "workload it fires about 14 steps after the fault)", file=sys.stderr)
+        # the alert each fault is shown by, and how many steps after the fault it fires
+        expected = {"stale_weights": ("ISRatioStale", 8), "dead_rank": ("RankMissing", 0),
+                    "lr_spike": ("ClipRatioHigh", 2)}
+        if args.fault in expected:
+            want, after = expected[args.fault]
+            if not any(a["alert"] == want for a in alerts):
+                # Not a failure: a short run may end before the fault has grown large enough.
+                print(f"rlmon demo: {want} did not fire within {args.steps} steps (with the "
+                      f"default workload it fires about {after} steps after the fault)",
+                      file=sys.stderr)
         if not result["flushed"]:
             print("rlmon demo: some reporters could not flush", file=sys.stderr)
             code = 1

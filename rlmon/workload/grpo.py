@@ -1,12 +1,54 @@
 """GRPO on a toy task, in numpy: real log-probabilities, importance ratios, clipping, KL, entropy.
 
-The task: for each prompt a hidden target token; a response is a sequence of tokens (token 0 is
-end-of-sequence) and earns reward 1 when it opens with the target. The policy is a table of logits per
-prompt. The rollout engine holds its own copy of the weights, samples with top-k (as inference
-engines do, at a temperature below 1) and reports the raw log-probabilities of the unprocessed
-distribution, as vLLM's default ``raw_logprobs`` mode does. While weights are synced the
-trainer/rollout ratio is exactly 1; once the rollout stops receiving weights, the ratio over the
-tokens it samples drifts away from 1.
+The task: each prompt of a pool (``num_prompts``, 8 drawn per step) has a hidden answer of
+``answer_length`` tokens. A response is a sequence of tokens (token 0 is end-of-sequence, EOS);
+its reward is the fraction of the answer it gets right, position by position (partial credit, as
+a fraction of unit tests passed), and 0 when it is cut off at the length limit (no final answer)
+or shorter than ``min_length`` tokens (no working shown). The "pretrained" start gives each
+prompt's answer tokens a margin over a plausible wrong token that varies over the pool (easy and
+hard prompts) and ends most responses around ``eos_position``, too early for ``min_length`` about
+a third of the time. So groups have mixed rewards (a learning signal), the reward rises as the policy
+learns to finish its working and to answer, and the pool is far from solved after 100 steps.
+
+The policy: the logits at position ``t`` of a response to prompt ``p`` whose previous token is
+``a`` are ``theta[p, t] + theta[P + a, t] + theta[-1, t]``: a table per prompt and position, a
+bigram table shared by every prompt (so a response's continuation depends on what it has said,
+as in a language model), and a positional row shared by all (where the length behaviour lives).
+Shared rows couple the prompts as shared weights do: an update on one mini-batch moves the
+log-probabilities of every other.
+
+A step is a GRPO step as verl and TRL make it: one rollout batch, group-normalised advantages, and
+``epochs`` x ``minibatches`` updates with the PPO-clipped objective against the policy that
+generated (verl's ppo_epochs and mini-batches, TRL's num_iterations; each prompt's group is dealt
+over all mini-batches). After the first update the policy has moved, so the PPO ratio departs
+from 1 and about a tenth of the tokens are clipped (Axolotl's guide: healthy below 0.1 to 0.2;
+the alert is above 0.3).
+
+The rollout engine holds its own copy of the weights, samples with top-k at a temperature below 1
+(as inference engines do) and reports the raw log-probabilities of the unprocessed distribution,
+as vLLM's default ``raw_logprobs`` mode does. While weights are synced the trainer/rollout ratio
+is exactly 1.
+
+Faults (:data:`FAULTS`), from ``fault_step`` on, and the default rules they fire with the default
+config (``tests/test_demo_workload.py`` pins them):
+
+- ``none``: nothing, over 30 steps or 100.
+- ``stale_weights``: the rollout engine no longer receives weight updates. The trainer keeps
+  learning (above all to stop ending early, which the stale engine keeps doing), so its
+  log-probabilities of the tokens the engine samples drift away: ``LogprobMismatch`` about 3
+  steps after the fault, ``ISRatioStale`` about 7 after, both staying on; ``LogprobDivergence``
+  only about 45 steps after. The token-mean IS ratio stays near 1 (the engine samples close to
+  its own distribution, so E[p_trainer / p_rollout] stays about 1), so ``ISRatioDivergence``
+  does not fire.
+- ``dead_rank``: the last policy rank (dp-1, cp-1) dies; its shard is lost and the survivors
+  rescale, as an elastic job does. ``RankMissing`` at the fault step (critical), nothing else.
+- ``lr_spike``: the learning rate is ``spike_factor`` (20) times too large for ``spike_steps``
+  (8) steps, a bad schedule or a unit slip, then back to normal. Each update carries the policy
+  past the PPO trust region, so a third or more of the tokens are clipped: ``ClipRatioHigh`` on
+  the third spiked step, resolved a few steps after the spike. KL to the reference rises to about
+  1.5, below ``KLDivergence``'s 2; entropy, gradient norm and rewards stay in range. The clip
+  ratio during the spike is 0.3 to 0.45, close to the threshold, so an occasional seed (7 of 0-9)
+  fires nothing.
 
 Ranks: sequences are split over DP ranks; each sequence's positions are split over CP ranks, so
 token statistics are shards that sum, and per-sequence statistics are CP replicas counted once.
@@ -23,38 +65,53 @@ import numpy as np
 from numpy.typing import NDArray
 
 __all__ = [
+    "FAULTS",
     "Batch",
     "GRPOConfig",
     "Rollout",
     "Shard",
     "Trainer",
+    "dead_rank",
     "group_advantages",
+    "learning_rate",
     "make_shards",
     "reward_partials",
     "rollout_partials",
     "shard_partials",
     "simulate",
+    "weights_synced",
 ]
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 EOS = 0
+FAULTS = ("stale_weights", "dead_rank", "lr_spike", "none")
 
 
 @dataclass(frozen=True, slots=True)
 class GRPOConfig:
-    num_prompts: int = 8
+    num_prompts: int = 128
     prompts_per_step: int = 8
     group_size: int = 8
     vocab: int = 32
     max_len: int = 12
-    top_k: int = 4
-    temperature: float = 0.25
-    lr: float = 30.0
+    top_k: int = 6
+    temperature: float = 0.7
+    lr: float = 4.0
     clip_eps: float = 0.2
     is_cap: float = 5.0  # truncated-IS cap: tokens above it count as masked
     minibatches: int = 4
-    prior: float = 1.0  # initial logit bonus of each prompt's target token
+    epochs: int = 3  # passes over the rollout batch (TRL's num_iterations, verl's ppo_epochs)
+    # the pretrained start: how far the favourite token of a position stands out, and the margin
+    # of each prompt's answer over the likeliest wrong one (drawn uniformly in [low, high])
+    favourite: float = 5.0
+    answer_prior: tuple[float, float] = (-1.5, 1.0)
+    eos_position: float = 4.5  # end-of-sequence is as likely as not around this position
+    eos_slope: float = 1.2
+    answer_length: int = 4  # the answer's tokens, the first of the response
+    min_length: int = 6  # a response shorter than this (EOS included) earns nothing
+    spike_factor: float = 20.0  # the lr_spike fault
+    spike_steps: int = 8
     seed: int = 0
 
 
@@ -64,7 +121,7 @@ class Batch:
 
     prompts: IntArray  # [N]
     tokens: IntArray  # [N, L]
-    mask: FloatArray  # [N, L] 1 for response tokens
+    mask: FloatArray  # [N, L] 1 for response tokens (up to and including EOS)
     logp_rollout: FloatArray  # [N, L]
     rewards: FloatArray  # [N]
     weights_version: int
@@ -77,9 +134,47 @@ def log_softmax(logits: FloatArray) -> FloatArray:
 
 
 def targets_for(config: GRPOConfig) -> IntArray:
+    """[P, answer_length]: each prompt's answer, a sequence of tokens (never EOS)."""
     rng = np.random.default_rng(config.seed + 1)
-    out: IntArray = rng.integers(1, config.vocab, size=config.num_prompts)
+    out: IntArray = rng.integers(1, config.vocab, size=(config.num_prompts, config.answer_length))
     return out
+
+
+def previous_tokens(tokens: IntArray) -> IntArray:
+    """The token before each position: [n, L], EOS (begin-of-sequence) before the first."""
+    prev = np.empty_like(tokens)
+    prev[:, 0] = EOS
+    prev[:, 1:] = tokens[:, :-1]
+    return prev
+
+
+def policy_logits(theta: FloatArray, prompts: IntArray, prev: IntArray) -> FloatArray:
+    """[n, L', V] logits of responses to ``prompts`` whose previous tokens are ``prev`` [n, L']:
+    the prompt's table at each position plus the shared bigram row of the previous token."""
+    num_prompts = theta.shape[0] - theta.shape[2] - 1
+    positions = np.arange(prev.shape[1])
+    out: FloatArray = (theta[prompts][:, positions] + theta[num_prompts + prev, positions]
+                       + theta[-1, positions])
+    return out
+
+
+def learning_rate(config: GRPOConfig, step: int, fault: str, fault_step: int) -> float:
+    """The step's learning rate: ``spike_factor`` times too large during an ``lr_spike``."""
+    if fault == "lr_spike" and fault_step <= step < fault_step + config.spike_steps:
+        return config.lr * config.spike_factor
+    return config.lr
+
+
+def weights_synced(step: int, fault: str, fault_step: int) -> bool:
+    """Whether the rollout engine receives the weights after trainer step ``step``."""
+    return not (fault == "stale_weights" and step + 1 >= fault_step)
+
+
+def dead_rank(step: int, fault: str, fault_step: int, dp: int, cp: int) -> tuple[int, int] | None:
+    """The policy rank that is dead at ``step`` (the last one, from ``fault_step`` on), if any."""
+    if fault == "dead_rank" and step >= fault_step and dp * cp > 1:
+        return (dp - 1, cp - 1)
+    return None
 
 
 class Rollout:
@@ -97,23 +192,36 @@ class Rollout:
 
     def generate(self, prompts: IntArray, targets: IntArray) -> Batch:
         cfg = self.config
-        n = len(prompts) * cfg.group_size
         rows = np.repeat(prompts, cfg.group_size)
-        logp = log_softmax(self.theta[rows])  # [N, V]: the raw log-probabilities it reports
-        # sampling: temperature, then top-k renormalised over the k most likely tokens
-        tempered = np.exp(log_softmax(self.theta[rows] / cfg.temperature))
-        kth = np.sort(logp, axis=1)[:, -cfg.top_k][:, None]
-        probs = np.where(logp >= kth, tempered, 0.0)
-        probs /= probs.sum(axis=1, keepdims=True)
-        cum = np.cumsum(probs, axis=1)
-        draws = self.rng.random((n, cfg.max_len))
-        tokens = np.stack([(draws[:, t, None] > cum).sum(axis=1) for t in range(cfg.max_len)], 1)
-        tokens = np.minimum(tokens, cfg.vocab - 1)
+        n = len(rows)
+        draws = self.rng.random((n, cfg.max_len, 1))
+        tokens = np.zeros((n, cfg.max_len), dtype=np.int64)
+        logp_tokens = np.zeros((n, cfg.max_len))
+        prev = np.full((n, 1), EOS, dtype=np.int64)
+        for t in range(cfg.max_len):  # token by token: each depends on the one before
+            logits = policy_logits(self.theta[:, t : t + 1], rows, prev)[:, 0]
+            logp = log_softmax(logits)  # [N, V]: the raw log-probabilities it reports
+            # sampling: temperature, then top-k renormalised over the k most likely tokens
+            tempered = np.exp(log_softmax(logits / cfg.temperature))
+            kth = np.sort(logp, axis=-1)[:, -cfg.top_k][:, None]
+            probs = np.where(logp >= kth, tempered, 0.0)
+            probs /= probs.sum(axis=-1, keepdims=True)
+            token = np.minimum((draws[:, t] > np.cumsum(probs, axis=-1)).sum(axis=-1),
+                               cfg.vocab - 1)
+            tokens[:, t] = token
+            logp_tokens[:, t] = logp[np.arange(n), token]
+            prev = token[:, None]
         ended = np.cumsum(tokens == EOS, axis=1)
         mask = ((ended == 0) | ((ended == 1) & (tokens == EOS))).astype(np.float64)
-        logp_tokens = np.take_along_axis(logp, tokens, axis=1) * mask
-        hit = tokens[:, 0] == targets[rows]
-        return Batch(rows, tokens, mask, logp_tokens, hit.astype(np.float64), self.version)
+        tokens = np.where(mask > 0, tokens, EOS)  # padding after the end
+        logp_tokens *= mask
+        k = cfg.answer_length
+        finished = ended[:, -1] > 0
+        right = tokens[:, :k] == targets[rows]
+        long_enough = mask.sum(axis=1) >= cfg.min_length
+        credit = right.mean(axis=1) * finished
+        credit = credit * long_enough
+        return Batch(rows, tokens, mask, logp_tokens, credit.astype(np.float64), self.version)
 
 
 def group_advantages(rewards: FloatArray, group_size: int) -> tuple[FloatArray, FloatArray]:
@@ -143,14 +251,16 @@ def make_shards(
     batch: Batch, advantages: FloatArray, config: GRPOConfig, dp: int, cp: int, dp_rank: int,
     cp_rank: int,
 ) -> list[Shard]:
-    """Sequences split over DP ranks and mini-batches; positions split over CP ranks."""
+    """Sequences split over DP ranks, then dealt round-robin over mini-batches (so every prompt's
+    group is spread over all of them); positions split over CP ranks."""
     n = len(batch.prompts)
     mine = np.arange(n)[dp_rank::dp]
     bounds = np.linspace(0, config.max_len, cp + 1).astype(int)
     cp_mask = np.zeros(config.max_len)
     cp_mask[bounds[cp_rank] : bounds[cp_rank + 1]] = 1.0
     shards = []
-    for m, rows in enumerate(np.array_split(mine, config.minibatches)):
+    for m in range(config.minibatches):
+        rows = mine[m :: config.minibatches]
         shards.append(
             Shard(
                 m, batch.prompts[rows], batch.tokens[rows], batch.mask[rows] * cp_mask,
@@ -171,18 +281,22 @@ def shard_partials(
     """
     mask = shard.mask
     tokens = shard.tokens
-    logp_all = log_softmax(theta[shard.prompts])  # [n, V]
+    idx = tokens[..., None]
+    prev = previous_tokens(tokens)
+    logp_all = log_softmax(policy_logits(theta, shard.prompts, prev))  # [n, L, V]
     probs = np.exp(logp_all)
-    logp = np.take_along_axis(logp_all, tokens, axis=1)
-    logp_old = np.take_along_axis(log_softmax(theta_old[shard.prompts]), tokens, axis=1)
-    logp_ref = np.take_along_axis(log_softmax(theta_ref[shard.prompts]), tokens, axis=1)
+    logp = np.take_along_axis(logp_all, idx, axis=-1)[..., 0]
+    logp_old = np.take_along_axis(log_softmax(policy_logits(theta_old, shard.prompts, prev)), idx,
+                                  axis=-1)[..., 0]
+    logp_ref = np.take_along_axis(log_softmax(policy_logits(theta_ref, shard.prompts, prev)), idx,
+                                  axis=-1)[..., 0]
     adv = shard.advantages[:, None] * np.ones_like(mask)
     ratio = np.exp(logp - logp_old)
     eps = config.clip_eps
     unclipped, clipped = ratio * adv, np.clip(ratio, 1 - eps, 1 + eps) * adv
     loss_tok = -np.minimum(unclipped, clipped)
     is_clipped = (clipped < unclipped).astype(np.float64)
-    entropy = -(probs * logp_all).sum(axis=1)[:, None] * np.ones_like(mask)
+    entropy = -(probs * logp_all).sum(axis=-1)
     # k3 estimator, clamped to [-10, 10] as verl's "low_var_kl" does: unclamped it explodes on
     # tokens the policy has all but ruled out.
     log_r = np.clip(logp_ref - logp, -20.0, 20.0)
@@ -220,15 +334,17 @@ def shard_partials(
             "count": n_tok, "sum": float(adv_tok.sum()), "sqsum": float((adv_tok**2).sum()),
         },
     }
-    # d(-min(r A, clip(r) A))/d theta[p] = -A r (onehot - pi) where the unclipped branch is active
-    active = (1.0 - is_clipped) * mask
-    weight = -adv * ratio * active  # [n, L]
+    # d(-min(r A, clip(r) A))/d logits = -A r (onehot - pi) where the unclipped branch is active;
+    # the logits of (p, t) are theta[p, t] + theta[P, t], so both get the same gradient.
+    weight = -adv * ratio * (1.0 - is_clipped) * mask  # [n, L]
+    per_tok = -weight[..., None] * probs
+    np.put_along_axis(per_tok, idx, np.take_along_axis(per_tok, idx, axis=-1) + weight[..., None],
+                      axis=-1)
     grad = np.zeros_like(theta)
-    onehot_w = np.zeros((len(tokens), theta.shape[1]))
-    np.add.at(onehot_w, (np.repeat(np.arange(len(tokens)), tokens.shape[1]), tokens.ravel()),
-              weight.ravel())
-    per_seq = onehot_w - weight.sum(axis=1)[:, None] * probs
-    np.add.at(grad, shard.prompts, per_seq)
+    np.add.at(grad, shard.prompts, per_tok)
+    positions = np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape)
+    np.add.at(grad, (config.num_prompts + prev, positions), per_tok)
+    grad[-1] += per_tok.sum(axis=0)
     return partials, grad, n_tok
 
 
@@ -266,39 +382,73 @@ def rollout_partials(batch: Batch, config: GRPOConfig, trainer_step: int,
 
 
 class Trainer:
-    """The policy weights, the frozen reference, and the optimizer step (plain SGD)."""
+    """The policy weights, the frozen reference, and the optimizer step (plain SGD).
+
+    ``theta`` is [P + V + 1, L, V]: a table per prompt and position, a bigram table per previous
+    token, and the positional row last (see :func:`policy_logits`).
+    """
 
     def __init__(self, config: GRPOConfig) -> None:
         rng = np.random.default_rng(config.seed)
+        p, length, v = config.num_prompts, config.max_len, config.vocab
         self.config = config
-        self.theta: FloatArray = rng.normal(0.0, 0.5, size=(config.num_prompts, config.vocab))
-        # A "pretrained" start: the answer is already among the likelier tokens of each prompt.
-        self.theta[np.arange(config.num_prompts), targets_for(config)] += config.prior
+        # A "pretrained" start, peaked as a language model is: at every position of every prompt
+        # one token stands out of a noisy background by ``favourite`` logits.
+        theta = rng.normal(0.0, 1.0, size=(p + v + 1, length, v))
+        theta[-1] = 0.0
+        theta[:, :, EOS] = 0.0
+        favourite = rng.integers(1, v, size=(p, length))
+        rows, cols = np.meshgrid(np.arange(p), np.arange(length), indexing="ij")
+        theta[rows, cols, favourite] += config.favourite
+        # Each answer token competes with the favourite token of its position (a plausible wrong
+        # one) by a margin that varies over the pool: easy answers and hard ones.
+        k = config.answer_length
+        targets = targets_for(config)
+        head = theta[:p, :k]  # [P, k, V]
+        wrong = np.where(favourite[:, :k] == targets, targets % (v - 1) + 1, favourite[:, :k])
+        pi, ti = np.meshgrid(np.arange(p), np.arange(k), indexing="ij")
+        head[pi, ti, favourite[:, :k]] -= config.favourite
+        head[pi, ti, wrong] += config.favourite
+        low, high = config.answer_prior
+        head[pi, ti, targets] = config.favourite + rng.uniform(low, high, size=(p, k))
+        # Responses end: EOS (shared by every prompt) overtakes the favourite around
+        # ``eos_position`` and is never first.
+        positions = np.arange(length, dtype=np.float64)
+        theta[-1, :, EOS] = config.favourite + config.eos_slope * (positions - config.eos_position)
+        theta[-1, 0, EOS] = -10.0
+        self.theta: FloatArray = theta
         self.theta_ref = self.theta.copy()
         self.version = 0
 
-    def apply(self, grad_sum: FloatArray, tokens: float) -> float:
+    def apply(self, grad_sum: FloatArray, tokens: float, lr: float | None = None) -> float:
         """Token-mean gradient step; returns the global gradient norm before the step."""
         grad = grad_sum / max(tokens, 1.0)
-        norm = float(np.linalg.norm(grad))
-        self.theta = self.theta - self.config.lr * grad
+        norm = float(np.sqrt((grad * grad).sum()))  # not linalg.norm: BLAS threads, 2 cores
+        self.theta = self.theta - (self.config.lr if lr is None else lr) * grad
         return norm
 
 
 def simulate(
     steps: int = 30, dp: int = 2, cp: int = 2, fault_step: int | None = 3,
     run: str = "grpo-demo", config: GRPOConfig | None = None, start_time: float = 1.7e9,
+    fault: str = "stale_weights",
 ) -> Iterator[dict[str, Any]]:
     """The whole workload in one process, yielding contract records (one per rank and step).
 
-    From ``fault_step`` on, the rollout engine no longer receives weight updates.
+    ``fault`` (one of :data:`FAULTS`) starts at ``fault_step``; ``fault_step=None`` is no fault.
+    The numbers are exactly those of the Ray demo (:class:`rlmon.actors.demo.DemoJob`).
     """
+    if fault not in FAULTS:
+        raise ValueError(f"fault must be one of {FAULTS}, got {fault!r}")
+    if fault_step is None:
+        fault, fault_step = "none", 0
     cfg = config or GRPOConfig()
     trainer = Trainer(cfg)
     rollout = Rollout(cfg, trainer.theta, seed=cfg.seed + 2)
     targets = targets_for(cfg)
     prompt_rng = np.random.default_rng(cfg.seed + 3)
     world = {"dp": dp, "cp": cp}
+    all_ranks = [(d, c) for d in range(dp) for c in range(cp)]
     clock = start_time
     for step in range(steps):
         prompts = prompt_rng.choice(cfg.num_prompts, size=cfg.prompts_per_step, replace=False)
@@ -309,33 +459,37 @@ def simulate(
         yield _record(run, "rollout", step, {}, {}, rollout_partials(batch, cfg, step, gen_seconds),
                       clock)
         yield _record(run, "reward", step, {}, {}, reward_partials(batch.rewards, zero_std), clock)
+        lr = learning_rate(cfg, step, fault, fault_step)
+        dead = dead_rank(step, fault, fault_step, dp, cp)
+        alive = [key for key in all_ranks if key != dead]
         theta_old = trainer.theta.copy()
-        shards = {
-            (d, c): make_shards(batch, adv, cfg, dp, cp, d, c) for d in range(dp) for c in range(cp)
-        }
+        shards = {(d, c): make_shards(batch, adv, cfg, dp, cp, d, c) for d, c in alive}
         per_rank: dict[tuple[int, int], list[dict[str, dict[str, Any]]]] = {k: [] for k in shards}
-        for m in range(cfg.minibatches):
+        for m in range(cfg.epochs * cfg.minibatches):
             grad_sum = np.zeros_like(trainer.theta)
             tokens = 0.0
             for key, rank_shards in shards.items():
                 partials, grad, n_tok = shard_partials(
-                    rank_shards[m], trainer.theta, theta_old, trainer.theta_ref, cfg
+                    rank_shards[m % cfg.minibatches], trainer.theta, theta_old, trainer.theta_ref,
+                    cfg,
                 )
                 per_rank[key].append(partials)
                 grad_sum += grad
                 tokens += n_tok
-            norm = trainer.apply(grad_sum, tokens)
+            if dead is not None:  # the dead rank's shard is lost; rescale as an elastic job would
+                tokens *= len(all_ranks) / len(alive)
+            norm = trainer.apply(grad_sum, tokens, lr)
             for key in shards:
                 per_rank[key][-1]["actor/grad_norm"] = {"value": norm, "minibatch_reduce": "mean"}
         trainer.version = step + 1
-        if fault_step is None or step + 1 < fault_step:
+        if weights_synced(step, fault, fault_step):
             rollout.sync(trainer.theta, trainer.version)
         clock += 0.08
         for (d, c), minibatch_partials in per_rank.items():
             for m, partials in enumerate(minibatch_partials):
                 partials = dict(partials)
                 if m == len(minibatch_partials) - 1:
-                    partials["actor/lr"] = {"value": cfg.lr}
+                    partials["actor/lr"] = {"value": lr}
                     partials["perf/step_seconds"] = {"max": 0.08 + 0.002 * d + 0.001 * c}
                 yield _record(run, "actor", step, {"dp": d, "cp": c}, world, partials, clock,
                               final=m == len(minibatch_partials) - 1, minibatch=m, seq=m)
