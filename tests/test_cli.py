@@ -32,20 +32,23 @@ def test_replay_json_follows_the_contract(tmp_path: Path) -> None:
     assert "malformed JSON" in errors[0]["error"]
 
 
-def test_demo_replays_the_bundled_run_and_shows_is_ratio_divergence() -> None:
+def test_demo_replays_the_bundled_run_and_shows_the_stale_rollout() -> None:
+    """The bundled run is the demo's default fault (stale rollout weights from step 3): the
+    trainer/rollout log-prob gap and the worst importance ratio cross their warning lines."""
     out = rlmon("replay", str(EXAMPLE), "--json")
     assert out.returncode == 0, out.stderr
     alerts = [json.loads(line) for line in out.stdout.splitlines() if '"alert"' in line]
-    firing = [a for a in alerts if a["alert"] == "ISRatioDivergence" and a["state"] == "firing"]
-    assert firing
-    assert firing[0]["value"] > 2.0
-    assert firing[0]["severity"] == "critical"
+    firing = {a["alert"]: a for a in alerts if a["state"] == "firing"}
+    assert set(firing) == {"LogprobMismatch", "ISRatioStale"}
+    assert firing["LogprobMismatch"]["value"] > 0.1
+    assert firing["ISRatioStale"]["value"] < 0.1
+    assert {a["severity"] for a in firing.values()} == {"warning"}
 
 
 def test_replay_table_output_and_stdin() -> None:
     out = rlmon("replay", "-", stdin=EXAMPLE.read_text())
     assert out.returncode == 0
-    assert "ISRatioDivergence" in out.stdout
+    assert "ISRatioStale" in out.stdout
 
 
 def test_catalog_formats() -> None:
