@@ -12,25 +12,40 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from rlmon.service.partial import ALL_AXES, Partial
 from rlmon.service.rank import AXES, Rank, World
 from rlmon.service.spec import Form
 
 __all__ = [
+    "MAX_AXIS",
     "MAX_LINE_BYTES",
+    "MAX_METRICS",
+    "MAX_ROLE",
     "MAX_STEP",
+    "MAX_WORLD",
+    "STATE_SIZE",
     "ContractError",
     "Report",
+    "check_integer",
     "check_metric_name",
+    "check_number",
+    "check_partial",
+    "check_rank",
     "check_role",
     "check_run",
+    "check_state",
+    "check_world",
     "parse_line",
     "parse_report",
+    "show",
 ]
 
 MAX_LINE_BYTES = 4 * 1024 * 1024
@@ -38,6 +53,10 @@ MAX_STEP = 2**53 - 1  # beyond this a JSON number no longer holds an exact integ
 MAX_AXIS = 1 << 20  # no real run has a million ranks along one axis
 MAX_WORLD = 1 << 22  # nor four million ranks in all
 MAX_METRICS = 100_000
+MAX_ROLE = 64  # a role names a Prometheus label value and a dashboard row
+# Digits beyond which an integer literal is not converted at all: no field takes one (integer
+# fields stop at 2^53, numbers at about 1.8e308), and Python refuses to convert more than 4300.
+_MAX_DIGITS = 400
 _RUN = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 _ROLE = re.compile(r"[a-z][a-z0-9_]*")
 _KNOWN_FIELDS = frozenset(
@@ -56,6 +75,31 @@ _FORMS: dict[frozenset[str], Form] = {
 }
 _STAT_KEYS = frozenset().union(*_FORMS)
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+# The state of each form: how many numbers (partial.py), which of them are counts (finite, >= 0)
+# and which are sums of squares (>= 0).
+_SLOTS = {
+    Form.MEAN: ("sum", "count"), Form.SUM: ("sum",), Form.MIN: ("min",), Form.MAX: ("max",),
+    Form.SQSUM: ("sqsum",), Form.VALUE: ("value", "value"), Form.MOMENTS: ("count", "sum", "sqsum"),
+}
+STATE_SIZE = {form: len(slots) for form, slots in _SLOTS.items()}
+_COUNT_SLOT = {Form.MEAN: 1, Form.MOMENTS: 0}
+_SQSUM_SLOT = {Form.SQSUM: 0, Form.MOMENTS: 2}
+
+
+class _HugeInt:
+    """An integer literal of too many digits to convert, kept so the error can name its field."""
+
+    __slots__ = ("digits",)
+
+    def __init__(self, text: str) -> None:
+        self.digits = len(text.lstrip("-"))
+
+    def __repr__(self) -> str:
+        return f"<an integer of {self.digits} digits>"
+
+
+def _lenient_int(text: str) -> int | _HugeInt:
+    return _HugeInt(text) if len(text) > _MAX_DIGITS else int(text)
 
 
 class ContractError(ValueError):
@@ -82,9 +126,21 @@ class Report:
     time: float | None = None
 
 
-def _show(value: Any) -> str:
-    text = json.dumps(value) if not isinstance(value, float) else repr(value)
+def show(value: Any) -> str:
+    """A short printable form of any offending value (never raises, whatever the value)."""
+    try:
+        if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 1024:
+            text = f"<an integer of about {int(value.bit_length() * 0.30103)} digits>"
+        elif isinstance(value, float | _HugeInt):
+            text = repr(value)
+        else:
+            text = json.dumps(value, default=repr)
+    except Exception:
+        text = f"<{type(value).__name__}>"
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+_show = show
 
 
 def check_run(run: Any) -> str:
@@ -95,8 +151,10 @@ def check_run(run: Any) -> str:
 
 
 def check_role(role: Any) -> str:
-    if not isinstance(role, str) or not _ROLE.fullmatch(role) or len(role) > 64:
-        raise ContractError("role", f"must match [a-z][a-z0-9_]* (at most 64), got {_show(role)}")
+    if not isinstance(role, str) or len(role) > MAX_ROLE or not _ROLE.fullmatch(role):
+        raise ContractError(
+            "role", f"must match [a-z][a-z0-9_]* (at most {MAX_ROLE}), got {_show(role)}"
+        )
     return role
 
 
@@ -106,25 +164,132 @@ def check_metric_name(name: Any) -> str:
     return name
 
 
-def _integer(value: Any, field: str, *, low: int = 0, high: int = MAX_STEP) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and value.is_integer() and math.isfinite(value):
+def check_integer(value: Any, field: str, *, low: int = 0, high: int = MAX_STEP) -> int:
+    """An integer field: an int (numpy's too) or an integral float (``3.0``) in [low, high]."""
+    if type(value) is int and low <= value <= high:  # the common case, first
+        return value
+    if isinstance(value, _HugeInt):
+        raise ContractError(field, f"must be between {low} and {high}, got {value!r}")
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Integral):
+        if isinstance(value, float | np.floating) and math.isfinite(value) \
+                and float(value).is_integer():
             value = int(value)
         else:
             raise ContractError(field, f"must be an integer, got {_show(value)}")
+    value = int(value)
     if not low <= value <= high:
         raise ContractError(field, f"must be between {low} and {high}, got {_show(value)}")
     return value
 
 
-def _number(value: Any, field: str) -> float:
+_integer = check_integer
+
+
+def check_number(value: Any, field: str) -> float:
+    """A number field: a real number that fits a 64-bit float, or "NaN"/"Infinity"/"-Infinity"."""
     if isinstance(value, str) and value in _NONFINITE:
         return _NONFINITE[value]
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, _HugeInt):
+        raise ContractError(field, f"{value!r} is too large for a 64-bit float")
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
         raise ContractError(
             field, f'must be a number or "NaN"/"Infinity"/"-Infinity", got {_show(value)}'
         )
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        raise ContractError(field, f"{_show(value)} is too large for a 64-bit float") from None
+
+
+_number = check_number
+
+
+def check_rank(rank: Any, field: str = "rank") -> Rank:
+    """A rank given as an object (a :class:`Rank` or any 4-tuple of axis indices)."""
+    if not isinstance(rank, tuple) or len(rank) != len(AXES):
+        raise ContractError(field, f"must be a Rank (dp, cp, tp, pp), got {_show(rank)}")
+    coords = tuple(
+        check_integer(v, f"{field}.{axis}", low=0, high=MAX_AXIS)
+        for axis, v in zip(AXES, rank, strict=True)
+    )
+    return rank if type(rank) is Rank and coords == tuple(rank) and all(
+        type(v) is int for v in rank) else Rank(*coords)
+
+
+def check_world(world: Any, field: str = "world") -> World:
+    """A world given as an object (a :class:`World` or any 4-tuple of axis sizes), size capped."""
+    if not isinstance(world, tuple) or len(world) != len(AXES):
+        raise ContractError(field, f"must be a World (dp, cp, tp, pp), got {_show(world)}")
+    sizes = tuple(
+        check_integer(v, f"{field}.{axis}", low=1, high=MAX_AXIS)
+        for axis, v in zip(AXES, world, strict=True)
+    )
+    checked = world if type(world) is World and all(type(v) is int for v in world) \
+        else World(*sizes)
+    if checked.size > MAX_WORLD:
+        raise ContractError(field, f"{checked.size} ranks in all exceed the limit of {MAX_WORLD}")
+    return checked
+
+
+def check_state(form: Form, state: Any, field: str, *, slot_fields: bool = True) -> tuple[float, ...]:
+    """A partial's state for ``form``: the right count of numbers, counts finite and >= 0, sums of
+    squares >= 0 (the one domain check of the contract, for parsed records and messages alike).
+
+    An error names ``field.slot`` (``metrics.m.count``), or ``field`` with the slot in the message
+    when ``slot_fields`` is false (a message's partial has no JSON keys)."""
+    size = STATE_SIZE[form]
+    if not isinstance(state, tuple | list) or len(state) != size:
+        raise ContractError(field, f"a {form.value!r} state must be {size} numbers, "
+                            f"got {_show(state)}")
+
+    def culprit(slot: str, message: str) -> ContractError:
+        if slot_fields:
+            return ContractError(f"{field}.{slot}", message)
+        return ContractError(field, f"{slot} {message}")
+
+    slots = _SLOTS[form]
+    values: list[float] = []
+    for v, slot in zip(state, slots, strict=True):
+        try:
+            values.append(check_number(v, f"{field}.{slot}"))
+        except ContractError as exc:
+            if slot_fields:
+                raise
+            raise culprit(slot, str(exc).split(": ", 1)[-1]) from None
+    count = _COUNT_SLOT.get(form)
+    if count is not None:
+        if values[count] < 0:
+            raise culprit("count", f"must be >= 0, got {_show(state[count])}")
+        if not math.isfinite(values[count]):
+            # a count is tokens or samples: NaN or Inf there is a producer bug, not a measurement
+            raise culprit("count", f"must be a finite number, got {_show(state[count])}")
+    sq = _SQSUM_SLOT.get(form)
+    if sq is not None and values[sq] < 0:
+        raise culprit("sqsum", f"must be >= 0, got {_show(state[sq])}")
+    return tuple(values)
+
+
+def check_partial(partial: Any, field: str) -> Partial:
+    """A :class:`Partial` built by any producer, checked as a parsed one is (and normalized)."""
+    if not isinstance(partial, Partial):
+        raise ContractError(field, f"must be a Partial, got {_show(partial)}")
+    if not isinstance(partial.form, Form):
+        raise ContractError(field, f"unknown form {_show(partial.form)}")
+    state = check_state(partial.form, partial.state, field, slot_fields=False)
+    replicated = partial.replicated
+    if replicated is not None:
+        if not isinstance(replicated, frozenset | set | list | tuple) or not all(
+                isinstance(a, str) for a in replicated) or not set(replicated) <= ALL_AXES:
+            raise ContractError(f"{field}.replicated",
+                                f"must be a set of axes (dp, cp, tp, pp), got {_show(replicated)}")
+        replicated = frozenset(replicated) or None
+    if not isinstance(partial.minibatch_mean, bool):
+        raise ContractError(f"{field}.minibatch_reduce",
+                            f"must be true or false, got {_show(partial.minibatch_mean)}")
+    if state == partial.state and replicated == partial.replicated and all(
+            type(v) is float for v in partial.state):
+        return partial
+    return Partial(partial.form, state, replicated, partial.minibatch_mean)
 
 
 def _axes(value: Any, field: str, *, default: int, low: int) -> tuple[int, ...]:
@@ -165,22 +330,17 @@ def _partial(value: Any, field: str) -> Partial:
             f"statistic keys {{{shown}}} are not one form (sum+count, sum, min, max, sqsum, "
             "value, or count+sum+sqsum)",
         )
-    numbers = {key: _number(value[key], f"{field}.{key}") for key in stats}
-    for key in ("count", "sqsum"):
-        if key in numbers and numbers[key] < 0:
-            raise ContractError(f"{field}.{key}", f"must be >= 0, got {_show(value[key])}")
-    if "count" in numbers and not math.isfinite(numbers["count"]):
-        # a count is tokens or samples: NaN or Inf there is a producer bug, not a measurement
-        raise ContractError(f"{field}.count", f"must be a finite number, got {_show(value['count'])}")
+    numbers_ = {key: _number(value[key], f"{field}.{key}") for key in stats}
     state: tuple[float, ...]
     if form is Form.MEAN:
-        state = (numbers["sum"], numbers["count"])
+        state = (numbers_["sum"], numbers_["count"])
     elif form is Form.MOMENTS:
-        state = (numbers["count"], numbers["sum"], numbers["sqsum"])
+        state = (numbers_["count"], numbers_["sum"], numbers_["sqsum"])
     elif form is Form.VALUE:
-        state = (numbers["value"], numbers["value"])
+        state = (numbers_["value"], numbers_["value"])
     else:
-        state = (numbers[next(iter(stats))],)
+        state = (numbers_[next(iter(stats))],)
+    check_state(form, state, field)
     replicated: frozenset[str] | None
     if "replicated" in value:
         replicated = _replicated(value["replicated"], f"{field}.replicated") or None
@@ -205,9 +365,7 @@ def parse_report(obj: Any) -> Report:
     run, role = check_run(obj["run"]), check_role(obj["role"])
     step = _integer(obj["step"], "step")
     rank = Rank(*_axes(obj.get("rank", {}), "rank", default=0, low=0))
-    world = World(*_axes(obj.get("world", {}), "world", default=1, low=1))
-    if world.size > MAX_WORLD:
-        raise ContractError("world", f"{world.size} ranks in all exceed the limit of {MAX_WORLD}")
+    world = check_world(World(*_axes(obj.get("world", {}), "world", default=1, low=1)))
     if not world.contains(rank):
         raise ContractError("rank", f"{rank.as_dict()} lies outside world {world.as_dict()}")
     final = obj.get("final", True)
@@ -233,14 +391,36 @@ def parse_report(obj: Any) -> Report:
     return Report(run, role, step, partials, rank, world, final, seq, minibatch, time)
 
 
+def _size_in_bytes(line: str | bytes) -> int:
+    if isinstance(line, bytes):
+        return len(line)
+    if len(line) * 4 <= MAX_LINE_BYTES:  # UTF-8 takes at most 4 bytes a character
+        return len(line)
+    return len(line.encode("utf-8", "surrogatepass"))
+
+
 def parse_line(line: str | bytes) -> Report:
-    """Decode and validate one JSON line."""
-    if len(line) > MAX_LINE_BYTES:
-        raise ContractError("", f"line of {len(line)} bytes exceeds {MAX_LINE_BYTES}")
+    """Decode and validate one JSON line.
+
+    The contract's limit is in bytes of UTF-8, whether the line comes as bytes or as text. Beside
+    JSON numbers, the bare tokens ``NaN``, ``Infinity`` and ``-Infinity`` (what Python's and many
+    other JSON writers emit for non-finite floats) are read like the strings of the contract. An
+    integer literal too long to convert is kept as such, so the error names its field.
+    """
+    size = _size_in_bytes(line)
+    if size > MAX_LINE_BYTES:
+        raise ContractError("", f"line of {size} bytes exceeds {MAX_LINE_BYTES}")
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as exc:
         raise ContractError("", f"malformed JSON: {exc.msg} at column {exc.colno}") from None
     except RecursionError:
         raise ContractError("", "malformed JSON: nested too deeply") from None
+    except ValueError:
+        # An integer literal beyond Python's conversion limit: read again keeping such literals
+        # unconverted, so parse_report names the field that holds one.
+        try:
+            obj = json.loads(line, parse_int=_lenient_int)
+        except (ValueError, RecursionError) as exc:
+            raise ContractError("", f"malformed JSON: {exc}") from None
     return parse_report(obj)
