@@ -25,6 +25,7 @@ __all__ = [
     "MetricResult",
     "Partial",
     "State",
+    "all_agree",
     "combine",
     "copies_agree",
     "finalize",
@@ -120,6 +121,24 @@ def copies_agree(x: State, y: State) -> bool:
     return all(_close(a, b) for a, b in zip(x, y, strict=True))
 
 
+def all_agree(copies: list[State]) -> bool:
+    """Whether every two of ``copies`` agree (:func:`copies_agree`), in one pass over each slot.
+
+    Two numbers of opposite signs never agree, and two of the same sign that agree bound every
+    number between them, so all pairs agree exactly when each slot's extremes do (NaN agrees only
+    with NaN). The verdict depends on the set of copies, never on their order.
+    """
+    for slot in zip(*copies, strict=True):
+        nans = sum(1 for v in slot if v != v)
+        if nans:
+            if nans != len(slot):
+                return False
+            continue
+        if not _close(min(slot), max(slot)):
+            return False
+    return True
+
+
 def _value_consistent(x: State) -> bool:
     # A VALUE state spans its lowest and highest copy; they must agree.
     return _close(x[0], x[1])
@@ -176,7 +195,12 @@ class MetricPool:
             self.cells[key] = state if old is None else combine(self.form, old, state)
 
     def result(self) -> MetricResult:
-        """Dedupe replicas (one copy per group, the lowest rank's), pool, divide once."""
+        """Dedupe replicas (one copy per group, the lowest rank's), pool, divide once.
+
+        Whether copies disagree is a function of the set of copies, whatever order they came in:
+        a replica group mismatches when any two of its copies differ by more than a relative
+        ``REPLICA_RTOL`` in any slot, and a ``value`` pool when any two of its copies do.
+        """
         form = self.form
         mismatch = False
         pools: dict[int, State] = {}
@@ -185,19 +209,15 @@ class MetricPool:
                 old = pools.get(mb)
                 pools[mb] = state if old is None else combine(form, old, state)
         else:
-            chosen: dict[tuple[int, Rank], tuple[Rank, State]] = {}
+            groups: dict[tuple[int, Rank], list[tuple[Rank, State]]] = {}
             for (mb, rank), state in self.cells.items():
                 assert rank is not None
-                group = (mb, replica_group(rank, self.replicated))
-                held = chosen.get(group)
-                if held is None:
-                    chosen[group] = (rank, state)
-                    continue
-                if not copies_agree(held[1], state):
+                groups.setdefault((mb, replica_group(rank, self.replicated)), []).append(
+                    (rank, state))
+            for (mb, _), copies in groups.items():
+                if len(copies) > 1 and not all_agree([state for _, state in copies]):
                     mismatch = True
-                if rank < held[0]:
-                    chosen[group] = (rank, state)
-            for (mb, _), (_, state) in chosen.items():
+                _, state = min(copies, key=lambda copy: copy[0])
                 old = pools.get(mb)
                 pools[mb] = state if old is None else combine(form, old, state)
         if form is Form.VALUE:
