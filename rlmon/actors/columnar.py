@@ -118,10 +118,18 @@ class ColumnarAssembler(StepAssembler):
         if self.is_finalized(*key):
             self.counters.late += 1
             return AddOutcome.LATE, None
+        try:
+            self.check_tracked(*key)
+        except ContractError:
+            self.counters.rejected += 1
+            raise
         state = self.open.get(key)
         if state is not None and (msg.rank, msg.seq) in state.seen:
             self.counters.duplicates += 1
             return AddOutcome.DUPLICATE, None
+        if state is not None and msg.rank in state.finals:  # after its own final: late
+            self.counters.late += 1
+            return AddOutcome.LATE, None
         cols = msg.columns
         schema = self._validate_schema(cols.schema) if cols is not None else None
         acc = self.columns.get(key)

@@ -55,28 +55,38 @@ class FinalizedSteps:
     """Which steps of one (run, role) are finalized, in bounded memory.
 
     Everything below ``floor`` is finalized; above it, disjoint ``[start, end)`` intervals, so a
-    run of consecutive steps costs one interval however long it is, and a step that never arrived
-    is never taken for finalized. Only when more than ``limit`` separate intervals pile up (a run
-    with thousands of gaps) are the two oldest joined: a record for a step in that old gap counts
-    as late, which bounds memory without touching recent steps.
+    run of consecutive steps costs one interval however long it is. A step that never arrived is
+    never taken for finalized. Memory is bounded by ``limit`` intervals: when more separate
+    intervals pile up (a run with thousands of gaps), the oldest is *forgotten*: the span from
+    it up to the next interval joins the forgotten span ``[forgotten_from, forgotten_to)``, where
+    it is no longer known which steps were finalized. A record for a step there is neither late
+    nor a new step: the assembler rejects it (:meth:`forgot`), so no step that was never finalized
+    is counted late, and none is finalized twice.
     """
 
-    __slots__ = ("_ends", "_starts", "floor", "limit")
+    __slots__ = ("_ends", "_starts", "floor", "forgotten_from", "forgotten_to", "limit")
 
     def __init__(self, floor: int = 0, limit: int = 4096) -> None:
         self.floor = floor
         self.limit = limit
+        self.forgotten_from = self.forgotten_to = floor  # empty
         self._starts: list[int] = []
         self._ends: list[int] = []
 
     def __contains__(self, step: int) -> bool:
         if step < self.floor:
             return True
+        if self.forgotten_from <= step < self.forgotten_to:
+            return False
         i = bisect.bisect_right(self._starts, step) - 1
         return i >= 0 and step < self._ends[i]
 
+    def forgot(self, step: int) -> bool:
+        """Whether ``step`` lies in the forgotten span (finalized or not, no longer known)."""
+        return self.forgotten_from <= step < self.forgotten_to
+
     def add(self, step: int) -> None:
-        if step in self:
+        if step in self or self.forgot(step):
             return
         starts, ends = self._starts, self._ends
         i = bisect.bisect_right(starts, step)
@@ -92,9 +102,15 @@ class FinalizedSteps:
         else:
             starts.insert(i, step)
             ends.insert(i, step + 1)
-        while len(starts) > self.limit:
-            ends[0] = ends[1]
-            del starts[1], ends[1]
+        while len(starts) > 1 and len(starts) + (
+                self.forgotten_to > self.forgotten_from) > self.limit:
+            # Forget the oldest interval: the span from it to the next one joins the forgotten
+            # span (one span: intervals are never inside it, so any below it go with it).
+            empty = self.forgotten_to <= self.forgotten_from
+            self.forgotten_from = starts[0] if empty else min(self.forgotten_from, starts[0])
+            self.forgotten_to = max(self.forgotten_to, starts[1])
+            k = bisect.bisect_left(starts, self.forgotten_to)
+            del starts[:k], ends[:k]
         if starts and starts[0] <= self.floor:
             self.floor = max(self.floor, ends[0])
             del starts[0], ends[0]
@@ -102,20 +118,33 @@ class FinalizedSteps:
     @property
     def high(self) -> int:
         """One past the highest finalized step (``floor`` when nothing lies above it)."""
-        return self._ends[-1] if self._ends else self.floor
+        if self._ends:
+            return self._ends[-1]
+        return max(self.floor, self.forgotten_to)
 
-    def intervals(self) -> list[tuple[int, int]]:
-        """The finalized ``[start, end)`` intervals above ``floor``, in order."""
-        return list(zip(self._starts, self._ends, strict=True))
+    def intervals(self) -> list[tuple[int, ...]]:
+        """The finalized ``[start, end)`` intervals above ``floor``, in order; a forgotten span
+        comes first as ``(start, end, 0)`` (what :meth:`restore` reads back)."""
+        spans: list[tuple[int, ...]] = []
+        if self.forgotten_to > self.forgotten_from:
+            spans.append((self.forgotten_from, self.forgotten_to, 0))
+        spans.extend(zip(self._starts, self._ends, strict=True))
+        return spans
 
     @classmethod
     def restore(cls, floor: int, intervals: Iterable[Iterable[int] | int]) -> FinalizedSteps:
         """Rebuild from :meth:`intervals` (single steps, as older watermarks stored, also work)."""
         done = cls(floor)
-        for item in sorted(intervals, key=lambda x: x if isinstance(x, int) else min(x)):
-            start, end = (item, item + 1) if isinstance(item, int) else tuple(item)
-            if end <= done.high:  # already covered, or out of order: fall back to single steps
-                for step in range(start, end):
+        items: list[tuple[int, ...]] = []
+        for item in intervals:
+            span = (item, item + 1) if isinstance(item, int) else tuple(item)
+            if len(span) == 3:
+                done.forgotten_from, done.forgotten_to = span[0], span[1]
+            else:
+                items.append(span)
+        for start, end in sorted(items):
+            if end <= done.high or start < done.forgotten_to:
+                for step in range(start, end):  # covered, or out of order: step by step
                     done.add(step)
             elif start <= done.high and done._ends:
                 done._ends[-1] = end
@@ -277,16 +306,39 @@ class StepAssembler:
         done = self.finalized.get((run, role))
         return done is not None and step in done
 
+    def check_tracked(self, run: str, role: str, step: int) -> None:
+        """Raise ContractError for a step in the forgotten span of (run, role) (see
+        :class:`FinalizedSteps`): whether it was finalized is no longer known."""
+        done = self.finalized.get((run, role))
+        if done is not None and done.forgot(step):
+            raise ContractError(
+                "step",
+                f"step {step} of {run}/{role} is older than the steps still tracked (more than "
+                f"{done.limit} separate runs of finalized steps came after it): not folded in",
+            )
+
     def add(self, report: Report) -> tuple[str, StepRecord | None]:
-        """Fold one report in; returns the outcome and the step record if it completed the step."""
+        """Fold one report in; returns the outcome and the step record if it completed the step.
+
+        A report of a rank that already sent its final record for the step is late, as it would
+        be had the other ranks' final records come first (the step then completed before it).
+        """
         key = (report.run, report.role, report.step)
         if self.is_finalized(*key):
             self.counters.late += 1
             return AddOutcome.LATE, None
+        try:
+            self.check_tracked(*key)
+        except ContractError:
+            self.counters.rejected += 1
+            raise
         state = self.open.get(key)
         if state is not None and report.seq is not None and (report.rank, report.seq) in state.seen:
             self.counters.duplicates += 1
             return AddOutcome.DUPLICATE, None
+        if state is not None and report.rank in state.finals:
+            self.counters.late += 1
+            return AddOutcome.LATE, None
         try:
             self._check_forms(report)
             if state is not None:
