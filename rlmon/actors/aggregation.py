@@ -15,25 +15,24 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-
 from rlmon.actors.columnar import ColumnarAssembler
 from rlmon.actors.deadline import DeadlinePolicy
-from rlmon.actors.message import StepMessage
+from rlmon.actors.message import MessageChecks, StepMessage
 from rlmon.service import catalog
 from rlmon.service.assembly import AddOutcome, Clock, StepState
 from rlmon.service.report import (
-    MAX_STEP,
     ContractError,
+    check_integer,
     check_metric_name,
     check_role,
     check_run,
+    check_world,
+    show,
 )
-from rlmon.service.spec import Form
 from rlmon.service.step import StepIdentity, StepKey, StepRecord
 from rlmon.service.watermark import WatermarkStore
 
-__all__ = ["AggregatorCore", "IngestAck"]
+__all__ = ["AggregatorCore", "IngestAck", "MessageChecks", "origin"]
 
 log = logging.getLogger(__name__)
 
@@ -55,57 +54,6 @@ class IngestAck:
     errors: list[str] = field(default_factory=list)
     incarnation: str = ""
     floors: dict[tuple[str, str], int] = field(default_factory=dict)
-
-
-# Rows and columns of a columnar block that hold a count or a sqsum (both must be >= 0).
-_NONNEGATIVE = {Form.MEAN: (1,), Form.MOMENTS: (0, 2), Form.SQSUM: (0,)}
-
-
-class MessageChecks:
-    """The contract's checks on a :class:`StepMessage` from any producer, not only a Reporter
-    (which checks the same on its side): names, step range, rank in world, counts >= 0.
-    Streams and schemas are checked once and remembered, so the per-message cost stays small."""
-
-    def __init__(self) -> None:
-        self.streams: set[tuple[str, str]] = set()
-        self.schemas: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-
-    def __call__(self, msg: StepMessage) -> None:
-        if (msg.run, msg.role) not in self.streams:
-            check_run(msg.run)
-            check_role(msg.role)
-            self.streams.add((msg.run, msg.role))
-        if isinstance(msg.step, bool) or not isinstance(msg.step, int | np.integer) \
-                or not 0 <= msg.step <= MAX_STEP:
-            raise ContractError("step", f"must be an integer in 0..{MAX_STEP}, got {msg.step!r}")
-        if not msg.world.contains(msg.rank):
-            raise ContractError("rank", f"{msg.rank.as_dict()} lies outside world "
-                                f"{msg.world.as_dict()}")
-        cols = msg.columns
-        if cols is not None:
-            rows_cols = self.schemas.get(cols.schema.id)
-            if rows_cols is None:
-                for name in cols.schema.names:
-                    check_metric_name(name)
-                pairs = [(i, c) for i, f in enumerate(cols.schema.forms)
-                         for c in _NONNEGATIVE.get(f, ())]
-                rows_cols = (np.array([p[0] for p in pairs], dtype=np.intp),
-                             np.array([p[1] for p in pairs], dtype=np.intp))
-                self.schemas[cols.schema.id] = rows_cols
-            if cols.values.shape != (len(cols.schema.names), 3):
-                raise ContractError("metrics", f"block of shape {cols.values.shape} for "
-                                    f"{len(cols.schema.names)} metrics")
-            if len(rows_cols[0]):
-                bad = cols.values[rows_cols] < 0
-                if bad.any():
-                    name = cols.schema.names[int(rows_cols[0][int(np.argmax(bad))])]
-                    raise ContractError(f"metrics.{name}", "count and sqsum must be >= 0")
-        for _, partials in msg.partials:
-            for name, partial in partials.items():
-                check_metric_name(name)
-                for i in _NONNEGATIVE.get(partial.form, ()):
-                    if partial.state[i] < 0:
-                        raise ContractError(f"metrics.{name}", "count and sqsum must be >= 0")
 
 
 class AggregatorCore:
@@ -169,21 +117,21 @@ class AggregatorCore:
         with self.lock:
             asm = self.assembler
             for msg in messages:
-                key = (msg.run, msg.role, msg.step)
-                opened = key not in asm.open
                 try:
                     try:
-                        self.check_message(msg)
+                        msg = self.check_message(msg)
                     except ContractError:
                         asm.counters.rejected += 1
                         raise
+                    key = (msg.run, msg.role, msg.step)
+                    opened = key not in asm.open
                     if asm.is_finalized(*key) and self._is_rerun(msg):
                         self._begin_attempt(msg)
                     outcome, record = asm.add_message(msg)
                 except ContractError as exc:
                     ack.rejected += 1
                     if len(ack.errors) < self.max_errors:
-                        ack.errors.append(f"{msg.run}/{msg.role} step {msg.step}: {exc}")
+                        ack.errors.append(f"{origin(msg)}: {exc}")
                     continue
                 if outcome == AddOutcome.ACCEPTED:
                     ack.accepted += 1
@@ -241,7 +189,16 @@ class AggregatorCore:
 
     def _check_state(self, state: StepState, batch: dict[StepKey, StepState]) -> None:
         """Raise ContractError if ``state`` cannot join its open step (nothing changes)."""
+        if not isinstance(state, StepState):
+            raise ContractError("", f"must be a StepState, got {show(state)}")
+        check_run(state.run)
+        check_role(state.role)
+        check_integer(state.step, "step")
+        check_world(state.world)
+        for name in state.pools:
+            check_metric_name(name)
         key = (state.run, state.role, state.step)
+        self.assembler.check_tracked(*key)
         other = self.assembler.open.get(key) or batch.get(key)
         if other is not None and other.world != state.world:
             raise ContractError("world", f"{state.world.as_dict()} disagrees with "
@@ -287,7 +244,7 @@ class AggregatorCore:
                     ack.rejected += 1
                     self.assembler.counters.rejected += 1
                     if len(ack.errors) < self.max_errors:
-                        ack.errors.append(f"{state.run}/{state.role} step {state.step}: {exc}")
+                        ack.errors.append(f"{origin(state)}: {exc}")
                     continue
                 valid.setdefault((state.run, state.role, state.step), state)
                 accepted.append(state)
@@ -310,6 +267,9 @@ class AggregatorCore:
 
     def _floors(self, ack: IngestAck, states: Sequence[StepState]) -> None:
         for state in states:
+            if not isinstance(state, StepState) or not isinstance(state.run, str) \
+                    or not isinstance(state.role, str):
+                continue
             finalized = self.assembler.finalized.get((state.run, state.role))
             ack.floors[(state.run, state.role)] = finalized.floor if finalized else 0
 
@@ -382,3 +342,11 @@ class AggregatorCore:
                 "reporter_dropped": sum(self.reporter_drops.values()),
                 "finalize_latency_p50": lat[len(lat) // 2] if lat else None,
             }
+
+
+def origin(item: object) -> str:
+    """``run/role step N`` of a message or state for an error line, whatever its fields hold."""
+    run, role, step = (getattr(item, f, None) for f in ("run", "role", "step"))
+    if isinstance(run, str) and isinstance(role, str) and len(run) + len(role) <= 200:
+        return f"{run}/{role} step {show(step)}"
+    return f"a {type(item).__name__}"

@@ -20,12 +20,12 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from rlmon.actors.aggregation import IngestAck
+from rlmon.actors.aggregation import IngestAck, origin
 from rlmon.actors.columnar import StepBlock, fold_block
-from rlmon.actors.message import Schema, StepMessage
+from rlmon.actors.message import MessageChecks, Schema, StepMessage
 from rlmon.service.assembly import StepState
 from rlmon.service.rank import Rank
-from rlmon.service.report import Report
+from rlmon.service.report import ContractError, Report
 from rlmon.service.step import StepKey
 
 __all__ = ["Collector", "collector_actor_class"]
@@ -50,12 +50,22 @@ class Collector:
         self.root_incarnation = _PENDING
         self.floors: dict[tuple[str, str], int] = {}
         self.duplicates = 0
+        self.late = 0  # a rank's message after its own final one for the step (not folded)
+        self.rejected = 0  # messages breaking the contract (the aggregator's checks)
+        self.check = MessageChecks()
         self._drains = 0
         self.lock = threading.Lock()
 
     def add(self, msg: StepMessage) -> bool:
-        """Fold one message in; False for a resend of a message the root still holds."""
+        """Fold one message in; False for a resend of a message the root still holds (or a
+        rank's message after its own final one). A message breaking the contract raises
+        :class:`ContractError` and changes nothing (the aggregator's checks, shared)."""
         with self.lock:
+            try:
+                msg = self.check(msg)
+            except ContractError:
+                self.rejected += 1
+                raise
             seen_key = (msg.run, msg.role, msg.step, msg.rank, msg.seq)
             where = self._seen.get(seen_key)
             if where is not None and (where == _PENDING or where == self.root_incarnation):
@@ -66,6 +76,9 @@ class Collector:
                 del self._seen[next(iter(self._seen))]
             key = (msg.run, msg.role, msg.step)
             state = self.states.get(key)
+            if state is not None and msg.rank in state.finals:
+                self.late += 1
+                return False
             if state is None:
                 state = self.states[key] = StepState(msg.run, msg.role, msg.step, msg.world)
             if msg.columns is not None:
@@ -81,6 +94,23 @@ class Collector:
             state.add(Report(msg.run, msg.role, msg.step, {}, msg.rank, msg.world,
                              seq=msg.seq, time=msg.time))
             return True
+
+    def ingest(self, messages: Sequence[StepMessage], max_errors: int = 20) -> IngestAck:
+        """Fold a reporter's batch in: a bad message is rejected whole (counted, its error in
+        the ack), the others are kept."""
+        accepted = rejected = 0
+        errors: list[str] = []
+        for msg in messages:
+            try:
+                accepted += self.add(msg)
+            except ContractError as exc:
+                rejected += 1
+                if len(errors) < max_errors:
+                    errors.append(f"{origin(msg)}: {exc}")
+        ack = self.ack(messages, accepted)
+        ack.duplicates -= rejected
+        ack.rejected, ack.errors = rejected, errors
+        return ack
 
     def drain(self) -> list[StepState]:
         """Every pre-merged state since the last drain."""
@@ -116,7 +146,8 @@ class Collector:
     def ack(self, messages: Sequence[StepMessage], accepted: int) -> IngestAck:
         """What a reporter gets back: counts, floors, and an incarnation that changes when
         this collector or its root restarted (so the reporter resends what was lost)."""
-        streams = {(m.run, m.role) for m in messages}
+        streams = {(m.run, m.role) for m in messages if isinstance(m, StepMessage)
+                   and isinstance(m.run, str) and isinstance(m.role, str)}
         return IngestAck(
             accepted=accepted, duplicates=len(messages) - accepted,
             incarnation=f"{self.id}:{self.root_incarnation}",
@@ -142,8 +173,7 @@ def collector_actor_class() -> Any:
             threading.Thread(target=self._loop, daemon=True).start()
 
         def ingest(self, messages: list[StepMessage]) -> IngestAck:
-            accepted = sum(self.collector.add(m) for m in messages)
-            return self.collector.ack(messages, accepted)
+            return self.collector.ingest(messages)
 
         def probe(self, run: str, role: str) -> IngestAck:
             return self.collector.ack([], 0)

@@ -13,17 +13,41 @@ columnar merge gives exactly what the core gives on those records.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
 from rlmon.service.partial import Partial, State
 from rlmon.service.rank import Rank, World
-from rlmon.service.report import Report
+from rlmon.service.report import (
+    MAX_AXIS,
+    MAX_METRICS,
+    ContractError,
+    Report,
+    check_integer,
+    check_metric_name,
+    check_number,
+    check_partial,
+    check_rank,
+    check_role,
+    check_run,
+    check_world,
+    show,
+)
 from rlmon.service.spec import Form
 
-__all__ = ["ADDITIVE", "Columns", "Schema", "StepMessage", "columns_from_states", "state_row"]
+__all__ = [
+    "ADDITIVE",
+    "Columns",
+    "MessageChecks",
+    "Schema",
+    "StepMessage",
+    "columns_from_states",
+    "state_row",
+]
 
 ADDITIVE = frozenset({Form.MEAN, Form.SUM, Form.SQSUM, Form.MOMENTS})
 _GROUP = {Form.MEAN: 0, Form.SUM: 0, Form.SQSUM: 0, Form.MOMENTS: 0, Form.MIN: 1, Form.MAX: 2}
@@ -153,3 +177,160 @@ class StepMessage:
             )
             for i, (mb, metrics) in enumerate(groups)
         ]
+
+
+class MessageChecks:
+    """The contract's checks on a :class:`StepMessage` from any producer, not only a Reporter:
+    the same checks (``rlmon.service.report``) that replay makes on a parsed record, on the
+    message's Python objects. Shared by the aggregator and the per-node collector.
+
+    Calling it returns the message with its numbers normalized (integral floats and numpy
+    integers to int, a numeric block to float64) or raises :class:`ContractError` naming the
+    field; anything else a producer may have put in a field (a dict for a rank, None for the
+    world, a string for a block) is a ContractError too, never another exception. Streams and
+    schemas are checked once and remembered, so the per-message cost stays small.
+    """
+
+    def __init__(self) -> None:
+        self.streams: set[tuple[str, str]] = set()
+        # schema id -> (schema, (rows, cols) of counts, (rows, cols) of sums of squares)
+        self.schemas: dict[int, tuple[Schema, _Cells, _Cells]] = {}
+
+    def __call__(self, msg: Any) -> StepMessage:
+        try:
+            return self._check(msg)
+        except ContractError:
+            raise
+        except Exception as exc:
+            raise ContractError("", f"malformed message ({type(exc).__name__})") from None
+
+    def _check(self, msg: Any) -> StepMessage:
+        if not isinstance(msg, StepMessage):
+            raise ContractError("", f"must be a StepMessage, got {show(msg)}")
+        stream = (msg.run, msg.role)
+        if not (type(msg.run) is str and type(msg.role) is str and stream in self.streams):
+            check_run(msg.run)
+            check_role(msg.role)
+            self.streams.add(stream)
+        step = check_integer(msg.step, "step")
+        rank, world = check_rank(msg.rank), check_world(msg.world)
+        if not world.contains(rank):
+            raise ContractError("rank", f"{rank.as_dict()} lies outside world {world.as_dict()}")
+        seq = check_integer(msg.seq, "seq")
+        sent = check_number(msg.time, "time")
+        if not math.isfinite(sent) or sent < 0:
+            raise ContractError("time", f"must be unix seconds, got {show(msg.time)}")
+        started = check_number(msg.started, "started")
+        dropped = check_integer(msg.dropped, "dropped")
+        columns = self._columns(msg.columns)
+        partials = msg.partials
+        if not isinstance(partials, tuple | list):
+            raise ContractError("metrics", f"partials must be (minibatch, {{name: Partial}}) "
+                                f"pairs, got {show(partials)}")
+        total = len(columns.schema.names) if columns is not None else 0
+        checked: list[tuple[int, Mapping[str, Partial]]] = []
+        for item in partials:
+            if not isinstance(item, tuple | list) or len(item) != 2 \
+                    or not isinstance(item[1], Mapping):
+                raise ContractError("metrics", f"partials must be (minibatch, {{name: Partial}})"
+                                    f" pairs, got {show(item)}")
+            total += len(item[1])
+            if total > MAX_METRICS:
+                break
+            minibatch = check_integer(item[0], "minibatch", high=MAX_AXIS)
+            group = {
+                check_metric_name(name): check_partial(p, f"metrics.{name}")
+                for name, p in item[1].items()
+            }
+            same = minibatch is item[0] and all(group[n] is p for n, p in item[1].items())
+            checked.append((minibatch, item[1] if same else group))
+        if total > MAX_METRICS:
+            raise ContractError("metrics", f"more than {MAX_METRICS} metrics in one message "
+                                f"(the limit)")
+        fields: dict[str, Any] = {}
+        for name, new, old in (("step", step, msg.step), ("rank", rank, msg.rank),
+                               ("world", world, msg.world), ("seq", seq, msg.seq),
+                               ("time", sent, msg.time), ("started", started, msg.started),
+                               ("dropped", dropped, msg.dropped),
+                               ("columns", columns, msg.columns)):
+            if new is not old:
+                fields[name] = new
+        if type(partials) is not tuple or any(
+                c[0] is not o[0] or c[1] is not o[1] for c, o in zip(checked, partials, strict=True)):
+            fields["partials"] = tuple(checked)
+        return replace(msg, **fields) if fields else msg
+
+    def _columns(self, cols: Any) -> Columns | None:
+        if cols is None:
+            return None
+        if not isinstance(cols, Columns):
+            raise ContractError("metrics", f"the columnar block must be Columns, got {show(cols)}")
+        schema = cols.schema
+        if not isinstance(schema, Schema):
+            raise ContractError("metrics", f"a block's schema must be a Schema, got {show(schema)}")
+        known = self.schemas.get(schema.id) if type(schema.id) is int else None
+        if known is None or (known[0] is not schema and (
+                known[0].names != schema.names or known[0].forms != schema.forms)):
+            known = self._schema(schema)
+        values = cols.values
+        n = len(schema.names)
+        if not isinstance(values, np.ndarray) or values.dtype.kind not in "fiu":
+            raise ContractError("metrics", f"a block's values must be a numeric numpy array, "
+                                f"got {show(type(values).__name__)}")
+        if values.shape != (n, 3):
+            raise ContractError("metrics", f"block of shape {values.shape} for {n} metrics")
+        if values.dtype != np.float64:
+            values = values.astype(np.float64)
+            cols = Columns(schema, values)
+        counts, sqsums = known[1], known[2]
+        if len(counts[0]):
+            cells = values[counts]
+            bad = ~(cells >= 0) | ~np.isfinite(cells)
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise ContractError(f"metrics.{schema.names[int(counts[0][i])]}",
+                                    f"count must be a finite number >= 0, got "
+                                    f"{show(float(cells[i]))}")
+        if len(sqsums[0]):
+            cells = values[sqsums]
+            bad = cells < 0
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise ContractError(f"metrics.{schema.names[int(sqsums[0][i])]}",
+                                    f"sqsum must be >= 0, got {show(float(cells[i]))}")
+        return cols
+
+    def _schema(self, schema: Schema) -> tuple[Schema, _Cells, _Cells]:
+        names, forms = schema.names, schema.forms
+        if not isinstance(names, tuple) or not isinstance(forms, tuple) \
+                or len(names) != len(forms):
+            raise ContractError("metrics", "a block's schema needs as many forms as names")
+        if len(names) > MAX_METRICS:
+            raise ContractError("metrics", f"{len(names)} metrics exceed the limit of "
+                                f"{MAX_METRICS}")
+        for name, form in zip(names, forms, strict=True):
+            check_metric_name(name)
+            if not isinstance(form, Form) or not Schema.plain(form):
+                raise ContractError(f"metrics.{name}",
+                                    f"form {show(form)} cannot travel in a columnar block")
+        if len(set(names)) != len(names):
+            raise ContractError("metrics", "a block's schema names a metric twice")
+        built = Schema.build(dict(zip(names, forms, strict=True)))
+        if built != schema:
+            raise ContractError("metrics", "a block's schema is not what Schema.build gives for "
+                                "its names and forms (order, counts or id)")
+        known = (schema, _cells(forms, _COUNT_COLUMN), _cells(forms, _SQSUM_COLUMN))
+        self.schemas[schema.id] = known
+        return known
+
+
+_Cells = tuple[np.ndarray, np.ndarray]
+# Columns of a block row (state_row) that hold a count, and a sum of squares.
+_COUNT_COLUMN = {Form.MEAN: 1, Form.MOMENTS: 0}
+_SQSUM_COLUMN = {Form.SQSUM: 0, Form.MOMENTS: 2}
+
+
+def _cells(forms: Sequence[Form], column: Mapping[Form, int]) -> _Cells:
+    pairs = [(i, column[f]) for i, f in enumerate(forms) if f in column]
+    return (np.array([p[0] for p in pairs], dtype=np.intp),
+            np.array([p[1] for p in pairs], dtype=np.intp))
