@@ -409,3 +409,23 @@ def test_a_rank_that_sent_only_non_final_records_is_missing_but_its_partials_cou
     assert [r.dp for r in record.missing_ranks] == [1]
     assert record.metrics["user/m"] == 1.0 + 2.0 + 2.0
     assert "RankMissing" in [e.alert for e in events]
+
+
+def test_a_float_literal_beyond_the_range_reads_as_infinity() -> None:
+    report = parse_line(with_literal({**GOOD, "metrics": {"m": {"max": "@"}}}, "-1e400"))
+    assert report.metrics["m"].state == (-math.inf,)
+
+
+def test_the_forgotten_span_survives_a_restart_through_the_watermark(tmp_path: Path) -> None:
+    from rlmon.service.watermark import WatermarkStore
+
+    asm = StepAssembler()
+    records = [r for step in range(1, 2 * 4096 + 200, 2)
+               if (r := asm.add(parse_report(_record(step)))[1]) is not None]
+    done = asm.finalized[("r", "actor")]
+    assert done.forgot(2) and 2 not in done and 0 not in done
+    store = WatermarkStore(tmp_path / "w.sqlite")
+    store.commit(asm.finalized, records[-1:])
+    loaded = WatermarkStore(tmp_path / "w.sqlite").load()[("r", "actor")]
+    for step in range(0, 2 * 4096 + 210):
+        assert (step in loaded, loaded.forgot(step)) == (step in done, done.forgot(step)), step
