@@ -248,13 +248,22 @@ class MessageChecks:
             raise ContractError("metrics", f"more than {MAX_METRICS} metrics in one message "
                                 f"(the limit)")
         fields: dict[str, Any] = {}
-        for name, new, old in (("step", step, msg.step), ("rank", rank, msg.rank),
-                               ("world", world, msg.world), ("seq", seq, msg.seq),
-                               ("time", sent, msg.time), ("started", started, msg.started),
-                               ("dropped", dropped, msg.dropped),
-                               ("columns", columns, msg.columns)):
-            if new is not old:
-                fields[name] = new
+        if step is not msg.step:
+            fields["step"] = step
+        if rank is not msg.rank:
+            fields["rank"] = rank
+        if world is not msg.world:
+            fields["world"] = world
+        if seq is not msg.seq:
+            fields["seq"] = seq
+        if sent is not msg.time:
+            fields["time"] = sent
+        if started is not msg.started:
+            fields["started"] = started
+        if dropped is not msg.dropped:
+            fields["dropped"] = dropped
+        if columns is not msg.columns:
+            fields["columns"] = columns
         if type(partials) is not tuple or any(
                 c[0] is not o[0] or c[1] is not o[1] for c, o in zip(checked, partials, strict=True)):
             fields["partials"] = tuple(checked)
@@ -285,15 +294,15 @@ class MessageChecks:
         counts, sqsums = known[1], known[2]
         if len(counts[0]):
             cells = values[counts]
-            bad = ~(cells >= 0) | ~np.isfinite(cells)
-            if bad.any():
+            if not (cells.min() >= 0 and cells.max() < math.inf):  # NaN fails both
+                bad = ~(cells >= 0) | ~np.isfinite(cells)
                 i = int(np.argmax(bad))
                 raise ContractError(f"metrics.{schema.names[int(counts[0][i])]}",
                                     f"count must be a finite number >= 0, got "
                                     f"{show(float(cells[i]))}")
         if len(sqsums[0]):
             cells = values[sqsums]
-            bad = cells < 0
+            bad = cells < 0  # NaN is not: a NaN sum of squares propagates
             if bad.any():
                 i = int(np.argmax(bad))
                 raise ContractError(f"metrics.{schema.names[int(sqsums[0][i])]}",

@@ -187,6 +187,8 @@ _integer = check_integer
 
 def check_number(value: Any, field: str) -> float:
     """A number field: a real number that fits a 64-bit float, or "NaN"/"Infinity"/"-Infinity"."""
+    if type(value) is float:  # the common case, first
+        return value
     if isinstance(value, str) and value in _NONFINITE:
         return _NONFINITE[value]
     if isinstance(value, _HugeInt):
@@ -206,6 +208,8 @@ _number = check_number
 
 def check_rank(rank: Any, field: str = "rank") -> Rank:
     """A rank given as an object (a :class:`Rank` or any 4-tuple of axis indices)."""
+    if type(rank) is Rank and all(type(v) is int and 0 <= v <= MAX_AXIS for v in rank):
+        return rank
     if not isinstance(rank, tuple) or len(rank) != len(AXES):
         raise ContractError(field, f"must be a Rank (dp, cp, tp, pp), got {_show(rank)}")
     coords = tuple(
@@ -218,6 +222,9 @@ def check_rank(rank: Any, field: str = "rank") -> Rank:
 
 def check_world(world: Any, field: str = "world") -> World:
     """A world given as an object (a :class:`World` or any 4-tuple of axis sizes), size capped."""
+    if type(world) is World and all(type(v) is int and 1 <= v <= MAX_AXIS for v in world) \
+            and world.size <= MAX_WORLD:
+        return world
     if not isinstance(world, tuple) or len(world) != len(AXES):
         raise ContractError(field, f"must be a World (dp, cp, tp, pp), got {_show(world)}")
     sizes = tuple(
@@ -269,8 +276,29 @@ def check_state(form: Form, state: Any, field: str, *, slot_fields: bool = True)
     return tuple(values)
 
 
+def _plain_partial(partial: Partial) -> bool:
+    """Whether a partial is already exactly as :func:`check_partial` would return it."""
+    form, state, replicated = partial.form, partial.state, partial.replicated
+    if type(form) is not Form or type(state) is not tuple or len(state) != STATE_SIZE[form]:
+        return False
+    for v in state:
+        if type(v) is not float:
+            return False
+    count = _COUNT_SLOT.get(form)
+    if count is not None and not 0.0 <= state[count] < math.inf:
+        return False
+    sq = _SQSUM_SLOT.get(form)
+    if sq is not None and state[sq] < 0:
+        return False
+    return (replicated is None or (type(replicated) is frozenset and bool(replicated)
+                                   and replicated <= ALL_AXES)) \
+        and type(partial.minibatch_mean) is bool
+
+
 def check_partial(partial: Any, field: str) -> Partial:
     """A :class:`Partial` built by any producer, checked as a parsed one is (and normalized)."""
+    if type(partial) is Partial and _plain_partial(partial):  # the common case, cheaply
+        return partial
     if not isinstance(partial, Partial):
         raise ContractError(field, f"must be a Partial, got {_show(partial)}")
     if not isinstance(partial.form, Form):
