@@ -429,3 +429,38 @@ def test_the_forgotten_span_survives_a_restart_through_the_watermark(tmp_path: P
     loaded = WatermarkStore(tmp_path / "w.sqlite").load()[("r", "actor")]
     for step in range(0, 2 * 4096 + 210):
         assert (step in loaded, loaded.forgot(step)) == (step in done, done.forgot(step)), step
+
+
+# ---- any value in any field: a line is accepted or rejected, the run never ends -----------------
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**30), 10**30) | st.floats() | st.text(max_size=8)
+    | st.sampled_from(["NaN", "Infinity", "-Infinity", "@huge", "@wide"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                max_size=3),
+    max_leaves=8,
+)
+_PATHS = [("step",), ("seq",), ("minibatch",), ("time",), ("final",), ("run",), ("role",),
+          ("rank",), ("rank", "dp"), ("world",), ("world", "pp"), ("metrics",),
+          ("metrics", "m"), ("metrics", "m", "sum"), ("metrics", "m", "count"),
+          ("metrics", "m", "replicated"), ("metrics", "m", "minibatch_reduce")]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(_PATHS), _JSON)
+def test_any_value_in_any_field_is_accepted_or_rejected_and_replay_goes_on(
+    path: tuple[str, ...], value: Any,
+) -> None:
+    record: dict[str, Any] = {**GOOD, "step": 1, "rank": {"dp": 0}, "world": {"dp": 1},
+                              "metrics": {"m": {"sum": 1.0, "count": 2}}}
+    target = record
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    text = json.dumps(record).replace('"@huge"', HUGE).replace('"@wide"', WIDE)
+    result = replay([line(step=0), text, line(step=2)])
+    assert {0, 2} <= {r.step for r, _ in result.steps}
+    c = result.counters
+    assert c.accepted + c.late + c.duplicates + len(result.errors) == 3
+    for error in result.errors:
+        assert error.line == 2 and len(error.error) < 300

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from polling import wait_for
 
 from rlmon.actors.aggregation import AggregatorCore
@@ -253,3 +255,34 @@ def test_the_aggregator_rejects_a_state_in_an_old_gap() -> None:
     ack = root.merge_states(batch[1], batch[0])
     assert ack.rejected == 1 and root.counters.late == 0
     assert root.assembler.add_message(msg(step=4 * 4096, seq=9))[0] == AddOutcome.ACCEPTED
+
+
+_ANY = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**30), 10**30) | st.floats() | st.text(max_size=4)
+    | st.just(10**400) | st.builds(Rank, st.integers(-2, 2)) | st.builds(World, st.integers(0, 3)),
+    lambda inner: st.lists(inner, max_size=3) | st.tuples(inner, inner)
+    | st.dictionaries(st.text(max_size=3), inner, max_size=2),
+    max_leaves=6,
+)
+_FIELDS = ["run", "role", "step", "rank", "world", "seq", "time", "columns", "partials",
+           "dropped", "started"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(_FIELDS), _ANY)
+def test_any_value_in_any_message_field_never_breaks_ingest(field: str, value: Any) -> None:
+    core, node = AggregatorCore(), Collector()
+    odd = msg(**{field: value})
+    ack = core.ingest([odd, _good()])
+    assert ack.accepted + ack.rejected == 2 and ack.accepted >= 1
+    assert any(r.run == "ok" for r in core.pending_records())
+    core.tick()
+    core.finalize_all()
+    node_ack = node.ingest([odd, _good()])
+    assert node_ack.accepted + node_ack.rejected == 2
+    batch = node.next_batch()
+    assert batch is not None
+    root = AggregatorCore()
+    root.merge_states(batch[1], batch[0])
+    root.finalize_all()
+    assert any(r.run == "ok" for r in root.pending_records())
