@@ -38,9 +38,13 @@ def _free_port() -> int:
 def engine():
     import deepspeed
 
+    # the launcher's variables for this module only: a later test's subprocess (a trainer of
+    # its own) must not inherit a MASTER_PORT this process still listens on
+    patch = pytest.MonkeyPatch()
     for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0",
                        "WORLD_SIZE": "1", "LOCAL_RANK": "0", "DS_ACCELERATOR": "cpu"}.items():
-        os.environ.setdefault(key, value)
+        if key not in os.environ:
+            patch.setenv(key, value)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     config = {
@@ -52,7 +56,10 @@ def engine():
     }
     eng, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                    config=config)
-    return eng
+    yield eng
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    patch.undo()
 
 
 def _batch(i: int):

@@ -25,6 +25,8 @@ def test_the_example_reports_every_step_and_alerts_on_the_console(tmp_path: Path
            "RLMON_STATE_DIR": str(tmp_path / "state"), "RAY_DISABLE_USAGE_STATS": "1",
            "RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     env.pop("RLMON_SINK_JSONL", None)
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(key, None)  # a single-process run, whatever launcher variables this process has
     proc = subprocess.Popen(  # a session of its own: a timeout takes Ray's processes down too
         [sys.executable, "examples/trl_grpo.py", "--steps", "6", "--zero-reward",
          "--run", "trl-example"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
