@@ -286,3 +286,12 @@ def test_any_value_in_any_message_field_never_breaks_ingest(field: str, value: A
     root.merge_states(batch[1], batch[0])
     root.finalize_all()
     assert any(r.run == "ok" for r in root.pending_records())
+
+
+def test_a_form_mismatch_in_a_messages_partials_is_counted_as_rejected() -> None:
+    core = AggregatorCore()
+    bad = msg(columns=None, partials=((0, {"actor/loss": Partial(Form.SUM, (1.0,))}),))
+    ack = core.ingest([bad, _good()])
+    assert (ack.rejected, ack.accepted) == (1, 1)
+    assert "metrics.actor/loss" in ack.errors[0]
+    assert core.counters.rejected == 1

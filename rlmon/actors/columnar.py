@@ -161,14 +161,14 @@ class ColumnarAssembler(StepAssembler):
         marker = Report(msg.run, msg.role, msg.step, {}, msg.rank, msg.world, final=True,
                         seq=msg.seq, time=msg.time)
         # Validate every record against the open step before anything changes.
-        for report in (*reports, marker):
-            self._check_forms(report)
-            if state is not None:
-                try:
+        try:
+            for report in (*reports, marker):
+                self._check_forms(report)
+                if state is not None:
                     state.check(report)
-                except ContractError:
-                    self.counters.rejected += 1
-                    raise
+        except ContractError:
+            self.counters.rejected += 1  # every rejection counted once, the form's too
+            raise
         if schema is not None and cols is not None:
             if acc is None:
                 self.columns[key] = StepBlock(schema, cols.values)
