@@ -509,8 +509,8 @@ def shutdown_runtime(namespace: str = "rlmon", timeout: float = 10.0, kill: bool
             runtime.aggregators) else _get_actor(aggregator_name(shard), namespace)
         if agg is None:
             continue
-        try:
-            ok = bool(ray.get(agg.close.remote(), timeout=timeout)) and ok
+        try:  # its close publishes (10 s bound) and joins its thread (5 s) inside this wait
+            ok = bool(ray.get(agg.close.remote(), timeout=timeout + 20)) and ok
         except Exception:
             ok = False
         if kill:
