@@ -247,23 +247,11 @@ class MessageChecks:
         if total > MAX_METRICS:
             raise ContractError("metrics", f"more than {MAX_METRICS} metrics in one message "
                                 f"(the limit)")
-        fields: dict[str, Any] = {}
-        if step is not msg.step:
-            fields["step"] = step
-        if rank is not msg.rank:
-            fields["rank"] = rank
-        if world is not msg.world:
-            fields["world"] = world
-        if seq is not msg.seq:
-            fields["seq"] = seq
-        if sent is not msg.time:
-            fields["time"] = sent
-        if started is not msg.started:
-            fields["started"] = started
-        if dropped is not msg.dropped:
-            fields["dropped"] = dropped
-        if columns is not msg.columns:
-            fields["columns"] = columns
+        # rebuild the message only where a check normalized a field (an int subclass, a list)
+        normalized = {"step": step, "rank": rank, "world": world, "seq": seq, "time": sent,
+                      "started": started, "dropped": dropped, "columns": columns}
+        fields: dict[str, Any] = {
+            name: value for name, value in normalized.items() if value is not getattr(msg, name)}
         if type(partials) is not tuple or any(
                 c[0] is not o[0] or c[1] is not o[1] for c, o in zip(checked, partials, strict=True)):
             fields["partials"] = tuple(checked)

@@ -203,36 +203,27 @@ def check_number(value: Any, field: str) -> float:
         raise ContractError(field, f"{_show(value)} is too large for a 64-bit float") from None
 
 
-_number = check_number
+def _check_axes(value: Any, cls: type[Rank] | type[World], field: str, low: int) -> Any:
+    """A Rank or World given as an object (that class, or any 4-tuple of axis values in
+    ``low..MAX_AXIS``); the object itself when it is already exact."""
+    if type(value) is cls and all(type(v) is int and low <= v <= MAX_AXIS for v in value):
+        return value
+    if not isinstance(value, tuple) or len(value) != len(AXES):
+        raise ContractError(field, f"must be a {cls.__name__} (dp, cp, tp, pp), got "
+                            f"{_show(value)}")
+    return cls(*(check_integer(v, f"{field}.{axis}", low=low, high=MAX_AXIS)
+                 for axis, v in zip(AXES, value, strict=True)))
 
 
 def check_rank(rank: Any, field: str = "rank") -> Rank:
     """A rank given as an object (a :class:`Rank` or any 4-tuple of axis indices)."""
-    if type(rank) is Rank and all(type(v) is int and 0 <= v <= MAX_AXIS for v in rank):
-        return rank
-    if not isinstance(rank, tuple) or len(rank) != len(AXES):
-        raise ContractError(field, f"must be a Rank (dp, cp, tp, pp), got {_show(rank)}")
-    coords = tuple(
-        check_integer(v, f"{field}.{axis}", low=0, high=MAX_AXIS)
-        for axis, v in zip(AXES, rank, strict=True)
-    )
-    return rank if type(rank) is Rank and coords == tuple(rank) and all(
-        type(v) is int for v in rank) else Rank(*coords)
+    checked: Rank = _check_axes(rank, Rank, field, 0)
+    return checked
 
 
 def check_world(world: Any, field: str = "world") -> World:
     """A world given as an object (a :class:`World` or any 4-tuple of axis sizes), size capped."""
-    if type(world) is World and all(type(v) is int and 1 <= v <= MAX_AXIS for v in world) \
-            and world.size <= MAX_WORLD:
-        return world
-    if not isinstance(world, tuple) or len(world) != len(AXES):
-        raise ContractError(field, f"must be a World (dp, cp, tp, pp), got {_show(world)}")
-    sizes = tuple(
-        check_integer(v, f"{field}.{axis}", low=1, high=MAX_AXIS)
-        for axis, v in zip(AXES, world, strict=True)
-    )
-    checked = world if type(world) is World and all(type(v) is int for v in world) \
-        else World(*sizes)
+    checked: World = _check_axes(world, World, field, 1)
     if checked.size > MAX_WORLD:
         raise ContractError(field, f"{checked.size} ranks in all exceed the limit of {MAX_WORLD}")
     return checked
@@ -358,7 +349,7 @@ def _partial(value: Any, field: str) -> Partial:
             f"statistic keys {{{shown}}} are not one form (sum+count, sum, min, max, sqsum, "
             "value, or count+sum+sqsum)",
         )
-    numbers_ = {key: _number(value[key], f"{field}.{key}") for key in stats}
+    numbers_ = {key: check_number(value[key], f"{field}.{key}") for key in stats}
     state: tuple[float, ...]
     if form is Form.MEAN:
         state = (numbers_["sum"], numbers_["count"])
@@ -405,7 +396,7 @@ def parse_report(obj: Any) -> Report:
     minibatch = _integer(obj.get("minibatch", 0), "minibatch", high=MAX_AXIS)
     time = obj.get("time")
     if time is not None:
-        time = _number(time, "time")
+        time = check_number(time, "time")
         if not math.isfinite(time) or time < 0:
             raise ContractError("time", f"must be unix seconds, got {_show(obj['time'])}")
     metrics = obj["metrics"]
