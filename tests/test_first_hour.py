@@ -11,7 +11,6 @@ from __future__ import annotations
 import gc
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ from typing import Any
 
 import pytest
 from polling import wait_for
+from subprocesses import run_in_own_session
 
 from rlmon.actors.aggregation import AggregatorCore
 from rlmon.actors.message import StepMessage
@@ -251,8 +251,8 @@ def test_example_runs_as_a_user_runs_it(script: str, tmp_path: Path) -> None:
     env = {**os.environ, "RLMON_STATE_DIR": str(tmp_path / "state"), "RAY_TMPDIR": str(ray_tmp),
            "RAY_DISABLE_USAGE_STATS": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("RLMON_PORT", None)
-    done = subprocess.run([sys.executable, str(ROOT / "examples" / script)], env=env,
-                          cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    done = run_in_own_session([sys.executable, str(ROOT / "examples" / script)], timeout=240,
+                              env=env, cwd=tmp_path)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     alert, exported = EXAMPLES[script]
@@ -289,8 +289,8 @@ def test_no_second_ray_after_the_users_shutdown(tmp_path: Path) -> None:
     ray_tmp = Path(tempfile.mkdtemp(prefix="rlx-"))
     env = {**os.environ, "RLMON_STATE_DIR": str(tmp_path / "state"), "RAY_TMPDIR": str(ray_tmp),
            "RAY_DISABLE_USAGE_STATS": "1", "RLMON_EXIT_TIMEOUT": "20"}
-    done = subprocess.run([sys.executable, "-c", AFTER_SHUTDOWN], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=240)
+    done = run_in_own_session([sys.executable, "-c", AFTER_SHUTDOWN], timeout=240, env=env,
+                              cwd=tmp_path)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     assert output.count("Started a local Ray instance") == 1, output[-4000:]

@@ -7,13 +7,12 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from extras import optional_import
+from subprocesses import run_in_own_session
 
 from rlmon.service import keymaps
 from rlmon.service.replay import replay
@@ -37,17 +36,11 @@ def test_two_ranks_pool_to_the_truth(tmp_path: Path) -> None:
     env = {**os.environ, "RLMON_SINK_JSONL": str(sink),
            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     # A session of its own, so a timeout takes torchrun's workers down with it.
-    proc = subprocess.Popen(
+    proc = run_in_own_session(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          str(ROOT / "tests" / "trl_ddp_worker.py"), str(tiny), str(tmp_path)],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)
-    try:
-        _, stderr = proc.communicate(timeout=400)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
+        timeout=400, cwd=tmp_path, env=env)
+    stderr = proc.stderr
     assert proc.returncode == 0, stderr[-4000:]
     ranks = [pickle.loads((tmp_path / f"rank{r}.pkl").read_bytes()) for r in (0, 1)]
     assert [r["world"] for r in ranks] == [2, 2] and ranks[0]["fallbacks"] == 0

@@ -5,13 +5,12 @@ service's ``NoLearningSignal`` alert must print on the console of the script tha
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from extras import optional_import
+from subprocesses import run_in_own_session
 
 pytestmark = [pytest.mark.trl, pytest.mark.examples, pytest.mark.ray]
 
@@ -27,16 +26,10 @@ def test_the_example_reports_every_step_and_alerts_on_the_console(tmp_path: Path
     env.pop("RLMON_SINK_JSONL", None)
     for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(key, None)  # a single-process run, whatever launcher variables this process has
-    proc = subprocess.Popen(  # a session of its own: a timeout takes Ray's processes down too
+    proc = run_in_own_session(
         [sys.executable, "examples/trl_grpo.py", "--steps", "6", "--zero-reward",
-         "--run", "trl-example"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=400)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
+         "--run", "trl-example"], timeout=400, cwd=ROOT, env=env)
+    out, err = proc.stdout, proc.stderr
     assert proc.returncode == 0, err[-4000:]
     # flush() returned True: the aggregator acknowledged all six steps
     assert "rlmon: 6 steps of run 'trl-example' delivered" in out, out + err[-2000:]
