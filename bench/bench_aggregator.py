@@ -28,10 +28,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from rlmon.actors.aggregation import AggregatorCore
-from rlmon.actors.deadline import DeadlinePolicy
-from rlmon.actors.message import Columns, Schema, StepMessage
+from rlmon.service.aggregator import AggregatorCore
 from rlmon.service.assembly import StepAssembler
+from rlmon.service.deadline import DeadlinePolicy
+from rlmon.service.message import Columns, Schema, StepMessage
 from rlmon.service.rank import World
 from rlmon.service.spec import Form
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlmon.actors.reporter import LocalSink, Reporter
+from rlmon.actors.reporter import Reporter
+from rlmon.actors.sink import LocalSink
 from rlmon.service.step import StepRecord
 
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlmon.actors.aggregation import AggregatorCore
-from rlmon.actors.collector import Collector
-from rlmon.actors.columnar import ColumnarAssembler
-from rlmon.actors.deadline import DeadlinePolicy
-from rlmon.actors.message import StepMessage, columns_from_states
+from rlmon.service.aggregator import AggregatorCore
 from rlmon.service.assembly import StepAssembler
+from rlmon.service.block import ColumnarAssembler
+from rlmon.service.deadline import DeadlinePolicy
+from rlmon.service.message import StepMessage, columns_from_states
+from rlmon.service.node_merge import NodeMerger
 from rlmon.service.partial import ALL_AXES, Partial
 from rlmon.service.rank import World
 from rlmon.service.spec import Form
@@ -120,7 +120,7 @@ def test_collector_tier_gives_identical_results(seed: int) -> None:
         _, rec = direct.add_message(msg)
         if rec:
             want[rec.step] = rec
-    nodes = [Collector(), Collector()]
+    nodes = [NodeMerger(), NodeMerger()]
     for msg in msgs:
         nodes[msg.rank.dp % 2].add(msg)
     nodes[0].add(msgs[0])  # a resend to a collector is ignored

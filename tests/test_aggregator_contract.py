@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlmon.actors.aggregation import AggregatorCore
-from rlmon.actors.message import Columns, StepMessage, columns_from_states
+from rlmon.service.aggregator import AggregatorCore
+from rlmon.service.message import Columns, StepMessage, columns_from_states
 from rlmon.service.partial import Partial
 from rlmon.service.rank import Rank, World
 from rlmon.service.spec import Form

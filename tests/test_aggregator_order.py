@@ -7,10 +7,10 @@ the alert engine (and fire its RankMissing), not be skipped as out of order.
 
 from __future__ import annotations
 
-from rlmon.actors.aggregation import AggregatorCore
-from rlmon.actors.deadline import DeadlinePolicy
-from rlmon.actors.message import StepMessage, columns_from_states
+from rlmon.service.aggregator import AggregatorCore
 from rlmon.service.alerts import AlertEngine
+from rlmon.service.deadline import DeadlinePolicy
+from rlmon.service.message import StepMessage, columns_from_states
 from rlmon.service.rank import Rank, World
 from rlmon.service.rules import default_rules
 from rlmon.service.spec import Form

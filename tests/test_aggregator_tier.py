@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from rlmon.actors.aggregation import AggregatorCore, IngestAck
-from rlmon.actors.collector import Collector
-from rlmon.actors.message import StepMessage, columns_from_states
 from rlmon.actors.reporter import Reporter
+from rlmon.service.aggregator import AggregatorCore, IngestAck
+from rlmon.service.message import StepMessage, columns_from_states
+from rlmon.service.node_merge import NodeMerger
 from rlmon.service.rank import Rank, World
 from rlmon.service.spec import Form
 from rlmon.service.watermark import WatermarkStore
@@ -22,7 +22,7 @@ def _msg(step: int, dp: int, seq: int, world: World = World(dp=2), loss: float =
 
 
 def test_a_restarted_worker_reusing_seq_is_not_taken_for_a_resend() -> None:
-    c = Collector()
+    c = NodeMerger()
     assert c.add(_msg(0, 0, seq=1))
     assert c.add(_msg(5, 0, seq=1))  # the worker restarted: seq is 1 again, the step is new
     assert not c.add(_msg(5, 0, seq=1))  # a real resend
@@ -33,7 +33,7 @@ def test_a_restarted_worker_reusing_seq_is_not_taken_for_a_resend() -> None:
 def test_a_batch_is_validated_whole_and_a_retry_counts_once() -> None:
     """A state whose world disagrees is rejected alone (nothing half merged, no exception), and
     the same batch sent again (its ack lost to a timeout) is not merged twice."""
-    c1, c2 = Collector(), Collector()
+    c1, c2 = NodeMerger(), NodeMerger()
     c1.add(_msg(0, 0, seq=1, loss=1.0))
     c1.add(_msg(1, 0, seq=2, loss=5.0))
     c2.add(_msg(0, 1, seq=1, world=World(dp=3)))  # misconfigured world
@@ -61,7 +61,7 @@ class _Tier:
     """A reporter's sink through one collector to the root, in process (no Ray)."""
 
     def __init__(self, root: AggregatorCore) -> None:
-        self.root, self.collector = root, Collector()
+        self.root, self.collector = root, NodeMerger()
 
     def _forward(self) -> None:
         batch = self.collector.next_batch()

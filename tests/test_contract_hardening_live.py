@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from polling import wait_for
 
-from rlmon.actors.aggregation import AggregatorCore
-from rlmon.actors.aggregator import AggregatorServer
-from rlmon.actors.collector import Collector
-from rlmon.actors.message import Columns, Schema, StepMessage, columns_from_states
+from rlmon.actors.aggregator_actor import AggregatorServer
+from rlmon.service.aggregator import AggregatorCore
 from rlmon.service.assembly import AddOutcome
+from rlmon.service.message import Columns, Schema, StepMessage, columns_from_states
+from rlmon.service.node_merge import NodeMerger
 from rlmon.service.partial import Partial
 from rlmon.service.rank import Rank, World
 from rlmon.service.report import MAX_METRICS
@@ -222,7 +222,7 @@ def test_a_step_in_an_old_gap_is_rejected_by_the_aggregator_not_late() -> None:
 
 @pytest.mark.parametrize(("bad", "field"), BAD, ids=IDS)
 def test_collector_rejects_a_bad_message_and_forwards_the_good_one(bad: Any, field: str) -> None:
-    root, node = AggregatorCore(), Collector()
+    root, node = AggregatorCore(), NodeMerger()
     ack = node.ingest([bad, _good()])
     assert (ack.rejected, ack.accepted) == (1, 1)
     assert node.rejected == 1
@@ -237,7 +237,7 @@ def test_collector_rejects_a_bad_message_and_forwards_the_good_one(bad: Any, fie
 
 
 def test_collector_takes_a_ranks_message_after_its_final_one_as_late() -> None:
-    node = Collector()
+    node = NodeMerger()
     world = World(dp=2)
     assert node.add(msg(rank=Rank(dp=0), world=world, seq=1))
     assert not node.add(msg(rank=Rank(dp=0), world=world, seq=2))
@@ -248,7 +248,7 @@ def test_the_aggregator_rejects_a_state_in_an_old_gap() -> None:
     root = AggregatorCore()
     for step in range(1, 2 * 4096 + 200, 2):
         root.ingest([msg(step=step, seq=step)])
-    node = Collector()
+    node = NodeMerger()
     node.add(msg(step=2, seq=2))
     batch = node.next_batch()
     assert batch is not None
@@ -271,7 +271,7 @@ _FIELDS = ["run", "role", "step", "rank", "world", "seq", "time", "columns", "pa
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from(_FIELDS), _ANY)
 def test_any_value_in_any_message_field_never_breaks_ingest(field: str, value: Any) -> None:
-    core, node = AggregatorCore(), Collector()
+    core, node = AggregatorCore(), NodeMerger()
     odd = msg(**{field: value})
     ack = core.ingest([odd, _good()])
     assert ack.accepted + ack.rejected == 2 and ack.accepted >= 1

@@ -2,7 +2,7 @@
 rlmon exporter serves.
 
 Set-up, all in-process and on 127.0.0.1: the bundled example run is replayed into the real
-service core (rlmon.actors.service.ServiceCore: alert engine, SQLite outbox, dispatcher, exporter
+service core (rlmon.service.service_core.ServiceCore: alert engine, SQLite outbox, dispatcher, exporter
 HTTP server). Alerts are routed to the console and to a webhook URL where nothing listens, so the
 notification-outcome and outbox-depth families carry real samples (sent and retried). Then
 ``/metrics`` is scraped over HTTP and parsed with client_python's parser.
@@ -21,7 +21,6 @@ import pytest
 from alerting_support import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
-from rlmon.actors.service import ServiceCore
 from rlmon.service import catalog
 from rlmon.service.config import load_config
 from rlmon.service.dashboards import DASHBOARDS, model
@@ -29,6 +28,7 @@ from rlmon.service.dashboards.promql import metric_names
 from rlmon.service.dashboards.series import SELF_METRICS
 from rlmon.service.exporter import RunInfo, exported_metric_names
 from rlmon.service.replay import replay
+from rlmon.service.service_core import ServiceCore
 
 pytestmark = pytest.mark.slow
 

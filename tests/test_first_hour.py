@@ -21,12 +21,12 @@ import pytest
 from polling import wait_for
 from subprocesses import run_in_own_session
 
-from rlmon.actors.aggregation import AggregatorCore
-from rlmon.actors.message import StepMessage
 from rlmon.actors.reporter import Reporter
 from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, runtime_of, shutdown_runtime
-from rlmon.actors.service import ServiceCore
+from rlmon.service.aggregator import AggregatorCore
 from rlmon.service.exporter import RlmonCollector
+from rlmon.service.message import StepMessage
+from rlmon.service.service_core import ServiceCore
 from rlmon.service.watermark import WatermarkStore
 
 ROOT = Path(__file__).resolve().parents[1]

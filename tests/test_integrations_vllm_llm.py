@@ -17,7 +17,8 @@ import pytest
 from extras import optional_import
 from vllm_support import tiny_model_module, vllm_counter, vllm_gauge
 
-from rlmon.actors.reporter import LocalSink, Reporter
+from rlmon.actors.reporter import Reporter
+from rlmon.actors.sink import LocalSink
 from rlmon.service import keymaps
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

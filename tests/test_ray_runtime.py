@@ -73,10 +73,10 @@ def test_reporters_in_workers_to_metrics_and_alert(ray_cluster: Any, ray_namespa
         ray.kill(w)
 
 
-def _run_job(ray: Any, namespace: str, tmp_path: Path, collectors: bool) -> list[dict[str, Any]]:
+def _run_job(ray: Any, namespace: str, tmp_path: Path, node_merge: bool) -> list[dict[str, Any]]:
     from rlmon.actors.reporter import Reporter
 
-    opts = RuntimeOptions(state_dir=str(tmp_path / namespace), collectors=collectors,
+    opts = RuntimeOptions(state_dir=str(tmp_path / namespace), node_merge=node_merge,
                           deadline_s=30.0)
     service = ensure_runtime(namespace, opts)
     reps = [Reporter("tier", "actor", rank={"dp": d, "cp": c}, world={"dp": 2, "cp": 2},
@@ -99,8 +99,8 @@ def _run_job(ray: Any, namespace: str, tmp_path: Path, collectors: bool) -> list
 
 def test_collector_tier_on_ray_gives_the_same_steps(ray_cluster: Any, ray_namespace: str,
                                                     tmp_path: Path) -> None:
-    direct = _run_job(ray_cluster, ray_namespace + "-direct", tmp_path, collectors=False)
-    tiered = _run_job(ray_cluster, ray_namespace + "-tier", tmp_path, collectors=True)
+    direct = _run_job(ray_cluster, ray_namespace + "-direct", tmp_path, node_merge=False)
+    tiered = _run_job(ray_cluster, ray_namespace + "-tier", tmp_path, node_merge=True)
     assert [s["metrics"] for s in tiered] == [s["metrics"] for s in direct]
     assert all(s["complete"] for s in tiered)
     assert tiered[2]["metrics"]["actor/loss"] == pytest.approx(0.125 * (2 + 3 + 4 + 5) / 10)

@@ -13,10 +13,11 @@ import pytest
 from extras import optional_import
 
 from rlmon.actors import reporter as reporter_module
-from rlmon.actors.aggregation import AggregatorCore
-from rlmon.actors.message import StepMessage
-from rlmon.actors.reporter import LocalSink, Reporter
+from rlmon.actors.reporter import Reporter
+from rlmon.actors.sink import LocalSink
 from rlmon.service import catalog
+from rlmon.service.aggregator import AggregatorCore
+from rlmon.service.message import StepMessage
 from rlmon.service.replay import replay
 from rlmon.service.watermark import WatermarkStore
 

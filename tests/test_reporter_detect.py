@@ -10,7 +10,8 @@ import pytest
 from extras import optional_import
 
 from rlmon.actors.detect import detect_layout
-from rlmon.actors.reporter import LocalSink, Reporter
+from rlmon.actors.reporter import Reporter
+from rlmon.actors.sink import LocalSink
 from rlmon.service.rank import Rank, World
 
 

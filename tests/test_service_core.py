@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from alerting_support import LoopbackTransport, Receiver, wait_for
 
-from rlmon.actors.service import ServiceCore
 from rlmon.cli import build_parser
 from rlmon.commands.deliver import replay_routing
 from rlmon.commands.serve import exporter_address
@@ -23,6 +22,7 @@ from rlmon.service import catalog
 from rlmon.service.config import ConfigError, RoutingConfig, Settings, load_config
 from rlmon.service.exporter import ALERT_FIRING
 from rlmon.service.metrics_http import build_registry
+from rlmon.service.service_core import ServiceCore
 from rlmon.service.step import StepRecord
 
 IS_RATIO = catalog.get("actor/is_ratio").name

@@ -12,11 +12,13 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rlmon.actors.message import StepMessage
-from rlmon.actors.reporter import LocalSink, Reporter
-from rlmon.actors.service import ServiceCore, send_to_service
+from rlmon.actors.reporter import Reporter
+from rlmon.actors.service_actor import send_to_service
+from rlmon.actors.sink import LocalSink
 from rlmon.service import catalog, keymaps
 from rlmon.service.exporter import MetricsState, RlmonCollector, RunInfo
+from rlmon.service.message import StepMessage
+from rlmon.service.service_core import ServiceCore
 from rlmon.service.step import StepRecord
 
 LOSS = catalog.get("actor/loss").name
@@ -163,7 +165,7 @@ def test_steps_finalized_just_after_finish_keep_the_run_finished() -> None:
 
 def test_service_actor_exposes_run_info_methods() -> None:
     pytest.importorskip("ray")
-    from rlmon.actors.service import service_actor_class
+    from rlmon.actors.service_actor import service_actor_class
 
     cls: Any = service_actor_class()
     methods = set(dir(cls))

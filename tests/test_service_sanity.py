@@ -8,9 +8,9 @@ import math
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rlmon.actors.service import ServiceCore
 from rlmon.service import catalog
 from rlmon.service.exporter import RlmonCollector
+from rlmon.service.service_core import ServiceCore
 from rlmon.service.step import StepRecord
 
 LOSS = catalog.get("actor/loss").name

@@ -1,7 +1,7 @@
 """The worker-side Reporter: record sufficient statistics, send one message per step, never wait.
 
 The training thread only accumulates numbers in a dict and, at ``end_step``, packs them into one
-:class:`~rlmon.actors.message.StepMessage`; a background thread sends it. Messages stay in a bounded
+:class:`~rlmon.service.message.StepMessage`; a background thread sends it. Messages stay in a bounded
 buffer until the aggregator acknowledges them, so an aggregator that is slow, restarting or gone
 costs nothing but memory up to that bound; beyond it the oldest messages are dropped and counted.
 Nothing here is a torch.distributed collective.
@@ -15,87 +15,26 @@ import math
 import operator
 import threading
 import time
-import weakref
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Literal, Protocol
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Literal
 
 import numpy as np
 
 from rlmon.actors.detect import coerce_rank, coerce_world, detect_layout
-from rlmon.actors.message import Columns, Schema, StepMessage
+from rlmon.actors.sink import ReportSink, SinkClosed, track_sender
 from rlmon.actors.tensor_stats import REDUCE_FORMS, Pending, Reduce, fetch, reduce_tensor
 from rlmon.service import catalog
+from rlmon.service.message import Columns, Schema, StepMessage
 from rlmon.service.partial import ALL_AXES, Partial, combine
 from rlmon.service.rank import AXES, Rank, World
 from rlmon.service.report import MAX_STEP, check_metric_name, check_role, check_run
 from rlmon.service.spec import Form
 
-__all__ = ["LocalSink", "ReportSink", "Reporter", "SinkClosed", "close_all_reporters"]
+__all__ = ["Reporter"]
 
 Replicated = Sequence[str] | Literal["all"] | None
 log = logging.getLogger(__name__)
-
-# Every Reporter not yet closed, so that interpreter exit flushes them while Ray is still up.
-_LIVE: weakref.WeakSet[Reporter] = weakref.WeakSet()
-_LIVE_LOCK = threading.Lock()
-
-
-def close_all_reporters(timeout: float = 10.0) -> None:
-    """Flush and close every open Reporter of this process (the runtime's exit hook calls it);
-    ``timeout`` bounds the whole wait, not each Reporter's."""
-    deadline = time.monotonic() + timeout
-    with _LIVE_LOCK:
-        reporters = list(_LIVE)
-    for reporter in reporters:
-        reporter.close(max(0.0, deadline - time.monotonic()))
-
-
-class SinkClosed(RuntimeError):
-    """Raised by a sink that can never deliver again (Ray shut down for good): the Reporter
-    counts what it holds as dropped, says so once, and stops sending."""
-
-
-class ReportSink(Protocol):
-    """Where step messages go. ``send`` returns once they are accepted, or raises to retry later.
-
-    It may return an acknowledgement with ``incarnation`` and ``floors`` (see
-    :class:`~rlmon.actors.aggregation.IngestAck`); the Reporter then keeps the messages of steps
-    not yet finalized and resends them to a restarted aggregator.
-    """
-
-    def send(self, messages: Sequence[StepMessage]) -> Any: ...
-
-
-class LocalSink:
-    """An in-process sink feeding a columnar assembler: the Reporter without Ray (tests, notebooks).
-
-    Finalized steps collect in ``records``; ``on_record`` sees each as it finalizes.
-    """
-
-    def __init__(self, assembler: Any = None, on_record: Callable[[Any], None] | None = None):
-        from rlmon.actors.columnar import ColumnarAssembler
-
-        self.assembler = assembler if assembler is not None else ColumnarAssembler()
-        self.records: list[Any] = []
-        self.on_record = on_record
-        self._lock = threading.Lock()
-
-    def send(self, messages: Sequence[StepMessage]) -> None:
-        with self._lock:
-            for msg in messages:
-                _, record = self.assembler.add_message(msg)
-                if record is not None:
-                    self.records.append(record)
-                    if self.on_record is not None:
-                        self.on_record(record)
-
-    def finalize_all(self) -> list[Any]:
-        with self._lock:
-            done = self.assembler.finalize_all()
-            self.records.extend(done)
-            return list(done)
-
 
 _PAD = {1: (0.0, 0.0), 2: (0.0,), 3: ()}
 _MEAN = Form.MEAN  # a module global: enum attribute access is slow on the hot path
@@ -199,8 +138,7 @@ class Reporter:
         self._gone = False  # the sink said Ray is gone for good: nothing more can be sent
         self._thread = threading.Thread(target=self._send_loop, name="rlmon-reporter", daemon=True)
         self._thread.start()
-        with _LIVE_LOCK:
-            _LIVE.add(self)
+        track_sender(self)
 
     # -- recording (training thread) ----------------------------------------------------------
 
@@ -525,14 +463,14 @@ class Reporter:
         """Send the run's metadata (fields of :class:`~rlmon.service.exporter.RunInfo`) to the
         service once, without waiting; an unknown field raises TypeError. No-op without a service.
         """
-        from rlmon.actors.service import send_to_service
+        from rlmon.actors.service_actor import send_to_service
         from rlmon.service.exporter import RunInfo
 
         send_to_service(self.sink, "set_run_info", self.run, RunInfo.from_fields(fields))
 
     def finish_run(self) -> None:
         """Tell the service the run ended: its series leave the exporter after a short TTL."""
-        from rlmon.actors.service import send_to_service
+        from rlmon.actors.service_actor import send_to_service
 
         send_to_service(self.sink, "finish_run", self.run)
 
@@ -576,8 +514,7 @@ class Reporter:
             self._raw.clear()
             self._cond.notify_all()
         self._thread.join(timeout=5.0)
-        with _LIVE_LOCK:
-            _LIVE.discard(self)
+        track_sender(self, open_=False)
 
     def __enter__(self) -> Reporter:
         return self

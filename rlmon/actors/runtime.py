@@ -20,11 +20,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlmon.actors.aggregation import IngestAck
-from rlmon.actors.aggregator import aggregator_actor_class
-from rlmon.actors.message import StepMessage
-from rlmon.actors.reporter import SinkClosed
-from rlmon.actors.service import service_actor_class
+from rlmon.actors.aggregator_actor import aggregator_actor_class
+from rlmon.actors.service_actor import SERVICE, service_actor_class
+from rlmon.actors.sink import SinkClosed, close_open_senders
+from rlmon.service.aggregator import IngestAck
+from rlmon.service.message import StepMessage
 
 __all__ = [
     "AGGREGATOR",
@@ -38,13 +38,12 @@ __all__ = [
     "default_state_dir",
     "ensure_runtime",
     "metrics_url",
-    "node_collector",
+    "node_merger",
     "runtime_of",
     "shard_of",
     "shutdown_runtime",
 ]
 
-SERVICE = "rlmon-service"
 AGGREGATOR = "rlmon-aggregator"
 log = logging.getLogger(__name__)
 
@@ -76,7 +75,7 @@ class RuntimeOptions:
     max_restarts: int = -1
     deadline_s: float | None = None  # None: derived from the observed step period
     tick_s: float = 0.02
-    collectors: bool = False  # Reporters send to a per-node collector that pre-merges
+    node_merge: bool = False  # Reporters send to a per-node merger that pre-merges
     service_resource: str | None = None  # place the service on the node offering this resource
 
     def resolved_state_dir(self, namespace: str) -> str:
@@ -129,7 +128,7 @@ class Runtime:
     host: str | None
     owned: bool  # this process started the service: it shuts the runtime down at exit
     detached: bool
-    collectors: dict[str, Any] = field(default_factory=dict)
+    node_mergers: dict[str, Any] = field(default_factory=dict)
 
 
 _LOCK = threading.RLock()
@@ -218,15 +217,13 @@ def before_exit_flush(callback: Callable[[], None]) -> None:
 
 
 def _at_exit() -> None:
-    from rlmon.actors.reporter import close_all_reporters
-
     for callback in list(_BEFORE_EXIT_FLUSH):
         try:
             callback()
         except Exception as exc:  # never turn a clean exit into a traceback, but say it
             log.warning("rlmon: exit callback %s failed: %s", callback, exc)
     # a script shorter than Ray's start-up still gets every step through: wait for it
-    close_all_reporters(timeout=float(os.environ.get("RLMON_EXIT_TIMEOUT", "60")))
+    close_open_senders(timeout=float(os.environ.get("RLMON_EXIT_TIMEOUT", "60")))
     with _LOCK:
         _state["exiting"] = True
         owned = [rt.namespace for rt in _RUNTIMES.values() if rt.owned and not rt.detached]
@@ -355,26 +352,26 @@ def _relay_console(runtime: Runtime, period: float = 0.2) -> None:
             continue
 
 
-def node_collector(namespace: str, shard: int, options: RuntimeOptions) -> Any:
-    """The collector of this node for one aggregator shard (started on this node if missing)."""
+def node_merger(namespace: str, shard: int, options: RuntimeOptions) -> Any:
+    """The node merger of this node for one aggregator shard (started on this node if missing)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from rlmon.actors.collector import collector_actor_class
+    from rlmon.actors.node_merger import node_merger_actor_class
 
     node = ray.get_runtime_context().get_node_id()
-    name = f"rlmon-collector-{shard}-{node[:16]}"
+    name = f"rlmon-node-merger-{shard}-{node[:16]}"
     with _LOCK:
         runtime = _RUNTIMES[namespace]
-        handle = runtime.collectors.get(name) or _get_actor(name, namespace)
+        handle = runtime.node_mergers.get(name) or _get_actor(name, namespace)
         if handle is None:
-            handle = collector_actor_class().options(
+            handle = node_merger_actor_class().options(
                 name=name, namespace=namespace, get_if_exists=True,
                 lifetime="detached" if runtime.detached else None,
                 max_restarts=options.max_restarts,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
             ).remote(namespace, aggregator_name(shard), options.tick_s)
-        runtime.collectors[name] = handle
+        runtime.node_mergers[name] = handle
         return handle
 
 
@@ -433,8 +430,8 @@ class RaySink:
     def _handle(self, shard: int) -> Any:
         handle = self._handles.get(shard)
         if handle is None:
-            if self.options is not None and self.options.collectors:
-                handle = self._handles[shard] = node_collector(
+            if self.options is not None and self.options.node_merge:
+                handle = self._handles[shard] = node_merger(
                     self.namespace, shard, self.options)
             else:
                 import ray
@@ -444,7 +441,7 @@ class RaySink:
         return handle
 
     def probe(self, run: str, role: str) -> IngestAck | None:
-        """The incarnation and floor of the aggregator (or collector) serving (run, role)."""
+        """The incarnation and floor of the aggregator (or node merger) serving (run, role)."""
         import ray
 
         with self._lock:
@@ -497,8 +494,8 @@ def shutdown_runtime(namespace: str = "rlmon", timeout: float = 10.0, kill: bool
         shards = int(layout["shards"])
     except Exception:
         return False
-    for handle in (runtime.collectors.values() if runtime is not None else ()):
-        try:  # hand the collector's pre-merged states to the root first
+    for handle in (runtime.node_mergers.values() if runtime is not None else ()):
+        try:  # hand the node merger's pre-merged states to the root first
             ray.get(handle.flush.remote(), timeout=timeout)
         except Exception:
             ok = False

@@ -158,7 +158,7 @@ class FinalizedSteps:
 
 @dataclass(slots=True)
 class StepState:
-    """Everything received for one open step. Mergeable, so collectors can pre-merge."""
+    """Everything received for one open step. Mergeable, so node mergers can pre-merge."""
 
     run: str
     role: str
@@ -216,9 +216,9 @@ class StepState:
             self.time = report.time if self.time is None else max(self.time, report.time)
 
     def merge(self, other: StepState) -> None:
-        """Fold a pre-merged state of the same step (from a collector) into this one."""
+        """Fold a pre-merged state of the same step (from a node merger) into this one."""
         if other.world != self.world:
-            raise ContractError("world", f"collector world {other.world} != {self.world}")
+            raise ContractError("world", f"node merger world {other.world} != {self.world}")
         for name, pool in other.pools.items():
             mine = self.pools.get(name)
             if mine is None:
@@ -362,7 +362,7 @@ class StepAssembler:
         return AddOutcome.ACCEPTED, None
 
     def merge_state(self, other: StepState) -> StepRecord | None:
-        """Fold a collector's pre-merged state in; returns the record if that completed the step."""
+        """Fold a node merger's pre-merged state in; returns the record if that completed the step."""
         key = (other.run, other.role, other.step)
         if self.is_finalized(*key):
             self.counters.late += 1

@@ -1,34 +1,32 @@
-"""The optional per-node collector tier: pre-merge the node's step messages, forward step states.
+"""The optional per-node merge tier: pre-merge the node's step messages, forward step states.
 
 Partials are associative and commutative, so merging a node's ranks first and the nodes' states
 at the root gives the same result as merging every rank at the root
 (``tests/test_aggregator_columnar.py``). The root then receives one state per node and step instead
-of one message per rank. A collector never finalizes: it does not know the world, only its ranks.
+of one message per rank. A node merger never finalizes: it does not know the world, only its ranks.
 
-Delivery is exactly-once as far as the root can tell: each drained batch carries (collector id,
-drain seq), so a batch retried after a lost ack is not merged twice; the collector answers a
+Delivery is exactly-once as far as the root can tell: each drained batch carries (node merger id,
+drain seq), so a batch retried after a lost ack is not merged twice; the merger answers a
 reporter with the root's incarnation (combined with its own), so reporters resend what a
-restarted root (or collector) lost, and a resend is taken again only when what it duplicates
+restarted root (or node merger) lost, and a resend is taken again only when what it duplicates
 went to a root that no longer holds it.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
 
-from rlmon.actors.aggregation import IngestAck, origin
-from rlmon.actors.columnar import StepBlock, fold_block
-from rlmon.actors.message import MessageChecks, Schema, StepMessage
+from rlmon.service.aggregator import IngestAck, origin
 from rlmon.service.assembly import StepState
+from rlmon.service.block import StepBlock, fold_block
+from rlmon.service.message import MessageChecks, Schema, StepMessage
 from rlmon.service.rank import Rank
 from rlmon.service.report import ContractError, Report
 from rlmon.service.step import StepKey
 
-__all__ = ["Collector", "collector_actor_class"]
+__all__ = ["NodeMerger"]
 
 # (run, role, step, rank, seq): a message, keyed by step so a restarted worker whose seq starts
 # at 1 again is not taken for a resend of an earlier step.
@@ -36,7 +34,7 @@ _SeenKey = tuple[str, str, int, Rank, int]
 _PENDING = ""  # a seen message not yet merged into any root
 
 
-class Collector:
+class NodeMerger:
     """Pre-merges messages into :class:`StepState` s; :meth:`drain` hands them on."""
 
     def __init__(self, remember: int = 65536) -> None:
@@ -122,7 +120,7 @@ class Collector:
         return [states[key] for key in sorted(states)]
 
     def next_batch(self) -> tuple[tuple[str, int], list[StepState]] | None:
-        """The next drained batch with its (collector id, drain seq), or None when empty."""
+        """The next drained batch with its (node merger id, drain seq), or None when empty."""
         states = self.drain()
         if not states:
             return None
@@ -145,7 +143,7 @@ class Collector:
 
     def ack(self, messages: Sequence[StepMessage], accepted: int) -> IngestAck:
         """What a reporter gets back: counts, floors, and an incarnation that changes when
-        this collector or its root restarted (so the reporter resends what was lost)."""
+        this merger or its root restarted (so the reporter resends what was lost)."""
         streams = {(m.run, m.role) for m in messages if isinstance(m, StepMessage)
                    and isinstance(m.run, str) and isinstance(m.role, str)}
         return IngestAck(
@@ -153,58 +151,3 @@ class Collector:
             incarnation=f"{self.id}:{self.root_incarnation}",
             floors={s: self.floors.get(s, 0) for s in streams},
         )
-
-
-def collector_actor_class() -> Any:
-    """A Ray actor around :class:`Collector` forwarding to the root aggregator every ``tick_s``."""
-    import ray
-
-    remote: Any = ray.remote
-
-    @remote(num_cpus=0, max_concurrency=2)
-    class CollectorActor:
-        def __init__(self, namespace: str, aggregator: str, tick_s: float = 0.02) -> None:
-            self.collector = Collector()
-            self.namespace, self.aggregator, self.tick_s = namespace, aggregator, tick_s
-            self._stop = threading.Event()
-            self._batches: list[tuple[tuple[str, int], list[StepState]]] = []
-            self._forward_lock = threading.Lock()
-            self._next_probe = 0.0
-            threading.Thread(target=self._loop, daemon=True).start()
-
-        def ingest(self, messages: list[StepMessage]) -> IngestAck:
-            return self.collector.ingest(messages)
-
-        def probe(self, run: str, role: str) -> IngestAck:
-            return self.collector.ack([], 0)
-
-        def _root(self) -> Any:
-            return ray.get_actor(self.aggregator, namespace=self.namespace)
-
-        def _forward(self) -> None:
-            with self._forward_lock:
-                batch = self.collector.next_batch()
-                if batch is not None:
-                    self._batches.append(batch)
-                while self._batches:  # in order; a retried batch keeps its (id, seq)
-                    source, states = self._batches[0]
-                    ack = ray.get(self._root().merge_states.remote(states, source), timeout=10)
-                    self.collector.merged(states, ack)
-                    self._batches.pop(0)
-                if time.monotonic() >= self._next_probe:  # learn of a root restart while idle
-                    self.collector.learn(ray.get(self._root().merge_states.remote([]),
-                                                 timeout=10))
-                    self._next_probe = time.monotonic() + 0.5
-
-        def _loop(self) -> None:
-            while not self._stop.wait(self.tick_s):
-                try:
-                    self._forward()
-                except Exception:  # the root is restarting: keep the batches, retry
-                    self._stop.wait(0.2)
-
-        def flush(self) -> bool:
-            self._forward()
-            return True
-
-    return CollectorActor

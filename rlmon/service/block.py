@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlmon.actors.message import Schema, StepMessage, row_state
 from rlmon.service import catalog
 from rlmon.service.assembly import AddOutcome, Clock, StepAssembler
+from rlmon.service.message import Schema, StepMessage, row_state
 from rlmon.service.partial import MetricPool, Partial
 from rlmon.service.rank import Rank
 from rlmon.service.report import ContractError, Report

@@ -15,11 +15,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rlmon.actors.columnar import ColumnarAssembler
-from rlmon.actors.deadline import DeadlinePolicy
-from rlmon.actors.message import MessageChecks, StepMessage
 from rlmon.service import catalog
 from rlmon.service.assembly import AddOutcome, Clock, StepState
+from rlmon.service.block import ColumnarAssembler
+from rlmon.service.deadline import DeadlinePolicy
+from rlmon.service.message import MessageChecks, StepMessage
 from rlmon.service.report import (
     ContractError,
     check_integer,
@@ -32,7 +32,7 @@ from rlmon.service.report import (
 from rlmon.service.step import StepIdentity, StepKey, StepRecord
 from rlmon.service.watermark import WatermarkStore
 
-__all__ = ["AggregatorCore", "IngestAck", "MessageChecks", "origin"]
+__all__ = ["AggregatorCore", "AggregatorServer", "IngestAck", "origin"]
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class AggregatorCore:
         self.undelivered: dict[StepIdentity, StepRecord] = {}
         self.reporter_drops: dict[tuple[str, str, tuple[int, ...]], int] = {}
         self.finalize_latency: list[float] = []  # last partial -> finalized, seconds (recent)
-        self.merged_batches: dict[str, int] = {}  # collector id -> last drain seq merged
+        self.merged_batches: dict[str, int] = {}  # node merger id -> last drain seq merged
         self.check_message = MessageChecks()
         # Unix time of each stream's latest finalization (kept in the store): a reporter created
         # after it that sends an already finalized step belongs to a rerun of the run; a resend
@@ -220,10 +220,10 @@ class AggregatorCore:
     def merge_states(
         self, states: Sequence[StepState], source: tuple[str, int] | None = None,
     ) -> IngestAck:
-        """Fold a collector's pre-merged step states in.
+        """Fold a node merger's pre-merged step states in.
 
         Every state is validated before any is merged, so a bad one is rejected whole and the
-        others count once. ``source`` (collector id, drain seq) makes a retried batch (its ack
+        others count once. ``source`` (node merger id, drain seq) makes a retried batch (its ack
         lost to a timeout) a no-op instead of counting twice.
         """
         ack = IngestAck(incarnation=self.incarnation)
@@ -350,3 +350,81 @@ def origin(item: object) -> str:
     if isinstance(run, str) and isinstance(role, str) and len(run) + len(role) <= 200:
         return f"{run}/{role} step {show(step)}"
     return f"a {type(item).__name__}"
+
+
+# Counters that can change while no step finalizes; a change is published on its own.
+_SAID_WITHOUT_A_STEP = ("late", "rejected", "duplicates", "restarts", "reporter_dropped")
+
+
+class AggregatorServer:
+    """What the actor does, with the service handle injected (a Protocol seam for tests)."""
+
+    def __init__(
+        self, core: AggregatorCore, publish: Any, shard: int = 0, tick_s: float = 0.02,
+    ) -> None:
+        self.core, self.publish, self.shard, self.tick_s = core, publish, shard, tick_s
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self.delivery_errors = 0
+        self._published_stats: dict[str, Any] | None = None
+        self._delivering = threading.Lock()  # the loop and close() never publish the same records
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="rlmon-aggregator")
+        self._thread.start()
+
+    def ingest(self, messages: list[StepMessage]) -> IngestAck:
+        ack = self.core.ingest(messages)
+        if ack.finalized:
+            self._wake.set()
+        return ack
+
+    def merge_states(
+        self, states: list[StepState], source: tuple[str, int] | None = None,
+    ) -> IngestAck:
+        ack = self.core.merge_states(states, source)
+        if ack.finalized:
+            self._wake.set()
+        return ack
+
+    def deliver(self) -> bool:
+        """Hand pending records to the service; True when nothing is left undelivered."""
+        with self._delivering:
+            return self._deliver()
+
+    def _deliver(self) -> bool:
+        records = self.core.pending_records()
+        stats = self.core.stats()
+        counts = {k: stats[k] for k in _SAID_WITHOUT_A_STEP}
+        if not records and counts == self._published_stats:
+            return True
+        try:
+            # counters changed without a step (late or rejected records): /metrics shows them now
+            self.publish(records, self.shard, stats)
+            self._published_stats = counts
+        except Exception as exc:  # the service is restarting: keep the records, retry
+            self.delivery_errors += 1
+            log.warning("delivery to the service failed: %s", exc)
+            return False
+        self.core.delivered(records)
+        return not self.core.pending_records(1)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.tick_s)
+            self._wake.clear()
+            try:
+                self.core.tick()
+                while not self.deliver():
+                    if self._stop.wait(0.2):
+                        return
+            except Exception:
+                log.exception("aggregator loop")
+                self._stop.wait(0.5)
+
+    def close(self, finalize: bool = True) -> bool:
+        if finalize:
+            self.core.finalize_all()
+        ok = self.deliver()
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(5.0)
+        return ok

@@ -1,7 +1,8 @@
 """The service: exporter HTTP server, alert engine with its notifiers, and the history store.
 
-:class:`ServiceCore` is plain Python (tests drive it in-process); :func:`service_actor_class` wraps
-it as the named Ray actor that aggregators publish finalized steps to. Publishing is idempotent: a
+:class:`ServiceCore` is plain Python (tests drive it in-process);
+:mod:`rlmon.actors.service_actor` wraps it as the named Ray actor that aggregators publish
+finalized steps to. Publishing is idempotent: a
 step the history store already holds (a redelivery after an aggregator restart) is ignored, so it
 is neither exported, evaluated nor notified twice.
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -22,14 +22,13 @@ from rlmon.service.config import Settings, load_config
 from rlmon.service.exporter import IngestCounters, MetricsState, RunInfo
 from rlmon.service.history import HistoryStore
 from rlmon.service.metrics_http import MetricsServer, serve_metrics
-from rlmon.service.notify.console import ConsoleBuffer
 from rlmon.service.notify.factory import build_dispatcher, open_outbox, outbox_path
 from rlmon.service.redact import install_redaction
 from rlmon.service.rules import Rule, default_rules, load_rules
 from rlmon.service.sanity import Finding, SanityChecker, relay_warnings
 from rlmon.service.step import StepRecord
 
-__all__ = ["ServiceCore", "send_to_service", "service_actor_class"]
+__all__ = ["ServiceCore"]
 
 log = logging.getLogger("rlmon.sanity")
 _log = logging.getLogger("rlmon.service")
@@ -37,38 +36,6 @@ _log = logging.getLogger("rlmon.service")
 
 def _run_info(info: RunInfo | Mapping[str, Any]) -> RunInfo:
     return info if isinstance(info, RunInfo) else RunInfo.from_fields(info)
-
-
-def send_to_service(sink: Any, method: str, *args: Any) -> bool:
-    """Call the service's ``method`` for a Reporter without waiting for the result.
-
-    A sink with a method of that name (an in-process sink) gets the call directly; a Ray sink
-    (one with a ``namespace``) reaches the named service actor and does not wait for the reply.
-    Any other sink (``LocalSink``) has no service: nothing is sent. Returns whether it was sent;
-    a failure is logged, never raised into the training loop.
-    """
-    hook = getattr(sink, method, None)
-    try:
-        if callable(hook):
-            hook(*args)
-            return True
-        call_service = getattr(sink, "call_service", None)
-        if callable(call_service):  # a RaySink: queued until its sender thread connects
-            call_service(method, *args)
-            return True
-        namespace = getattr(sink, "namespace", None)
-        if not isinstance(namespace, str):
-            return False
-        import ray
-
-        from rlmon.actors.runtime import SERVICE
-
-        getattr(ray.get_actor(SERVICE, namespace=namespace), method).remote(*args)
-        return True
-    except Exception as exc:  # the service is down or restarting: metadata is best effort
-        _log.warning("rlmon: could not send %s to the service: %s: %s", method,
-                     type(exc).__name__, exc)
-        return False
 
 
 class ServiceCore:
@@ -298,83 +265,3 @@ class ServiceCore:
             self.server = None
         self.history.close()
         return drained
-
-
-def service_actor_class() -> Any:
-    """The Ray actor class around :class:`ServiceCore` (defined lazily: only this imports Ray)."""
-    import ray
-
-    remote: Any = ray.remote
-
-    @remote(num_cpus=0)
-    class ServiceActor:
-        def __init__(
-            self, config: str | None, state_dir: str | None, port: int | None,
-            host: str | None, shards: int, rules: str | None = None, creator: str = "",
-        ) -> None:
-            """``port`` None: the config's ``exporter.port``; a taken port gives way to a free
-            one, said in :meth:`layout`. ``creator`` names the process that started it."""
-            settings = load_config(config)
-            wanted = port if port is not None else settings.exporter.port
-            self.console = ConsoleBuffer()  # printed by the process that started the service
-            self.core = ServiceCore(
-                settings, state_dir=state_dir, port=wanted, host=host,
-                rules=load_rules(rules) if rules is not None else None, port_fallback=True,
-                transports={"console": self.console})
-            self.shards, self.creator, self.state_dir = shards, creator, state_dir
-            self.started = time.time()
-
-        def layout(self) -> dict[str, Any]:
-            core = self.core
-            return {
-                "shards": self.shards, "port": core.port, "host": core.host,
-                "wanted_port": core.wanted_port,
-                "port_moved": core.port is not None and core.wanted_port not in (0, core.port),
-                "creator": self.creator, "state_dir": self.state_dir,
-                "destinations": core.dispatcher.destinations(),
-            }
-
-        def placement(self) -> dict[str, Any]:
-            """The node this service runs on and the resources it holds there."""
-            ctx = ray.get_runtime_context()
-            return {"node": ctx.get_node_id(), "resources": ctx.get_assigned_resources()}
-
-        def publish(
-            self, records: list[StepRecord], shard: int = 0,
-            stats: dict[str, Any] | None = None,
-        ) -> int:
-            return len(self.core.publish(records, shard, stats))
-
-        def recent_events(self, since: int = 0) -> tuple[int, list[AlertEvent]]:
-            return self.core.recent_events(since)
-
-        def take_console(self) -> list[str]:
-            """Console alert lines not yet printed (each is handed out once)."""
-            return self.console.take()
-
-        def set_run_info(self, run: str, info: RunInfo | dict[str, Any]) -> None:
-            self.core.set_run_info(run, info)
-
-        def finish_run(self, run: str) -> None:
-            self.core.finish_run(run)
-
-        def steps(self, run: str | None = None, role: str | None = None) -> list[dict[str, Any]]:
-            return self.core.history.steps(run, role)
-
-        def alerts(self, run: str | None = None) -> list[dict[str, Any]]:
-            return self.core.history.alerts(run)
-
-        def stats(self) -> dict[str, Any]:
-            return {
-                "redeliveries": self.core.redeliveries,
-                "ingest": self.core._ingest_counters(),
-                "dispatch": self.core.dispatcher.stats(),
-            }
-
-        def healthy(self) -> tuple[bool, str]:
-            return self.core.healthy()
-
-        def close(self, timeout: float = 5.0) -> bool:
-            return self.core.close(timeout)
-
-    return ServiceActor
