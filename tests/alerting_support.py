@@ -79,8 +79,9 @@ class Receiver:
     """A recording HTTP receiver on 127.0.0.1. ``script(path_prefix, status, headers)`` queues
     one non-default answer for the next request to that prefix."""
 
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, delay: float = 0.0) -> None:
         self.port = port
+        self.delay = delay  # seconds each answer takes (a slow receiver), recorded after it
         self.requests: list[Request] = []
         self.attempts: list[Request] = []  # every request, accepted or not
         self._scripts: dict[str, _Script] = {}
@@ -116,6 +117,8 @@ class Receiver:
                     body: Any = json.loads(raw) if raw else None
                 except json.JSONDecodeError:
                     body = raw.decode(errors="replace")
+                if receiver.delay:
+                    time.sleep(receiver.delay)  # a receiver that is slow to answer
                 status, headers, text = receiver._answer(self.path, body)
                 request = Request(self.path, dict(self.headers.items()), body, time.time(), status)
                 with receiver._lock:

@@ -118,3 +118,21 @@ def test_sent_memory_is_bounded(tmp_path: Path, clock: Clock) -> None:
         box.ack(box.due("slack")[0])
     assert box.put(note("a"))  # forgotten: only the 2 newest delivered keys are kept
     assert not box.put(note("c"))
+
+
+def test_a_claimed_row_has_one_owner_until_settled(tmp_path: Path, clock: Clock) -> None:
+    box = Outbox(tmp_path / "o.sqlite", clock=clock)
+    box.put(note("a", order="r1/actor"))
+    box.put(note("b", order="r1/actor"))
+    box.put(note("c", order="r2/actor"))
+    (first,) = box.claim("slack")
+    assert first.notification.key == "a"
+    # the claimed head still blocks its order key; the other key is free
+    assert [r.notification.key for r in box.claim("slack", limit=16)] == ["c"]
+    assert box.claim("slack") == []
+    assert box.due("slack") == []
+    box.release(first)  # given back unsent: claimable again
+    (again,) = box.claim("slack")
+    assert again.id == first.id
+    box.ack(again)  # settling releases
+    assert [r.notification.key for r in box.claim("slack")] == ["b"]

@@ -221,3 +221,23 @@ def test_dispatch_latency_is_measured_from_finalization(tmp_path: Path) -> None:
         assert latency[0] >= 30.0
     finally:
         core.close()
+
+
+# --- issue 12: one owner per outbox row during a graceful shutdown ------------------------------
+
+def test_graceful_close_sends_a_pending_notification_once(tmp_path: Path) -> None:
+    """The delivery thread is still sending when close() drains: a slow receiver (0.3 s) used
+    to get the firing twice, once from the thread and once from the drain."""
+    receiver = Receiver(delay=0.3).start()
+    try:
+        settings = Settings.model_validate({
+            "notifiers": {"console": {"enabled": False},
+                          "webhook": {"url": f"{receiver.url}/hook"}},
+            "routing": {"critical": ["webhook"]},
+        })
+        core = ServiceCore(settings, state_dir=tmp_path)
+        core.publish([step("r", 0, **{IS_RATIO: 3.0})])  # wakes the delivery thread
+        assert core.close(timeout=10.0)
+        assert len(receiver.accepted("/hook")) == 1
+    finally:
+        receiver.stop()

@@ -5,6 +5,11 @@ latest step per (run, role), so memory stays bounded by open steps while history
 Writing a step twice (a redelivery after an aggregator restart) keeps one row. The alert engine's
 state per (run, role, alert) is saved with the steps that produced it (one transaction), so a
 restarted service resumes every state machine exactly where it stopped.
+
+The notifications a step's transitions owe are committed in that same transaction (``outbound``)
+and leave only once the outbox holds them (:meth:`HistoryStore.handed_over`): a crash between the
+two stores, and the restarted service hands them over again (the outbox ignores a key it has), so
+a transition is never stored without its notification.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import sqlite3
 import threading
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +47,11 @@ CREATE TABLE IF NOT EXISTS alert_state (
     history TEXT NOT NULL, metric TEXT NOT NULL DEFAULT '', PRIMARY KEY (run, role, alert));
 CREATE TABLE IF NOT EXISTS stream_state (
     run TEXT NOT NULL, role TEXT NOT NULL, last_step INTEGER NOT NULL, PRIMARY KEY (run, role));
+CREATE TABLE IF NOT EXISTS outbound (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, finalized_at REAL, events TEXT NOT NULL);
 """
+
+Outbound = tuple[float | None, Sequence[AlertEvent]]  # (the step's finalization, its transitions)
 
 
 def _metrics(line: dict[str, Any]) -> dict[str, float]:
@@ -80,9 +90,10 @@ class HistoryStore:
         self, records: Sequence[StepRecord], events: Iterable[AlertEvent] = (),
         *, states: Mapping[tuple[str, str, str], AlertState] | None = None,
         last_steps: Mapping[tuple[str, str], int] | None = None,
+        outbound: Sequence[Outbound] = (),
     ) -> int:
-        """Store steps, alert events and the engine state after them, in one transaction;
-        returns how many steps were new (not redeliveries)."""
+        """Store steps, alert events, the engine state after them and the notifications they owe
+        (``outbound``), in one transaction; returns how many steps were new (not redeliveries)."""
         with self._lock:
             self._db.execute("BEGIN")
             before = self._db.total_changes
@@ -118,8 +129,24 @@ class HistoryStore:
                 "INSERT OR REPLACE INTO stream_state VALUES (?, ?, ?)",
                 [(run, role, step) for (run, role), step in (last_steps or {}).items()],
             )
+            self._db.executemany(
+                "INSERT INTO outbound (finalized_at, events) VALUES (?, ?)",
+                [(at, json.dumps([asdict(e) for e in batch])) for at, batch in outbound if batch],
+            )
             self._db.execute("COMMIT")
         return new
+
+    def outbound(self) -> list[tuple[int, float | None, list[AlertEvent]]]:
+        """(id, finalized_at, transitions) of the notifications not yet handed to the outbox."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, finalized_at, events FROM outbound ORDER BY id").fetchall()
+        return [(int(i), at, [AlertEvent(**e) for e in json.loads(text)]) for i, at, text in rows]
+
+    def handed_over(self, ids: Iterable[int]) -> None:
+        """The outbox holds these notifications now."""
+        with self._lock:
+            self._db.executemany("DELETE FROM outbound WHERE id = ?", [(i,) for i in ids])
 
     def alert_states(self) -> dict[tuple[str, str, str], AlertState]:
         """The saved alert state machines (see :class:`~rlmon.service.alerts.AlertEngine`)."""

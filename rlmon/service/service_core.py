@@ -4,7 +4,10 @@
 :mod:`rlmon.actors.service_actor` wraps it as the named Ray actor that aggregators publish
 finalized steps to. Publishing is idempotent: a
 step the history store already holds (a redelivery after an aggregator restart) is ignored, so it
-is neither exported, evaluated nor notified twice.
+is neither exported, evaluated nor notified twice. A step, its alert transitions and the
+notifications they owe are one commit of the history store; the notifications then move to the
+outbox, and whatever a crash left in between moves on the next start (see
+:mod:`rlmon.service.crash_points` for the commit points a test kills the process at).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 from rlmon.service import keymaps
 from rlmon.service.alerts import AlertEngine, AlertEvent, AlertState
 from rlmon.service.config import Settings, load_config
+from rlmon.service.crash_points import crash_point
 from rlmon.service.exporter import IngestCounters, MetricsState, RunInfo
 from rlmon.service.history import HistoryStore
 from rlmon.service.metrics_http import MetricsServer, serve_metrics
@@ -74,6 +78,8 @@ class ServiceCore:
         self.dispatcher = build_dispatcher(self.settings, outbox, transports=transports)
         # after the notifier modules (and their clients' loggers) exist
         install_redaction(self.settings.secret_values())
+        self._handover_lock = threading.Lock()
+        self._hand_over()  # what a crash left between the history store and the outbox
         self.dispatcher.start()
         exp = self.settings.exporter
         self.metrics = MetricsState(
@@ -149,6 +155,7 @@ class ServiceCore:
     ) -> list[AlertEvent]:
         """Export, evaluate, store and notify finalized steps; returns the alert transitions."""
         events: list[AlertEvent] = []
+        # latency is measured from the step's finalization, not from this call
         batches: list[tuple[float | None, list[AlertEvent]]] = []
         with self._lock:
             if stats is not None:
@@ -173,14 +180,31 @@ class ServiceCore:
                 if mine:
                     batches.append((record.finalized_at, mine))
                 self._check_sanity(record)
+            crash_point("publish.before_history")
             self.history.add(fresh, events, states=self._states_of(streams),
                              last_steps={k: self.engine.last_step[k] for k in streams
-                                         if k in self.engine.last_step})
+                                         if k in self.engine.last_step},
+                             outbound=batches)
             self.events.extend(events)
-        for finalized_at, batch in batches:
-            # latency is measured from the step's finalization, not from this call
-            self.dispatcher.submit(batch, finalized_at=finalized_at)
+        crash_point("publish.after_history")
+        if batches:
+            self._hand_over()
         return events
+
+    def _hand_over(self) -> None:
+        """Move the notifications the history store owes into the outbox, then wake delivery.
+
+        Idempotent: after a crash between the two stores the outbox already holds some of them,
+        and it ignores a key it holds or has delivered."""
+        with self._handover_lock:
+            owed = self.history.outbound()
+            if not owed:
+                return
+            for _id, finalized_at, batch in owed:
+                self.dispatcher.submit(batch, finalized_at=finalized_at, wake=False)
+            crash_point("publish.after_outbox")
+            self.history.handed_over(i for i, _at, _batch in owed)
+        self.dispatcher.wake()
 
     def _states_of(self, streams: set[tuple[str, str]]) -> dict[tuple[str, str, str], AlertState]:
         states = self.engine.states
@@ -258,8 +282,7 @@ class ServiceCore:
 
     def close(self, timeout: float = 5.0) -> bool:
         """Deliver what the outbox holds (up to ``timeout``), stop serving, close the stores."""
-        drained = self.dispatcher.drain(timeout)
-        self.dispatcher.stop()
+        drained = self.dispatcher.shutdown(timeout)
         if self.server is not None:
             self.server.close()
             self.server = None

@@ -3,7 +3,9 @@
 ``submit`` routes events and writes the notifications to the outbox (nothing is sent before it is
 stored). Delivery runs either synchronously (``pump``/``drain``, for the CLI and tests) or on one
 background thread per destination (``start``), so a slow Slack never delays a PagerDuty page.
-Each destination is paced by its ``min_interval`` and paused by a 429's Retry-After.
+Each destination is paced by its ``min_interval`` and paused by a 429's Retry-After. Every
+deliverer claims the row it sends from the outbox, so the threads and a synchronous drain never
+send the same row twice; ``shutdown`` stops the threads first and then drains alone.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 
 from rlmon.service.alerts import AlertEvent
 from rlmon.service.config import Settings
+from rlmon.service.crash_points import crash_point
 from rlmon.service.notify.message import Delivery, Notifier
 from rlmon.service.notify.outbox import Outbox, PendingRow
 from rlmon.service.notify.routing import route
@@ -68,8 +71,13 @@ class Dispatcher:
 
     # --- intake ----------------------------------------------------------------------------------
 
-    def submit(self, events: Iterable[AlertEvent], finalized_at: float | None = None) -> int:
-        """Route and store the events' notifications; returns how many new ones were stored."""
+    def submit(
+        self, events: Iterable[AlertEvent], finalized_at: float | None = None, wake: bool = True,
+    ) -> int:
+        """Route and store the events' notifications; returns how many new ones were stored.
+
+        ``wake`` False leaves the delivery threads asleep until :meth:`wake` (a caller that
+        commits more after the outbox starts delivery once everything is committed)."""
         batch = list(events)
         if not batch:
             return 0
@@ -79,7 +87,8 @@ class Dispatcher:
         for notification in routed.notifications:
             if self.outbox.put(notification):
                 stored += 1
-                self._wake[notification.destination].set()
+                if wake:
+                    self._wake[notification.destination].set()
         with self._lock:
             self._silenced += routed.silenced
             for dest, n in routed.unroutable.items():
@@ -88,6 +97,11 @@ class Dispatcher:
                 self._unroutable[dest] = self._unroutable.get(dest, 0) + n
         return stored
 
+    def wake(self) -> None:
+        """Have every delivery thread look at the outbox now."""
+        for event in self._wake.values():
+            event.set()
+
     # --- delivery --------------------------------------------------------------------------------
 
     def _count(self, destination: str, outcome: str) -> None:
@@ -95,8 +109,16 @@ class Dispatcher:
             key = (destination, outcome)
             self._outcomes[key] = self._outcomes.get(key, 0) + 1
 
-    def _deliver(self, notifier: Notifier, row: PendingRow) -> Delivery:
+    def _deliver(self, notifier: Notifier, row: PendingRow, point: str) -> Delivery:
+        """Send one claimed row and settle it (ack, retry or fail), which releases the claim."""
+        try:
+            return self._settle(notifier, row, point)
+        finally:
+            self.outbox.release(row)  # settled rows are released already; this covers a raise
+
+    def _settle(self, notifier: Notifier, row: PendingRow, point: str) -> Delivery:
         dest = notifier.name
+        crash_point(point)
         try:
             result = notifier.send(row.notification.body)
         except Exception as exc:  # a notifier bug must not kill the delivery thread
@@ -135,11 +157,11 @@ class Dispatcher:
                 current = self._clock() if now is None else now
                 if current < self._not_before.get(name, 0.0):
                     break
-                rows = self.outbox.due(name, current, limit=1)
+                rows = self.outbox.claim(name, current)
                 if not rows:
                     break
                 attempts += 1
-                self._deliver(notifier, rows[0])
+                self._deliver(notifier, rows[0], "drain.sending")
         return attempts
 
     def drain(self, timeout: float) -> bool:
@@ -152,7 +174,15 @@ class Dispatcher:
                 return False
             if self.pump() == 0:
                 wait = min(self._wait_for(name) for name in self.notifiers)
-                self._stop.wait(max(0.001, min(wait, deadline - time.monotonic(), 0.5)))
+                # not self._stop.wait: a shutdown drains after the threads were told to stop
+                time.sleep(max(0.001, min(wait, deadline - time.monotonic(), 0.5)))
+
+    def shutdown(self, timeout: float) -> bool:
+        """Graceful stop: let the threads finish the sends they are in, stop them, then drain
+        what is left synchronously (one deliverer), all within ``timeout``; True if drained."""
+        deadline = time.monotonic() + timeout
+        self.stop(timeout)
+        return self.drain(max(0.0, deadline - time.monotonic()))
 
     def _wait_for(self, name: str) -> float:
         now = self._clock()
@@ -195,9 +225,9 @@ class Dispatcher:
                 wake.clear()
                 now = self._clock()
                 if now >= self._not_before.get(name, 0.0):
-                    rows = self.outbox.due(name, now, limit=1)
+                    rows = self.outbox.claim(name, now)
                     if rows:
-                        self._deliver(notifier, rows[0])
+                        self._deliver(notifier, rows[0], "deliver.sending")
                         continue
                 wake.wait(min(self._wait_for(name), 5.0))
             except Exception:  # keep delivering; the outbox still holds the rows

@@ -3,8 +3,12 @@
 Why SQLite: a receiver that is down for ten minutes, or a service restart, must lose nothing, and
 the service has no database of its own to lean on. Rows carry their retry schedule, so backoff
 survives a restart. Delivered keys are remembered (bounded) so a resubmitted notification is not
-sent twice. Delivery is at least once: a crash between the receiver's acceptance and the delete
-resends that one row (PagerDuty deduplicates it by ``dedup_key``).
+sent twice. A deliverer *claims* the rows it sends (:meth:`Outbox.claim`): one owner per row at a
+time, so a graceful drain running beside the delivery threads never sends a row they are sending.
+Claims live in memory: the process that holds the outbox file owns them, and a crash releases them
+with everything else. Delivery is at least once only across one window: a crash between the
+receiver's acceptance and the delete resends that one row (PagerDuty deduplicates it by
+``dedup_key``; webhooks get the same ``key`` again).
 """
 
 from __future__ import annotations
@@ -94,6 +98,7 @@ class Outbox:
         self._clock: Clock = clock or time.time
         self._lock = threading.Lock()
         self._db = open_database(self.path, _SCHEMA)
+        self._claimed: set[int] = set()  # row ids a deliverer is sending now
 
     def close(self) -> None:
         with self._lock:
@@ -135,16 +140,37 @@ class Outbox:
         return inserted
 
     def due(self, destination: str, now: float | None = None, limit: int = 16) -> list[PendingRow]:
-        """Rows of one destination that may be sent now: the head of each order key, if due."""
+        """Rows of one destination that may be sent now: the head of each order key, if due and
+        not claimed (a read-only view; deliverers :meth:`claim`)."""
         now = self._clock() if now is None else now
         with self._lock:
-            rows = self._db.execute(
-                "SELECT id, key, destination, order_key, body, created, attempts, enqueued "
-                "FROM outbox o WHERE destination = ? AND next_at <= ? AND id = ("
-                "  SELECT MIN(id) FROM outbox h WHERE h.destination = o.destination"
-                "  AND h.order_key = o.order_key) ORDER BY id LIMIT ?",
-                (destination, now, limit),
-            ).fetchall()
+            return self._due(destination, now, limit)
+
+    def claim(self, destination: str, now: float | None = None, limit: int = 1) -> list[PendingRow]:
+        """Like :meth:`due`, but the rows returned are the caller's until :meth:`ack`,
+        :meth:`retry`, :meth:`fail` or :meth:`release`: no other deliverer gets them meanwhile."""
+        now = self._clock() if now is None else now
+        with self._lock:
+            rows = self._due(destination, now, limit)
+            self._claimed.update(row.id for row in rows)
+        return rows
+
+    def release(self, row: PendingRow) -> None:
+        """Give a claimed row back unsent (idempotent; ack, retry and fail release it too)."""
+        with self._lock:
+            self._claimed.discard(row.id)
+
+    def _due(self, destination: str, now: float, limit: int) -> list[PendingRow]:
+        # a claimed head still blocks its order key: the row behind it must not overtake it
+        claimed = sorted(self._claimed)
+        rows = self._db.execute(
+            "SELECT id, key, destination, order_key, body, created, attempts, enqueued "
+            "FROM outbox o WHERE destination = ? AND next_at <= ? AND id = ("
+            "  SELECT MIN(id) FROM outbox h WHERE h.destination = o.destination"
+            f"  AND h.order_key = o.order_key) AND id NOT IN ({', '.join('?' * len(claimed))})"
+            " ORDER BY id LIMIT ?",
+            (destination, now, *claimed, limit),
+        ).fetchall()
         return [
             PendingRow(
                 row[0],
@@ -155,10 +181,12 @@ class Outbox:
         ]
 
     def next_due(self, destination: str) -> float | None:
-        """When the earliest pending row of a destination becomes due (None: nothing pending)."""
+        """When the earliest unclaimed row of a destination becomes due (None: nothing pending)."""
         with self._lock:
+            claimed = sorted(self._claimed)
             row = self._db.execute(
-                "SELECT MIN(next_at) FROM outbox WHERE destination = ?", (destination,)
+                "SELECT MIN(next_at) FROM outbox WHERE destination = ? AND id NOT IN "
+                f"({', '.join('?' * len(claimed))})", (destination, *claimed),
             ).fetchone()
         return None if row is None else row[0]
 
@@ -170,6 +198,7 @@ class Outbox:
         """The receiver accepted: delete the row, remember its key."""
         now = self._clock()
         with self._lock:
+            self._claimed.discard(row.id)
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute("DELETE FROM outbox WHERE id = ?", (row.id,))
             self._db.execute("INSERT OR REPLACE INTO sent(key, at) VALUES (?, ?)",
@@ -196,6 +225,7 @@ class Outbox:
         if after is not None:
             delay = max(delay, after)
         with self._lock:
+            self._claimed.discard(row.id)
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute(
                 "UPDATE outbox SET attempts = ?, next_at = ?, last_error = ? WHERE id = ?",
@@ -209,6 +239,7 @@ class Outbox:
         """Give up on a row (the receiver rejected it for good): keep it in ``failed``."""
         now = self._clock()
         with self._lock:
+            self._claimed.discard(row.id)
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute("DELETE FROM outbox WHERE id = ?", (row.id,))
             self._db.execute(
