@@ -12,8 +12,8 @@ import pytest
 
 from rlmon.service.aggregator import AggregatorCore
 from rlmon.service.assembly import StepAssembler
-from rlmon.service.block import ColumnarAssembler
 from rlmon.service.deadline import DeadlinePolicy
+from rlmon.service.ingest import NodeBatch
 from rlmon.service.message import StepMessage, columns_from_states
 from rlmon.service.node_merge import NodeMerger
 from rlmon.service.partial import ALL_AXES, Partial
@@ -73,7 +73,7 @@ def test_columnar_merge_is_the_core_bit_for_bit(seed: int) -> None:
     world = World(dp=3, cp=2)
     msgs = _messages(seed, world, steps=4)
     random.Random(seed).shuffle(msgs)
-    fast, core = ColumnarAssembler(), StepAssembler()
+    fast, core = StepAssembler(), StepAssembler()
     fast_records, core_records = [], []
     for msg in msgs:
         _, rec = fast.add_message(msg)
@@ -96,7 +96,7 @@ def test_resent_message_is_a_duplicate_and_conflicting_forms_are_rejected() -> N
 
     world = World(dp=2)
     msgs = _messages(1, world, steps=1)
-    asm = ColumnarAssembler()
+    asm = StepAssembler()
     asm.add_message(msgs[0])
     assert asm.add_message(msgs[0])[0] == "duplicate"
     bad = StepMessage("run", "actor", 0, msgs[1].rank, world, 999, 0.0,
@@ -109,12 +109,12 @@ def test_resent_message_is_a_duplicate_and_conflicting_forms_are_rejected() -> N
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_collector_tier_gives_identical_results(seed: int) -> None:
-    """Two node collectors pre-merge half the ranks each; the root merges their states.
+def test_node_merge_tier_gives_identical_results(seed: int) -> None:
+    """Two node mergers pre-merge half the ranks each; the root merges their states.
     Values are dyadic so that any summation order is exact and equality is exact."""
     world = World(dp=4, cp=2)
     msgs = _messages(seed, world, steps=3, exact=True)
-    direct = ColumnarAssembler()
+    direct = StepAssembler()
     want = {}
     for msg in msgs:
         _, rec = direct.add_message(msg)
@@ -123,10 +123,10 @@ def test_collector_tier_gives_identical_results(seed: int) -> None:
     nodes = [NodeMerger(), NodeMerger()]
     for msg in msgs:
         nodes[msg.rank.dp % 2].add(msg)
-    nodes[0].add(msgs[0])  # a resend to a collector is ignored
+    nodes[0].add(msgs[0])  # a resend to a node merger is ignored
     root = AggregatorCore()
     for node in nodes:
-        root.merge_states(node.drain())
+        root.merge_batch(NodeBatch(node.drain()))
     got = {r.step: r for r in root.pending_records()}
     assert sorted(got) == sorted(want) == [0, 1, 2]
     for step, rec in want.items():

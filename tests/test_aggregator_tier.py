@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rlmon.actors.reporter import Reporter
-from rlmon.service.aggregator import AggregatorCore, IngestAck
+from rlmon.service.aggregator import AggregatorCore
+from rlmon.service.ingest import IngestAck, NodeBatch
 from rlmon.service.message import StepMessage, columns_from_states
 from rlmon.service.node_merge import NodeMerger
 from rlmon.service.rank import Rank, World
@@ -42,14 +43,14 @@ def test_a_batch_is_validated_whole_and_a_retry_counts_once() -> None:
     batch2 = c2.next_batch()
     assert batch1 is not None and batch2 is not None
     for _ in range(3):  # retries
-        ack = root.merge_states(batch1[1], batch1[0])
+        ack = root.merge_batch(batch1)
     assert isinstance(ack, IngestAck) and ack.duplicates == 2
-    bad = root.merge_states(batch2[1], batch2[0])
+    bad = root.merge_batch(batch2)
     assert bad.rejected == 1 and "world" in bad.errors[0]
     c1.add(_msg(1, 1, seq=2, loss=1.0))
     more = c1.next_batch()
     assert more is not None
-    root.merge_states(more[1], more[0])
+    root.merge_batch(more)
     root.finalize_all()
     got = {r.step: r for r in root.pending_records()}
     assert got[0].metrics["actor/loss"] == 1.0 and not got[0].complete
@@ -58,24 +59,24 @@ def test_a_batch_is_validated_whole_and_a_retry_counts_once() -> None:
 
 
 class _Tier:
-    """A reporter's sink through one collector to the root, in process (no Ray)."""
+    """A reporter's sink through one node merger to the root, in process (no Ray)."""
 
     def __init__(self, root: AggregatorCore) -> None:
-        self.root, self.collector = root, NodeMerger()
+        self.root, self.merger = root, NodeMerger()
 
     def _forward(self) -> None:
-        batch = self.collector.next_batch()
+        batch = self.merger.next_batch()
         if batch is not None:
-            self.collector.merged(batch[1], self.root.merge_states(batch[1], batch[0]))
+            self.merger.merged(batch, self.root.merge_batch(batch))
 
     def send(self, messages: Sequence[StepMessage]) -> IngestAck:
-        accepted = sum(self.collector.add(m) for m in messages)
+        accepted = sum(self.merger.add(m) for m in messages)
         self._forward()
-        return self.collector.ack(messages, accepted)
+        return self.merger.ack(messages, accepted)
 
     def probe(self, run: str, role: str) -> IngestAck:
-        self.collector.learn(self.root.merge_states([]))
-        return self.collector.ack([], 0)
+        self.merger.learn(self.root.merge_batch(NodeBatch([])))
+        return self.merger.ack([], 0)
 
 
 def test_reporters_resend_through_a_collector_after_the_root_restarts(tmp_path: Path) -> None:

@@ -217,7 +217,7 @@ def test_a_step_in_an_old_gap_is_rejected_by_the_aggregator_not_late() -> None:
     assert ack.accepted == 1 and ack.finalized == 1
 
 
-# ---- the collector tier: the same checks, before anything is merged ------------------------------
+# ---- the node-merge tier: the same checks, before anything is merged ------------------------------
 
 
 @pytest.mark.parametrize(("bad", "field"), BAD, ids=IDS)
@@ -229,9 +229,10 @@ def test_collector_rejects_a_bad_message_and_forwards_the_good_one(bad: Any, fie
     _check_error(ack.errors[0], field)
     batch = node.next_batch()
     assert batch is not None
-    source, states = batch
-    merged = root.merge_states(states, source)
+    assert batch.rejected == 1  # what the node merger refused reaches the root's counters
+    merged = root.merge_batch(batch)
     assert (merged.accepted, merged.rejected) == (1, 0)
+    assert root.counters.rejected == 1
     (record,) = root.pending_records()
     assert record.run == "ok" and record.metrics["actor/loss"] == 2.0
 
@@ -252,7 +253,7 @@ def test_the_aggregator_rejects_a_state_in_an_old_gap() -> None:
     node.add(msg(step=2, seq=2))
     batch = node.next_batch()
     assert batch is not None
-    ack = root.merge_states(batch[1], batch[0])
+    ack = root.merge_batch(batch)
     assert ack.rejected == 1 and root.counters.late == 0
     assert root.assembler.add_message(msg(step=4 * 4096, seq=9))[0] == AddOutcome.ACCEPTED
 
@@ -283,7 +284,7 @@ def test_any_value_in_any_message_field_never_breaks_ingest(field: str, value: A
     batch = node.next_batch()
     assert batch is not None
     root = AggregatorCore()
-    root.merge_states(batch[1], batch[0])
+    root.merge_batch(batch)
     root.finalize_all()
     assert any(r.run == "ok" for r in root.pending_records())
 

@@ -145,8 +145,8 @@ def test_any_split_any_order_matches_numpy(data: dict[str, Any], form: Form) -> 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=SLOW_OK)
 @given(data=split_data(), form=st.sampled_from(FORMS), tree_seed=st.integers(0, 10_000))
-def test_collector_tree_gives_the_same_value(data: dict[str, Any], form: Form, tree_seed: int) -> None:
-    """Per-node collectors (each owns whole ranks, any grouping) pre-merge; the root merges their
+def test_node_merge_tree_gives_the_same_value(data: dict[str, Any], form: Form, tree_seed: int) -> None:
+    """Per-node mergers (each owns whole ranks, any grouping) pre-merge; the root merges their
     states; the result equals a flat merge."""
     reports = split_reports(data, form)
     flat = assemble(reports)
@@ -161,8 +161,9 @@ def test_collector_tree_gives_the_same_value(data: dict[str, Any], form: Form, t
     for members in groups.values():
         state = StepState("r", "actor", 0, world)
         for report in members:
-            state.add(report)
-        record = root.merge_state(state) or record
+            state.add(report.rank, report.minibatch, report.metrics)
+            state.mark(report.rank, report.seq, report.final, report.time)
+        record = root.merge_state(state)[1] or record
     if record is None:
         (record,) = root.finalize_all()
     assert set(record.metrics) == set(flat)

@@ -14,9 +14,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from rlmon.service.aggregator import AggregatorCore, AggregatorServer, IngestAck
-from rlmon.service.assembly import StepState
+from rlmon.service.aggregator import AggregatorCore, AggregatorServer
 from rlmon.service.deadline import DeadlinePolicy
+from rlmon.service.ingest import IngestAck, NodeBatch
 from rlmon.service.message import StepMessage
 from rlmon.service.watermark import WatermarkStore
 
@@ -59,10 +59,8 @@ def aggregator_actor_class() -> Any:
         def probe(self, run: str, role: str) -> IngestAck:
             return self.server.core.probe(run, role)
 
-        def merge_states(
-            self, states: list[StepState], source: tuple[str, int] | None = None,
-        ) -> IngestAck:
-            return self.server.merge_states(states, source)
+        def merge_batch(self, batch: NodeBatch) -> IngestAck:
+            return self.server.merge_batch(batch)
 
         def stats(self) -> dict[str, Any]:
             return {**self.server.core.stats(), "delivery_errors": self.server.delivery_errors}

@@ -7,8 +7,7 @@ import threading
 import time
 from typing import Any
 
-from rlmon.service.aggregator import IngestAck
-from rlmon.service.assembly import StepState
+from rlmon.service.ingest import IngestAck, NodeBatch
 from rlmon.service.message import StepMessage
 from rlmon.service.node_merge import NodeMerger
 
@@ -27,7 +26,7 @@ def node_merger_actor_class() -> Any:
             self.merger = NodeMerger()
             self.namespace, self.aggregator, self.tick_s = namespace, aggregator, tick_s
             self._stop = threading.Event()
-            self._batches: list[tuple[tuple[str, int], list[StepState]]] = []
+            self._batches: list[NodeBatch] = []
             self._forward_lock = threading.Lock()
             self._next_probe = 0.0
             threading.Thread(target=self._loop, daemon=True).start()
@@ -47,13 +46,12 @@ def node_merger_actor_class() -> Any:
                 if batch is not None:
                     self._batches.append(batch)
                 while self._batches:  # in order; a retried batch keeps its (id, seq)
-                    source, states = self._batches[0]
-                    ack = ray.get(self._root().merge_states.remote(states, source), timeout=10)
-                    self.merger.merged(states, ack)
+                    ack = ray.get(self._root().merge_batch.remote(self._batches[0]), timeout=10)
+                    self.merger.merged(self._batches[0], ack)
                     self._batches.pop(0)
                 if time.monotonic() >= self._next_probe:  # learn of a root restart while idle
-                    self.merger.learn(ray.get(self._root().merge_states.remote([]),
-                                                 timeout=10))
+                    self.merger.learn(ray.get(self._root().merge_batch.remote(NodeBatch([])),
+                                              timeout=10))
                     self._next_probe = time.monotonic() + 0.5
 
         def _loop(self) -> None:

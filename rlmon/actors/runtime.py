@@ -23,7 +23,7 @@ from typing import Any
 from rlmon.actors.aggregator_actor import aggregator_actor_class
 from rlmon.actors.service_actor import SERVICE, service_actor_class
 from rlmon.actors.sink import SinkClosed, close_open_senders
-from rlmon.service.aggregator import IngestAck
+from rlmon.service.ingest import IngestAck
 from rlmon.service.message import StepMessage
 
 __all__ = [

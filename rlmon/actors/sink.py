@@ -14,8 +14,8 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from rlmon.service.aggregator import IngestAck
-from rlmon.service.block import ColumnarAssembler as StepAssembler
+from rlmon.service.assembly import StepAssembler
+from rlmon.service.ingest import IngestAck
 from rlmon.service.message import StepMessage
 from rlmon.service.step import StepRecord
 

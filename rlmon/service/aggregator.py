@@ -12,48 +12,22 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
-from rlmon.service import catalog
-from rlmon.service.assembly import AddOutcome, Clock, StepState
-from rlmon.service.block import ColumnarAssembler
+from rlmon.service.assembly import AddOutcome, AssemblyCounters, Clock, StepAssembler, StepState
 from rlmon.service.deadline import DeadlinePolicy
-from rlmon.service.message import MessageChecks, StepMessage
+from rlmon.service.ingest import IngestAck, NodeBatch, origin
+from rlmon.service.message import StepMessage
 from rlmon.service.report import (
     ContractError,
-    check_integer,
-    check_metric_name,
-    check_role,
-    check_run,
-    check_world,
-    show,
 )
-from rlmon.service.step import StepIdentity, StepKey, StepRecord
+from rlmon.service.step import StepIdentity, StepRecord
 from rlmon.service.watermark import WatermarkStore
 
-__all__ = ["AggregatorCore", "AggregatorServer", "IngestAck", "origin"]
+__all__ = ["AggregatorCore", "AggregatorServer"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class IngestAck:
-    """What happened to one batch of messages.
-
-    ``floors`` gives, per (run, role) of the batch, the step below which everything is finalized:
-    a reporter keeps its messages of later steps, and resends them when ``incarnation`` changes
-    (the aggregator restarted and lost its open steps).
-    """
-
-    accepted: int = 0
-    duplicates: int = 0
-    late: int = 0
-    rejected: int = 0
-    finalized: int = 0
-    errors: list[str] = field(default_factory=list)
-    incarnation: str = ""
-    floors: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 class AggregatorCore:
@@ -65,7 +39,7 @@ class AggregatorCore:
         clock: Clock | None = None,
         max_errors: int = 20,
     ) -> None:
-        self.assembler = ColumnarAssembler(clock)
+        self.assembler = StepAssembler(clock)
         self.deadline = deadline or DeadlinePolicy()
         self.store = store
         self.max_errors = max_errors
@@ -75,7 +49,6 @@ class AggregatorCore:
         self.reporter_drops: dict[tuple[str, str, tuple[int, ...]], int] = {}
         self.finalize_latency: list[float] = []  # last partial -> finalized, seconds (recent)
         self.merged_batches: dict[str, int] = {}  # node merger id -> last drain seq merged
-        self.check_message = MessageChecks()
         # Unix time of each stream's latest finalization (kept in the store): a reporter created
         # after it that sends an already finalized step belongs to a rerun of the run; a resend
         # by an older reporter is late. Without a record, this aggregator's start time.
@@ -92,7 +65,7 @@ class AggregatorCore:
                 {r.identity: r for r in store.undelivered(limit=1_000_000)})
 
     @property
-    def counters(self) -> Any:
+    def counters(self) -> AssemblyCounters:
         return self.assembler.counters
 
     def _commit(self, records: list[StepRecord]) -> None:
@@ -118,16 +91,12 @@ class AggregatorCore:
             asm = self.assembler
             for msg in messages:
                 try:
-                    try:
-                        msg = self.check_message(msg)
-                    except ContractError:
-                        asm.counters.rejected += 1
-                        raise
+                    msg = asm.validate(msg)
                     key = (msg.run, msg.role, msg.step)
                     opened = key not in asm.open
                     if asm.is_finalized(*key) and self._is_rerun(msg):
                         self._begin_attempt(msg)
-                    outcome, record = asm.add_message(msg)
+                    outcome, record = asm.add_checked(msg)
                 except ContractError as exc:
                     ack.rejected += 1
                     if len(ack.errors) < self.max_errors:
@@ -136,7 +105,7 @@ class AggregatorCore:
                 if outcome == AddOutcome.ACCEPTED:
                     ack.accepted += 1
                     if opened:
-                        self.deadline.observe(msg.run, msg.role, msg.step, asm._clock())
+                        self.deadline.observe(msg.run, msg.role, msg.step, asm.now())
                 elif outcome == AddOutcome.DUPLICATE:
                     ack.duplicates += 1
                 else:
@@ -187,81 +156,52 @@ class AggregatorCore:
             floor = finalized.floor if finalized is not None else 0
         return IngestAck(incarnation=self.incarnation, floors={(run, role): floor})
 
-    def _check_state(self, state: StepState, batch: dict[StepKey, StepState]) -> None:
-        """Raise ContractError if ``state`` cannot join its open step (nothing changes)."""
-        if not isinstance(state, StepState):
-            raise ContractError("", f"must be a StepState, got {show(state)}")
-        check_run(state.run)
-        check_role(state.role)
-        check_integer(state.step, "step")
-        check_world(state.world)
-        for name in state.pools:
-            check_metric_name(name)
-        key = (state.run, state.role, state.step)
-        self.assembler.check_tracked(*key)
-        other = self.assembler.open.get(key) or batch.get(key)
-        if other is not None and other.world != state.world:
-            raise ContractError("world", f"{state.world.as_dict()} disagrees with "
-                                f"{other.world.as_dict()} of step {state.step}")
-        for name, pool in state.pools.items():
-            known = self.assembler.forms.get(name)
-            spec = catalog.lookup(name) if known is None else None
-            if (known is not None and known is not pool.form) or (
-                    spec is not None and pool.form not in spec.forms):
-                raise ContractError(f"metrics.{name}", f"form {pool.form.value!r} is not the "
-                                    "metric's form")
-            mine = other.pools.get(name) if other is not None else None
-            if mine is not None and (mine.form is not pool.form
-                                     or mine.replicated != pool.replicated
-                                     or mine.minibatch_mean != pool.minibatch_mean):
-                raise ContractError(f"metrics.{name}",
-                                    f"options differ from earlier records of step {state.step}")
+    def merge_batch(self, batch: NodeBatch) -> IngestAck:
+        """Fold a node merger's batch of pre-merged step states in.
 
-    def merge_states(
-        self, states: Sequence[StepState], source: tuple[str, int] | None = None,
-    ) -> IngestAck:
-        """Fold a node merger's pre-merged step states in.
-
-        Every state is validated before any is merged, so a bad one is rejected whole and the
-        others count once. ``source`` (node merger id, drain seq) makes a retried batch (its ack
-        lost to a timeout) a no-op instead of counting twice.
+        A bad state is rejected whole (counted, its error in the ack) and the others are kept.
+        ``batch.source`` (node merger id, drain seq) makes a retried batch (its ack lost to a
+        timeout) a no-op instead of counting twice; what the node merger itself refused (bad,
+        late or duplicate messages) is added to this aggregator's counters, so /metrics counts
+        every refusal of the tier once.
         """
         ack = IngestAck(incarnation=self.incarnation)
         done: list[StepRecord] = []
+        asm = self.assembler
         with self.lock:
-            if source is not None:
-                if source[1] <= self.merged_batches.get(source[0], -1):
-                    ack.duplicates = len(states)
-                    self._floors(ack, states)
+            if batch.source is not None:
+                merger, seq = batch.source
+                if seq <= self.merged_batches.get(merger, -1):
+                    ack.duplicates = len(batch.states)
+                    self._floors(ack, batch.states)
                     return ack
-                self.merged_batches[source[0]] = source[1]
-            valid: dict[StepKey, StepState] = {}
-            accepted: list[StepState] = []
-            for state in states:
+                self.merged_batches[merger] = seq
+            asm.counters.rejected += batch.rejected
+            asm.counters.late += batch.late
+            asm.counters.duplicates += batch.duplicates
+            for state in batch.states:
+                key = (getattr(state, "run", None), getattr(state, "role", None),
+                       getattr(state, "step", None))
+                opened = key not in asm.open
                 try:
-                    self._check_state(state, valid)
+                    outcome, record = asm.merge_state(state)
                 except ContractError as exc:
                     ack.rejected += 1
-                    self.assembler.counters.rejected += 1
                     if len(ack.errors) < self.max_errors:
                         ack.errors.append(f"{origin(state)}: {exc}")
                     continue
-                valid.setdefault((state.run, state.role, state.step), state)
-                accepted.append(state)
-            for state in accepted:
-                key = (state.run, state.role, state.step)
-                opened = key not in self.assembler.open
-                ack.accepted += 1
-                for name, pool in state.pools.items():
-                    self.assembler.forms.setdefault(name, pool.form)
-                record = self.assembler.merge_state(state)
-                if opened and not self.assembler.is_finalized(*key):
-                    self.deadline.observe(state.run, state.role, state.step,
-                                          self.assembler._clock())
+                if outcome == AddOutcome.ACCEPTED:
+                    ack.accepted += 1
+                    if opened and record is None:
+                        self.deadline.observe(state.run, state.role, state.step, asm.now())
+                elif outcome == AddOutcome.DUPLICATE:
+                    ack.duplicates += 1
+                else:
+                    ack.late += 1
                 if record is not None:
                     done.append(record)
             self._commit(done)
-            self._floors(ack, states)
+            self._floors(ack, batch.states)
         ack.finalized = len(done)
         return ack
 
@@ -344,14 +284,6 @@ class AggregatorCore:
             }
 
 
-def origin(item: object) -> str:
-    """``run/role step N`` of a message or state for an error line, whatever its fields hold."""
-    run, role, step = (getattr(item, f, None) for f in ("run", "role", "step"))
-    if isinstance(run, str) and isinstance(role, str) and len(run) + len(role) <= 200:
-        return f"{run}/{role} step {show(step)}"
-    return f"a {type(item).__name__}"
-
-
 # Counters that can change while no step finalizes; a change is published on its own.
 _SAID_WITHOUT_A_STEP = ("late", "rejected", "duplicates", "restarts", "reporter_dropped")
 
@@ -377,10 +309,8 @@ class AggregatorServer:
             self._wake.set()
         return ack
 
-    def merge_states(
-        self, states: list[StepState], source: tuple[str, int] | None = None,
-    ) -> IngestAck:
-        ack = self.core.merge_states(states, source)
+    def merge_batch(self, batch: NodeBatch) -> IngestAck:
+        ack = self.core.merge_batch(batch)
         if ack.finalized:
             self._wake.set()
         return ack

@@ -1,8 +1,11 @@
-"""Step assembly: fold validated reports into open steps and finalize them.
+"""Step assembly: fold contract records and step messages into open steps and finalize them.
 
-A step of (run, role) is complete when every rank of its world has sent a final record. It can
-also be finalized early (end of input, a deadline): it then lists its missing ranks. A report for a
-step that was already finalized is late: counted, never folded into another step.
+One :class:`StepAssembler` takes parsed reports (replay), step messages (the live aggregator, a
+:class:`~rlmon.actors.sink.LocalSink`) and node mergers' pre-merged states. A step of (run, role)
+is complete when every rank of its world has sent a final record. It can also be finalized early
+(end of input, a deadline): it then lists its missing ranks. A record for a step that was already
+finalized is late: counted, never folded into another step. Each rejection, late record and
+duplicate is counted once, here.
 """
 
 from __future__ import annotations
@@ -10,13 +13,26 @@ from __future__ import annotations
 import bisect
 import itertools
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from rlmon.service import catalog
-from rlmon.service.partial import MetricPool, straggler_ratio
+from rlmon.service.block import StepBlock
+from rlmon.service.message import MessageChecks, Schema, StepMessage
+from rlmon.service.partial import MetricPool, Partial, straggler_ratio
 from rlmon.service.rank import Rank, World
-from rlmon.service.report import ContractError, Report
+from rlmon.service.report import (
+    ContractError,
+    Report,
+    check_integer,
+    check_metric_name,
+    check_role,
+    check_run,
+    check_world,
+    show,
+)
 from rlmon.service.spec import Form
 from rlmon.service.step import StepKey, StepRecord
 
@@ -24,12 +40,14 @@ __all__ = [
     "MAX_LISTED_MISSING",
     "AddOutcome",
     "AssemblyCounters",
+    "Clock",
     "FinalizedSteps",
+    "Options",
     "StepAssembler",
     "StepState",
 ]
 
-Clock = Callable[[], float]
+Clock = Callable[[], float]  # seconds on a monotonic clock, injectable in tests
 MAX_LISTED_MISSING = 1024
 
 
@@ -156,15 +174,29 @@ class FinalizedSteps:
         return done
 
 
+# What a metric's pool is merged as: (form, replicated axes, mini-batch mean). Every record of a
+# step must agree on it for each metric.
+Options = tuple[Form, frozenset[str] | None, bool]
+
+
+def _plain(form: Form) -> Options:
+    return (form, None, False)
+
+
 @dataclass(slots=True)
 class StepState:
-    """Everything received for one open step. Mergeable, so node mergers can pre-merge."""
+    """Everything received for one open step. Mergeable, so node mergers can pre-merge.
+
+    Plain metrics of step messages accumulate in ``block`` (numpy, the fast path); everything
+    else in ``pools``. :meth:`seal` folds the block into the pools when the step closes.
+    """
 
     run: str
     role: str
     step: int
     world: World
     pools: dict[str, MetricPool] = field(default_factory=dict)
+    block: StepBlock | None = None
     finals: set[Rank] = field(default_factory=set)
     reporting: set[Rank] = field(default_factory=set)
     seen: set[tuple[Rank, int]] = field(default_factory=set)
@@ -176,27 +208,35 @@ class StepState:
     def complete(self) -> bool:
         return len(self.finals) >= self.world.size
 
-    def check(self, report: Report) -> None:
-        """Raise ContractError if the report cannot join this step (before anything changes)."""
-        if report.world != self.world:
-            raise ContractError(
-                "world",
-                f"{report.world.as_dict()} disagrees with {self.world.as_dict()} given by earlier "
-                f"records of step {self.step}",
-            )
-        for name, partial in report.metrics.items():
-            pool = self.pools.get(name)
-            if pool is not None and not pool.options_match(partial):
+    def options(self, name: str) -> Options | None:
+        """How ``name`` is merged in this step so far (None: not seen yet)."""
+        pool = self.pools.get(name)
+        if pool is not None:
+            return (pool.form, pool.replicated, pool.minibatch_mean)
+        if self.block is not None:
+            row = self.block.index.get(name)
+            if row is not None:
+                return _plain(self.block.forms[row])
+        return None
+
+    def check(self, world: World, metrics: Iterable[tuple[str, Options]]) -> None:
+        """Raise ContractError if records of ``world`` with ``metrics`` cannot join this step."""
+        if world != self.world:
+            raise ContractError("world", f"{world.as_dict()} disagrees with "
+                                f"{self.world.as_dict()} given by earlier records of step "
+                                f"{self.step}")
+        for name, options in metrics:
+            mine = self.options(name)
+            if mine is not None and mine != options:
                 raise ContractError(
                     f"metrics.{name}",
-                    f"form {partial.form.value!r} / replicated / minibatch_reduce differ from "
-                    f"earlier records of step {self.step} ({pool.form.value!r})",
+                    f"form {options[0].value!r} / replicated / minibatch_reduce differ from "
+                    f"earlier records of step {self.step} ({mine[0].value!r})",
                 )
 
-    def add(self, report: Report) -> None:
-        rank, minibatch = report.rank, report.minibatch
+    def add(self, rank: Rank, minibatch: int, metrics: Mapping[str, Partial]) -> None:
         pools = self.pools
-        for name, partial in report.metrics.items():
+        for name, partial in metrics.items():
             pool = pools.get(name)
             if pool is None:
                 spec = catalog.lookup(name)
@@ -207,18 +247,31 @@ class StepState:
                     per_rank=spec is not None and spec.per_rank_spread,
                 )
             pool.add(rank, minibatch, partial.state)
+
+    def add_block(self, schema: Schema, values: np.ndarray) -> None:
+        if self.block is None:
+            self.block = StepBlock(schema, values)
+        else:
+            self.block.merge(schema, values)
+
+    def mark(self, rank: Rank, seq: int | None, final: bool, time: float | None) -> None:
+        """Note that ``rank`` reported (its final record when ``final``)."""
         self.reporting.add(rank)
-        if report.final:
+        if final:
             self.finals.add(rank)
-        if report.seq is not None:
-            self.seen.add((rank, report.seq))
-        if report.time is not None:
-            self.time = report.time if self.time is None else max(self.time, report.time)
+        if seq is not None:
+            self.seen.add((rank, seq))
+        if time is not None:
+            self.time = time if self.time is None else max(self.time, time)
+
+    def seal(self) -> None:
+        """Fold the columnar block into the pools (when the step closes or leaves a node)."""
+        if self.block is not None:
+            self.block.fold_into(self.pools)
+            self.block = None
 
     def merge(self, other: StepState) -> None:
-        """Fold a pre-merged state of the same step (from a node merger) into this one."""
-        if other.world != self.world:
-            raise ContractError("world", f"node merger world {other.world} != {self.world}")
+        """Fold a sealed, pre-merged state of the same step (from a node merger) into this one."""
         for name, pool in other.pools.items():
             mine = self.pools.get(name)
             if mine is None:
@@ -232,6 +285,7 @@ class StepState:
             self.time = other.time if self.time is None else max(self.time, other.time)
 
     def record(self, finalized_at: float | None = None) -> StepRecord:
+        self.seal()
         values: dict[str, float] = {}
         mismatches: list[str] = []
         for name, pool in self.pools.items():
@@ -268,11 +322,13 @@ class StepState:
 
 
 class StepAssembler:
-    """Merges reports per (run, role, step) and hands out finalized :class:`StepRecord` s.
+    """Merges records per (run, role, step) and hands out finalized :class:`StepRecord` s.
 
-    ``add`` raises :class:`ContractError` for a record that cannot be accepted; nothing of that
-    record is kept. Metric forms are fixed per name for the assembler's lifetime: the catalog's
-    forms for canonical names, the first form seen for others.
+    Three ways in, one bookkeeping: :meth:`add` (a parsed contract record), :meth:`add_message`
+    (a rank's step message, its columnar block on the numpy fast path) and :meth:`merge_state`
+    (a node merger's pre-merged state). A record that cannot be accepted raises
+    :class:`ContractError` and nothing of it is kept. Metric forms are fixed per name for the
+    assembler's lifetime: the catalog's forms for canonical names, the first form seen for others.
     """
 
     def __init__(self, clock: Clock | None = None) -> None:
@@ -282,31 +338,51 @@ class StepAssembler:
         self.forms: dict[str, Form] = {}
         self.counters = AssemblyCounters()
         self.attempts: dict[tuple[str, str], int] = {}  # absent: attempt 0
+        self.check_message = MessageChecks()
+        self._schemas: set[int] = set()  # block schemas whose forms were checked
 
-    def _check_forms(self, report: Report) -> None:
-        for name, partial in report.metrics.items():
-            known = self.forms.get(name)
-            if known is not None:
-                if known is not partial.form:
-                    raise ContractError(
-                        f"metrics.{name}",
-                        f"sends form {partial.form.value!r} but the metric has form "
-                        f"{known.value!r}",
-                    )
-                continue
+    def now(self) -> float:
+        return self._clock()
+
+    # -- checks (nothing changes until every check passed) --------------------------------------
+
+    def _check_form(self, name: str, form: Form) -> None:
+        known = self.forms.get(name)
+        if known is not None:
+            if known is not form:
+                raise ContractError(f"metrics.{name}", f"sends form {form.value!r} but the "
+                                    f"metric has form {known.value!r}")
+            return
+        spec = catalog.lookup(name)
+        if spec is not None and form not in spec.forms:
+            allowed = " or ".join(repr(f.value) for f in spec.forms)
+            raise ContractError(f"metrics.{name}", f"sends form {form.value!r} but the catalog "
+                                f"defines {allowed}")
+
+    def _check_schema(self, schema: Schema) -> None:
+        if schema.id in self._schemas:
+            return
+        for name, form in zip(schema.names, schema.forms, strict=True):
             spec = catalog.lookup(name)
-            if spec is not None and partial.form not in spec.forms:
-                allowed = " or ".join(repr(f.value) for f in spec.forms)
-                raise ContractError(
-                    f"metrics.{name}",
-                    f"sends form {partial.form.value!r} but the catalog defines {allowed}",
-                )
+            if spec is not None and spec.per_rank_spread:
+                raise ContractError(f"metrics.{name}",
+                                    "keeps a per-rank spread; send it as a partial")
+            self._check_form(name, form)
+        self._schemas.add(schema.id)
+
+    def _check(self, key: StepKey, world: World, metrics: list[tuple[str, Options]]) -> None:
+        """The forms of ``metrics`` and their agreement with the open step of ``key``."""
+        for name, (form, _, _) in metrics:
+            self._check_form(name, form)
+        state = self.open.get(key)
+        if state is not None:
+            state.check(world, metrics)
 
     def is_finalized(self, run: str, role: str, step: int) -> bool:
         done = self.finalized.get((run, role))
         return done is not None and step in done
 
-    def check_tracked(self, run: str, role: str, step: int) -> None:
+    def _check_tracked(self, run: str, role: str, step: int) -> None:
         """Raise ContractError for a step in the forgotten span of (run, role) (see
         :class:`FinalizedSteps`): whether it was finalized is no longer known."""
         done = self.finalized.get((run, role))
@@ -317,65 +393,154 @@ class StepAssembler:
                 f"{done.limit} separate runs of finalized steps came after it): not folded in",
             )
 
-    def add(self, report: Report) -> tuple[str, StepRecord | None]:
-        """Fold one report in; returns the outcome and the step record if it completed the step.
+    def _triage(self, key: StepKey, rank: Rank, seq: int | None) -> str | None:
+        """LATE or DUPLICATE (counted) for a record that is not folded in, else None.
 
-        A report of a rank that already sent its final record for the step is late, as it would
+        A record of a rank that already sent its final record for the step is late, as it would
         be had the other ranks' final records come first (the step then completed before it).
         """
-        key = (report.run, report.role, report.step)
         if self.is_finalized(*key):
             self.counters.late += 1
-            return AddOutcome.LATE, None
-        try:
-            self.check_tracked(*key)
-        except ContractError:
-            self.counters.rejected += 1
-            raise
+            return AddOutcome.LATE
+        self._check_tracked(*key)
         state = self.open.get(key)
-        if state is not None and report.seq is not None and (report.rank, report.seq) in state.seen:
-            self.counters.duplicates += 1
-            return AddOutcome.DUPLICATE, None
-        if state is not None and report.rank in state.finals:
-            self.counters.late += 1
-            return AddOutcome.LATE, None
+        if state is not None:
+            if seq is not None and (rank, seq) in state.seen:
+                self.counters.duplicates += 1
+                return AddOutcome.DUPLICATE
+            if rank in state.finals:
+                self.counters.late += 1
+                return AddOutcome.LATE
+        return None
+
+    def _rejected(self, exc: ContractError) -> ContractError:
+        self.counters.rejected += 1  # the one place a rejection is counted
+        return exc
+
+    # -- the three ways in ----------------------------------------------------------------------
+
+    def add(self, report: Report) -> tuple[str, StepRecord | None]:
+        """Fold one parsed record in; returns the outcome and the step record if it completed
+        the step."""
+        key = (report.run, report.role, report.step)
         try:
-            self._check_forms(report)
-            if state is not None:
-                state.check(report)
-        except ContractError:
-            self.counters.rejected += 1
-            raise
-        for name, partial in report.metrics.items():
-            self.forms.setdefault(name, partial.form)
+            outcome = self._triage(key, report.rank, report.seq)
+            if outcome is not None:
+                return outcome, None
+            self._check(key, report.world, [
+                (n, (p.form, p.replicated, p.minibatch_mean)) for n, p in report.metrics.items()])
+        except ContractError as exc:
+            raise self._rejected(exc) from None
+        state = self._open(key, report.world)
+        state.add(report.rank, report.minibatch, report.metrics)
+        state.mark(report.rank, report.seq, report.final, report.time)
+        return self._accepted(key, state, [(n, p.form) for n, p in report.metrics.items()])
+
+    def validate(self, msg: object) -> StepMessage:
+        """The contract's checks on a step message from any producer (counted when it fails)."""
+        try:
+            return self.check_message(msg)
+        except ContractError as exc:
+            raise self._rejected(exc) from None
+
+    def add_message(self, msg: StepMessage) -> tuple[str, StepRecord | None]:
+        """Validate and fold one step message in (all or nothing)."""
+        return self.add_checked(self.validate(msg))
+
+    def add_checked(self, msg: StepMessage) -> tuple[str, StepRecord | None]:
+        """Fold a message that passed :meth:`validate` in (all or nothing)."""
+        key = (msg.run, msg.role, msg.step)
+        cols = msg.columns
+        try:
+            outcome = self._triage(key, msg.rank, msg.seq)
+            if outcome is not None:
+                return outcome, None
+            metrics = [(n, (p.form, p.replicated, p.minibatch_mean))
+                       for _, group in msg.partials for n, p in group.items()]
+            if cols is not None:
+                self._check_schema(cols.schema)
+                both = set(cols.schema.names).intersection(n for n, _ in metrics)
+                if both:
+                    raise ContractError(f"metrics.{min(both)}",
+                                        "sent both in the columnar block and as a partial")
+                metrics += [(n, _plain(f)) for n, f in
+                            zip(cols.schema.names, cols.schema.forms, strict=True)]
+            self._check(key, msg.world, metrics)
+        except ContractError as exc:
+            raise self._rejected(exc) from None
+        state = self._open(key, msg.world)
+        if cols is not None:
+            state.add_block(cols.schema, cols.values)
+        for minibatch, group in msg.partials:
+            state.add(msg.rank, minibatch, group)
+        state.mark(msg.rank, msg.seq, True, msg.time)
+        return self._accepted(key, state, [(n, f) for n, (f, _, _) in metrics])
+
+    def merge_state(self, other: StepState) -> tuple[str, StepRecord | None]:
+        """Fold a node merger's sealed state in; returns the outcome and the record if that
+        completed the step. A state carrying a rank's record the step already holds (a resend
+        the node merger could not recognise, after its restart) cannot be split from the other
+        ranks' records it was merged with: it is counted as a duplicate, not folded in."""
+        try:
+            self._check_state(other)
+            key = (other.run, other.role, other.step)
+            if self.is_finalized(*key):
+                self.counters.late += 1
+                return AddOutcome.LATE, None
+            self._check_tracked(*key)
+            state = self.open.get(key)
+            if state is not None and (other.seen & state.seen or other.finals & state.finals):
+                self.counters.duplicates += 1
+                return AddOutcome.DUPLICATE, None
+            self._check(key, other.world, [
+                (n, (p.form, p.replicated, p.minibatch_mean)) for n, p in other.pools.items()])
+        except ContractError as exc:
+            raise self._rejected(exc) from None
+        other.seal()
         now = self._clock()
         if state is None:
-            state = self.open[key] = StepState(
-                report.run, report.role, report.step, report.world, first_seen=now
-            )
-        state.add(report)
-        state.last_seen = now
+            other.first_seen = other.last_seen = now
+            self.open[key] = state = other
+        else:
+            state.merge(other)
+            state.last_seen = now
+        for name, pool in other.pools.items():
+            self.forms.setdefault(name, pool.form)
         self.counters.accepted += 1
-        self.counters.partials += len(report.metrics)
+        return AddOutcome.ACCEPTED, self.finalize(key) if state.complete else None
+
+    @staticmethod
+    def _check_state(state: object) -> None:
+        """The contract's checks on a node merger's state (any sender: it comes over Ray)."""
+        if not isinstance(state, StepState):
+            raise ContractError("", f"must be a StepState, got {show(state)}")
+        check_run(state.run)
+        check_role(state.role)
+        check_integer(state.step, "step")
+        check_world(state.world)
+        for name in state.pools:
+            check_metric_name(name)
+
+    # -- bookkeeping ----------------------------------------------------------------------------
+
+    def _open(self, key: StepKey, world: World) -> StepState:
+        state = self.open.get(key)
+        if state is None:
+            state = self.open[key] = StepState(*key, world, first_seen=self._clock())
+        return state
+
+    def _accepted(
+        self, key: StepKey, state: StepState, partials: list[tuple[str, Form]],
+    ) -> tuple[str, StepRecord | None]:
+        """Count an accepted record of ``partials`` (name, form) and close a complete step."""
+        for name, form in partials:
+            self.forms.setdefault(name, form)
+        state.last_seen = self._clock()
+        self.counters.accepted += 1
+        self.counters.partials += len(partials)
         if state.complete:
             return AddOutcome.ACCEPTED, self.finalize(key)
         return AddOutcome.ACCEPTED, None
-
-    def merge_state(self, other: StepState) -> StepRecord | None:
-        """Fold a node merger's pre-merged state in; returns the record if that completed the step."""
-        key = (other.run, other.role, other.step)
-        if self.is_finalized(*key):
-            self.counters.late += 1
-            return None
-        state = self.open.get(key)
-        if state is None:
-            other.first_seen = other.last_seen = self._clock()
-            self.open[key] = other
-            state = other
-        else:
-            state.merge(other)
-            state.last_seen = self._clock()
-        return self.finalize(key) if state.complete else None
 
     def finalize(self, key: StepKey) -> StepRecord:
         """Close one open step now, complete or not."""
@@ -408,7 +573,7 @@ class StepAssembler:
         return [self.finalize(key) for key in sorted(self.open)]
 
     def finalize_stale(self, deadline_s: float | Callable[[str, str], float]) -> list[StepRecord]:
-        """Close the open steps whose last report is older than their deadline."""
+        """Close the open steps whose last record is older than their deadline."""
         now = self._clock()
         stale = [
             key
@@ -423,5 +588,3 @@ class StepAssembler:
             _, record = self.add(report)
             if record is not None:
                 yield record
-
-

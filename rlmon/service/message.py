@@ -1,10 +1,11 @@
 """The one message a rank sends per step: a compact columnar block plus the partials that need more.
 
 Most metrics are plain (not replicated, one pool over the step, no per-rank spread): they travel
-as one ``(n, 3)`` float64 array whose rows are ordered additive forms first, then min, then max,
-so the aggregator merges a whole message with three numpy slice operations instead of one Python
-merge per metric. Everything else (replicated copies, ``minibatch_reduce``, values, metrics whose
-per-rank spread is kept) travels as ordinary :class:`~rlmon.service.partial.Partial` s.
+as one ``(n, BLOCK_WIDTH)`` float64 array of states (:mod:`rlmon.service.forms`) whose rows are
+ordered additive forms first, then min, then max, so the aggregator merges a whole message with
+three numpy slice operations instead of one Python merge per metric. Everything else (replicated
+copies, ``minibatch_reduce``, values, metrics whose per-rank spread is kept) travels as ordinary
+:class:`~rlmon.service.partial.Partial` s.
 
 :meth:`StepMessage.reports` turns a message back into contract records; a test proves the
 columnar merge gives exactly what the core gives on those records.
@@ -16,11 +17,12 @@ import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from rlmon.service.partial import Partial, State
+from rlmon.service.forms import BLOCK_WIDTH, FORMS, Merge, State
+from rlmon.service.partial import Partial
 from rlmon.service.rank import Rank, World
 from rlmon.service.report import (
     MAX_AXIS,
@@ -40,7 +42,6 @@ from rlmon.service.report import (
 from rlmon.service.spec import Form
 
 __all__ = [
-    "ADDITIVE",
     "Columns",
     "MessageChecks",
     "Schema",
@@ -49,8 +50,9 @@ __all__ = [
     "state_row",
 ]
 
-ADDITIVE = frozenset({Form.MEAN, Form.SUM, Form.SQSUM, Form.MOMENTS})
-_GROUP = {Form.MEAN: 0, Form.SUM: 0, Form.SQSUM: 0, Form.MOMENTS: 0, Form.MIN: 1, Form.MAX: 2}
+# Block rows are grouped by how their form merges: additive first, then min, then max.
+_GROUP_ORDER = {Merge.ADD: 0, Merge.MIN: 1, Merge.MAX: 2}
+_GROUP = {form: _GROUP_ORDER[d.columnar] for form, d in FORMS.items() if d.columnar is not None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +78,8 @@ class Schema:
         for name, form in items:
             digest.update(name.encode())
             digest.update(b"\0" + form.value.encode() + b"\0")
-        n_add = sum(1 for f in forms if f in ADDITIVE)
-        n_min = sum(1 for f in forms if f is Form.MIN)
+        n_add = sum(1 for f in forms if _GROUP[f] == 0)
+        n_min = sum(1 for f in forms if _GROUP[f] == 1)
         return cls(names, forms, int.from_bytes(digest.digest(), "little"), n_add, n_min)
 
     @staticmethod
@@ -86,28 +88,23 @@ class Schema:
         return form in _GROUP
 
 
-def state_row(form: Form, state: State) -> tuple[float, float, float]:
-    """A core state as one row of the block (unused slots are 0)."""
-    if form is Form.MEAN:
-        return (state[0], state[1], 0.0)
-    if form is Form.MOMENTS:
-        return (state[0], state[1], state[2])
-    return (state[0], 0.0, 0.0)
+_PAD = {form: (0.0,) * (BLOCK_WIDTH - d.size) for form, d in FORMS.items()}
+
+
+def state_row(form: Form, state: State) -> State:
+    """A state as one row of the block (padded with zeros)."""
+    return state + _PAD[form]
 
 
 def row_state(form: Form, row: Sequence[float]) -> State:
-    """The core state of one row of the block."""
-    if form is Form.MEAN:
-        return (float(row[0]), float(row[1]))
-    if form is Form.MOMENTS:
-        return (float(row[0]), float(row[1]), float(row[2]))
-    return (float(row[0]),)
+    """The state of one row of the block."""
+    return tuple(float(v) for v in row[:FORMS[form].size])
 
 
 @dataclass(frozen=True, slots=True)
 class Columns:
     schema: Schema
-    values: np.ndarray  # (len(schema.names), 3) float64
+    values: np.ndarray  # (len(schema.names), BLOCK_WIDTH) float64
 
     def partials(self) -> dict[str, Partial]:
         return {
@@ -122,7 +119,7 @@ def columns_from_states(states: Mapping[str, tuple[Form, State]]) -> Columns:
     schema = Schema.build({name: form for name, (form, _) in states.items()})
     values = np.array(
         [state_row(*states[name]) for name in schema.names], dtype=np.float64
-    ).reshape(len(schema.names), 3)
+    ).reshape(len(schema.names), BLOCK_WIDTH)
     return Columns(schema, values)
 
 
@@ -274,27 +271,23 @@ class MessageChecks:
         if not isinstance(values, np.ndarray) or values.dtype.kind not in "fiu":
             raise ContractError("metrics", f"a block's values must be a numeric numpy array, "
                                 f"got {show(type(values).__name__)}")
-        if values.shape != (n, 3):
+        if values.shape != (n, BLOCK_WIDTH):
             raise ContractError("metrics", f"block of shape {values.shape} for {n} metrics")
         if values.dtype != np.float64:
             values = values.astype(np.float64)
             cols = Columns(schema, values)
-        counts, sqsums = known[1], known[2]
+        counts, nonnegative = known[1], known[2]
         if len(counts[0]):
             cells = values[counts]
             if not (cells.min() >= 0 and cells.max() < math.inf):  # NaN fails both
                 bad = ~(cells >= 0) | ~np.isfinite(cells)
-                i = int(np.argmax(bad))
-                raise ContractError(f"metrics.{schema.names[int(counts[0][i])]}",
-                                    f"count must be a finite number >= 0, got "
-                                    f"{show(float(cells[i]))}")
-        if len(sqsums[0]):
-            cells = values[sqsums]
+                raise _cell_error(schema, counts, int(np.argmax(bad)), cells,
+                                  "must be a finite number >= 0")
+        if len(nonnegative[0]):
+            cells = values[nonnegative]
             bad = cells < 0  # NaN is not: a NaN sum of squares propagates
             if bad.any():
-                i = int(np.argmax(bad))
-                raise ContractError(f"metrics.{schema.names[int(sqsums[0][i])]}",
-                                    f"sqsum must be >= 0, got {show(float(cells[i]))}")
+                raise _cell_error(schema, nonnegative, int(np.argmax(bad)), cells, "must be >= 0")
         return cols
 
     def _schema(self, schema: Schema) -> tuple[Schema, _Cells, _Cells]:
@@ -316,18 +309,24 @@ class MessageChecks:
         if built != schema:
             raise ContractError("metrics", "a block's schema is not what Schema.build gives for "
                                 "its names and forms (order, counts or id)")
-        known = (schema, _cells(forms, _COUNT_COLUMN), _cells(forms, _SQSUM_COLUMN))
+        known = (schema, _cells(forms, "counts"), _cells(forms, "nonnegative"))
         self.schemas[schema.id] = known
         return known
 
 
 _Cells = tuple[np.ndarray, np.ndarray]
-# Columns of a block row (state_row) that hold a count, and a sum of squares.
-_COUNT_COLUMN = {Form.MEAN: 1, Form.MOMENTS: 0}
-_SQSUM_COLUMN = {Form.SQSUM: 0, Form.MOMENTS: 2}
 
 
-def _cells(forms: Sequence[Form], column: Mapping[Form, int]) -> _Cells:
-    pairs = [(i, column[f]) for i, f in enumerate(forms) if f in column]
+def _cells(forms: Sequence[Form], slots: Literal["counts", "nonnegative"]) -> _Cells:
+    """(rows, columns) of a block's cells that are counts, or non-negative (a row is the state)."""
+    pairs = [(i, column) for i, f in enumerate(forms) for column in getattr(FORMS[f], slots)]
     return (np.array([p[0] for p in pairs], dtype=np.intp),
             np.array([p[1] for p in pairs], dtype=np.intp))
+
+
+def _cell_error(schema: Schema, where: _Cells, i: int, cells: np.ndarray, rule: str) -> ContractError:
+    """The error naming the metric and the slot of the ``i``-th checked cell."""
+    row, column = int(where[0][i]), int(where[1][i])
+    slot = FORMS[schema.forms[row]].keys[column]
+    return ContractError(f"metrics.{schema.names[row]}",
+                         f"{slot} {rule}, got {show(float(cells[i]))}")

@@ -18,12 +18,11 @@ import threading
 import uuid
 from collections.abc import Sequence
 
-from rlmon.service.aggregator import IngestAck, origin
 from rlmon.service.assembly import StepState
-from rlmon.service.block import StepBlock, fold_block
-from rlmon.service.message import MessageChecks, Schema, StepMessage
+from rlmon.service.ingest import IngestAck, NodeBatch, origin
+from rlmon.service.message import MessageChecks, StepMessage
 from rlmon.service.rank import Rank
-from rlmon.service.report import ContractError, Report
+from rlmon.service.report import ContractError
 from rlmon.service.step import StepKey
 
 __all__ = ["NodeMerger"]
@@ -35,13 +34,11 @@ _PENDING = ""  # a seen message not yet merged into any root
 
 
 class NodeMerger:
-    """Pre-merges messages into :class:`StepState` s; :meth:`drain` hands them on."""
+    """Pre-merges messages into :class:`StepState` s; :meth:`next_batch` hands them on."""
 
     def __init__(self, remember: int = 65536) -> None:
         self.id = uuid.uuid4().hex
         self.states: dict[StepKey, StepState] = {}
-        self.blocks: dict[StepKey, StepBlock] = {}
-        self.schemas: dict[int, Schema] = {}
         self.remember = remember
         # seen message -> the root incarnation its state was merged into (_PENDING: not yet)
         self._seen: dict[_SeenKey, str] = {}
@@ -50,6 +47,7 @@ class NodeMerger:
         self.duplicates = 0
         self.late = 0  # a rank's message after its own final one for the step (not folded)
         self.rejected = 0  # messages breaking the contract (the aggregator's checks)
+        self._unsent = (0, 0, 0)  # (rejected, late, duplicates) when the last batch was cut
         self.check = MessageChecks()
         self._drains = 0
         self.lock = threading.Lock()
@@ -61,6 +59,15 @@ class NodeMerger:
         with self.lock:
             try:
                 msg = self.check(msg)
+                key = (msg.run, msg.role, msg.step)
+                state = self.states.get(key)
+                if state is not None:
+                    metrics = [(n, (p.form, p.replicated, p.minibatch_mean))
+                               for _, group in msg.partials for n, p in group.items()]
+                    if msg.columns is not None:
+                        metrics += [(n, (f, None, False)) for n, f in zip(
+                            msg.columns.schema.names, msg.columns.schema.forms, strict=True)]
+                    state.check(msg.world, metrics)
             except ContractError:
                 self.rejected += 1
                 raise
@@ -69,28 +76,19 @@ class NodeMerger:
             if where is not None and (where == _PENDING or where == self.root_incarnation):
                 self.duplicates += 1
                 return False
-            self._seen[seen_key] = _PENDING
-            while len(self._seen) > self.remember:
-                del self._seen[next(iter(self._seen))]
-            key = (msg.run, msg.role, msg.step)
-            state = self.states.get(key)
             if state is not None and msg.rank in state.finals:
                 self.late += 1
                 return False
+            self._seen[seen_key] = _PENDING
+            while len(self._seen) > self.remember:
+                del self._seen[next(iter(self._seen))]
             if state is None:
                 state = self.states[key] = StepState(msg.run, msg.role, msg.step, msg.world)
             if msg.columns is not None:
-                schema = self.schemas.setdefault(msg.columns.schema.id, msg.columns.schema)
-                block = self.blocks.get(key)
-                if block is None:
-                    self.blocks[key] = StepBlock(schema, msg.columns.values)
-                else:
-                    block.merge(schema, msg.columns.values)
-            for mb, partials in msg.partials:
-                state.add(Report(msg.run, msg.role, msg.step, partials, msg.rank, msg.world,
-                                 final=False, minibatch=mb, time=msg.time))
-            state.add(Report(msg.run, msg.role, msg.step, {}, msg.rank, msg.world,
-                             seq=msg.seq, time=msg.time))
+                state.add_block(msg.columns.schema, msg.columns.values)
+            for minibatch, group in msg.partials:
+                state.add(msg.rank, minibatch, group)
+            state.mark(msg.rank, msg.seq, True, msg.time)
             return True
 
     def ingest(self, messages: Sequence[StepMessage], max_errors: int = 20) -> IngestAck:
@@ -111,27 +109,30 @@ class NodeMerger:
         return ack
 
     def drain(self) -> list[StepState]:
-        """Every pre-merged state since the last drain."""
+        """Every pre-merged state since the last drain, sealed (blocks folded into pools)."""
         with self.lock:
             states, self.states = self.states, {}
-            blocks, self.blocks = self.blocks, {}
-        for key, block in blocks.items():
-            fold_block(states[key].pools, block)
+        for state in states.values():
+            state.seal()
         return [states[key] for key in sorted(states)]
 
-    def next_batch(self) -> tuple[tuple[str, int], list[StepState]] | None:
-        """The next drained batch with its (node merger id, drain seq), or None when empty."""
+    def next_batch(self) -> NodeBatch | None:
+        """The next drained batch, or None when there is nothing to hand on."""
         states = self.drain()
-        if not states:
+        with self.lock:
+            counts = (self.rejected, self.late, self.duplicates)
+            rejected, late, duplicates = (a - b for a, b in zip(counts, self._unsent, strict=True))
+            self._unsent = counts
+        if not states and not (rejected or late or duplicates):
             return None
         self._drains += 1
-        return (self.id, self._drains), states
+        return NodeBatch(states, (self.id, self._drains), rejected, late, duplicates)
 
-    def merged(self, states: Sequence[StepState], ack: IngestAck) -> None:
-        """The root took ``states``: remember which root holds their messages, and its floors."""
+    def merged(self, batch: NodeBatch, ack: IngestAck) -> None:
+        """The root took ``batch``: remember which root holds its messages, and its floors."""
         with self.lock:
             self.learn(ack)
-            for state in states:
+            for state in batch.states:
                 for rank, seq in state.seen:
                     key = (state.run, state.role, state.step, rank, seq)
                     if key in self._seen:

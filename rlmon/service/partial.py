@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from statistics import median
 
+from rlmon.service.forms import FORMS, State
 from rlmon.service.rank import AXES, Rank, replica_group
 from rlmon.service.spec import Form
 
@@ -35,12 +36,6 @@ __all__ = [
 ALL_AXES: frozenset[str] = frozenset(AXES)
 REPLICA_RTOL = 1e-6
 
-# The mergeable state of one partial. Its meaning depends on the form:
-#   MEAN (sum, count)   SUM (sum,)   MIN (min,)   MAX (max,)   SQSUM (sqsum,)
-#   VALUE (lowest copy, highest copy)   MOMENTS (count, sum, sqsum)
-State = tuple[float, ...]
-
-
 @dataclass(frozen=True, slots=True)
 class Partial:
     """One metric's contribution from one record.
@@ -55,59 +50,14 @@ class Partial:
     minibatch_mean: bool = False
 
 
-def _nan_min(a: float, b: float) -> float:
-    # min() with NaN depends on argument order; NaN must win whatever the order.
-    if a != a:
-        return a
-    if b != b:
-        return b
-    return a if a <= b else b
-
-
-def _nan_max(a: float, b: float) -> float:
-    if a != a:
-        return a
-    if b != b:
-        return b
-    return a if a >= b else b
-
-
 def combine(form: Form, x: State, y: State) -> State:
     """Merge two states of the same form (associative and commutative)."""
-    if form is Form.MEAN:
-        return (x[0] + y[0], x[1] + y[1])
-    if form is Form.SUM or form is Form.SQSUM:
-        return (x[0] + y[0],)
-    if form is Form.MIN:
-        return (_nan_min(x[0], y[0]),)
-    if form is Form.MAX:
-        return (_nan_max(x[0], y[0]),)
-    if form is Form.VALUE:
-        return (_nan_min(x[0], y[0]), _nan_max(x[1], y[1]))
-    if form is Form.MOMENTS:
-        return (x[0] + y[0], x[1] + y[1], x[2] + y[2])
-    raise ValueError(f"unknown form {form!r}")
+    return FORMS[form].combine(x, y)
 
 
 def finalize(form: Form, x: State) -> float | None:
     """The value a state stands for; None when it is undefined (a mean over zero tokens)."""
-    if form is Form.MEAN:
-        total, count = x
-        if count == 0:
-            # Nothing to average over is "absent", not zero; a non-finite sum still propagates.
-            return None if math.isfinite(total) else total
-        return total / count
-    if form is Form.SQSUM:
-        return math.sqrt(x[0]) if not x[0] < 0 else math.nan
-    if form is Form.MOMENTS:
-        count, total, sqsum = x
-        if count == 0:
-            return None if math.isfinite(total) and math.isfinite(sqsum) else math.nan
-        mean = total / count
-        variance = sqsum / count - mean * mean
-        return math.sqrt(max(variance, 0.0)) if variance == variance else math.nan
-    # SUM, MIN, MAX carry their value; VALUE carries its lowest copy.
-    return x[0]
+    return FORMS[form].finalize(x)
 
 
 def _close(a: float, b: float) -> bool:
@@ -137,11 +87,6 @@ def all_agree(copies: list[State]) -> bool:
         if not _close(min(slot), max(slot)):
             return False
     return True
-
-
-def _value_consistent(x: State) -> bool:
-    # A VALUE state spans its lowest and highest copy; they must agree.
-    return _close(x[0], x[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,8 +165,8 @@ class MetricPool:
                 _, state = min(copies, key=lambda copy: copy[0])
                 old = pools.get(mb)
                 pools[mb] = state if old is None else combine(form, old, state)
-        if form is Form.VALUE:
-            mismatch = mismatch or not all(map(_value_consistent, pools.values()))
+        if FORMS[form].agree:  # the state spans its lowest and highest copy: they must agree
+            mismatch = mismatch or not all(_close(p[0], p[-1]) for p in pools.values())
         values = [finalize(form, pools[mb]) for mb in sorted(pools)]
         defined = [v for v in values if v is not None]
         if not defined:

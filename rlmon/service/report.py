@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from rlmon.service.forms import FORMS, STAT_KEYS, form_of_keys, forms_text
 from rlmon.service.partial import ALL_AXES, Partial
 from rlmon.service.rank import AXES, Rank, World
 from rlmon.service.spec import Form
@@ -31,7 +32,6 @@ __all__ = [
     "MAX_ROLE",
     "MAX_STEP",
     "MAX_WORLD",
-    "STATE_SIZE",
     "ContractError",
     "Report",
     "check_integer",
@@ -63,27 +63,7 @@ _KNOWN_FIELDS = frozenset(
     {"run", "role", "step", "rank", "world", "final", "seq", "minibatch", "time", "metrics"}
 )
 _PARTIAL_OPTIONS = frozenset({"replicated", "minibatch_reduce"})
-# The statistic keys of a partial decide its form.
-_FORMS: dict[frozenset[str], Form] = {
-    frozenset({"sum", "count"}): Form.MEAN,
-    frozenset({"sum"}): Form.SUM,
-    frozenset({"min"}): Form.MIN,
-    frozenset({"max"}): Form.MAX,
-    frozenset({"sqsum"}): Form.SQSUM,
-    frozenset({"value"}): Form.VALUE,
-    frozenset({"count", "sum", "sqsum"}): Form.MOMENTS,
-}
-_STAT_KEYS = frozenset().union(*_FORMS)
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-# The state of each form: how many numbers (partial.py), which of them are counts (finite, >= 0)
-# and which are sums of squares (>= 0).
-_SLOTS = {
-    Form.MEAN: ("sum", "count"), Form.SUM: ("sum",), Form.MIN: ("min",), Form.MAX: ("max",),
-    Form.SQSUM: ("sqsum",), Form.VALUE: ("value", "value"), Form.MOMENTS: ("count", "sum", "sqsum"),
-}
-STATE_SIZE = {form: len(slots) for form, slots in _SLOTS.items()}
-_COUNT_SLOT = {Form.MEAN: 1, Form.MOMENTS: 0}
-_SQSUM_SLOT = {Form.SQSUM: 0, Form.MOMENTS: 2}
 
 
 class _HugeInt:
@@ -230,14 +210,15 @@ def check_world(world: Any, field: str = "world") -> World:
 
 
 def check_state(form: Form, state: Any, field: str, *, slot_fields: bool = True) -> tuple[float, ...]:
-    """A partial's state for ``form``: the right count of numbers, counts finite and >= 0, sums of
-    squares >= 0 (the one domain check of the contract, for parsed records and messages alike).
+    """A partial's state for ``form``: the right count of numbers, in the form's domain (its
+    counts finite and >= 0, its non-negative slots >= 0; see :mod:`rlmon.service.forms`), the one
+    domain check of the contract, for parsed records and messages alike.
 
     An error names ``field.slot`` (``metrics.m.count``), or ``field`` with the slot in the message
     when ``slot_fields`` is false (a message's partial has no JSON keys)."""
-    size = STATE_SIZE[form]
-    if not isinstance(state, tuple | list) or len(state) != size:
-        raise ContractError(field, f"a {form.value!r} state must be {size} numbers, "
+    spec = FORMS[form]
+    if not isinstance(state, tuple | list) or len(state) != spec.size:
+        raise ContractError(field, f"a {form.value!r} state must be {spec.size} numbers, "
                             f"got {_show(state)}")
 
     def culprit(slot: str, message: str) -> ContractError:
@@ -245,42 +226,41 @@ def check_state(form: Form, state: Any, field: str, *, slot_fields: bool = True)
             return ContractError(f"{field}.{slot}", message)
         return ContractError(field, f"{slot} {message}")
 
-    slots = _SLOTS[form]
     values: list[float] = []
-    for v, slot in zip(state, slots, strict=True):
+    for v, slot in zip(state, spec.keys, strict=True):
         try:
             values.append(check_number(v, f"{field}.{slot}"))
         except ContractError as exc:
             if slot_fields:
                 raise
             raise culprit(slot, str(exc).split(": ", 1)[-1]) from None
-    count = _COUNT_SLOT.get(form)
-    if count is not None:
-        if values[count] < 0:
-            raise culprit("count", f"must be >= 0, got {_show(state[count])}")
-        if not math.isfinite(values[count]):
+    for i in spec.counts:
+        if values[i] < 0:
+            raise culprit(spec.keys[i], f"must be >= 0, got {_show(state[i])}")
+        if not math.isfinite(values[i]):
             # a count is tokens or samples: NaN or Inf there is a producer bug, not a measurement
-            raise culprit("count", f"must be a finite number, got {_show(state[count])}")
-    sq = _SQSUM_SLOT.get(form)
-    if sq is not None and values[sq] < 0:
-        raise culprit("sqsum", f"must be >= 0, got {_show(state[sq])}")
+            raise culprit(spec.keys[i], f"must be a finite number, got {_show(state[i])}")
+    for i in spec.nonnegative:
+        if values[i] < 0:
+            raise culprit(spec.keys[i], f"must be >= 0, got {_show(state[i])}")
     return tuple(values)
 
 
 def _plain_partial(partial: Partial) -> bool:
     """Whether a partial is already exactly as :func:`check_partial` would return it."""
     form, state, replicated = partial.form, partial.state, partial.replicated
-    if type(form) is not Form or type(state) is not tuple or len(state) != STATE_SIZE[form]:
+    spec = FORMS.get(form) if type(form) is Form else None
+    if spec is None or type(state) is not tuple or len(state) != spec.size:
         return False
     for v in state:
         if type(v) is not float:
             return False
-    count = _COUNT_SLOT.get(form)
-    if count is not None and not 0.0 <= state[count] < math.inf:
-        return False
-    sq = _SQSUM_SLOT.get(form)
-    if sq is not None and state[sq] < 0:
-        return False
+    for i in spec.counts:
+        if not 0.0 <= state[i] < math.inf:
+            return False
+    for i in spec.nonnegative:
+        if state[i] < 0:
+            return False
     return (replicated is None or (type(replicated) is frozenset and bool(replicated)
                                    and replicated <= ALL_AXES)) \
         and type(partial.minibatch_mean) is bool
@@ -337,34 +317,23 @@ def _replicated(value: Any, field: str) -> frozenset[str]:
 def _partial(value: Any, field: str) -> Partial:
     if not isinstance(value, dict):
         raise ContractError(field, f"a partial must be an object, got {_show(value)}")
-    unknown = set(value) - _STAT_KEYS - _PARTIAL_OPTIONS
+    unknown = set(value) - STAT_KEYS - _PARTIAL_OPTIONS
     if unknown:
         raise ContractError(f"{field}.{sorted(unknown)[0]}", "unknown key in a partial")
     stats = frozenset(value) - _PARTIAL_OPTIONS
-    form = _FORMS.get(stats)
+    form = form_of_keys(stats)
     if form is None:
         shown = ", ".join(sorted(stats)) or "none"
         raise ContractError(
-            field,
-            f"statistic keys {{{shown}}} are not one form (sum+count, sum, min, max, sqsum, "
-            "value, or count+sum+sqsum)",
-        )
+            field, f"statistic keys {{{shown}}} are not one form ({forms_text()})")
+    spec = FORMS[form]
     numbers_ = {key: check_number(value[key], f"{field}.{key}") for key in stats}
-    state: tuple[float, ...]
-    if form is Form.MEAN:
-        state = (numbers_["sum"], numbers_["count"])
-    elif form is Form.MOMENTS:
-        state = (numbers_["count"], numbers_["sum"], numbers_["sqsum"])
-    elif form is Form.VALUE:
-        state = (numbers_["value"], numbers_["value"])
-    else:
-        state = (numbers_[next(iter(stats))],)
-    check_state(form, state, field)
+    state = check_state(form, spec.state(numbers_), field)
     replicated: frozenset[str] | None
     if "replicated" in value:
         replicated = _replicated(value["replicated"], f"{field}.replicated") or None
     else:
-        replicated = ALL_AXES if form is Form.VALUE else None
+        replicated = ALL_AXES if spec.replicated_by_default else None
     reduce = value.get("minibatch_reduce")
     if reduce not in (None, "mean"):
         raise ContractError(f"{field}.minibatch_reduce", f'must be "mean", got {_show(reduce)}')
