@@ -25,7 +25,8 @@ from rlmon.actors.detect import coerce_rank, coerce_world, detect_layout
 from rlmon.actors.sink import ReportSink, SinkClosed, track_sender
 from rlmon.actors.tensor_stats import REDUCE_FORMS, Pending, Reduce, fetch, reduce_tensor
 from rlmon.service import catalog
-from rlmon.service.message import Columns, Schema, StepMessage
+from rlmon.service.forms import FORMS, Merge, form_of_keys, forms_text
+from rlmon.service.message import Columns, Schema, StepMessage, state_row
 from rlmon.service.partial import ALL_AXES, Partial, combine
 from rlmon.service.rank import AXES, Rank, World
 from rlmon.service.report import MAX_STEP, check_metric_name, check_role, check_run
@@ -36,7 +37,6 @@ __all__ = ["Reporter"]
 Replicated = Sequence[str] | Literal["all"] | None
 log = logging.getLogger(__name__)
 
-_PAD = {1: (0.0, 0.0), 2: (0.0,), 3: ()}
 _MEAN = Form.MEAN  # a module global: enum attribute access is slow on the hot path
 
 # An accumulator entry: [form, state, replicated, minibatch_mean, minibatch].
@@ -176,31 +176,19 @@ class Reporter:
                 old = entry[1]
                 entry[1] = (old[0] + sum, old[1] + count)
                 return
-        form: Form
-        state: tuple[float, ...]
         if name not in self._names:
             check_metric_name(name)
             self._names.add(name)
+        given = {key: v for key, v in (("sum", sum), ("count", count), ("min", min),
+                                        ("max", max), ("sqsum", sqsum), ("value", value))
+                 if v is not None}
+        form = form_of_keys(frozenset(given))
+        if form is None:
+            raise ValueError(f"{name}: give one statistic form ({forms_text()}), "
+                             f"got {', '.join(given) or 'none'}")
         if count is not None:
-            if sum is None:
-                raise ValueError(f"{name}: count needs sum")
             _check_count(name, count)
-            if sqsum is not None:
-                form, state = Form.MOMENTS, (count, sum, sqsum)
-            else:
-                form, state = Form.MEAN, (sum, count)
-        elif sum is not None:
-            form, state = Form.SUM, (sum,)
-        elif min is not None:
-            form, state = Form.MIN, (min,)
-        elif max is not None:
-            form, state = Form.MAX, (max,)
-        elif sqsum is not None:
-            form, state = Form.SQSUM, (sqsum,)
-        elif value is not None:
-            form, state = Form.VALUE, (value, value)
-        else:
-            raise ValueError(f"{name}: give one statistic form (sum[+count], min, max, sqsum, value)")
+        state = FORMS[form].state(given)
         self._add(name, form, state, replicated, minibatch_reduce, minibatch)
 
     def _add(
@@ -214,7 +202,7 @@ class Reporter:
         entry = self._acc.get(key)
         if entry is None:
             rep = _replicated(replicated) if replicated is not None else (
-                ALL_AXES if form is Form.VALUE else None)
+                ALL_AXES if FORMS[form].replicated_by_default else None)
             self._acc[key] = [form, state, rep, mb_mean, minibatch]
             return
         if entry[0] is not form:
@@ -259,12 +247,10 @@ class Reporter:
         values, transfers = fetch(pending)
         self.transfers += transfers
         for p, (stat, count) in zip(pending, values, strict=True):
-            if p.form is Form.MEAN:
-                state: tuple[float, ...] = (stat, count)
-            elif p.form in (Form.MIN, Form.MAX) and count == 0:
-                continue  # no entries: nothing to say, not +-inf
-            else:
-                state = (stat,)
+            spec = FORMS[p.form]
+            if count == 0 and spec.columnar is not Merge.ADD:
+                continue  # an extreme of no entries is nothing to report, not +-inf
+            state = spec.state({key: count if key == "count" else stat for key in spec.keys})
             self._add(p.name, p.form, state, p.replicated, p.minibatch_reduce, p.minibatch)
 
     def _is_plain(self, name: str, form: Form) -> bool:
@@ -309,11 +295,10 @@ class Reporter:
         other: dict[int, dict[str, Partial]] = {}
         for key, (form, state, rep, mb_mean, mb) in acc.items():
             state = tuple(map(float, state))
-            if form is Form.MEAN or form is Form.MOMENTS:
-                count = state[1] if form is Form.MEAN else state[0]
-                if not 0 <= count < math.inf:
+            for i in FORMS[form].counts:
+                if not 0 <= state[i] < math.inf:
                     name = key[0] if mb_mean else key
-                    raise ValueError(f"{name}: count must be finite and >= 0, got {count!r}")
+                    raise ValueError(f"{name}: count must be finite and >= 0, got {state[i]!r}")
             if rep is None and not mb_mean and self._is_plain(key, form):
                 plain.append((key, form, state))
             else:
@@ -334,7 +319,7 @@ class Reporter:
             order = {name: i for i, (name, _) in enumerate(key)}
             self._perm = np.array([order[n] for n in self._schema.names], dtype=np.intp)
             self._schema_key = key
-        rows = np.array([state + _PAD[len(state)] for _, _, state in plain], dtype=np.float64)
+        rows = np.array([state_row(form, state) for _, form, state in plain], dtype=np.float64)
         return Columns(self._schema, rows[self._perm])
 
     # -- sending (background thread) -----------------------------------------------------------

@@ -5,26 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from rlmon.service import catalog
-from rlmon.service.spec import Form, MetricSpec
+from rlmon.service.forms import FORMS
+from rlmon.service.spec import MetricSpec
 
 __all__ = ["catalog_json", "catalog_markdown"]
 
-_FORM_TEXT = {
-    Form.MEAN: "sum,count",
-    Form.SUM: "sum",
-    Form.MIN: "min",
-    Form.MAX: "max",
-    Form.SQSUM: "sqsum",
-    Form.VALUE: "value",
-    Form.MOMENTS: "count,sum,sqsum (std)",
-}
 
 
 def _spec_json(spec: MetricSpec) -> dict[str, Any]:
     return {
         "name": spec.name,
         "help": spec.help,
-        "forms": [_FORM_TEXT[f] for f in spec.forms],
+        "forms": [FORMS[f].describe() for f in spec.forms],
         "unit": spec.unit.value,
         "domain": spec.domain.value,
         "healthy": list(spec.healthy) if spec.healthy else None,
@@ -50,7 +42,7 @@ def catalog_markdown() -> str:
     for spec in catalog.metrics():
         healthy = f"{spec.healthy[0]:g} .. {spec.healthy[1]:g}" if spec.healthy else ""
         alerts = ", ".join(f"`{a.name}`" for a in spec.alerts)
-        forms = " or ".join(_FORM_TEXT[f] for f in spec.forms)
+        forms = " or ".join(FORMS[f].describe() for f in spec.forms)
         lines.append(
             f"| `{spec.name}` | {forms} | {spec.unit.value} | {spec.domain.value} | {healthy} "
             f"| `{spec.prometheus_name}` | {alerts} | {spec.help} |"

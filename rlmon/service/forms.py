@@ -166,7 +166,7 @@ FORMS: dict[Form, FormDef] = {
         FormDef(Form.SUM, ("sum",), (Merge.ADD,), _first, of_value=lambda v: (v,)),
         FormDef(Form.MIN, ("min",), (Merge.MIN,), _first, of_value=lambda v: (v,)),
         FormDef(Form.MAX, ("max",), (Merge.MAX,), _first, of_value=lambda v: (v,)),
-        FormDef(Form.SQSUM, ("sqsum",), (Merge.ADD,), _root, nonnegative=(0,), note="L2 norm"),
+        FormDef(Form.SQSUM, ("sqsum",), (Merge.ADD,), _root, nonnegative=(0,)),
         FormDef(Form.VALUE, ("value", "value"), (Merge.MIN, Merge.MAX), _first, agree=True,
                 replicated_by_default=True, of_value=lambda v: (v, v)),
         # One observation whose population std is the value: count 1, sum 0, sqsum v^2.

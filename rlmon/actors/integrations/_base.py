@@ -6,7 +6,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from rlmon.service import catalog, keymaps
-from rlmon.service.spec import Form
+from rlmon.service.forms import FORMS
+from rlmon.service.partial import ALL_AXES
 
 __all__ = ["ReporterLike", "make_reporter", "relay", "scalar", "send_run_info"]
 
@@ -86,21 +87,13 @@ def scalar(value: Any) -> float | None:
 
 
 def _record_as(reporter: ReporterLike, name: str, value: float) -> None:
-    """Record an already-reduced value under a canonical name in that name's form."""
-    form = catalog.get(name).forms[0]
-    if form is Form.MEAN:
-        reporter.record(name, sum=value, count=1.0)
-    elif form is Form.SUM:
-        reporter.record(name, sum=value)
-    elif form is Form.MIN:
-        reporter.record(name, min=value)
-    elif form is Form.MAX:
-        reporter.record(name, max=value)
-    elif form is Form.MOMENTS:
-        # One observation whose population std is the value: count 1, sum 0, sqsum value^2.
-        reporter.record(name, count=1.0, sum=0.0, sqsum=value * value)
-    else:
+    """Record an already-reduced value under a canonical name in that name's form (as a value
+    where the form cannot hold one)."""
+    spec = FORMS[catalog.get(name).forms[0]]
+    if spec.of_value is None:
         reporter.record(name, value=value)
+    else:
+        reporter.record(name, **spec.as_keys(spec.of_value(value)))
 
 
 def relay(
@@ -140,16 +133,10 @@ def _partial_json(partial: Any) -> dict[str, Any]:
             return x
         return "NaN" if x != x else ("Infinity" if x > 0 else "-Infinity")
 
-    form, state = partial.form, partial.state
-    if form is Form.MEAN:
-        out: dict[str, Any] = {"sum": num(state[0]), "count": num(state[1])}
-    elif form is Form.MOMENTS:
-        out = {"count": num(state[0]), "sum": num(state[1]), "sqsum": num(state[2])}
-    elif form is Form.VALUE:
-        out = {"value": num(state[0])}
-    else:
-        out = {form.value: num(state[0])}
-    if partial.replicated is not None and not (form is Form.VALUE and len(partial.replicated) == 4):
+    spec = FORMS[partial.form]
+    out: dict[str, Any] = {key: num(v) for key, v in spec.as_keys(partial.state).items()}
+    if partial.replicated is not None and not (
+            spec.replicated_by_default and partial.replicated == ALL_AXES):
         out["replicated"] = sorted(partial.replicated)
     if partial.minibatch_mean:
         out["minibatch_reduce"] = "mean"
