@@ -143,6 +143,8 @@ def test_pod_joins_the_raycluster_and_hosts_the_service() -> None:
     assert flag(serve, "--address") == "auto"  # the pod's own Ray node, not Ray Client
     assert flag(serve, "--service-resource") == "rlmon_service"
     assert flag(serve, "--port") == "9464"
+    # `rlmon serve` binds loopback unless asked: the pod asks for its own address explicitly
+    assert flag(serve, "--host") == "0.0.0.0"
     assert flag(serve, "--config") == "/etc/rlmon/config.yaml"
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     assert flag(serve, "--state-dir") == mounts["state"] == "/var/lib/rlmon"
@@ -184,6 +186,12 @@ def test_secrets_are_referenced_never_inlined() -> None:
     secret_url = "https://hooks.slack.com/services/T000/B000/XXXX"
     with pytest.raises(helm_python.HelmValuesError, match="notifiers/slack"):
         render({"config": {"notifiers": {"slack": {"webhook_url": secret_url}}}})
+    with pytest.raises(helm_python.HelmValuesError, match="notifiers/webhook"):
+        render({"config": {"notifiers": {"webhook": {"url": "https://h.example/x?api_key=k"}}}})
+    hooked = render({"secrets": {"webhook": {"existingSecret": "rlmon-hook", "key": "url"}}})
+    env = {e["name"]: e for e in container(hooked)["env"]}
+    assert env["RLMON_WEBHOOK_URL"]["valueFrom"] == {
+        "secretKeyRef": {"name": "rlmon-hook", "key": "url"}}
 
 
 def test_values_schema_rejects_bad_values() -> None:

@@ -18,7 +18,7 @@ dashboard_url: "https://grafana.example.com/d/rlmon-overview?var-run={run}&var-r
 notifiers:
   slack: {username: rlmon-bot}
   pagerduty: {group: rlhf-cluster-a}
-  webhook: {url: "https://hooks.example.com/rlmon"}
+  webhook: {timeout_seconds: 5}
 routing:
   critical: [pagerduty, slack]
   warning: [slack]
@@ -120,3 +120,24 @@ def test_log_filter_redacts(monkeypatch: pytest.MonkeyPatch,
     text = caplog.text
     assert "SECRET" not in text
     assert text.count("***") == 2
+
+
+def test_webhook_url_is_read_like_a_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = "https://hooks.example.com/rlmon?api_key=wh0123456789sEcReT"
+    inline = tmp_path / "inline.yaml"
+    inline.write_text(f"notifiers:\n  webhook: {{url: '{url}'}}\n")
+    with pytest.raises(ConfigError, match="RLMON_WEBHOOK_URL") as err:
+        load_config(inline)
+    assert "sEcReT" not in str(err.value)
+    mounted = tmp_path / "webhook-url"
+    mounted.write_text(url + "\n")
+    from_file = tmp_path / "file.yaml"
+    from_file.write_text(f"notifiers:\n  webhook: {{url_file: {mounted}}}\n")
+    settings = load_config(from_file)
+    assert settings.notifiers.webhook.ready
+    assert "sEcReT" not in repr(settings) and "sEcReT" not in settings.model_dump_json()
+    assert settings.redactor()(f"POST {url} failed; query {url.split('?')[1]}") == (
+        "POST *** failed; query ***")
+    monkeypatch.setenv("RLMON_WEBHOOK_URL", "ftp://nope")
+    with pytest.raises(ConfigError, match="must be an http"):
+        load_config(None)

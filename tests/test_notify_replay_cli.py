@@ -25,8 +25,9 @@ def replay(tmp_path: Path, *args: str, env: dict[str, str] | None = None
     data = tmp_path / "run.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in RUN) + "\n")
     full_env = {**os.environ, **(env or {})}
-    for key in ("RLMON_SLACK_WEBHOOK_URL", "RLMON_PAGERDUTY_ROUTING_KEY"):
-        full_env.pop(key, None)
+    for key in ("RLMON_SLACK_WEBHOOK_URL", "RLMON_PAGERDUTY_ROUTING_KEY", "RLMON_WEBHOOK_URL"):
+        if key not in (env or {}):
+            full_env.pop(key, None)
     return subprocess.run([sys.executable, "-m", "rlmon", "replay", str(data), "--json", *args],
                           capture_output=True, text=True, cwd=ROOT, timeout=120, env=full_env,
                           check=False)
@@ -36,9 +37,9 @@ def test_alerts_to_webhook(tmp_path: Path) -> None:
     receiver = Receiver().start()
     try:
         config = tmp_path / "rlmon.yaml"
-        config.write_text(f"notifiers:\n  webhook: {{url: '{receiver.url}/hook'}}\n"
-                          "routing: {critical: [webhook], warning: [webhook]}\n")
-        out = replay(tmp_path, "--alerts-to", "webhook", "--config", str(config))
+        config.write_text("routing: {critical: [webhook], warning: [webhook]}\n")
+        out = replay(tmp_path, "--alerts-to", "webhook", "--config", str(config),
+                     env={"RLMON_WEBHOOK_URL": f"{receiver.url}/hook"})
         assert out.returncode == 0, out.stderr
         bodies = [r.body for r in receiver.accepted("/hook")]
         assert [b["step"] for b in bodies] == [1, 2]  # one post per step, all alerts in it

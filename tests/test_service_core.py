@@ -195,6 +195,21 @@ def test_serve_takes_exporter_port_and_host_from_config(tmp_path: Path) -> None:
     assert exporter_address(args, settings) == (9600, "0.0.0.0")
 
 
+def test_exporter_binds_loopback_unless_asked() -> None:
+    """/metrics and /healthz are unauthenticated: nothing serves them beyond this machine unless
+    an address is asked for (the Helm chart asks for the pod's)."""
+    from rlmon.service.exporter import MetricsState
+    from rlmon.service.metrics_http import serve_metrics
+
+    args = build_parser().parse_args(["serve"])
+    assert exporter_address(args, load_config(None))[1] == "127.0.0.1"
+    server = serve_metrics(MetricsState(), 0)
+    try:
+        assert server.host == "127.0.0.1"
+    finally:
+        server.close()
+
+
 # --- 8: replay routing ---------------------------------------------------------------------------
 
 def test_console_gets_every_replayed_alert_when_named() -> None:
@@ -239,5 +254,40 @@ def test_graceful_close_sends_a_pending_notification_once(tmp_path: Path) -> Non
         core.publish([step("r", 0, **{IS_RATIO: 3.0})])  # wakes the delivery thread
         assert core.close(timeout=10.0)
         assert len(receiver.accepted("/hook")) == 1
+    finally:
+        receiver.stop()
+
+
+# --- issue 12: the generic webhook's URL is a secret ---------------------------------------------
+
+def test_webhook_url_credential_stays_out_of_logs_outbox_and_repr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    import sqlite3
+
+    secret = "api_key=wh0123456789sEcReT"
+    receiver = Receiver().start()
+    # a receiver (or the proxy before it) that quotes the request line in its error
+    receiver.script("/hook", 500, body=f"upstream failed for POST /hook?{secret}")
+    monkeypatch.setenv("RLMON_WEBHOOK_URL", f"{receiver.url}/hook?{secret}")
+    try:
+        settings = load_config(None, notifiers={"console": {"enabled": False}},
+                               routing={"critical": ["webhook"]},
+                               outbox={"backoff_initial_seconds": 60.0})
+        core = ServiceCore(settings, state_dir=tmp_path)
+        with caplog.at_level(logging.INFO):
+            core.publish([step("r", 0, **{IS_RATIO: 3.0})])
+            wait_for(lambda: receiver.tried("/hook"), 30, "the first (failing) attempt")
+            db = sqlite3.connect(core.outbox_path)
+            errors = wait_for(lambda: [e for (e,) in db.execute("SELECT last_error FROM outbox")
+                                       if e], 30, "the retry to be scheduled")
+            db.close()
+        notifier = repr(core.dispatcher.notifiers["webhook"])
+        core.close(timeout=0.1)
+        assert "HTTP 500" in errors[0]
+        for where, text in (("outbox last_error", errors[0]), ("log", caplog.text),
+                            ("repr", notifier)):
+            assert "sEcReT" not in text, where
+        assert "HTTP 500" in caplog.text
     finally:
         receiver.stop()

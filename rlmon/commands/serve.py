@@ -33,7 +33,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="exporter port for /metrics, /healthz (default: exporter.port of the "
                    "config)")
     p.add_argument("--host", default=None,
-                   help="exporter bind address (default: exporter.host of the config, 0.0.0.0)")
+                   help="exporter bind address (default: exporter.host of the config, 127.0.0.1; "
+                   "0.0.0.0 serves every interface, unauthenticated: see the README)")
     p.add_argument("--service-resource", default=None, metavar="NAME",
                    help="run the service actor on the node offering this custom Ray resource "
                    "(the rlmon pod, which joins the cluster with ray start --resources)")

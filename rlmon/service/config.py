@@ -1,7 +1,8 @@
 """The service configuration: one pydantic-settings model, from a YAML file and the environment.
 
 Precedence: environment (``RLMON_`` prefix, ``__`` between nested keys) over the YAML file over
-defaults. Secrets (the Slack webhook URL, the PagerDuty routing key, the webhook token) are read
+defaults. Secrets (the Slack webhook URL, the PagerDuty routing key, the generic webhook's URL and
+token) are read
 only from the environment or from a file named in the config (``*_file``, e.g. a Kubernetes secret
 mount); a secret written into the YAML file is an error, so it never lands in a ConfigMap or in git.
 Importing this module never imports Ray.
@@ -46,6 +47,7 @@ DESTINATIONS: tuple[str, ...] = ("slack", "pagerduty", "webhook", "console")
 SECRET_ENV = {
     ("slack", "webhook_url"): "RLMON_SLACK_WEBHOOK_URL",
     ("pagerduty", "routing_key"): "RLMON_PAGERDUTY_ROUTING_KEY",
+    ("webhook", "url"): "RLMON_WEBHOOK_URL",
     ("webhook", "token"): "RLMON_WEBHOOK_TOKEN",
 }
 
@@ -79,6 +81,14 @@ def _secret_from(field: str, section: str, explicit: Any, file: Path | None) -> 
     return SecretStr(value) if value else None
 
 
+def _check_url(secret: SecretStr | None, section: str, field: str) -> None:
+    # caught here, not by a day of retries; the value itself is never quoted
+    if secret is not None and not secret.get_secret_value().startswith(("https://", "http://")):
+        env = SECRET_ENV[(section, field)]
+        raise ValueError(f"notifiers.{section}.{field} must be an http(s) URL (from {env} or "
+                         f"{field}_file; the value is not shown)")
+
+
 class SlackConfig(_Section):
     """Slack incoming webhook. The webhook URL is the credential: env or file only."""
 
@@ -92,12 +102,7 @@ class SlackConfig(_Section):
     @model_validator(mode="after")
     def _resolve(self) -> SlackConfig:
         secret = _secret_from("webhook_url", "slack", self.webhook_url, self.webhook_url_file)
-        if secret is not None and not secret.get_secret_value().startswith(
-                ("https://", "http://")):
-            # caught here, not by a day of retries; the value itself is never quoted
-            env = SECRET_ENV[("slack", "webhook_url")]
-            raise ValueError(f"notifiers.slack.webhook_url must be an http(s) URL (from {env} "
-                             "or webhook_url_file; the value is not shown)")
+        _check_url(secret, "slack", "webhook_url")
         object.__setattr__(self, "webhook_url", secret)
         return self
 
@@ -130,10 +135,12 @@ class PagerDutyConfig(_Section):
 
 
 class WebhookConfig(_Section):
-    """A generic JSON webhook; an optional bearer token comes from env or a file."""
+    """A generic JSON webhook. Its URL may carry a credential (``?api_key=...``), so it is a
+    secret like the optional bearer token: both come from env or a file only."""
 
     enabled: bool = True
-    url: str | None = Field(default=None, pattern=r"^https?://")
+    url: SecretStr | None = None
+    url_file: Path | None = None
     token: SecretStr | None = None
     token_file: Path | None = None
     min_interval_seconds: float = Field(default=0.0, ge=0.0)
@@ -141,6 +148,9 @@ class WebhookConfig(_Section):
 
     @model_validator(mode="after")
     def _resolve(self) -> WebhookConfig:
+        url = _secret_from("url", "webhook", self.url, self.url_file)
+        _check_url(url, "webhook", "url")
+        object.__setattr__(self, "url", url)
         object.__setattr__(self, "token", _secret_from("token", "webhook", self.token,
                                                        self.token_file))
         return self
@@ -269,7 +279,7 @@ class Settings(BaseSettings):
 
     def secret_values(self) -> list[str]:
         n = self.notifiers
-        found = [n.slack.webhook_url, n.pagerduty.routing_key, n.webhook.token]
+        found = [n.slack.webhook_url, n.pagerduty.routing_key, n.webhook.url, n.webhook.token]
         return [s.get_secret_value() for s in found if s is not None]
 
     def redactor(self) -> Redactor:
@@ -288,7 +298,7 @@ class Settings(BaseSettings):
         return any(s.matches(run, role, alert) for s in self.silences)
 
 
-_SECRET_KEYS = {("slack", "webhook_url"), ("pagerduty", "routing_key"), ("webhook", "token")}
+_SECRET_KEYS = set(SECRET_ENV)
 
 
 def _reject_file_secrets(data: dict[str, Any], source: str) -> None:

@@ -71,6 +71,10 @@ class MetricsServer:
     def port(self) -> int:
         return int(self._server.server_address[1])
 
+    @property
+    def host(self) -> str:
+        return str(self._server.server_address[0])
+
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
@@ -78,10 +82,11 @@ class MetricsServer:
 
 
 def serve_metrics(
-    state_or_registry: MetricsState | CollectorRegistry, port: int = 9400, host: str = "0.0.0.0",
-    health: Health | None = None,
+    state_or_registry: MetricsState | CollectorRegistry, port: int = 9400,
+    host: str = "127.0.0.1", health: Health | None = None,
 ) -> MetricsServer:
-    """Start serving on a daemon thread; returns at once."""
+    """Start serving on a daemon thread; returns at once. Loopback unless ``host`` says otherwise:
+    /metrics and /healthz carry no authentication (see the README on exposing them)."""
     registry = (
         build_registry(state_or_registry)
         if isinstance(state_or_registry, MetricsState) else state_or_registry

@@ -17,7 +17,8 @@ _MIN_SECRET = 4  # masking a 1-3 character "secret" would shred ordinary text
 
 
 class Redactor:
-    """Replaces every known secret value (and its URL path, for webhook URLs) with ``***``."""
+    """Replaces every known secret value (and its URL path and query, for webhook URLs) with
+    ``***``."""
 
     __slots__ = ("_needles",)
 
@@ -27,12 +28,17 @@ class Redactor:
             if not secret or len(secret) < _MIN_SECRET:
                 continue
             needles.add(secret)
-            # urllib/httpx errors often quote only the path of a URL (/services/T0/B0/xyz)
+            # urllib/httpx errors often quote only the path of a URL (/services/T0/B0/xyz), or
+            # only its query (a generic webhook's ?api_key=...)
             _scheme, sep, rest = secret.partition("://")
             if sep and "/" in rest:
                 path = rest[rest.index("/"):]
                 if len(path) >= 8:
                     needles.add(path)
+            if sep and "?" in rest:
+                query = rest[rest.index("?") + 1:]
+                if len(query) >= 8:
+                    needles.add(query)
         # longest first, so a URL is masked whole before its path is
         self._needles = tuple(sorted(needles, key=len, reverse=True))
 

@@ -52,7 +52,8 @@ def build_notifiers(
 
         assert n.webhook.url is not None
         token = n.webhook.token.get_secret_value() if n.webhook.token is not None else None
-        out.append(WebhookNotifier(n.webhook.url, token=token, timeout=n.webhook.timeout_seconds,
+        out.append(WebhookNotifier(n.webhook.url.get_secret_value(), token=token,
+                                   timeout=n.webhook.timeout_seconds,
                                    min_interval=n.webhook.min_interval_seconds, redactor=redactor))
     if want("console") and n.console.enabled:
         import sys

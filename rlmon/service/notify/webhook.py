@@ -1,4 +1,5 @@
-"""A generic JSON webhook (stdlib urllib; an optional bearer token from env or a file)."""
+"""A generic JSON webhook (stdlib urllib). Its URL and optional bearer token are secrets (a URL may
+carry ``?api_key=...``): neither appears in a repr, an error detail or a log line."""
 
 from __future__ import annotations
 
@@ -24,10 +25,10 @@ class WebhookNotifier:
         self._token = token
         self._timeout = timeout
         self.min_interval = min_interval
-        self._redact = redactor or Redactor([token] if token else [])
+        self._redact = redactor or Redactor([url, *([token] if token else [])])
 
     def __repr__(self) -> str:
-        return f"WebhookNotifier(url={self._redact(self._url)!r}, token=***)"
+        return "WebhookNotifier(url=***, token=***)"
 
     def send(self, body: dict[str, Any]) -> Delivery:
         data = json.dumps(body, allow_nan=False).encode()
