@@ -21,11 +21,10 @@ import pytest
 from alerting_support import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
-from rlmon.service import catalog
+from rlmon.service import catalog, series
 from rlmon.service.config import load_config
 from rlmon.service.dashboards import DASHBOARDS, model
 from rlmon.service.dashboards.promql import metric_names
-from rlmon.service.dashboards.series import SELF_METRICS
 from rlmon.service.exporter import RunInfo, exported_metric_names
 from rlmon.service.replay import replay
 from rlmon.service.service_core import ServiceCore
@@ -111,5 +110,10 @@ def test_structural_series_carry_run_and_role(served: dict[str, set[str]]) -> No
 
 
 def test_self_metric_names_match_the_exporter(served: dict[str, set[str]]) -> None:
-    assert set(SELF_METRICS) <= set(exported_metric_names())
-    assert set(SELF_METRICS) <= set(served)
+    declared = [*series.SELF_MONITORING, *series.STREAM_STATE, series.ALERT_FIRING,
+                series.RUN_INFO, series.CUSTOM_METRIC]
+    assert {s.name for s in declared} <= set(exported_metric_names())
+    assert {s.name for s in declared} <= set(served)
+    for s in declared:  # the labels a scrape shows are the declared ones (an info family adds
+        if s.kind != "info":  # its metadata as labels of its own)
+            assert served[s.name] <= set(s.labels), (s.name, served[s.name])

@@ -20,7 +20,7 @@ from rlmon.commands.deliver import replay_routing
 from rlmon.commands.serve import exporter_address
 from rlmon.service import catalog
 from rlmon.service.config import ConfigError, RoutingConfig, Settings, load_config
-from rlmon.service.exporter import ALERT_FIRING
+from rlmon.service.series import ALERT_FIRING
 from rlmon.service.metrics_http import build_registry
 from rlmon.service.service_core import ServiceCore
 from rlmon.service.step import StepRecord
@@ -45,7 +45,7 @@ def firing_series(core: ServiceCore) -> set[tuple[str, str]]:
     text = generate_latest(build_registry(core.metrics, process=False)).decode()
     return {(s.labels["run"], s.labels["alert"])
             for fam in text_string_to_metric_families(text) for s in fam.samples
-            if s.name == ALERT_FIRING}
+            if s.name == ALERT_FIRING.name}
 
 
 # --- 3: alert state survives a service restart ---------------------------------------------------

@@ -17,30 +17,19 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from prometheus_client.core import (
-    CounterMetricFamily,
     GaugeMetricFamily,
     InfoMetricFamily,
     Metric,
 )
 from prometheus_client.registry import Collector
 
-from rlmon.service import catalog
+from rlmon.service import catalog, series
 from rlmon.service.alerts import AlertEvent
 from rlmon.service.assembly import AssemblyCounters
 from rlmon.service.redact import Redactor
 from rlmon.service.step import StepRecord
 
 __all__ = [
-    "ALERT_FIRING",
-    "CUSTOM_METRIC",
-    "NONFINITE_METRICS",
-    "OUT_OF_DOMAIN_METRICS",
-    "RANKS_EXPECTED",
-    "RANKS_REPORTING",
-    "REPLICA_MISMATCHES",
-    "RUN_INFO",
-    "STEP",
-    "STEP_COMPLETE",
     "IngestCounters",
     "MetricsState",
     "RlmonCollector",
@@ -50,28 +39,7 @@ __all__ = [
     "sanitize_label",
 ]
 
-# Families the exporter adds beside the catalog's (the catalog owns every metric's own name).
-STEP = "rlmon_step"
-STEP_COMPLETE = "rlmon_step_complete"
-RANKS_REPORTING = "rlmon_ranks_reporting"
-RANKS_EXPECTED = "rlmon_ranks_expected"
-NONFINITE_METRICS = "rlmon_nonfinite_metrics"
-OUT_OF_DOMAIN_METRICS = "rlmon_out_of_domain_metrics"
-REPLICA_MISMATCHES = "rlmon_replica_mismatches"
-ALERT_FIRING = "rlmon_alert_firing"
-RUN_INFO = "rlmon_run"  # exposed as rlmon_run_info
-CUSTOM_METRIC = "rlmon_custom_metric"
-
-_STREAM_FAMILIES: tuple[tuple[str, str], ...] = (
-    (STEP, "Latest finalized step of the (run, role)."),
-    (STEP_COMPLETE, "1 if every expected rank reported the latest step, else 0."),
-    (RANKS_REPORTING, "Ranks that reported the latest step."),
-    (RANKS_EXPECTED, "Ranks expected to report each step (the world size)."),
-    (NONFINITE_METRICS, "Metrics of the latest step that are NaN or Inf."),
-    (OUT_OF_DOMAIN_METRICS, "Metrics of the latest step outside their physical domain."),
-    (REPLICA_MISMATCHES, "Metrics of the latest step whose replicated copies disagree."),
-)
-_STREAM_SERIES = len(_STREAM_FAMILIES)
+_STREAM_SERIES = len(series.STREAM_STATE)
 
 Clock = Callable[[], float]
 _MAX_LABEL = 128
@@ -318,11 +286,9 @@ class RlmonCollector(Collector):
             family: _gauge(family, _catalog_doc(catalog.get(name)), ["run", "role"])
             for name, (family, _) in _FAMILIES.items()
         }
-        custom = _gauge(CUSTOM_METRIC, "A metric outside the rlmon catalog (latest step).",
-                        ["run", "role", "metric"])
-        stream_fams = [_gauge(name, doc, ["run", "role"]) for name, doc in _STREAM_FAMILIES]
-        firing = _gauge(ALERT_FIRING, "1 while an rlmon alert is firing for the (run, role).",
-                        ["run", "role", "alert", "severity"])
+        custom = series.CUSTOM_METRIC.family()
+        stream_fams = [s.family() for s in series.STREAM_STATE]
+        firing = series.ALERT_FIRING.family()
         for record, names, alerts in snap.streams:
             run, role = lab(record.run), lab(record.role)
             values = record.metrics
@@ -350,8 +316,8 @@ class RlmonCollector(Collector):
         yield custom
         yield from stream_fams
         yield firing
-        info = InfoMetricFamily(RUN_INFO, "Run metadata: framework, algorithm, parallel layout.",
-                                labels=["run"])
+        info = InfoMetricFamily(series.RUN_INFO.family_name, series.RUN_INFO.help,
+                                labels=list(series.RUN_INFO.labels))
         for run, meta in sorted(snap.info.items()):
             info.add_metric([lab(run)], {k: lab(v) for k, v in meta.labels().items()})
         yield info
@@ -361,24 +327,17 @@ class RlmonCollector(Collector):
     def _self_metrics(self, snap: _Snapshot) -> Iterator[Metric]:
         state = self.state
         ingest = state.ingest() if callable(state.ingest) else state.ingest
-        for name, value, doc in (
-            ("ingested", ingest.ingested, "Metric partials merged into steps."),
-            ("rejected", ingest.rejected, "Records rejected as invalid (the rest still counted)."),
-            ("late", ingest.late, "Records that arrived after their step was finalized."),
-            ("dropped", ingest.dropped, "Records dropped by a full buffer."),
+        for declared, value in (
+            (series.PARTIALS_INGESTED, ingest.ingested),
+            (series.PARTIALS_REJECTED, ingest.rejected),
+            (series.PARTIALS_LATE, ingest.late),
+            (series.PARTIALS_DROPPED, ingest.dropped),
+            (series.RUN_RESTARTS, ingest.restarts),
+            (series.STEPS_REDELIVERED, ingest.redelivered),
         ):
-            yield CounterMetricFamily(f"rlmon_partials_{name}", doc, value=float(value))
-        yield CounterMetricFamily("rlmon_run_restarts", _OTHER_DOCS["rlmon_run_restarts_total"],
-                                  value=float(ingest.restarts))
-        yield CounterMetricFamily("rlmon_steps_redelivered",
-                                  _OTHER_DOCS["rlmon_steps_redelivered_total"],
-                                  value=float(ingest.redelivered))
-        outcomes = CounterMetricFamily(
-            "rlmon_notifications", "Notification delivery attempts by destination and outcome.",
-            labels=["destination", "outcome"],
-        )
-        pending = _gauge("rlmon_outbox_pending", "Notifications waiting in the outbox.",
-                         ["destination"])
+            yield declared.family(float(value))
+        outcomes = series.NOTIFICATIONS.family()
+        pending = series.OUTBOX_PENDING.family()
         if state.dispatch is not None:
             stats = state.dispatch()
             for (dest, outcome), n in sorted(stats.outcomes.items()):
@@ -387,61 +346,23 @@ class RlmonCollector(Collector):
                 pending.add_metric([dest], float(n))
         yield outcomes
         yield pending
-        findings = CounterMetricFamily(
-            "rlmon_sanity_findings", "Sanity-layer findings (seed 000's checklist) by kind.",
-            labels=["kind"],
-        )
+        findings = series.SANITY_FINDINGS.family()
         for kind, n in sorted((state.sanity() if state.sanity is not None else {}).items()):
             findings.add_metric([kind], float(n))
         yield findings
-        yield GaugeMetricFamily("rlmon_exporter_series", "Series under the cardinality budget.",
-                                value=float(snap.series))
-        yield GaugeMetricFamily("rlmon_exporter_series_budget", "The cardinality budget.",
-                                value=float(state.max_series))
-        yield CounterMetricFamily("rlmon_exporter_series_refused",
-                                  "Series refused because the cardinality budget was full.",
-                                  value=float(snap.refused))
-        yield CounterMetricFamily("rlmon_exporter_streams_expired",
-                                  "(run, role) streams removed after their TTL.",
-                                  value=float(snap.expired))
-        yield GaugeMetricFamily("rlmon_exporter_scrape_duration_seconds",
-                                "Time the previous scrape took to build.",
-                                value=state.last_scrape_seconds)
-
-
-_OTHER_DOCS: dict[str, str] = {
-    CUSTOM_METRIC: "A metric outside the rlmon catalog (label `metric`).",
-    ALERT_FIRING: "1 while an rlmon alert fires (labels `alert`, `severity`).",
-    RUN_INFO + "_info": "Run metadata: framework and version, algorithm, loss reduction, dp/cp/tp/pp,"
-    " gradient accumulation, ZeRO stage, DeepSpeed version, dpo (set by `Reporter.set_run_info`).",
-    "rlmon_partials_ingested_total": "Metric partials merged into steps.",
-    "rlmon_partials_rejected_total": "Records rejected as invalid (the rest still counted).",
-    "rlmon_partials_late_total": "Records that arrived after their step was finalized.",
-    "rlmon_partials_dropped_total": "Records dropped by a full buffer.",
-    "rlmon_run_restarts_total": "Reruns under an existing run name (steps starting again),"
-    " recorded as the run's next attempt.",
-    "rlmon_steps_redelivered_total": "Finalized steps delivered again after a restart; the"
-    " history store already held them, so they were ignored.",
-    "rlmon_notifications_total": "Notification attempts by `destination` and `outcome`"
-    " (sent, retried, failed).",
-    "rlmon_outbox_pending": "Notifications waiting in the outbox, by `destination`.",
-    "rlmon_sanity_findings_total": "Sanity-layer findings by `kind` (loss stuck at ln 2 / ln 3,"
-    " known DeepSpeed NaN grad-norm bug, collapsing loss scale).",
-    "rlmon_exporter_series": "Series under the cardinality budget.",
-    "rlmon_exporter_series_budget": "The cardinality budget.",
-    "rlmon_exporter_series_refused_total": "Series refused because the budget was full.",
-    "rlmon_exporter_streams_expired_total": "(run, role) streams removed after their TTL.",
-    "rlmon_exporter_scrape_duration_seconds": "Time the previous scrape took to build.",
-}
+        yield series.SERIES.family(float(snap.series))
+        yield series.SERIES_BUDGET.family(float(state.max_series))
+        yield series.SERIES_REFUSED.family(float(snap.refused))
+        yield series.STREAMS_EXPIRED.family(float(snap.expired))
+        yield series.SCRAPE_SECONDS.family(state.last_scrape_seconds)
 
 
 def exported_families() -> list[tuple[str, str]]:
     """(name, help) of every family a scrape can show, catalog first (for the README)."""
     out = [(spec.prometheus_name, spec.help) for spec in catalog.metrics()]
-    out.append((CUSTOM_METRIC, _OTHER_DOCS[CUSTOM_METRIC]))
-    out += list(_STREAM_FAMILIES)
-    out += [(name, doc) for name, doc in _OTHER_DOCS.items() if name != CUSTOM_METRIC]
-    return out
+    others = (series.CUSTOM_METRIC, *series.STREAM_STATE, series.ALERT_FIRING, series.RUN_INFO,
+              *series.SELF_MONITORING)
+    return out + [(declared.name, declared.help) for declared in others]
 
 
 def exported_metric_names() -> list[str]:

@@ -16,13 +16,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from rlmon.service import catalog
-from rlmon.service.exporter import (
-    NONFINITE_METRICS,
-    OUT_OF_DOMAIN_METRICS,
-    REPLICA_MISMATCHES,
-    STEP_COMPLETE,
-)
+from rlmon.service import catalog, series
 from rlmon.service.generated import Artifact
 from rlmon.service.rules import Condition, Rule, default_rules
 
@@ -46,12 +40,12 @@ PROMETHEUSRULE_PATH = "dashboards/prometheusrule.yaml"
 GROUP = "rlmon"
 
 _STRUCTURAL = {
-    Condition.NON_FINITE: (NONFINITE_METRICS + " > 0",
+    Condition.NON_FINITE: (series.NONFINITE_METRICS.name + " > 0",
                            "the exporter counts NaN/Inf values of the latest step per (run, role)"),
-    Condition.OUT_OF_DOMAIN: (OUT_OF_DOMAIN_METRICS + " > 0",
+    Condition.OUT_OF_DOMAIN: (series.OUT_OF_DOMAIN_METRICS.name + " > 0",
                               "the exporter counts values outside the catalog's domains"),
-    Condition.RANK_MISSING: (STEP_COMPLETE + " == 0", ""),
-    Condition.REPLICA_MISMATCH: (REPLICA_MISMATCHES + " > 0", ""),
+    Condition.RANK_MISSING: (series.STEP_COMPLETE.name + " == 0", ""),
+    Condition.REPLICA_MISMATCH: (series.REPLICA_MISMATCHES.name + " > 0", ""),
 }
 
 

@@ -13,7 +13,7 @@ from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.cog.builder import Builder
 from grafana_foundation_sdk.models import dashboard as dm
 
-from rlmon.service.dashboards import series
+from rlmon.service import series
 from rlmon.service.dashboards.panels import DATASOURCE
 from rlmon.service.dashboards.promql import select
 
@@ -37,11 +37,11 @@ def _variables() -> list[Builder[dm.VariableModel]]:
     return [
         db.DatasourceVariable("datasource").label("Data source").type("prometheus"),
         db.QueryVariable("run").label("Run").datasource(DATASOURCE)
-        .query(f"label_values({series.STEP}, run)")
+        .query(f"label_values({series.STEP.name}, run)")
         .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
         .multi(True).include_all(True).all_value(".*"),
         db.QueryVariable("role").label("Role").datasource(DATASOURCE)
-        .query(f'label_values({series.STEP}{{run=~"$run"}}, role)')
+        .query(f'label_values({series.STEP.name}{{run=~"$run"}}, role)')
         .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
         .multi(True).include_all(True).all_value(".*"),
     ]
@@ -52,7 +52,7 @@ def frame(uid: str, title: str, description: str,
     """A dashboard with the shared variables, alert annotations, links, time and refresh."""
     alerts = (
         db.AnnotationQuery().name(ALERTS_ANNOTATION).datasource(DATASOURCE).enable(True)
-        .icon_color("red").expr(select(series.ALERT_FIRING) + " == 1")
+        .icon_color("red").expr(select(series.ALERT_FIRING.name) + " == 1")
     )
     return (
         db.Dashboard(title).uid(uid).description(description).tags([TAG])

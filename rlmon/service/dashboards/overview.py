@@ -10,7 +10,7 @@ from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.cog.builder import Builder
 from grafana_foundation_sdk.models import dashboard as dm
 
-from rlmon.service.dashboards import series
+from rlmon.service import series
 from rlmon.service.dashboards.common import frame
 from rlmon.service.dashboards.panels import (
     catalog_rows,
@@ -41,8 +41,8 @@ _GREEN_RED = [Band(None, "green"), Band(1, "red")]
 
 def health_panels() -> list[Builder[dm.Panel]]:
     """Alerts firing, missing ranks, latest step: the first row of the run dashboards."""
-    firing = select(series.ALERT_FIRING) + " == 1"
-    reporting, expected = select(series.RANKS_REPORTING), select(series.RANKS_EXPECTED)
+    firing = select(series.ALERT_FIRING.name) + " == 1"
+    reporting, expected = select(series.RANKS_REPORTING.name), select(series.RANKS_EXPECTED.name)
     return [
         stat_panel("Firing alerts", "rlmon alerts firing now for the selected runs and roles.",
                    f"count({firing}) or vector(0)", bands=_GREEN_RED, legend="firing"),
@@ -52,11 +52,11 @@ def health_panels() -> list[Builder[dm.Panel]]:
                    f"sum(clamp_min({expected} - {reporting}, 0)) or vector(0)",
                    bands=_GREEN_RED, legend="missing"),
         stat_panel("Latest step", "The last finalized trainer step per run and role.",
-                   f"max by (run, role) ({select(series.STEP)})"),
+                   f"max by (run, role) ({select(series.STEP.name)})"),
         stat_panel("Step complete",
                    "1 when the latest step was finalized with every expected rank, 0 when it "
                    "was finalized at its deadline without them.",
-                   f"min by (run, role) ({select(series.STEP_COMPLETE)})",
+                   f"min by (run, role) ({select(series.STEP_COMPLETE.name)})",
                    bands=[Band(None, "red"), Band(1, "green")]),
         timeseries_panel(
             "Ranks reporting vs expected",
@@ -74,14 +74,14 @@ def health_panels() -> list[Builder[dm.Panel]]:
             "Metrics of the latest step that are NaN or Inf, outside their physical domain, or "
             "whose replicated copies disagree (NonFiniteMetric, MetricOutOfDomain, "
             "ReplicaMismatch).",
-            [query(select(series.NONFINITE_METRICS), "{{run}} {{role}} non-finite", "A"),
-             query(select(series.OUT_OF_DOMAIN_METRICS), "{{run}} {{role}} out of domain", "B"),
-             query(select(series.REPLICA_MISMATCHES), "{{run}} {{role}} replica mismatch", "C")],
+            [query(select(series.NONFINITE_METRICS.name), "{{run}} {{role}} non-finite", "A"),
+             query(select(series.OUT_OF_DOMAIN_METRICS.name), "{{run}} {{role}} out of domain", "B"),
+             query(select(series.REPLICA_MISMATCHES.name), "{{run}} {{role}} replica mismatch", "C")],
             unit="short", bands=_GREEN_RED, span=12),
         table_panel("Runs",
                     "What each run declared: framework and version, algorithm, loss reduction, "
                     "parallel layout, gradient accumulation, ZeRO stage.",
-                    f'{series.RUN_INFO_SERIES}{{run=~"$run"}}', span=12, height=8),
+                    f'{series.RUN_INFO.name}{{run=~"$run"}}', span=12, height=8),
     ]
 
 

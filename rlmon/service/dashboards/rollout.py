@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as db
 
-from rlmon.service.dashboards import series
+from rlmon.service import series
 from rlmon.service.dashboards.common import frame
 from rlmon.service.dashboards.panels import (
     catalog_rows,
@@ -33,11 +33,11 @@ def build() -> db.Dashboard:
     dash = frame(UID, "rlmon / Rollout and vLLM",
                  "Rollout generation: throughput, vLLM engine scheduler state and KV cache, "
                  "response lengths and policy lag.")
-    reporting, expected = select(series.RANKS_REPORTING), select(series.RANKS_EXPECTED)
+    reporting, expected = select(series.RANKS_REPORTING.name), select(series.RANKS_EXPECTED.name)
     dash = (
         dash.with_row(db.Row("Progress"))
         .with_panel(stat_panel("Latest step", "The last finalized step per run and role.",
-                               f"max by (run, role) ({select(series.STEP)})", span=8, height=8))
+                               f"max by (run, role) ({select(series.STEP.name)})", span=8, height=8))
         .with_panel(timeseries_panel(
             "Engines reporting vs expected",
             "Rollout ranks (engines) that reported the latest finalized step.",

@@ -1,0 +1,144 @@
+"""Every series the exporter shows beside the catalog's metrics, declared once.
+
+The catalog names each training metric's family; this module names the rest: per (run, role)
+stream state, alerts, run metadata and rlmon's own health (``rlmon_partials_*`` and the like).
+Each :class:`Series` carries its exposition name, kind, help and labels; the exporter builds its
+families from them, the README's list of exported families and the self-monitoring dashboard
+read them from here, so a rename is one edit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+__all__ = [
+    "ALERT_FIRING",
+    "CUSTOM_METRIC",
+    "NONFINITE_METRICS",
+    "NOTIFICATIONS",
+    "OUTBOX_PENDING",
+    "OUT_OF_DOMAIN_METRICS",
+    "PARTIALS_DROPPED",
+    "PARTIALS_INGESTED",
+    "PARTIALS_LATE",
+    "PARTIALS_REJECTED",
+    "PROCESS_RSS",
+    "RANKS_EXPECTED",
+    "RANKS_REPORTING",
+    "REPLICA_MISMATCHES",
+    "RUN_INFO",
+    "RUN_RESTARTS",
+    "SANITY_FINDINGS",
+    "SCRAPE_SECONDS",
+    "SELF_MONITORING",
+    "SERIES",
+    "SERIES_BUDGET",
+    "SERIES_REFUSED",
+    "STEP",
+    "STEPS_REDELIVERED",
+    "STEP_COMPLETE",
+    "STREAMS_EXPIRED",
+    "STREAM_STATE",
+    "Series",
+]
+
+Kind = Literal["counter", "gauge", "info"]
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One exported family: ``name`` as it appears in an exposition (a counter's ends in
+    ``_total``, an info family's in ``_info``), ``help`` for the exposition and the docs."""
+
+    name: str
+    kind: Kind
+    help: str
+    labels: tuple[str, ...] = ()
+
+    @property
+    def family_name(self) -> str:
+        """The name client_python's family constructors take (without the suffix they add)."""
+        suffix = {"counter": "_total", "info": "_info"}.get(self.kind, "")
+        return self.name.removesuffix(suffix)
+
+    def family(self, value: float | None = None) -> CounterMetricFamily | GaugeMetricFamily:
+        """An empty family (``value`` None) to add labelled samples to, or one unlabelled sample."""
+        labels = None if value is not None else list(self.labels)
+        if self.kind == "counter":
+            return CounterMetricFamily(self.family_name, self.help, value=value, labels=labels)
+        return GaugeMetricFamily(self.family_name, self.help, value=value, labels=labels)
+
+
+_RUN_ROLE = ("run", "role")
+
+# What the latest finalized step of each (run, role) says about itself.
+STEP = Series("rlmon_step", "gauge", "Latest finalized step of the (run, role).", _RUN_ROLE)
+STEP_COMPLETE = Series("rlmon_step_complete", "gauge",
+                       "1 if every expected rank reported the latest step, else 0.", _RUN_ROLE)
+RANKS_REPORTING = Series("rlmon_ranks_reporting", "gauge",
+                         "Ranks that reported the latest step.", _RUN_ROLE)
+RANKS_EXPECTED = Series("rlmon_ranks_expected", "gauge",
+                        "Ranks expected to report each step (the world size).", _RUN_ROLE)
+NONFINITE_METRICS = Series("rlmon_nonfinite_metrics", "gauge",
+                           "Metrics of the latest step that are NaN or Inf.", _RUN_ROLE)
+OUT_OF_DOMAIN_METRICS = Series("rlmon_out_of_domain_metrics", "gauge",
+                               "Metrics of the latest step outside their physical domain.",
+                               _RUN_ROLE)
+REPLICA_MISMATCHES = Series("rlmon_replica_mismatches", "gauge",
+                            "Metrics of the latest step whose replicated copies disagree.",
+                            _RUN_ROLE)
+STREAM_STATE = (STEP, STEP_COMPLETE, RANKS_REPORTING, RANKS_EXPECTED, NONFINITE_METRICS,
+                OUT_OF_DOMAIN_METRICS, REPLICA_MISMATCHES)
+
+CUSTOM_METRIC = Series("rlmon_custom_metric", "gauge",
+                       "A metric outside the rlmon catalog (label `metric`; latest step).",
+                       (*_RUN_ROLE, "metric"))
+ALERT_FIRING = Series("rlmon_alert_firing", "gauge",
+                      "1 while an rlmon alert fires (labels `alert`, `severity`).",
+                      (*_RUN_ROLE, "alert", "severity"))
+RUN_INFO = Series("rlmon_run_info", "info",
+                  "Run metadata: framework and version, algorithm, loss reduction, dp/cp/tp/pp, "
+                  "gradient accumulation, ZeRO stage, DeepSpeed version, dpo (set by "
+                  "`Reporter.set_run_info`).", ("run",))
+
+# rlmon's own health.
+PARTIALS_INGESTED = Series("rlmon_partials_ingested_total", "counter",
+                           "Metric partials merged into steps.")
+PARTIALS_REJECTED = Series("rlmon_partials_rejected_total", "counter",
+                           "Records rejected as invalid (the rest still counted).")
+PARTIALS_LATE = Series("rlmon_partials_late_total", "counter",
+                       "Records that arrived after their step was finalized.")
+PARTIALS_DROPPED = Series("rlmon_partials_dropped_total", "counter",
+                          "Records dropped by a full buffer.")
+RUN_RESTARTS = Series("rlmon_run_restarts_total", "counter",
+                      "Reruns under an existing run name (steps starting again), recorded as the "
+                      "run's next attempt.")
+STEPS_REDELIVERED = Series("rlmon_steps_redelivered_total", "counter",
+                           "Finalized steps delivered again after a restart; the history store "
+                           "already held them, so they were ignored.")
+NOTIFICATIONS = Series("rlmon_notifications_total", "counter",
+                       "Notification attempts by `destination` and `outcome` (sent, retried, "
+                       "failed).", ("destination", "outcome"))
+OUTBOX_PENDING = Series("rlmon_outbox_pending", "gauge",
+                        "Notifications waiting in the outbox, by `destination`.", ("destination",))
+SANITY_FINDINGS = Series("rlmon_sanity_findings_total", "counter",
+                         "Sanity-layer findings by `kind` (loss stuck at ln 2 / ln 3, known "
+                         "DeepSpeed NaN grad-norm bug, collapsing loss scale).", ("kind",))
+SERIES = Series("rlmon_exporter_series", "gauge", "Series under the cardinality budget.")
+SERIES_BUDGET = Series("rlmon_exporter_series_budget", "gauge", "The cardinality budget.")
+SERIES_REFUSED = Series("rlmon_exporter_series_refused_total", "counter",
+                        "Series refused because the cardinality budget was full.")
+STREAMS_EXPIRED = Series("rlmon_exporter_streams_expired_total", "counter",
+                         "(run, role) streams removed after their TTL.")
+SCRAPE_SECONDS = Series("rlmon_exporter_scrape_duration_seconds", "gauge",
+                        "Time the previous scrape took to build.")
+SELF_MONITORING = (PARTIALS_INGESTED, PARTIALS_REJECTED, PARTIALS_LATE, PARTIALS_DROPPED,
+                   RUN_RESTARTS, STEPS_REDELIVERED, NOTIFICATIONS, OUTBOX_PENDING,
+                   SANITY_FINDINGS, SERIES, SERIES_BUDGET, SERIES_REFUSED, STREAMS_EXPIRED,
+                   SCRAPE_SECONDS)
+
+# client_python's process collector, registered beside rlmon's collector by the metrics server.
+PROCESS_RSS = Series("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.")
