@@ -29,6 +29,7 @@ __all__ = [
     "NotifiersConfig",
     "OutboxConfig",
     "PagerDutyConfig",
+    "RetentionConfig",
     "RouteTable",
     "RoutingConfig",
     "Settings",
@@ -243,6 +244,21 @@ class ExporterConfig(_Section):
     finished_run_ttl_seconds: float = Field(default=120.0, ge=0.0)
 
 
+class RetentionConfig(_Section):
+    """How much the service keeps: history on disk, per-run state in memory."""
+
+    # the history store keeps the newest steps of each (run, role) (a step is ~1-5 kB on disk)
+    history_steps: int = Field(default=100_000, ge=1)
+    # ... and drops a run whose last step is older than this, whole
+    history_days: float = Field(default=30.0, gt=0.0)
+    # in memory: a (run, role) without a step for this long leaves (its alert state stays in
+    # the history store and comes back with its next step)
+    stream_ttl_seconds: float = Field(default=3_600.0, gt=0.0)
+    finished_ttl_seconds: float = Field(default=600.0, ge=0.0)  # after the run said it finished
+    max_streams: int = Field(default=10_000, ge=1)  # (run, role) in memory; least recent leave
+    every_seconds: float = Field(default=60.0, gt=0.0)  # how often retention runs
+
+
 class PrometheusRulesConfig(_Section):
     step_period_seconds: float = Field(default=60.0, gt=0.0)  # a trainer step, roughly
     evaluation_interval: str = Field(default="30s", pattern=r"^[0-9]+(ms|s|m|h)$")
@@ -264,6 +280,7 @@ class Settings(BaseSettings):
     outbox: OutboxConfig = Field(default_factory=OutboxConfig)
     exporter: ExporterConfig = Field(default_factory=ExporterConfig)
     prometheus_rules: PrometheusRulesConfig = Field(default_factory=PrometheusRulesConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
 
     @classmethod
     def settings_customise_sources(

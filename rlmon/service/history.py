@@ -10,6 +10,9 @@ The notifications a step's transitions owe are committed in that same transactio
 and leave only once the outbox holds them (:meth:`HistoryStore.handed_over`): a crash between the
 two stores, and the restarted service hands them over again (the outbox ignores a key it has), so
 a transition is never stored without its notification.
+
+Retention (:meth:`HistoryStore.prune`) keeps the newest steps of each (run, role) and drops runs
+quiet for longer than a given age, whole; freed pages are reused, so the file stops growing.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import sqlite3
 import threading
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +31,7 @@ from rlmon.service.alerts import AlertEvent, AlertState
 from rlmon.service.sqlite_db import open_database
 from rlmon.service.step import StepRecord
 
-__all__ = ["HistoryStore"]
+__all__ = ["HistoryStore", "Pruned"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS steps (
@@ -49,9 +52,28 @@ CREATE TABLE IF NOT EXISTS stream_state (
     run TEXT NOT NULL, role TEXT NOT NULL, last_step INTEGER NOT NULL, PRIMARY KEY (run, role));
 CREATE TABLE IF NOT EXISTS outbound (
     id INTEGER PRIMARY KEY AUTOINCREMENT, finalized_at REAL, events TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS steps_run_time ON steps (run, finalized_at);
+CREATE INDEX IF NOT EXISTS alerts_stream ON alerts (run, role, attempt, step);
 """
 
 Outbound = tuple[float | None, Sequence[AlertEvent]]  # (the step's finalization, its transitions)
+
+
+@dataclass(frozen=True, slots=True)
+class Pruned:
+    """What one retention pass removed."""
+
+    steps: int = 0
+    alerts: int = 0
+    runs: tuple[str, ...] = ()
+
+
+def _stream_filter(run: str | None, role: str | None) -> tuple[str, list[str]]:
+    if run is None:
+        return "", []
+    if role is None:
+        return " WHERE run = ?", [run]
+    return " WHERE run = ? AND role = ?", [run, role]
 
 
 def _metrics(line: dict[str, Any]) -> dict[str, float]:
@@ -148,12 +170,16 @@ class HistoryStore:
         with self._lock:
             self._db.executemany("DELETE FROM outbound WHERE id = ?", [(i,) for i in ids])
 
-    def alert_states(self) -> dict[tuple[str, str, str], AlertState]:
-        """The saved alert state machines (see :class:`~rlmon.service.alerts.AlertEngine`)."""
+    def alert_states(
+        self, run: str | None = None, role: str | None = None,
+    ) -> dict[tuple[str, str, str], AlertState]:
+        """The saved alert state machines (see :class:`~rlmon.service.alerts.AlertEngine`), of
+        every stream or of one run or (run, role)."""
+        where, args = _stream_filter(run, role)
         with self._lock:
             rows = self._db.execute(
                 "SELECT run, role, alert, true_steps, false_steps, firing, since_step, history, "
-                "metric FROM alert_state").fetchall()
+                "metric FROM alert_state" + where, args).fetchall()
         out = {}
         for run, role, alert, t, f, firing, since, hist, metric in rows:
             state = AlertState(true_steps=int(t), false_steps=int(f), firing=bool(firing),
@@ -164,17 +190,23 @@ class HistoryStore:
             out[(run, role, alert)] = state
         return out
 
-    def last_steps(self) -> dict[tuple[str, str], int]:
-        """The last evaluated step of every (run, role)."""
+    def last_steps(self, run: str | None = None, role: str | None = None,
+                   ) -> dict[tuple[str, str], int]:
+        """The last evaluated step of every (run, role) (or of one run or stream)."""
+        where, args = _stream_filter(run, role)
         with self._lock:
-            rows = self._db.execute("SELECT run, role, last_step FROM stream_state").fetchall()
+            rows = self._db.execute("SELECT run, role, last_step FROM stream_state" + where,
+                                    args).fetchall()
         return {(run, role): int(step) for run, role, step in rows}
 
-    def latest_attempts(self) -> dict[tuple[str, str], int]:
+    def latest_attempts(self, run: str | None = None, role: str | None = None,
+                        ) -> dict[tuple[str, str], int]:
         """The latest attempt (rerun) stored for every (run, role) that has one."""
+        where, args = _stream_filter(run, role)
         with self._lock:
-            rows = self._db.execute("SELECT run, role, MAX(attempt) FROM steps GROUP BY run, role "
-                                    "HAVING MAX(attempt) > 0").fetchall()
+            rows = self._db.execute("SELECT run, role, MAX(attempt) FROM steps" + where
+                                    + " GROUP BY run, role HAVING MAX(attempt) > 0",
+                                    args).fetchall()
         return {(run, role): int(attempt) for run, role, attempt in rows}
 
     def has_step(self, run: str, role: str, step: int, attempt: int = 0) -> bool:
@@ -220,6 +252,56 @@ class HistoryStore:
         with self._lock:
             rows = self._db.execute(query + " ORDER BY id", args).fetchall()
         return [{"type": "alert", **dict(zip(keys, row, strict=True))} for row in rows]
+
+    def prune(self, keep_steps: int, quiet_before: float | None = None) -> Pruned:
+        """Keep the newest ``keep_steps`` steps (and their alerts) of each (run, role); drop every
+        run whose last step was finalized before ``quiet_before`` (unix seconds), whole."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                runs: list[str] = []
+                if quiet_before is not None:
+                    runs = [r for (r,) in self._db.execute(
+                        "SELECT run FROM steps GROUP BY run HAVING MAX(finalized_at) < ?",
+                        (quiet_before,))]
+                steps = alerts = 0
+                for run in runs:
+                    steps += self._db.execute("DELETE FROM steps WHERE run = ?", (run,)).rowcount
+                    alerts += self._db.execute("DELETE FROM alerts WHERE run = ?",
+                                               (run,)).rowcount
+                    self._db.execute("DELETE FROM alert_state WHERE run = ?", (run,))
+                    self._db.execute("DELETE FROM stream_state WHERE run = ?", (run,))
+                crowded = self._db.execute(
+                    "SELECT run, role FROM steps GROUP BY run, role HAVING COUNT(*) > ?",
+                    (keep_steps,)).fetchall()
+                for run, role in crowded:
+                    # the newest step that goes: it and everything older leave
+                    attempt, step = self._db.execute(
+                        "SELECT attempt, step FROM steps WHERE run = ? AND role = ? "
+                        "ORDER BY attempt DESC, step DESC LIMIT 1 OFFSET ?",
+                        (run, role, keep_steps)).fetchone()
+                    older = ("run = ? AND role = ? AND (attempt < ? OR (attempt = ? AND "
+                             "step <= ?))")
+                    args = (run, role, attempt, attempt, step)
+                    steps += self._db.execute(f"DELETE FROM steps WHERE {older}", args).rowcount
+                    alerts += self._db.execute(f"DELETE FROM alerts WHERE {older}",
+                                               args).rowcount
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            # fold the write-ahead log into the file and cut it: the freed pages are reused
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return Pruned(steps, alerts, tuple(runs))
+
+    def size_bytes(self) -> int:
+        """Bytes on disk (database and write-ahead log); 0 in memory."""
+        with self._lock:
+            name = self._db.execute("PRAGMA database_list").fetchone()[2]
+        if not name:
+            return 0
+        return sum(p.stat().st_size for p in (Path(name), Path(name + "-wal"))
+                   if p.exists())
 
     def close(self) -> None:
         with self._lock:

@@ -8,14 +8,20 @@ is neither exported, evaluated nor notified twice. A step, its alert transitions
 notifications they owe are one commit of the history store; the notifications then move to the
 outbox, and whatever a crash left in between moves on the next start (see
 :mod:`rlmon.service.crash_points` for the commit points a test kills the process at).
+
+What it keeps is bounded (config ``retention``): per-(run, role) state in memory leaves when the
+stream goes quiet, finishes or is crowded out (:mod:`rlmon.service.stream_tracker`; it comes back
+from the history store with the stream's next step), and the history store keeps the newest steps
+of each stream and drops runs quiet for days. What leaves is counted in ``removed``.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +37,7 @@ from rlmon.service.redact import install_redaction
 from rlmon.service.rules import Rule, default_rules, load_rules
 from rlmon.service.sanity import Finding, SanityChecker, relay_warnings
 from rlmon.service.step import StepRecord
+from rlmon.service.stream_tracker import Expired, Stream, StreamTracker
 
 __all__ = ["ServiceCore"]
 
@@ -55,10 +62,13 @@ class ServiceCore:
         rules: Sequence[Rule] | None = None,
         transports: Mapping[str, Any] | None = None,
         port_fallback: bool = False,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         """``port`` None: no HTTP server; with ``port_fallback`` a taken port gives way to a
-        free one (the embedded default), otherwise it raises."""
+        free one (the embedded default), otherwise it raises. ``clock`` (unix seconds) drives
+        expiry and retention (tests inject a simulated one)."""
         self.settings = settings or load_config()
+        self._clock = clock or time.time
         state = Path(state_dir) if state_dir is not None else None
         if state is not None:
             state.mkdir(parents=True, exist_ok=True)
@@ -73,6 +83,11 @@ class ServiceCore:
         for (run, role, alert), st in self.engine.states.items():
             if st.firing:
                 self._restored_firing.setdefault((run, role), []).append(alert)
+        retention = self.settings.retention
+        self.removed: Counter[str] = Counter()  # what retention and expiry took, by kind
+        self._tracker = StreamTracker(retention.stream_ttl_seconds,
+                                      retention.finished_ttl_seconds, retention.max_streams)
+        self._next_retention = self._clock() + retention.every_seconds
         self.outbox_path = outbox_path(self.settings, state)
         outbox = open_outbox(self.settings, self.outbox_path)
         self.dispatcher = build_dispatcher(self.settings, outbox, transports=transports)
@@ -85,6 +100,7 @@ class ServiceCore:
         self.metrics = MetricsState(
             max_series=exp.max_series, run_ttl=exp.run_ttl_seconds,
             finished_ttl=exp.finished_run_ttl_seconds, redactor=self.settings.redactor(),
+            clock=clock,
         )
         self.metrics.dispatch = self.dispatcher.stats
         # The sanity layer looks at each (run, role)'s steps for values that look like training
@@ -100,6 +116,9 @@ class ServiceCore:
         self.events: deque[AlertEvent] = deque(maxlen=10_000)
         self.redeliveries = 0
         self._lock = threading.Lock()
+        now = self._clock()
+        for stream in sorted(set(self.engine.last_step) | {k[:2] for k in self.engine.states}):
+            self._forget(self._tracker.seen(stream, now))  # restored streams age from now
         self.server: MetricsServer | None = None
         self.wanted_port = port
         self.host = host or exp.host
@@ -172,7 +191,9 @@ class ServiceCore:
                     continue
                 fresh.append(record)
             streams: set[tuple[str, str]] = set()
+            now = self._clock()
             for record in fresh:
+                self._remember((record.run, record.role), now)
                 mine = self.engine.evaluate(record)
                 streams.add((record.run, record.role))
                 self.metrics.update(record, self._restored(record) + mine)
@@ -186,6 +207,8 @@ class ServiceCore:
                                          if k in self.engine.last_step},
                              outbound=batches)
             self.events.extend(events)
+            if now >= self._next_retention:
+                self._retain(now)
         crash_point("publish.after_history")
         if batches:
             self._hand_over()
@@ -205,6 +228,44 @@ class ServiceCore:
             crash_point("publish.after_outbox")
             self.history.handed_over(i for i, _at, _batch in owed)
         self.dispatcher.wake()
+
+    # --- bounded state ---------------------------------------------------------------------------
+
+    def _remember(self, stream: Stream, now: float) -> None:
+        """A stream reports: bring its state back from the history store if it had left memory."""
+        if stream not in self._tracker:
+            run, role = stream
+            self.engine.states.update(self.history.alert_states(run, role))
+            self.engine.last_step.update(self.history.last_steps(run, role))
+            self.engine.attempts.update(self.history.latest_attempts(run, role))
+        self._forget(self._tracker.seen(stream, now))
+
+    def _forget(self, expired: Expired) -> None:
+        """Drop what left memory (its alert state is in the history store)."""
+        states = self.engine.states
+        for run, role in expired.streams:
+            for rule in self.engine.rules:
+                states.pop((run, role, rule.name), None)
+            self.engine.last_step.pop((run, role), None)
+            self.engine.attempts.pop((run, role), None)
+            self.sanity.pop((run, role), None)
+            self._restored_firing.pop((run, role), None)
+        for run in expired.runs:
+            self.run_info.pop(run, None)
+            self._relayed.pop(run, None)
+        self.removed["streams_forgotten"] += len(expired.streams)
+        self.removed["runs_forgotten"] += len(expired.runs)
+
+    def _retain(self, now: float) -> None:
+        """Expire quiet or finished streams from memory; apply the history retention."""
+        retention = self.settings.retention
+        self._next_retention = now + retention.every_seconds
+        self._forget(self._tracker.expire(now))
+        pruned = self.history.prune(retention.history_steps,
+                                    now - retention.history_days * 86_400.0)
+        self.removed["history_steps"] += pruned.steps
+        self.removed["history_alerts"] += pruned.alerts
+        self.removed["history_runs"] += len(pruned.runs)
 
     def _states_of(self, streams: set[tuple[str, str]]) -> dict[tuple[str, str, str], AlertState]:
         states = self.engine.states
@@ -232,6 +293,7 @@ class ServiceCore:
         """A run's metadata: shown as ``rlmon_run_info`` and used by the run's sanity checks."""
         meta = _run_info(info)
         with self._lock:
+            self._forget(self._tracker.touch_run(run, self._clock()))
             self.run_info[run] = meta
             self.metrics.set_run_info(run, meta)
             for (r, _role), checker in self.sanity.items():
@@ -241,6 +303,7 @@ class ServiceCore:
     def finish_run(self, run: str) -> None:
         """The run ended: its series leave the exporter after the finished-run TTL."""
         with self._lock:
+            self._tracker.finish(run, self._clock())
             self.metrics.finish_run(run)
 
     @staticmethod
@@ -267,7 +330,9 @@ class ServiceCore:
         fresh: dict[str, list[str]] = {}
         for name in record.metrics:
             framework, sep, key = name.partition("/")
-            if sep and framework in keymaps.FRAMEWORKS and name not in seen:
+            # only the keymaps' keys are remembered: a producer's own names cannot grow this
+            if (sep and framework in keymaps.FRAMEWORKS and name not in seen
+                    and keymaps.by_key(framework, key) is not None):
                 seen.add(name)
                 fresh.setdefault(framework, []).append(key)
         for framework, keys in sorted(fresh.items()):
