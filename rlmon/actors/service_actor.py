@@ -122,6 +122,7 @@ def service_actor_class() -> Any:
                 "redeliveries": self.core.redeliveries,
                 "ingest": self.core._ingest_counters(),
                 "dispatch": self.core.dispatcher.stats(),
+                "removed": dict(self.core.removed),  # retention and expiry, by kind
             }
 
         def healthy(self) -> tuple[bool, str]:
