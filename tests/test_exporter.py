@@ -9,7 +9,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rlmon.service import catalog
 from rlmon.service.alerts import AlertEngine
-from rlmon.service.assembly import AssemblyCounters
 from rlmon.service.exporter import IngestCounters, MetricsState, RunInfo, exported_metric_names
 from rlmon.service.metrics_http import build_registry, serve_metrics
 from rlmon.service.redact import Redactor
@@ -91,8 +90,7 @@ def test_run_info_and_self_metrics() -> None:
     state.set_run_info("grpo-7b", RunInfo(framework="openrlhf", framework_version="0.8.5",
                                           algorithm="grpo", loss_reduction="token_mean", dp=8,
                                           cp=2, tp=1, pp=1, grad_accumulation=4, zero_stage=2))
-    counters = AssemblyCounters(accepted=10, rejected=2, late=1, partials=900)
-    state.ingest = lambda: IngestCounters.from_assembly(counters, dropped=3)
+    state.ingest = lambda: IngestCounters(ingested=900, rejected=2, late=1, dropped=3)
     got = scrape(state)
     info = next(dict(lbl) for (name, lbl), _ in got.items() if name == "rlmon_run_info")
     assert info == {"run": "grpo-7b", "framework": "openrlhf", "framework_version": "0.8.5",

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import socket
 import threading
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+from polling import wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -41,15 +41,15 @@ def test_serve_health_ingest_and_graceful_stop(
     result: dict[str, int] = {}
     thread = threading.Thread(target=lambda: result.update(rc=serve.run_serve(args, stop)))
     thread.start()
-    deadline = time.monotonic() + 60
-    while True:
+
+    def healthy() -> bool:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-                assert r.status == 200
-                break
+                return bool(r.status == 200)
         except OSError:
-            assert time.monotonic() < deadline, "serve never became healthy"
-            time.sleep(0.1)
+            return False
+
+    wait_for(healthy, 60.0, "serve to become healthy")
     rep = Reporter("served", "actor", world={"dp": 2}, rank={"dp": 0}, namespace=ray_namespace,
                    start_service=False, step_seconds=False)
     rep.record("actor/loss", sum=2.0, count=4.0)

@@ -17,7 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from rlmon.service.partial import ALL_AXES, Partial, combine
 from rlmon.service.rank import AXES, Rank, World
 from rlmon.service.report import MAX_STEP, check_metric_name, check_role, check_run
 from rlmon.service.spec import Form
+
+if TYPE_CHECKING:
+    from rlmon.actors.runtime import RuntimeOptions
 
 __all__ = ["Reporter"]
 
@@ -96,7 +99,7 @@ class Reporter:
         max_pending: int = 1024,
         max_batch: int = 64,
         step_seconds: bool = True,
-        runtime: Any = None,
+        runtime: RuntimeOptions | None = None,
     ) -> None:
         detected = detect_layout() if rank is None or world is None else None
         self.rank = coerce_rank(rank) if rank is not None else detected[0]  # type: ignore[index]

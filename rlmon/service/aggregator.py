@@ -11,11 +11,13 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from rlmon.service.assembly import AddOutcome, AssemblyCounters, Clock, StepAssembler, StepState
+from rlmon.service import series
+from rlmon.service.assembly import AddOutcome, AssemblyCounters, StepAssembler, StepState
+from rlmon.service.clock import Clock
 from rlmon.service.deadline import DeadlinePolicy
 from rlmon.service.ingest import IngestAck, NodeBatch, origin
 from rlmon.service.message import StepMessage
@@ -146,8 +148,8 @@ class AggregatorCore:
             self._late_said.add(stream)
             log.warning(
                 "rlmon: %s/%s step %d arrived after the step was finalized (a rank past the "
-                "deadline, or a resend); not folded in, counted in rlmon_partials_late_total "
-                "(said once per run and role)", msg.run, msg.role, msg.step)
+                "deadline, or a resend); not folded in, counted in %s (said once per run and "
+                "role)", msg.run, msg.role, msg.step, series.PARTIALS_LATE.name)
 
     def probe(self, run: str, role: str) -> IngestAck:
         """Who this aggregator is and how far (run, role) is finalized, for an idle reporter."""
@@ -284,6 +286,9 @@ class AggregatorCore:
             }
 
 
+# How finalized records reach the service: (records, shard, aggregator stats); raises to retry.
+Publish = Callable[[list[StepRecord], int, dict[str, Any]], object]
+
 # Counters that can change while no step finalizes; a change is published on its own.
 _SAID_WITHOUT_A_STEP = ("late", "rejected", "duplicates", "restarts", "reporter_dropped")
 
@@ -292,7 +297,7 @@ class AggregatorServer:
     """What the actor does, with the service handle injected (a Protocol seam for tests)."""
 
     def __init__(
-        self, core: AggregatorCore, publish: Any, shard: int = 0, tick_s: float = 0.02,
+        self, core: AggregatorCore, publish: Publish, shard: int = 0, tick_s: float = 0.02,
     ) -> None:
         self.core, self.publish, self.shard, self.tick_s = core, publish, shard, tick_s
         self._wake = threading.Event()

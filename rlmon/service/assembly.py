@@ -13,13 +13,14 @@ from __future__ import annotations
 import bisect
 import itertools
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from rlmon.service import catalog
 from rlmon.service.block import StepBlock
+from rlmon.service.clock import Clock
 from rlmon.service.message import MessageChecks, Schema, StepMessage
 from rlmon.service.partial import MetricPool, Partial, straggler_ratio
 from rlmon.service.rank import Rank, World
@@ -40,14 +41,12 @@ __all__ = [
     "MAX_LISTED_MISSING",
     "AddOutcome",
     "AssemblyCounters",
-    "Clock",
     "FinalizedSteps",
     "Options",
     "StepAssembler",
     "StepState",
 ]
 
-Clock = Callable[[], float]  # seconds on a monotonic clock, injectable in tests
 MAX_LISTED_MISSING = 1024
 
 
@@ -582,9 +581,3 @@ class StepAssembler:
             >= (deadline_s(state.run, state.role) if callable(deadline_s) else deadline_s)
         ]
         return [self.finalize(key) for key in sorted(stale)]
-
-    def add_many(self, reports: Iterable[Report]) -> Iterator[StepRecord]:
-        for report in reports:
-            _, record = self.add(report)
-            if record is not None:
-                yield record

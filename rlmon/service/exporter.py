@@ -25,7 +25,7 @@ from prometheus_client.registry import Collector
 
 from rlmon.service import catalog, series
 from rlmon.service.alerts import AlertEvent
-from rlmon.service.assembly import AssemblyCounters
+from rlmon.service.clock import Clock
 from rlmon.service.redact import Redactor
 from rlmon.service.step import StepRecord
 
@@ -41,7 +41,6 @@ __all__ = [
 
 _STREAM_SERIES = len(series.STREAM_STATE)
 
-Clock = Callable[[], float]
 _MAX_LABEL = 128
 
 
@@ -99,11 +98,6 @@ class IngestCounters:
     dropped: int = 0
     restarts: int = 0  # reruns under an existing run name, recorded as new attempts
     redelivered: int = 0  # finalized steps the history store already held (ignored)
-
-    @classmethod
-    def from_assembly(cls, counters: AssemblyCounters, dropped: int = 0) -> IngestCounters:
-        return cls(counters.partials, counters.rejected, counters.late, dropped,
-                   counters.restarts)
 
 
 @dataclass(slots=True)

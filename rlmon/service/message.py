@@ -146,11 +146,6 @@ class StepMessage:
     dropped: int = 0
     started: float = 0.0
 
-    @property
-    def n_partials(self) -> int:
-        n = len(self.columns.schema.names) if self.columns is not None else 0
-        return n + sum(len(p) for _, p in self.partials)
-
     def reports(self) -> list[Report]:
         """The same content as contract records (the last one final), for the core path."""
         groups: list[tuple[int, dict[str, Partial]]] = [

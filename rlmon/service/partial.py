@@ -121,13 +121,6 @@ class MetricPool:
         self.per_rank = per_rank or replicated is not None
         self.cells: dict[tuple[int, Rank | None], State] = {}
 
-    def options_match(self, partial: Partial) -> bool:
-        return (
-            partial.form is self.form
-            and partial.replicated == self.replicated
-            and partial.minibatch_mean == self.minibatch_mean
-        )
-
     def add(self, rank: Rank, minibatch: int, state: State) -> None:
         key = (minibatch if self.minibatch_mean else 0, rank if self.per_rank else None)
         old = self.cells.get(key)

@@ -14,10 +14,11 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from rlmon.service.alerts import AlertEvent
+from rlmon.service.clock import Clock
 from rlmon.service.config import Settings
 from rlmon.service.crash_points import crash_point
 from rlmon.service.notify.message import Delivery, Notifier
@@ -29,7 +30,6 @@ __all__ = ["DispatchStats", "Dispatcher"]
 
 log = logging.getLogger("rlmon.notify")
 
-Clock = Callable[[], float]
 
 
 @dataclass(frozen=True, slots=True)

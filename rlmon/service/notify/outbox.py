@@ -17,16 +17,15 @@ import json
 import random
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlmon.service.clock import Clock
 from rlmon.service.notify.message import Notification
 from rlmon.service.sqlite_db import open_database
 
 __all__ = ["Backoff", "Outbox", "OutboxCounters", "PendingRow"]
 
-Clock = Callable[[], float]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (
