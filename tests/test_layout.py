@@ -1,0 +1,43 @@
+"""The layout is the architecture: the pure core never reaches up into the Ray shells."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import rlmon
+
+PACKAGE = Path(rlmon.__file__).parent
+
+
+def _imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+def test_the_core_imports_neither_ray_nor_the_shells() -> None:
+    offenders = [
+        f"{path.relative_to(PACKAGE)}: {module}"
+        for path in sorted((PACKAGE / "service").rglob("*.py"))
+        for module in _imports(path)
+        if module == "ray" or module.startswith(("ray.", "rlmon.actors"))
+    ]
+    assert offenders == []
+
+
+def test_importing_every_core_module_loads_no_ray() -> None:
+    modules = sorted(
+        "rlmon.service." + ".".join(p.relative_to(PACKAGE / "service").with_suffix("").parts)
+        for p in (PACKAGE / "service").rglob("*.py") if p.name != "__init__.py")
+    code = ("import sys\n" + "".join(f"import {m}\n" for m in modules)
+            + "assert 'ray' not in sys.modules, sorted(m for m in sys.modules if 'ray' in m)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
