@@ -27,7 +27,7 @@ from frameworks_support import Ledger, check_row_coverage, framework_module, opt
 from integrations_support import Hub
 
 from rlmon.actors.integrations import openrlhf
-from rlmon.service import keymaps
+from rlmon.service import catalog
 
 pytestmark = pytest.mark.frameworks
 
@@ -232,26 +232,26 @@ def test_worker_path_and_logger_against_policy_loss(hub: Hub) -> None:
         "new", "old", "adv", "mask", "rollout", "entropy")}
     whole = policy(every["new"], every["old"], every["adv"], action_mask=every["mask"],
                    rollout_log_probs=every["rollout"])
-    ledger.check(keymaps.LOSS, "worker path", rec[keymaps.LOSS], framework=float(whole[0]),
+    ledger.check(catalog.LOSS, "worker path", rec[catalog.LOSS], framework=float(whole[0]),
                  truth=truth["loss"])
     ledger.check("openrlhf/policy_loss", "logged (window-normalized)",
                  driver["openrlhf/policy_loss"], framework=status["policy_loss"],
                  truth=truth["loss"], differs_truth=True)
-    ledger.check(keymaps.LOSS, "logged vs worker path", rec[keymaps.LOSS],
+    ledger.check(catalog.LOSS, "logged vs worker path", rec[catalog.LOSS],
                  framework=status["policy_loss"], truth=truth["loss"], differs_framework=True)
-    ledger.check(keymaps.ENTROPY, "worker path", rec[keymaps.ENTROPY],
+    ledger.check(catalog.ENTROPY, "worker path", rec[catalog.ENTROPY],
                  framework=float(or_loss.aggregate_loss(every["entropy"], every["mask"])),
                  truth=truth["entropy"])
     ledger.check("openrlhf/entropy_loss", "logged (window-normalized)",
                  driver["openrlhf/entropy_loss"], framework=status["entropy_loss"],
                  truth=truth["entropy"], differs_truth=True)
-    ledger.check(keymaps.CLIP_RATIO, "logger", driver[keymaps.CLIP_RATIO],
+    ledger.check(catalog.CLIP_RATIO, "logger", driver[catalog.CLIP_RATIO],
                  framework=status["ppo_clip_ratio"], truth=truth["clip_ratio"])
-    ledger.check(keymaps.CLIP_RATIO, "worker path", rec[keymaps.CLIP_RATIO],
+    ledger.check(catalog.CLIP_RATIO, "worker path", rec[catalog.CLIP_RATIO],
                  framework=float(whole[1]), truth=truth["clip_ratio"])
-    ledger.check(keymaps.APPROX_KL, "logger", driver[keymaps.APPROX_KL],
+    ledger.check(catalog.APPROX_KL, "logger", driver[catalog.APPROX_KL],
                  framework=status["ppo_kl"], truth=truth["approx_kl"])
-    ledger.check(keymaps.APPROX_KL, "worker path", rec[keymaps.APPROX_KL],
+    ledger.check(catalog.APPROX_KL, "worker path", rec[catalog.APPROX_KL],
                  framework=float(whole[2]), truth=truth["approx_kl"])
     ledger.check("openrlhf/vllm_kl", "logger", driver["openrlhf/vllm_kl"],
                  framework=status["vllm_kl"], truth=truth["vllm_kl"])
@@ -261,10 +261,10 @@ def test_worker_path_and_logger_against_policy_loss(hub: Hub) -> None:
     # compute_approx_kl computes in float32: relayed exactly, compared with the truth at 1e-6
     ledger.check("openrlhf/kl", "logged (window-normalized)", driver["openrlhf/kl"],
                  framework=status["kl"], truth=truth["kl"], differs_truth=True, rel=1e-6)
-    ledger.check(keymaps.KL, "worker path", rec[keymaps.KL], truth=truth["kl"], rel=1e-6)
-    ledger.check(keymaps.LR, "logger", driver[keymaps.LR], framework=status["actor_lr"])
-    ledger.check(keymaps.LR, "worker path", rec[keymaps.LR], framework=status["actor_lr"])
-    assert keymaps.LOSS not in driver and keymaps.KL not in driver  # not comparable: relayed
+    ledger.check(catalog.KL, "worker path", rec[catalog.KL], truth=truth["kl"], rel=1e-6)
+    ledger.check(catalog.LR, "logger", driver[catalog.LR], framework=status["actor_lr"])
+    ledger.check(catalog.LR, "worker path", rec[catalog.LR], framework=status["actor_lr"])
+    assert catalog.LOSS not in driver and catalog.KL not in driver  # not comparable: relayed
 
 
 def test_driver_hook_against_policy_loss_is_weights(hub: Hub) -> None:
@@ -297,17 +297,17 @@ def test_driver_hook_against_policy_loss_is_weights(hub: Hub) -> None:
     logger.log_train(STEP, {})
     rec = hub.step("driver", STEP).metrics
     rho_all = np.concatenate(rho)
-    ledger.check(keymaps.IS_RATIO, "driver hook", rec[keymaps.IS_RATIO],
+    ledger.check(catalog.IS_RATIO, "driver hook", rec[catalog.IS_RATIO],
                  framework=float(rho_all.mean()), truth=truth["is_ratio"])
-    ledger.check(keymaps.IS_RATIO_MIN, "driver hook", rec[keymaps.IS_RATIO_MIN],
+    ledger.check(catalog.IS_RATIO_MIN, "driver hook", rec[catalog.IS_RATIO_MIN],
                  framework=float(rho_all.min()), truth=truth["is_ratio_min"])
-    ledger.check(keymaps.IS_RATIO_MAX, "driver hook", rec[keymaps.IS_RATIO_MAX],
+    ledger.check(catalog.IS_RATIO_MAX, "driver hook", rec[catalog.IS_RATIO_MAX],
                  framework=float(rho_all.max()), truth=truth["is_ratio_max"])
-    ledger.check(keymaps.LOGP_DIFF, "driver hook", rec[keymaps.LOGP_DIFF],
+    ledger.check(catalog.LOGP_DIFF, "driver hook", rec[catalog.LOGP_DIFF],
                  truth=truth["logp_diff"])
-    ledger.check(keymaps.LOGP_DIFF_MAX, "driver hook", rec[keymaps.LOGP_DIFF_MAX],
+    ledger.check(catalog.LOGP_DIFF_MAX, "driver hook", rec[catalog.LOGP_DIFF_MAX],
                  truth=truth["logp_diff_max"])
-    ledger.check(keymaps.IS_MASKED_FRAC, "driver hook (token level)", rec[keymaps.IS_MASKED_FRAC],
+    ledger.check(catalog.IS_MASKED_FRAC, "driver hook (token level)", rec[catalog.IS_MASKED_FRAC],
                  framework=_ppo_train_merge(filt, tokens), truth=truth["is_masked"])
 
 
@@ -337,7 +337,7 @@ def test_seq_level_filter_ratio_counts_sequences_not_tokens(hub: Hub) -> None:
     logger.record_experiences(experiences)
     logger.log_train(STEP, {"is_filter_ratio": _ppo_train_merge(filt, tokens)})
     rec = hub.step("driver", STEP).metrics
-    ledger.check(keymaps.IS_MASKED_FRAC, "driver hook (seq level)", rec[keymaps.IS_MASKED_FRAC],
+    ledger.check(catalog.IS_MASKED_FRAC, "driver hook (seq level)", rec[catalog.IS_MASKED_FRAC],
                  framework=_ppo_train_merge(filt, tokens), truth=bad_tokens / all_tokens,
                  differs_framework=True)
     ledger.check("openrlhf/is_filter_ratio", "logger (seq level)",
@@ -369,7 +369,7 @@ def test_critic_keys_against_value_loss(hub: Hub) -> None:
                  framework=status["critic_loss"], truth=truth_loss, differs_truth=True)
     ledger.check("openrlhf/values", "logger", rec["openrlhf/values"], framework=status["values"],
                  truth=float(v.mean()), differs_truth=True)
-    assert keymaps.CRITIC_LOSS not in rec
+    assert catalog.CRITIC_LOSS not in rec
 
 
 def test_every_openrlhf_row_is_checked_or_says_why() -> None:

@@ -31,7 +31,7 @@ from frameworks_support import Ledger, check_row_coverage, framework_module, opt
 from integrations_support import Hub
 
 from rlmon.actors.integrations import skyrl
-from rlmon.service import keymaps
+from rlmon.service import catalog
 
 pytestmark = pytest.mark.frameworks
 
@@ -209,11 +209,11 @@ def test_policy_loss_per_loss_reduction(hub: Hub, mode: str) -> None:
         _mode_truth(np.concatenate([_np_loss(s) for rank in mini for s in rank]),
                     np.concatenate([s.mask.numpy() for rank in mini for s in rank]), mode)
         for mini in step]))
-    ledger.check(keymaps.LOSS, f"worker path, {mode}", rec.metrics[keymaps.LOSS],
+    ledger.check(catalog.LOSS, f"worker path, {mode}", rec.metrics[catalog.LOSS],
                  framework=logged["policy_loss"], truth=truth)
     ledger.check(skyrl.POLICY_LOSS, f"SkyRL's partial sums, {mode}",
                  rec.metrics[skyrl.POLICY_LOSS], framework=logged["policy_loss"], truth=truth)
-    ledger.check(keymaps.LOSS, f"sum over DP x CP (#1420), {mode}", rec.metrics[keymaps.LOSS],
+    ledger.check(catalog.LOSS, f"sum over DP x CP (#1420), {mode}", rec.metrics[catalog.LOSS],
                  framework=world["policy_loss"], truth=truth, differs_framework=True)
 
 
@@ -272,16 +272,16 @@ def test_token_metrics_and_tracker_relays(hub: Hub) -> None:
     truth = {"entropy": float(pool(lambda s: s.entropy.numpy()).mean()), "kl": float(k3.mean()),
              "clip": float((np.clip(ratio, 0.8, 1.28) * adv < ratio * adv).mean()),
              "is_mean": float(rho.mean()), "is_max": float(rho.max()), "is_min": float(rho.min())}
-    for key, name, t in (("policy/policy_entropy", keymaps.ENTROPY, "entropy"),
-                         ("policy/policy_kl", keymaps.KL, "kl"),
-                         ("policy/loss_metrics/clip_ratio", keymaps.CLIP_RATIO, "clip"),
-                         ("policy/loss_metrics/is_ratio_mean", keymaps.IS_RATIO, "is_mean")):
+    for key, name, t in (("policy/policy_entropy", catalog.ENTROPY, "entropy"),
+                         ("policy/policy_kl", catalog.KL, "kl"),
+                         ("policy/loss_metrics/clip_ratio", catalog.CLIP_RATIO, "clip"),
+                         ("policy/loss_metrics/is_ratio_mean", catalog.IS_RATIO, "is_mean")):
         ledger.check(name, "worker path", rec[name], framework=logged[key], truth=truth[t],
                      differs_framework=True)
         ledger.check(f"skyrl/{key}", "tracker (mean of micro-batch means)",
                      driver[f"skyrl/{key}"], framework=logged[key], truth=truth[t],
                      differs_truth=True)
-    ledger.check(keymaps.IS_RATIO_MAX, "tracker", driver[keymaps.IS_RATIO_MAX],
+    ledger.check(catalog.IS_RATIO_MAX, "tracker", driver[catalog.IS_RATIO_MAX],
                  framework=logged["policy/loss_metrics/is_ratio_max"], truth=truth["is_max"])
     ledger.check("skyrl/policy/loss_metrics/is_ratio_min", "tracker (min of ratio x mask)",
                  driver["skyrl/policy/loss_metrics/is_ratio_min"],
@@ -290,7 +290,7 @@ def test_token_metrics_and_tracker_relays(hub: Hub) -> None:
     assert driver["skyrl/policy/loss_metrics/is_ratio_min"] == 0.0  # padding positions count
     ledger.check("skyrl/policy/final_loss", "tracker", driver["skyrl/policy/final_loss"],
                  framework=logged["policy/final_loss"])
-    ledger.check(keymaps.LR, "tracker", driver[keymaps.LR], framework=logged["policy/policy_lr"])
+    ledger.check(catalog.LR, "tracker", driver[catalog.LR], framework=logged["policy/policy_lr"])
 
 
 def test_driver_metrics_through_the_tracker(hub: Hub) -> None:
@@ -322,11 +322,11 @@ def test_driver_metrics_through_the_tracker(hub: Hub) -> None:
     rec = hub.step("driver", STEP).metrics
     d = np.abs((train - rollout).numpy())[mask.numpy() > 0]
     for key, name, truth in (
-            ("reward/avg_raw_reward", keymaps.REWARD, float(np.mean(rewards))),
-            ("generate/avg_num_tokens", keymaps.RESPONSE_LENGTH,
+            ("reward/avg_raw_reward", catalog.REWARD, float(np.mean(rewards))),
+            ("generate/avg_num_tokens", catalog.RESPONSE_LENGTH,
              float(np.mean([len(r) for r in responses]))),
-            ("policy/rollout_train_logprobs_abs_diff_mean", keymaps.LOGP_DIFF, float(d.mean())),
-            ("policy/rollout_train_logprobs_abs_diff_max", keymaps.LOGP_DIFF_MAX, float(d.max()))):
+            ("policy/rollout_train_logprobs_abs_diff_mean", catalog.LOGP_DIFF, float(d.mean())),
+            ("policy/rollout_train_logprobs_abs_diff_max", catalog.LOGP_DIFF_MAX, float(d.max()))):
         ledger.check(name, f"tracker ({key})", rec[name], framework=logged[key], truth=truth)
 
 
@@ -360,7 +360,7 @@ def test_critic_loss_is_a_mean_of_means(hub: Hub) -> None:
     truth = float(0.5 * np.maximum((clipped - ret) ** 2, (v - ret) ** 2).mean())
     ledger.check("skyrl/critic/critic_loss", "tracker", rec["skyrl/critic/critic_loss"],
                  framework=logged["critic/critic_loss"], truth=truth, differs_truth=True)
-    assert keymaps.CRITIC_LOSS not in rec
+    assert catalog.CRITIC_LOSS not in rec
 
 
 def test_every_skyrl_row_is_checked_or_says_why() -> None:

@@ -28,7 +28,7 @@ from frameworks_support import Ledger, check_row_coverage, framework_module, opt
 from integrations_support import Hub
 
 from rlmon.actors.integrations import verl
-from rlmon.service import keymaps
+from rlmon.service import catalog
 
 pytestmark = pytest.mark.frameworks
 
@@ -208,9 +208,9 @@ def test_actor_update_metrics(hub: Hub) -> None:
     ledger.check("verl/actor/entropy", "tracker (driver agg_loss, token-mean)",
                  rec["verl/actor/entropy"], framework=logged["actor/entropy"],
                  truth=float(_pool(step, lambda mb: np.exp(-mb["new"].numpy())).mean()))
-    ledger.check(keymaps.LR, "tracker", rec[keymaps.LR], framework=logged["actor/lr"])
-    for name in (keymaps.LOSS, keymaps.CLIP_RATIO, keymaps.ENTROPY, keymaps.KL, keymaps.APPROX_KL,
-                 keymaps.CRITIC_LOSS):
+    ledger.check(catalog.LR, "tracker", rec[catalog.LR], framework=logged["actor/lr"])
+    for name in (catalog.LOSS, catalog.CLIP_RATIO, catalog.ENTROPY, catalog.KL, catalog.APPROX_KL,
+                 catalog.CRITIC_LOSS):
         assert name not in rec, name  # relayed under verl/, never under the canonical name
 
 
@@ -237,10 +237,10 @@ def test_data_metrics_are_exact(hub: Hub) -> None:
     tracker.logger["rlmon"] = verl.RlmonBackend("verl", reporter=hub.reporter("verl", "driver"))
     tracker.log(data=logged, step=STEP)
     rec = hub.step("driver", STEP).metrics
-    for key, name, truth in (("critic/score/mean", keymaps.REWARD, float(scores.mean())),
-                             ("response_length/mean", keymaps.RESPONSE_LENGTH,
+    for key, name, truth in (("critic/score/mean", catalog.REWARD, float(scores.mean())),
+                             ("response_length/mean", catalog.RESPONSE_LENGTH,
                               float(lengths.mean())),
-                             ("response_length/clip_ratio", keymaps.CLIPPED_RATIO,
+                             ("response_length/clip_ratio", catalog.CLIPPED_RATIO,
                               float((lengths == WIDTH).mean()))):
         ledger.check(name, f"tracker ({key})", rec[name], framework=logged[key], truth=truth)
 
@@ -264,7 +264,7 @@ def test_rollout_probs_diff_is_in_probability_space(hub: Hub) -> None:
                  truth=float(probs.mean()))
     ledger.check(f"verl/{key}", "tracker vs |log p - log q|", rec[f"verl/{key}"],
                  framework=logged[key], truth=float(logp.mean()), differs_truth=True)
-    assert keymaps.LOGP_DIFF not in rec
+    assert catalog.LOGP_DIFF not in rec
 
 
 def test_rollout_correction_metrics(hub: Hub) -> None:
@@ -306,7 +306,7 @@ def test_rollout_correction_metrics(hub: Hub) -> None:
         # TIS clamps from above only, so the decoupled min is the ratio's; bypass averages minima
         ledger.check(f"verl/{key}", f"tracker, {mode} mode", rec[f"verl/{key}"],
                      framework=logged[key], truth=truth["min"], differs_truth=mode == "bypass")
-        for name in (keymaps.IS_RATIO, keymaps.IS_RATIO_MIN, keymaps.IS_RATIO_MAX):
+        for name in (catalog.IS_RATIO, catalog.IS_RATIO_MIN, catalog.IS_RATIO_MAX):
             assert name not in rec, name
     assert decoupled["rollout_corr/rollout_is_max"] == pytest.approx(THRESHOLD)
 
@@ -321,7 +321,7 @@ def test_install_on_the_real_tracking_class(hub: Hub) -> None:
                           "actor_rollout_ref": {"actor": {"loss_agg_mode": "token-mean"}}})
     assert "console" in tracker.logger and "rlmon" in tracker.logger
     tracker.log(data={"critic/score/mean": 0.25}, step=1)
-    assert hub.step("driver", 1).metrics[keymaps.REWARD] == 0.25
+    assert hub.step("driver", 1).metrics[catalog.REWARD] == 0.25
     assert hub.run_info["verl"].loss_reduction == "token-mean"
 
 

@@ -12,7 +12,7 @@ import socket
 import pytest
 from integrations_support import Hub
 
-from rlmon.service import keymaps
+from rlmon.service import catalog
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 
@@ -96,17 +96,17 @@ def test_deepspeed_scales_the_loss_by_gas_and_the_comparable_view_undoes_it(engi
     snap = probe.record(1, loss=loss.item())
     rec = hub.step("actor", 1).metrics
     assert snap.global_steps == 1 and snap.skipped_steps == 0 and snap.loss_scale is None
-    assert rec[keymaps.SKIPPED_STEPS] == 0
-    assert rec[keymaps.LOSS] == pytest.approx(forward)  # comparable with the plain-torch run
+    assert rec[catalog.SKIPPED_STEPS] == 0
+    assert rec[catalog.LOSS] == pytest.approx(forward)  # comparable with the plain-torch run
     assert rec[rl_ds.LOSS_SCALED] == pytest.approx(forward / GAS)  # what DeepSpeed propagates
     # DeepSpeed's own 1/gas view, named as such, lands on the same comparable loss
     probe.record(2, scaled_loss=forward / GAS)
     two = hub.step("actor", 2).metrics
-    assert two[keymaps.LOSS] == pytest.approx(forward)
+    assert two[catalog.LOSS] == pytest.approx(forward)
     with pytest.raises(ValueError, match="not both"):
         probe.record(3, loss=forward, scaled_loss=forward / GAS)
     if snap.global_grad_norm is not None:
-        assert rec[keymaps.GRAD_NORM] == pytest.approx(snap.global_grad_norm)
+        assert rec[catalog.GRAD_NORM] == pytest.approx(snap.global_grad_norm)
         assert snap.global_grad_norm > 0
     meta = probe.normalization.as_metadata()
     assert meta["comparable_loss_factor"] == GAS and meta["deepspeed_version"]

@@ -16,7 +16,7 @@ import pytest
 from integrations_support import Hub
 
 from rlmon.actors.integrations import openrlhf
-from rlmon.service import keymaps
+from rlmon.service import catalog
 
 
 @pytest.fixture
@@ -85,11 +85,11 @@ def test_logger_relays_status_and_driver_hook_is_exact(hub: Hub) -> None:
     roll = np.concatenate([b.rollout_log_probs for b in batches[:3]])
     m = np.concatenate([b.action_mask for b in batches[:3]]) > 0
     rho = np.exp(old - roll)[m]
-    assert rec[keymaps.IS_RATIO] == pytest.approx(rho.mean(), rel=1e-12)
-    assert rec[keymaps.IS_RATIO_MIN] == pytest.approx(rho.min())
-    assert rec[keymaps.IS_RATIO_MAX] == pytest.approx(rho.max())
-    assert rec[keymaps.LOGP_DIFF] == pytest.approx(np.abs(old - roll)[m].mean())
-    assert rec[keymaps.IS_MASKED_FRAC] == pytest.approx(((rho < 0.5) | (rho > 2.0)).mean())
+    assert rec[catalog.IS_RATIO] == pytest.approx(rho.mean(), rel=1e-12)
+    assert rec[catalog.IS_RATIO_MIN] == pytest.approx(rho.min())
+    assert rec[catalog.IS_RATIO_MAX] == pytest.approx(rho.max())
+    assert rec[catalog.LOGP_DIFF] == pytest.approx(np.abs(old - roll)[m].mean())
+    assert rec[catalog.IS_MASKED_FRAC] == pytest.approx(((rho < 0.5) | (rho > 2.0)).mean())
     assert hub.step("eval", 7).metrics["openrlhf/eval/eval_gsm8k_pass1"] == 0.5
 
 
@@ -117,7 +117,7 @@ def test_attach_wraps_the_trainer_hooks(hub: Hub) -> None:
     rec = hub.step("driver", 3).metrics
     assert rec["actor/approx_kl"] == pytest.approx(0.001)
     m = exp.action_mask > 0
-    assert rec[keymaps.IS_RATIO] == pytest.approx(
+    assert rec[catalog.IS_RATIO] == pytest.approx(
         np.exp(exp.action_log_probs - exp.rollout_log_probs)[m].mean())
 
 

@@ -14,7 +14,7 @@ import pytest
 from integrations_support import Hub
 
 from rlmon.actors.integrations import skyrl
-from rlmon.service import keymaps
+from rlmon.service import catalog
 
 ADV = np.array([[2, 4], [6, 8], [10, 12], [14, 16]], dtype=float)
 MASK = np.array([[1, 1], [1, 0], [1, 1], [1, 1]], dtype=float)
@@ -58,9 +58,9 @@ def test_worker_path_dp2_cp2_pools_within_minibatch_and_counts_cp_once(hub: Hub,
         path.end_step(0)
     rec = hub.step("actor", 0)
     assert rec.complete and not rec.replica_mismatches
-    assert rec.metrics[keymaps.LOSS] == pytest.approx((EXPECTED[mode] + 3 * EXPECTED[mode]) / 2)
+    assert rec.metrics[catalog.LOSS] == pytest.approx((EXPECTED[mode] + 3 * EXPECTED[mode]) / 2)
     m = MASK > 0
-    assert rec.metrics[keymaps.ENTROPY] == pytest.approx((ADV / 10)[m].mean())  # pooled tokens
+    assert rec.metrics[catalog.ENTROPY] == pytest.approx((ADV / 10)[m].mean())  # pooled tokens
 
 
 def test_skyrl_policy_loss_partials_sum_over_dp_once_per_cp_group(hub: Hub) -> None:
@@ -80,7 +80,7 @@ def test_skyrl_policy_loss_partials_sum_over_dp_once_per_cp_group(hub: Hub) -> N
             path.end_step(1)
     rec = hub.step("actor", 1).metrics
     assert rec[skyrl.POLICY_LOSS] == pytest.approx((72.0 + 8.0) / 2)
-    assert rec[keymaps.GRAD_NORM] == pytest.approx(3.0)
+    assert rec[catalog.GRAD_NORM] == pytest.approx(3.0)
 
 
 def test_cp_replicas_that_disagree_are_flagged(hub: Hub) -> None:
@@ -113,8 +113,8 @@ def test_tracker_wrapper_relays_and_delegates(hub: Hub) -> None:
     assert [c[:2] for c in inner.logged] == [(4, False), (4, True), (5, False)]
     assert tracker.log_exception(ValueError()) == "logged"
     four = hub.step("driver", 4).metrics
-    assert four[keymaps.LOGP_DIFF] == pytest.approx(0.05)
-    assert four[keymaps.STEP_SECONDS] == 12.5
+    assert four[catalog.LOGP_DIFF] == pytest.approx(0.05)
+    assert four[catalog.STEP_SECONDS] == 12.5
     assert four["skyrl/policy/loss_metrics/clip_ratio"] == 0.2  # mean of means: relayed
     assert four["skyrl/policy/policy_loss"] == 0.3
-    assert hub.step("driver", 5).metrics[keymaps.REWARD] == pytest.approx(0.7)
+    assert hub.step("driver", 5).metrics[catalog.REWARD] == pytest.approx(0.7)

@@ -14,7 +14,7 @@ import pytest
 from integrations_support import Hub
 
 from rlmon.actors.integrations.trl import callback
-from rlmon.service import keymaps
+from rlmon.service import catalog
 
 transformers = pytest.importorskip("transformers")
 
@@ -66,25 +66,25 @@ def test_callback_is_a_real_trainer_callback(hub: Hub) -> None:
     handler.on_log(args, state, control, logs=SUMMARY_LOGS)  # same step: joins it
     handler.on_train_end(args, state, control)
     rec = hub.step("trainer", 10).metrics
-    assert rec[keymaps.REWARD] == 0.45 and rec[keymaps.FRAC_ZERO_STD] == 0.25
-    assert rec[keymaps.CLIPPED_RATIO] == 0.1 and rec[keymaps.RESPONSE_LENGTH] == 180.5
-    assert rec[keymaps.GRAD_NORM] == 0.8 and rec[keymaps.LR] == 1e-6
+    assert rec[catalog.REWARD] == 0.45 and rec[catalog.FRAC_REWARD_ZERO_STD] == 0.25
+    assert rec[catalog.CLIPPED_RATIO] == 0.1 and rec[catalog.RESPONSE_LENGTH] == 180.5
+    assert rec[catalog.GRAD_NORM] == 0.8 and rec[catalog.LR] == 1e-6
     # means of micro-batch means (kl, entropy, clip ratios) and TRL's sample std are exact only
     # through the trainer hooks; relayed as logged here
-    assert keymaps.KL not in rec and keymaps.CLIP_RATIO not in rec and keymaps.ENTROPY not in rec
+    assert catalog.KL not in rec and catalog.CLIP_RATIO not in rec and catalog.ENTROPY not in rec
     assert rec["trl/kl"] == 0.02 and rec["trl/clip_ratio/region_mean"] == 0.03
     assert rec["trl/entropy"] == 0.6 and rec["trl/reward_std"] == 0.3
-    assert keymaps.REWARD_STD not in rec
+    assert catalog.REWARD_STD not in rec
     # mean of rank means, post-masking min, window means of extrema: relayed, not canonical
-    assert keymaps.IS_RATIO not in rec and keymaps.LOGP_DIFF not in rec
-    assert keymaps.LOGP_DIFF_MAX not in rec and keymaps.IS_RATIO_MAX not in rec
+    assert catalog.IS_RATIO not in rec and catalog.LOGP_DIFF not in rec
+    assert catalog.LOGP_DIFF_MAX not in rec and catalog.IS_RATIO_MAX not in rec
     assert rec["trl/sampling/sampling_logp_difference/max"] == 1.2
     assert rec["trl/sampling/importance_sampling_ratio/max"] == 3.0
     assert rec["trl/sampling/importance_sampling_ratio/mean"] == 0.98
     assert rec["trl/sampling/importance_sampling_ratio/min"] == 0.0
     assert rec["trl/clip_ratio/high_max"] == 0.2 and rec["trl/loss"] == 0.0123
     last = hub.step("trainer", 20).metrics
-    assert last["trl/train_runtime"] == 4.2 and last[keymaps.REWARD] == 0.45
+    assert last["trl/train_runtime"] == 4.2 and last[catalog.REWARD] == 0.45
     assert hub.sink.assembler.counters.late == 0
 
 

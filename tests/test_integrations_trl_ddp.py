@@ -14,14 +14,14 @@ import pytest
 from extras import optional_import
 from subprocesses import run_in_own_session
 
-from rlmon.service import keymaps
+from rlmon.service import catalog
 from rlmon.service.replay import replay
 
 pytestmark = [pytest.mark.trl, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
-LOSS_TRUTH = {keymaps.KL: "kl", keymaps.ENTROPY: "entropy",
-              keymaps.CLIP_RATIO: "clip_ratio/region_mean"}
+LOSS_TRUTH = {catalog.KL: "kl", catalog.ENTROPY: "entropy",
+              catalog.CLIP_RATIO: "clip_ratio/region_mean"}
 
 
 def test_two_ranks_pool_to_the_truth(tmp_path: Path) -> None:

@@ -39,8 +39,8 @@ RUN = "trl-grpo"
 # sampling), which the CPU run does not use; the matrix marks them with `*`.
 UNCHECKED = {row.key for row in keymaps.mappings("trl") if row.unchecked}
 # TRL keys rlmon replaces by its exact values once bound to the trainer -> the truth's key.
-LOSS_TRUTH = {keymaps.KL: "kl", keymaps.ENTROPY: "entropy",
-              keymaps.CLIP_RATIO: "clip_ratio/region_mean"}
+LOSS_TRUTH = {catalog.KL: "kl", catalog.ENTROPY: "entropy",
+              catalog.CLIP_RATIO: "clip_ratio/region_mean"}
 
 
 def score(completion: str) -> float:
@@ -110,7 +110,7 @@ def test_every_published_value_against_trl_and_the_truth(grpo: Run) -> None:
             keys = [k for k, n in grpo.callback.published.items() if n == name and k in logs]
             for key in keys:  # against what TRL logged for the same key
                 want = logs[key]
-                if name == keymaps.REWARD_STD:  # TRL logs the sample std, rlmon the population
+                if name == catalog.REWARD_STD:  # TRL logs the sample std, rlmon the population
                     n = grpo.trainer.args.generation_batch_size  # one batch per step here
                     want = want * math.sqrt((n - 1) / n)
                 n_fw += 1
@@ -120,7 +120,7 @@ def test_every_published_value_against_trl_and_the_truth(grpo: Run) -> None:
                     per_key[name][1] += 1
                     if not name.startswith(("actor/kl", "actor/entropy", "actor/clip_ratio")):
                         wrong.append(f"step {step} {name}={value} but TRL logged {key}={want}")
-            if name in truth or name in (keymaps.GRAD_NORM, keymaps.LR):
+            if name in truth or name in (catalog.GRAD_NORM, catalog.LR):
                 # grad_norm and learning_rate are global values: TRL's own number is the truth
                 want = truth[name] if name in truth else logs[keys[0]]
                 n_truth += 1
@@ -171,8 +171,8 @@ def test_rollout_values_on_generation_steps_only(grpo: Run) -> None:
     gen_steps = sorted(grpo.rollout_truth)
     assert gen_steps == list(range(1, STEPS + 1, 2))
     for step, values in grpo.records.items():
-        assert (keymaps.REWARD in values) == (step in gen_steps), step
-        assert keymaps.KL in values and keymaps.CLIP_RATIO in values and keymaps.LR in values
+        assert (catalog.REWARD in values) == (step in gen_steps), step
+        assert catalog.KL in values and catalog.CLIP_RATIO in values and catalog.LR in values
 
 
 def test_every_trl_row_of_the_matrix_is_checked_against_the_trainer(grpo: Run) -> None:
@@ -202,11 +202,11 @@ def test_a_callback_not_bound_to_the_trainer_relays_lossy_keys_under_trl(grpo: R
     assert sorted(grpo.relayed) == list(range(1, STEPS + 1))
     for step, values in grpo.relayed.items():
         logs = grpo.logged[step]
-        assert keymaps.KL not in values and keymaps.CLIP_RATIO not in values
+        assert catalog.KL not in values and catalog.CLIP_RATIO not in values
         for key in ("kl", "entropy", "clip_ratio/region_mean", "loss"):
             assert values[f"trl/{key}"] == logs[key]
         if "reward" in logs:
-            assert values[keymaps.REWARD] == logs["reward"]
+            assert values[catalog.REWARD] == logs["reward"]
             assert values["trl/reward_std"] == logs["reward_std"]
             assert values["trl/completions/max_length"] == logs["completions/max_length"]
 
@@ -250,7 +250,7 @@ def test_zero_reward_fires_no_learning_signal(tmp_path: Path,
     assert reporter.flush(10.0)
     reporter.close()
     local.finalize_all()
-    assert [r.metrics[keymaps.FRAC_ZERO_STD] for r in local.records] == [1.0] * 4
+    assert [r.metrics[catalog.FRAC_REWARD_ZERO_STD] for r in local.records] == [1.0] * 4
     fired = [(e.alert, e.step) for e in events if e.state == "firing"]
     assert ("NoLearningSignal", 3) in fired, fired
     # The same run through the product's replay and its console notifier.

@@ -14,7 +14,7 @@ import pytest
 from integrations_support import Hub
 
 from rlmon.actors.integrations import verl
-from rlmon.service import keymaps
+from rlmon.service import catalog
 
 
 class Tracking:
@@ -54,13 +54,13 @@ def test_install_adds_the_backend(hub: Hub) -> None:
                  "rollout_corr/rollout_is_max": 2.5, "timing_s/step": 30.0}, step=3)
     tracker.logger["rlmon"].finish()
     rec = hub.step("driver", 3).metrics
-    assert rec[keymaps.REWARD] == 0.6 and rec[keymaps.RESPONSE_LENGTH] == 210.0
-    assert rec[keymaps.LR] == 1e-6
+    assert rec[catalog.REWARD] == 0.6 and rec[catalog.RESPONSE_LENGTH] == 210.0
+    assert rec[catalog.LR] == 1e-6
     assert rec["verl/rollout_corr/rollout_is_max"] == 2.5  # of the truncated weights: relayed
-    assert keymaps.IS_RATIO_MAX not in rec
-    assert rec[keymaps.STEP_SECONDS] == 30.0
+    assert catalog.IS_RATIO_MAX not in rec
+    assert rec[catalog.STEP_SECONDS] == 30.0
     assert rec["verl/actor/pg_loss"] == 0.4 and rec["verl/actor/pg_clipfrac"] == 0.1
-    assert keymaps.CLIP_RATIO not in rec and keymaps.LOSS not in rec
+    assert catalog.CLIP_RATIO not in rec and catalog.LOSS not in rec
 
 
 def test_tracking_without_rlmon_is_untouched() -> None:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from integrations_support import Hub
 
-from rlmon.service import keymaps
+from rlmon.service import catalog
 
 pytestmark = pytest.mark.vllm
 
@@ -77,14 +77,14 @@ def test_two_engines_sum_and_pool_correctly() -> None:
     m = rec.metrics
     assert rec.complete
     # per engine the mean over its iterations, summed over engines: (4 + 3) / 2 + 2
-    assert m[keymaps.RUNNING] == 3.5 + 2 and m[keymaps.WAITING] == 0.5 + 5
-    assert m[keymaps.RUNNING_MAX] == 4 and m[keymaps.WAITING_MAX] == 5
-    assert m[keymaps.KV_USAGE] == pytest.approx((0.5 + 0.25 + 0.75) / 3)
-    assert m[keymaps.KV_USAGE_MAX] == 0.75
-    assert m[keymaps.PREEMPTIONS] == 3
-    assert m[keymaps.PREFIX_HIT_RATE] == pytest.approx(91 / 110)
+    assert m[catalog.NUM_RUNNING_REQS] == 3.5 + 2 and m[catalog.NUM_WAITING_REQS] == 0.5 + 5
+    assert m[catalog.NUM_RUNNING_REQS_MAX] == 4 and m[catalog.NUM_WAITING_REQS_MAX] == 5
+    assert m[catalog.KV_CACHE_USAGE] == pytest.approx((0.5 + 0.25 + 0.75) / 3)
+    assert m[catalog.KV_CACHE_USAGE_MAX] == 0.75
+    assert m[catalog.PREEMPTIONS] == 3
+    assert m[catalog.PREFIX_CACHE_HIT_RATE] == pytest.approx(91 / 110)
     # engine 0: 60 tokens in the 2 s after its first iteration; engine 1: one iteration, no span
-    assert m[keymaps.TOKENS] == 125 and m[keymaps.TOKENS_PER_SECOND] == pytest.approx(30.0)
+    assert m[catalog.TOKENS] == 125 and m[catalog.TOKENS_PER_SECOND] == pytest.approx(30.0)
     hub.close()
 
 
@@ -103,8 +103,8 @@ def test_separate_engines_take_their_rank_from_env(monkeypatch: pytest.MonkeyPat
     for e in engines:
         e.close()
     m = hub.step("vllm", 0).metrics
-    assert m[keymaps.TOKENS] == 65 and m[keymaps.RUNNING] == 6
-    assert m[keymaps.PREFIX_HIT_RATE] == pytest.approx(91 / 110)
+    assert m[catalog.TOKENS] == 65 and m[catalog.NUM_RUNNING_REQS] == 6
+    assert m[catalog.PREFIX_CACHE_HIT_RATE] == pytest.approx(91 / 110)
     monkeypatch.delenv("RLMON_VLLM_ENGINE_RANK")
     monkeypatch.delenv("RLMON_VLLM_ENGINES")
     first = rl_vllm.RlmonStatLogger(None, 0, make=hub.factory, clock=clock)
@@ -131,14 +131,14 @@ def test_steps_follow_set_step_and_every_engine_sends_each_step() -> None:
     steps = {r.step: r for r in hub.records()}
     assert sorted(steps) == [7, 8] and all(r.complete for r in steps.values())
     m = steps[8].metrics
-    assert m[keymaps.TOKENS] == 27
-    assert m[keymaps.RUNNING] == pytest.approx(19 / 4) and m[keymaps.RUNNING_MAX] == 8
-    assert m[keymaps.KV_USAGE] == pytest.approx(19 / 16 / 4) and m[keymaps.KV_USAGE_MAX] == 0.5
-    assert m[keymaps.TOKENS_PER_SECOND] == pytest.approx(19 / 3)
+    assert m[catalog.TOKENS] == 27
+    assert m[catalog.NUM_RUNNING_REQS] == pytest.approx(19 / 4) and m[catalog.NUM_RUNNING_REQS_MAX] == 8
+    assert m[catalog.KV_CACHE_USAGE] == pytest.approx(19 / 16 / 4) and m[catalog.KV_CACHE_USAGE_MAX] == 0.5
+    assert m[catalog.TOKENS_PER_SECOND] == pytest.approx(19 / 3)
     for e in engines:
         e.close()
     done = hub.records()
-    assert [r.step for r in done] == [7, 8, 9] and done[-1].metrics[keymaps.TOKENS] == 0
+    assert [r.step for r in done] == [7, 8, 9] and done[-1].metrics[catalog.TOKENS] == 0
     hub.close()
 
 
@@ -150,7 +150,7 @@ def test_close_sends_the_open_step_and_time_windows_count_from_the_first_logger(
     clock.t += 25.0  # windows of 10 s: the next iteration is in window 2
     lg.record(_sched(1, 0, 0.1, 0, 0), _iter(6, 0))
     lg.close()  # the engine shut down: the open window 2 is sent, nothing waits for its end
-    assert [(r.step, r.metrics[keymaps.TOKENS]) for r in hub.records()] == [(0, 5), (2, 6)]
+    assert [(r.step, r.metrics[catalog.TOKENS]) for r in hub.records()] == [(0, 5), (2, 6)]
     hub.close()
 
 
@@ -173,5 +173,5 @@ def test_a_dropped_engine_sends_its_open_step() -> None:
     lg.record(_sched(2, 0, 0.5, 0, 0), _iter(9, 0))
     del lg
     gc.collect()
-    assert [(r.step, r.metrics[keymaps.TOKENS]) for r in hub.records()] == [(3, 9)]
+    assert [(r.step, r.metrics[catalog.TOKENS]) for r in hub.records()] == [(3, 9)]
     hub.close()

@@ -15,7 +15,7 @@ from extras import optional_import
 from polling import wait_for
 from vllm_support import tiny_model_module, vllm_counter
 
-from rlmon.service import keymaps
+from rlmon.service import catalog
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.ray]
 
@@ -76,13 +76,13 @@ def test_async_llm_through_ray_counts_every_token(ray_cluster: Any, ray_namespac
     steps = wait_for(lambda: (got := ray.get(service.steps.remote(run))) and len(got) == 3
                      and got, 60.0, "three vllm steps at the service")
     assert [s["step"] for s in steps] == list(STEPS) and all(s["complete"] for s in steps)
-    reported = {s["step"]: s["metrics"][keymaps.TOKENS] for s in steps}
+    reported = {s["step"]: s["metrics"][catalog.TOKENS] for s in steps}
     print(f"AsyncLLM tokens: rlmon {sum(reported.values()):g}, vLLM vllm:generation_tokens "
           f"{counted:g}, outputs {sum(per_step.values())}")
     assert reported == per_step
     assert sum(reported.values()) == counted > 0
     for s in steps:
         m = s["metrics"]
-        assert 0 < m[keymaps.RUNNING] <= m[keymaps.RUNNING_MAX] <= len(tiny.PROMPTS)
-        assert 0 < m[keymaps.KV_USAGE] <= m[keymaps.KV_USAGE_MAX] <= 1
+        assert 0 < m[catalog.NUM_RUNNING_REQS] <= m[catalog.NUM_RUNNING_REQS_MAX] <= len(tiny.PROMPTS)
+        assert 0 < m[catalog.KV_CACHE_USAGE] <= m[catalog.KV_CACHE_USAGE_MAX] <= 1
     assert shutdown_runtime(ray_namespace)

@@ -14,7 +14,7 @@ import pytest
 from extras import optional_import
 from vllm_support import EXAMPLES
 
-from rlmon.service import keymaps
+from rlmon.service import catalog
 from rlmon.service.history import HistoryStore
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.examples]
@@ -36,7 +36,7 @@ def test_vllm_offline_example_counts_every_token(tmp_path: Path) -> None:
     said = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith('{"run"')][-1])
     steps = HistoryStore(state / "history.sqlite").steps(run="example-offline", role="vllm")
     assert [(s["step"], s["complete"]) for s in steps] == [(0, True), (1, True), (2, True)]
-    total = sum(s["metrics"][keymaps.TOKENS] for s in steps)
+    total = sum(s["metrics"][catalog.TOKENS] for s in steps)
     print(f"example (LLM, Ray, exit hook): rlmon {total:g}, vLLM vllm:generation_tokens "
           f"{said['vllm_generation_tokens']:g}, outputs {said['generated_tokens']}")
     assert total == said["vllm_generation_tokens"] == said["generated_tokens"] > 0

@@ -19,7 +19,7 @@ from vllm_support import tiny_model_module, vllm_counter, vllm_gauge
 
 from rlmon.actors.reporter import Reporter
 from rlmon.actors.sink import LocalSink
-from rlmon.service import keymaps
+from rlmon.service import catalog
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -102,7 +102,7 @@ def test_llm_tokens_equal_vllm_counter_per_trainer_step(llm: Any, tmp_path: Path
     assert reporter.flush(30), reporter.last_error
     records = {r.step: r for r in sink.records}
     assert sorted(records) == list(STEPS) and all(r.complete for r in records.values())
-    reported = {s: records[s].metrics[keymaps.TOKENS] for s in STEPS}
+    reported = {s: records[s].metrics[catalog.TOKENS] for s in STEPS}
     print(f"LLM tokens: rlmon {sum(reported.values()):g}, vLLM vllm:generation_tokens "
           f"{counted:g}, outputs {sum(per_step.values())}")
     assert reported == per_step
@@ -111,16 +111,16 @@ def test_llm_tokens_equal_vllm_counter_per_trainer_step(llm: Any, tmp_path: Path
     for step in STEPS:  # rlmon's: the mean and max over the step's iterations show the load
         m, samples = records[step].metrics, raw[step]
         running, waiting, kv, queries, hits, tokens, preempted = zip(*samples, strict=True)
-        assert samples[-1][0] == 0 and m[keymaps.RUNNING] > 0
-        assert m[keymaps.RUNNING] == pytest.approx(sum(running) / len(samples))
-        assert m[keymaps.RUNNING_MAX] == max(running) <= len(prompts)
-        assert m[keymaps.WAITING] == pytest.approx(sum(waiting) / len(samples))
-        assert m[keymaps.WAITING_MAX] == max(waiting)
-        assert m[keymaps.KV_USAGE] == pytest.approx(sum(kv) / len(samples))
-        assert m[keymaps.KV_USAGE] > 0
-        assert m[keymaps.KV_USAGE_MAX] == max(kv)
-        assert m[keymaps.PREFIX_HIT_RATE] == pytest.approx(sum(hits) / sum(queries))
-        assert m[keymaps.TOKENS] == sum(tokens) and m[keymaps.PREEMPTIONS] == sum(preempted)
-        assert m[keymaps.TOKENS_PER_SECOND] > 0
+        assert samples[-1][0] == 0 and m[catalog.NUM_RUNNING_REQS] > 0
+        assert m[catalog.NUM_RUNNING_REQS] == pytest.approx(sum(running) / len(samples))
+        assert m[catalog.NUM_RUNNING_REQS_MAX] == max(running) <= len(prompts)
+        assert m[catalog.NUM_WAITING_REQS] == pytest.approx(sum(waiting) / len(samples))
+        assert m[catalog.NUM_WAITING_REQS_MAX] == max(waiting)
+        assert m[catalog.KV_CACHE_USAGE] == pytest.approx(sum(kv) / len(samples))
+        assert m[catalog.KV_CACHE_USAGE] > 0
+        assert m[catalog.KV_CACHE_USAGE_MAX] == max(kv)
+        assert m[catalog.PREFIX_CACHE_HIT_RATE] == pytest.approx(sum(hits) / sum(queries))
+        assert m[catalog.TOKENS] == sum(tokens) and m[catalog.PREEMPTIONS] == sum(preempted)
+        assert m[catalog.TOKENS_PER_SECOND] > 0
     assert list(loggers[0].window.steps_sent) == list(STEPS)
     reporter.close()

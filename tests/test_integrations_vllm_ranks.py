@@ -14,7 +14,7 @@ import pytest
 from integrations_support import Hub
 
 from rlmon.actors.integrations import vllm as rl_vllm
-from rlmon.service import keymaps
+from rlmon.service import catalog
 
 
 def _sched(running: int, waiting: int, kv: float, queries: int, hits: int) -> NS:
@@ -60,9 +60,9 @@ def test_two_separate_engines_with_env_ranks_are_both_counted() -> None:
     rec = hub.step("vllm", 0)
     assert rec.complete
     m = rec.metrics
-    assert m[keymaps.TOKENS] == 65 and m[keymaps.RUNNING] == 6 and m[keymaps.WAITING] == 6
-    assert m[keymaps.PREFIX_HIT_RATE] == pytest.approx(91 / 110)
-    assert m[keymaps.PREEMPTIONS] == 3
+    assert m[catalog.TOKENS] == 65 and m[catalog.NUM_RUNNING_REQS] == 6 and m[catalog.NUM_WAITING_REQS] == 6
+    assert m[catalog.PREFIX_CACHE_HIT_RATE] == pytest.approx(91 / 110)
+    assert m[catalog.PREEMPTIONS] == 3
     for w in windows:
         w.release()
     hub.close()

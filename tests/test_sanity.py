@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from rlmon.service import keymaps
+from rlmon.service import catalog, keymaps
 from rlmon.service.sanity import (
     Kind,
     LossNormalization,
@@ -38,7 +38,7 @@ def test_ln2_is_not_stuck_for_sft_and_a_moving_loss_never_fires() -> None:
 
 
 def test_loss_stuck_at_ln3() -> None:
-    found = _feed(SanityChecker(), [{keymaps.LOSS: 1.0986}] * 5)
+    found = _feed(SanityChecker(), [{catalog.LOSS: 1.0986}] * 5)
     assert [f.kind for f in found] == [Kind.LOSS_LN3]
 
 
@@ -46,17 +46,17 @@ def test_nan_grad_norm_is_a_known_bug_only_on_affected_deepspeed() -> None:
     assert deepspeed_nan_bug("0.13.5") and deepspeed_nan_bug("0.14.0")
     assert not deepspeed_nan_bug("0.13.4") and not deepspeed_nan_bug("0.14.1")
     assert not deepspeed_nan_bug("0.12.3") and not deepspeed_nan_bug(None)
-    hit = SanityChecker(deepspeed_version="0.14.0").observe(2, {keymaps.GRAD_NORM: math.nan})
+    hit = SanityChecker(deepspeed_version="0.14.0").observe(2, {catalog.GRAD_NORM: math.nan})
     assert [f.kind for f in hit] == [Kind.GRAD_NORM_NAN_KNOWN_BUG] and hit[0].known_bug
-    assert SanityChecker(deepspeed_version="0.12.3").observe(2, {keymaps.GRAD_NORM: math.nan}) == []
+    assert SanityChecker(deepspeed_version="0.12.3").observe(2, {catalog.GRAD_NORM: math.nan}) == []
 
 
 def test_collapsing_loss_scale() -> None:
     checker = SanityChecker()
     scales = [65536.0, 65536.0, 32768.0, 4096.0, 512.0, 256.0]
-    found = _feed(checker, [{keymaps.LOSS_SCALE: s} for s in scales])
+    found = _feed(checker, [{catalog.LOSS_SCALE: s} for s in scales])
     assert [f.step for f in found] == [5]  # 65536 / 256 = 2^8
-    assert _feed(SanityChecker(), [{keymaps.LOSS_SCALE: 2.0**16 / 2**i} for i in range(4)]) == []
+    assert _feed(SanityChecker(), [{catalog.LOSS_SCALE: 2.0**16 / 2**i} for i in range(4)]) == []
 
 
 def test_loss_scale_collapse_fires_once_and_rearms_only_after_recovery() -> None:
@@ -66,7 +66,7 @@ def test_loss_scale_collapse_fires_once_and_rearms_only_after_recovery() -> None
     collapse = [65536.0, 128.0, 128.0, 128.0]  # fires at step 1, stays collapsed to step 3
     steady = [128.0] * 4  # the window forgets the peak: recovered, re-armed
     again = [128.0 * 2**8, 128.0, 64.0]  # overflows again: one new finding
-    found = _feed(checker, [{keymaps.LOSS_SCALE: s} for s in collapse + steady + again])
+    found = _feed(checker, [{catalog.LOSS_SCALE: s} for s in collapse + steady + again])
     assert [f.step for f in found] == [1, 9]
     assert all(f.kind is Kind.LOSS_SCALE_COLLAPSE for f in found)
 
@@ -74,7 +74,7 @@ def test_loss_scale_collapse_fires_once_and_rearms_only_after_recovery() -> None
 def test_known_nan_grad_norm_fires_once_per_nan_stretch() -> None:
     checker = SanityChecker(deepspeed_version="0.14.0")
     series = [math.nan, math.nan, 1.0, math.nan, math.nan]
-    found = _feed(checker, [{keymaps.GRAD_NORM: v} for v in series])
+    found = _feed(checker, [{catalog.GRAD_NORM: v} for v in series])
     assert [f.step for f in found] == [0, 3]
 
 

@@ -111,7 +111,7 @@ def test_dpo_metadata_turns_on_the_ln2_check() -> None:
 
 
 def test_deepspeed_version_from_metadata_annotates_nan_grad_norm() -> None:
-    grad = keymaps.GRAD_NORM
+    grad = catalog.GRAD_NORM
     core = ServiceCore()
     try:
         core.set_run_info("ds", RunInfo(framework="openrlhf", deepspeed_version="0.14.0"))

@@ -19,6 +19,7 @@ import numpy as np
 
 from rlmon.actors.reporter import Reporter
 from rlmon.actors.runtime import RuntimeOptions
+from rlmon.service import catalog
 from rlmon.workload import grpo
 
 __all__ = ["FAULTS", "DemoJob", "record_partials"]
@@ -68,9 +69,9 @@ def _actor_classes() -> tuple[Any, Any, Any]:
 
         def finish(self, step: int, norms: list[float], lr: float) -> None:
             for m, norm in enumerate(norms):
-                self.rep.record("actor/grad_norm", value=norm, minibatch_reduce="mean",
+                self.rep.record(catalog.GRAD_NORM, value=norm, minibatch_reduce="mean",
                                 minibatch=m)
-            self.rep.record("actor/lr", value=lr)
+            self.rep.record(catalog.LR, value=lr)
             self.rep.end_step(step)
 
         def flush(self) -> bool:

@@ -19,12 +19,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from rlmon.service import catalog
+
 __all__ = ["register"]
 
 # The curves of the summary table and the plot.
 _KEY_METRICS = (
-    "actor/is_ratio", "actor/logp_diff", "actor/kl", "actor/entropy", "actor/clip_ratio",
-    "rollout/reward",
+    catalog.IS_RATIO, catalog.LOGP_DIFF, catalog.KL, catalog.ENTROPY, catalog.CLIP_RATIO,
+    catalog.REWARD,
 )
 
 
@@ -174,7 +176,6 @@ def _run(args: argparse.Namespace) -> int:
 
     from rlmon.actors.demo import DemoJob
     from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, shutdown_runtime
-    from rlmon.service import catalog
 
     started = time.monotonic()
     out = sys.stderr if args.json else sys.stdout
@@ -200,7 +201,7 @@ def _run(args: argparse.Namespace) -> int:
               file=out, flush=True)
         run = f"grpo-demo-{int(time.time())}"
         seen = {"n": 0}
-        metric_name = catalog.get("actor/is_ratio").prometheus_name
+        metric_name = catalog.get(catalog.IS_RATIO).prometheus_name
         live: dict[str, str | None] = {"line": None}
 
         def on_step(step: int) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+from rlmon.service import catalog
 from rlmon.service.replay import ReplayResult, replay
 from rlmon.service.rules import RuleError, load_rules
 
@@ -16,8 +17,8 @@ __all__ = ["print_json", "print_table", "register", "run_replay"]
 
 # The columns of the readable table; everything else is in --json.
 KEY_METRICS = (
-    "actor/is_ratio", "actor/logp_diff", "actor/loss", "actor/entropy", "actor/kl",
-    "rollout/reward", "rollout/response_length", "critic/loss",
+    catalog.IS_RATIO, catalog.LOGP_DIFF, catalog.LOSS, catalog.ENTROPY, catalog.KL,
+    catalog.REWARD, catalog.RESPONSE_LENGTH, catalog.CRITIC_LOSS,
 )
 
 

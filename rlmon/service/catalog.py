@@ -33,6 +33,69 @@ CRIT = Severity.CRITICAL
 WARN = Severity.WARNING
 
 
+# The canonical names, each typed here once: the declarations below and every other module
+# of rlmon refer to these constants (tests/test_catalog_names.py fails on a name literal
+# elsewhere). A name's constant is the part after the section, upper-cased; critic/ names
+# carry CRITIC_.
+LOSS = "actor/loss"
+CLIP_RATIO = "actor/clip_ratio"
+ENTROPY = "actor/entropy"
+KL = "actor/kl"
+APPROX_KL = "actor/approx_kl"
+GRAD_NORM = "actor/grad_norm"
+LR = "actor/lr"
+LOSS_SCALE = "actor/loss_scale"
+SKIPPED_STEPS = "actor/skipped_steps"
+PPO_RATIO = "actor/ppo_ratio"
+ADVANTAGE = "actor/advantage"
+ADVANTAGE_STD = "actor/advantage_std"
+IS_RATIO = "actor/is_ratio"
+IS_RATIO_MIN = "actor/is_ratio_min"
+IS_RATIO_MAX = "actor/is_ratio_max"
+LOGP_DIFF = "actor/logp_diff"
+LOGP_DIFF_MAX = "actor/logp_diff_max"
+IS_MASKED_FRAC = "actor/is_masked_frac"
+
+CRITIC_LOSS = "critic/loss"
+CRITIC_VALUE = "critic/value"
+CRITIC_CLIP_RATIO = "critic/clip_ratio"
+CRITIC_GRAD_NORM = "critic/grad_norm"
+CRITIC_RETURNS = "critic/returns"
+CRITIC_LR = "critic/lr"
+
+REWARD = "rollout/reward"
+REWARD_STD = "rollout/reward_std"
+REWARD_MIN = "rollout/reward_min"
+REWARD_MAX = "rollout/reward_max"
+FRAC_REWARD_ZERO_STD = "rollout/frac_reward_zero_std"
+RESPONSE_LENGTH = "rollout/response_length"
+RESPONSE_LENGTH_MAX = "rollout/response_length_max"
+PROMPT_LENGTH = "rollout/prompt_length"
+CLIPPED_RATIO = "rollout/clipped_ratio"
+POLICY_LAG = "rollout/policy_lag"
+TOKENS = "rollout/tokens"
+SAMPLES = "rollout/samples"
+TOKENS_PER_SECOND = "rollout/tokens_per_second"
+NUM_RUNNING_REQS = "rollout/num_running_reqs"
+NUM_RUNNING_REQS_MAX = "rollout/num_running_reqs_max"
+NUM_WAITING_REQS = "rollout/num_waiting_reqs"
+NUM_WAITING_REQS_MAX = "rollout/num_waiting_reqs_max"
+KV_CACHE_USAGE = "rollout/kv_cache_usage"
+KV_CACHE_USAGE_MAX = "rollout/kv_cache_usage_max"
+PREEMPTIONS = "rollout/preemptions"
+PREFIX_CACHE_HIT_RATE = "rollout/prefix_cache_hit_rate"
+
+STEP_SECONDS = "perf/step_seconds"
+STRAGGLER_RATIO = "perf/straggler_ratio"
+GENERATE_SECONDS = "timing/generate_seconds"
+REFERENCE_SECONDS = "timing/reference_seconds"
+REWARD_SECONDS = "timing/reward_seconds"
+TRAIN_SECONDS = "timing/train_seconds"
+WEIGHT_SYNC_SECONDS = "timing/weight_sync_seconds"
+MEMORY_ALLOCATED_BYTES = "perf/memory_allocated_bytes"
+MEMORY_RESERVED_BYTES = "perf/memory_reserved_bytes"
+
+
 def _panel(dashboard: str, row: str, order: int, title: str = "") -> PanelHint:
     return PanelHint(dashboard=dashboard, row=row, order=order, title=title)
 
@@ -40,13 +103,13 @@ def _panel(dashboard: str, row: str, order: int, title: str = "") -> PanelHint:
 _SPECS: tuple[MetricSpec, ...] = (
     # --- policy optimisation -------------------------------------------------------------------
     MetricSpec(
-        "actor/loss", "Policy objective, token-weighted over the step.", MEAN,
+        LOSS, "Policy objective, token-weighted over the step.", MEAN,
         what_to_check="Compare with the same loss-reduction mode only; a jump with flat reward "
         "often means a bad batch or a learning-rate spike.",
         panel=_panel("overview", "Optimisation", 10),
     ),
     MetricSpec(
-        "actor/clip_ratio", "Fraction of loss tokens whose PPO ratio was clipped.", MEAN,
+        CLIP_RATIO, "Fraction of loss tokens whose PPO ratio was clipped.", MEAN,
         Unit.RATIO, Domain.FRACTION, healthy=(0.0, 0.2),
         what_to_check="Policy moves too far per update: lower the learning rate or the number of "
         "PPO epochs / mini-batches per rollout.",
@@ -55,7 +118,7 @@ _SPECS: tuple[MetricSpec, ...] = (
         panel=_panel("overview", "Optimisation", 20),
     ),
     MetricSpec(
-        "actor/entropy", "Token-mean policy entropy over loss tokens.", MEAN,
+        ENTROPY, "Token-mean policy entropy over loss tokens.", MEAN,
         Unit.NATS, Domain.NONNEGATIVE, healthy=(0.1, 5.0),
         what_to_check="The policy became deterministic: check the KL coefficient, the reward for "
         "hacking, and the sampling temperature.",
@@ -64,7 +127,7 @@ _SPECS: tuple[MetricSpec, ...] = (
         panel=_panel("overview", "Optimisation", 30),
     ),
     MetricSpec(
-        "actor/kl", "Token-mean KL divergence to the reference policy.", MEAN,
+        KL, "Token-mean KL divergence to the reference policy.", MEAN,
         Unit.NATS, healthy=(0.0, 1.0),
         what_to_check="The policy drifts from the reference: raise the KL coefficient or check "
         "for reward hacking.",
@@ -73,14 +136,14 @@ _SPECS: tuple[MetricSpec, ...] = (
         panel=_panel("overview", "Optimisation", 40),
     ),
     MetricSpec(
-        "actor/approx_kl",
+        APPROX_KL,
         "Token-mean KL between the policy before and after the update (ppo_kl).", MEAN,
         Unit.NATS, healthy=(0.0, 0.05),
         what_to_check="Large updates per step: lower the learning rate.",
         panel=_panel("overview", "Optimisation", 45),
     ),
     MetricSpec(
-        "actor/grad_norm", "Global gradient norm before clipping.", NORM,
+        GRAD_NORM, "Global gradient norm before clipping.", NORM,
         Unit.NONE, Domain.NONNEGATIVE, healthy=(0.1, 10.0),
         what_to_check="Exploding gradients: check for NaN inputs, the learning rate and the "
         "loss scale; under DeepSpeed 0.13.5-0.14.0 a NaN norm is a known bug.",
@@ -88,25 +151,25 @@ _SPECS: tuple[MetricSpec, ...] = (
                           summary="Gradient norm above 10"),),
         panel=_panel("overview", "Optimisation", 50),
     ),
-    MetricSpec("actor/lr", "Learning rate.", VALUE, Unit.NONE, Domain.NONNEGATIVE,
+    MetricSpec(LR, "Learning rate.", VALUE, Unit.NONE, Domain.NONNEGATIVE,
                panel=_panel("overview", "Optimisation", 60)),
-    MetricSpec("actor/loss_scale", "DeepSpeed fp16 dynamic loss scale.", VALUE,
+    MetricSpec(LOSS_SCALE, "DeepSpeed fp16 dynamic loss scale.", VALUE,
                Unit.NONE, Domain.NONNEGATIVE,
                what_to_check="A collapsing loss scale means repeated fp16 overflows.",
                panel=_panel("overview", "Optimisation", 70)),
-    MetricSpec("actor/skipped_steps", "Optimizer steps skipped by DeepSpeed (overflow).", VALUE,
+    MetricSpec(SKIPPED_STEPS, "Optimizer steps skipped by DeepSpeed (overflow).", VALUE,
                Unit.STEPS, Domain.NONNEGATIVE, panel=_panel("overview", "Optimisation", 80)),
-    MetricSpec("actor/ppo_ratio", "Token-mean PPO ratio pi_theta / pi_old.", MEAN,
+    MetricSpec(PPO_RATIO, "Token-mean PPO ratio pi_theta / pi_old.", MEAN,
                Unit.NONE, Domain.NONNEGATIVE, healthy=(0.8, 1.2),
                panel=_panel("overview", "Optimisation", 85)),
-    MetricSpec("actor/advantage", "Token-mean advantage over loss tokens.", MEAN,
+    MetricSpec(ADVANTAGE, "Token-mean advantage over loss tokens.", MEAN,
                panel=_panel("overview", "Optimisation", 90)),
-    MetricSpec("actor/advantage_std", "Standard deviation of advantages over loss tokens.",
+    MetricSpec(ADVANTAGE_STD, "Standard deviation of advantages over loss tokens.",
                MOMENTS, Unit.NONE, Domain.NONNEGATIVE,
                panel=_panel("overview", "Optimisation", 95)),
     # --- rollout <-> trainer mismatch -----------------------------------------------------------
     MetricSpec(
-        "actor/is_ratio",
+        IS_RATIO,
         "Token-mean importance ratio exp(logp_trainer_old - logp_rollout).", MEAN,
         Unit.NONE, Domain.NONNEGATIVE, healthy=(0.8, 1.25),
         what_to_check="Rollout and trainer policies disagree: check weight sync to the rollout "
@@ -116,18 +179,18 @@ _SPECS: tuple[MetricSpec, ...] = (
         panel=_panel("overview", "Rollout / trainer mismatch", 10),
     ),
     MetricSpec(
-        "actor/is_ratio_min", "Smallest token importance ratio in the step.", MIN,
+        IS_RATIO_MIN, "Smallest token importance ratio in the step.", MIN,
         Unit.NONE, Domain.NONNEGATIVE,
         what_to_check="Some tokens come from a stale policy: check the policy lag and weight sync.",
         alerts=(AlertSpec("ISRatioStale", WARN, Comparison.LT, 0.1,
                           summary="Smallest IS ratio below 0.1"),),
         panel=_panel("overview", "Rollout / trainer mismatch", 20),
     ),
-    MetricSpec("actor/is_ratio_max", "Largest token importance ratio in the step.", MAX,
+    MetricSpec(IS_RATIO_MAX, "Largest token importance ratio in the step.", MAX,
                Unit.NONE, Domain.NONNEGATIVE,
                panel=_panel("overview", "Rollout / trainer mismatch", 30)),
     MetricSpec(
-        "actor/logp_diff", "Token-mean abs(logp_trainer_old - logp_rollout).", MEAN,
+        LOGP_DIFF, "Token-mean abs(logp_trainer_old - logp_rollout).", MEAN,
         Unit.NATS, Domain.NONNEGATIVE, healthy=(0.0, 0.05),
         what_to_check="Trainer and rollout log-probabilities disagree: dtype, kernels, or "
         "weights out of sync.",
@@ -139,42 +202,42 @@ _SPECS: tuple[MetricSpec, ...] = (
         ),
         panel=_panel("overview", "Rollout / trainer mismatch", 40),
     ),
-    MetricSpec("actor/logp_diff_max", "Worst token abs(logp_trainer_old - logp_rollout).", MAX,
+    MetricSpec(LOGP_DIFF_MAX, "Worst token abs(logp_trainer_old - logp_rollout).", MAX,
                Unit.NATS, Domain.NONNEGATIVE,
                panel=_panel("overview", "Rollout / trainer mismatch", 50)),
-    MetricSpec("actor/is_masked_frac",
+    MetricSpec(IS_MASKED_FRAC,
                "Fraction of tokens masked or truncated by the IS correction.", MEAN,
                Unit.RATIO, Domain.FRACTION, healthy=(0.0, 0.05),
                panel=_panel("overview", "Rollout / trainer mismatch", 60)),
     # --- critic -------------------------------------------------------------------------------
-    MetricSpec("critic/loss", "Critic (value) loss, token-weighted.", MEAN,
+    MetricSpec(CRITIC_LOSS, "Critic (value) loss, token-weighted.", MEAN,
                panel=_panel("overview", "Critic", 10)),
-    MetricSpec("critic/value", "Token-mean value estimate.", MEAN,
+    MetricSpec(CRITIC_VALUE, "Token-mean value estimate.", MEAN,
                panel=_panel("overview", "Critic", 20)),
-    MetricSpec("critic/clip_ratio", "Fraction of value estimates clipped.", MEAN,
+    MetricSpec(CRITIC_CLIP_RATIO, "Fraction of value estimates clipped.", MEAN,
                Unit.RATIO, Domain.FRACTION, panel=_panel("overview", "Critic", 30)),
-    MetricSpec("critic/grad_norm", "Critic gradient norm before clipping.", NORM,
+    MetricSpec(CRITIC_GRAD_NORM, "Critic gradient norm before clipping.", NORM,
                Unit.NONE, Domain.NONNEGATIVE, panel=_panel("overview", "Critic", 40)),
-    MetricSpec("critic/returns", "Token-mean return.", MEAN,
+    MetricSpec(CRITIC_RETURNS, "Token-mean return.", MEAN,
                panel=_panel("overview", "Critic", 50)),
-    MetricSpec("critic/lr", "Critic learning rate.", VALUE, Unit.NONE, Domain.NONNEGATIVE,
+    MetricSpec(CRITIC_LR, "Critic learning rate.", VALUE, Unit.NONE, Domain.NONNEGATIVE,
                panel=_panel("overview", "Critic", 60)),
     # --- rollout ------------------------------------------------------------------------------
     MetricSpec(
-        "rollout/reward", "Mean reward per response.", MEAN,
+        REWARD, "Mean reward per response.", MEAN,
         what_to_check="Reward is flat at zero: check the reward function and the answer parser.",
         alerts=(AlertSpec("RewardStuck", WARN, Comparison.ABS_LT, 1e-9, for_steps=20,
                           summary="Mean reward stuck at zero"),),
         panel=_panel("overview", "Reward", 10),
     ),
-    MetricSpec("rollout/reward_std", "Standard deviation of rewards over responses.", MOMENTS,
+    MetricSpec(REWARD_STD, "Standard deviation of rewards over responses.", MOMENTS,
                Unit.NONE, Domain.NONNEGATIVE, panel=_panel("overview", "Reward", 20)),
-    MetricSpec("rollout/reward_min", "Smallest reward in the step.", MIN,
+    MetricSpec(REWARD_MIN, "Smallest reward in the step.", MIN,
                panel=_panel("overview", "Reward", 30)),
-    MetricSpec("rollout/reward_max", "Largest reward in the step.", MAX,
+    MetricSpec(REWARD_MAX, "Largest reward in the step.", MAX,
                panel=_panel("overview", "Reward", 40)),
     MetricSpec(
-        "rollout/frac_reward_zero_std", "Fraction of prompt groups whose rewards all tie.", MEAN,
+        FRAC_REWARD_ZERO_STD, "Fraction of prompt groups whose rewards all tie.", MEAN,
         Unit.RATIO, Domain.FRACTION, healthy=(0.0, 0.5),
         what_to_check="No group has a reward spread, so GRPO advantages are zero: the task is too "
         "easy or too hard, or the reward is broken.",
@@ -182,85 +245,85 @@ _SPECS: tuple[MetricSpec, ...] = (
                           summary="Almost every prompt group has tied rewards"),),
         panel=_panel("overview", "Reward", 50),
     ),
-    MetricSpec("rollout/response_length", "Mean response length.", MEAN,
+    MetricSpec(RESPONSE_LENGTH, "Mean response length.", MEAN,
                Unit.TOKENS, Domain.NONNEGATIVE, panel=_panel("overview", "Rollout", 10)),
-    MetricSpec("rollout/response_length_max", "Longest response in the step.", MAX,
+    MetricSpec(RESPONSE_LENGTH_MAX, "Longest response in the step.", MAX,
                Unit.TOKENS, Domain.NONNEGATIVE, panel=_panel("overview", "Rollout", 20)),
-    MetricSpec("rollout/prompt_length", "Mean prompt length.", MEAN,
+    MetricSpec(PROMPT_LENGTH, "Mean prompt length.", MEAN,
                Unit.TOKENS, Domain.NONNEGATIVE, panel=_panel("overview", "Rollout", 25)),
     MetricSpec(
-        "rollout/clipped_ratio", "Fraction of responses that hit the length limit.", MEAN,
+        CLIPPED_RATIO, "Fraction of responses that hit the length limit.", MEAN,
         Unit.RATIO, Domain.FRACTION, healthy=(0.0, 0.2),
         what_to_check="Responses run into max length: raise the limit or penalise length.",
         alerts=(AlertSpec("CompletionsTruncated", WARN, Comparison.GT, 0.8, for_steps=3,
                           summary="Most completions truncated at the length limit"),),
         panel=_panel("overview", "Rollout", 30),
     ),
-    MetricSpec("rollout/policy_lag",
+    MetricSpec(POLICY_LAG,
                "Trainer step minus the weights version used to generate.", MAX,
                Unit.STEPS, Domain.NONNEGATIVE, panel=_panel("overview", "Rollout", 40)),
-    MetricSpec("rollout/tokens", "Tokens generated in the step.", SUM,
+    MetricSpec(TOKENS, "Tokens generated in the step.", SUM,
                Unit.TOKENS, Domain.NONNEGATIVE, panel=_panel("rollout", "Throughput", 10)),
-    MetricSpec("rollout/samples", "Responses generated in the step.", SUM,
+    MetricSpec(SAMPLES, "Responses generated in the step.", SUM,
                Unit.NONE, Domain.NONNEGATIVE, panel=_panel("rollout", "Throughput", 20)),
-    MetricSpec("rollout/tokens_per_second",
+    MetricSpec(TOKENS_PER_SECOND,
                "Generation throughput summed over rollout engines.", SUM,
                Unit.TOKENS_PER_SECOND, Domain.NONNEGATIVE,
                panel=_panel("rollout", "Throughput", 30)),
-    MetricSpec("rollout/num_running_reqs",
+    MetricSpec(NUM_RUNNING_REQS,
                "Requests running: each engine's mean over its scheduler iterations in the step, "
                "summed over engines.", SUM,
                Unit.REQUESTS, Domain.NONNEGATIVE, panel=_panel("rollout", "Engine", 10)),
-    MetricSpec("rollout/num_running_reqs_max",
+    MetricSpec(NUM_RUNNING_REQS_MAX,
                "Most requests running on one engine in any scheduler iteration of the step.", MAX,
                Unit.REQUESTS, Domain.NONNEGATIVE, panel=_panel("rollout", "Engine", 15)),
-    MetricSpec("rollout/num_waiting_reqs",
+    MetricSpec(NUM_WAITING_REQS,
                "Requests waiting: each engine's mean over its scheduler iterations in the step, "
                "summed over engines.", SUM,
                Unit.REQUESTS, Domain.NONNEGATIVE, panel=_panel("rollout", "Engine", 20)),
-    MetricSpec("rollout/num_waiting_reqs_max",
+    MetricSpec(NUM_WAITING_REQS_MAX,
                "Most requests waiting on one engine in any scheduler iteration of the step.", MAX,
                Unit.REQUESTS, Domain.NONNEGATIVE, panel=_panel("rollout", "Engine", 25)),
-    MetricSpec("rollout/kv_cache_usage",
+    MetricSpec(KV_CACHE_USAGE,
                "KV-cache usage, mean over every engine's scheduler iterations in the step.", MEAN,
                Unit.RATIO, Domain.FRACTION, panel=_panel("rollout", "Engine", 30)),
-    MetricSpec("rollout/kv_cache_usage_max",
+    MetricSpec(KV_CACHE_USAGE_MAX,
                "Highest KV-cache usage of any engine in any scheduler iteration of the step.", MAX,
                Unit.RATIO, Domain.FRACTION, panel=_panel("rollout", "Engine", 35)),
-    MetricSpec("rollout/preemptions", "Requests preempted, summed over engines.", SUM,
+    MetricSpec(PREEMPTIONS, "Requests preempted, summed over engines.", SUM,
                Unit.REQUESTS, Domain.NONNEGATIVE, panel=_panel("rollout", "Engine", 40)),
-    MetricSpec("rollout/prefix_cache_hit_rate",
+    MetricSpec(PREFIX_CACHE_HIT_RATE,
                "Prefix-cache hits over queries, pooled over engines.", MEAN,
                Unit.RATIO, Domain.FRACTION, panel=_panel("rollout", "Engine", 50)),
     # --- performance --------------------------------------------------------------------------
-    MetricSpec("perf/step_seconds", "Wall time of the step (the slowest rank).", MAX,
+    MetricSpec(STEP_SECONDS, "Wall time of the step (the slowest rank).", MAX,
                Unit.SECONDS, Domain.NONNEGATIVE, per_rank_spread=True,
                panel=_panel("overview", "Performance", 10)),
-    MetricSpec("perf/straggler_ratio",
+    MetricSpec(STRAGGLER_RATIO,
                "Slowest rank's step time over the median rank's (derived by the aggregator).",
                VALUE, Unit.NONE, Domain.NONNEGATIVE,
                panel=_panel("overview", "Performance", 20)),
-    MetricSpec("timing/generate_seconds", "Time spent generating rollouts.", MAX,
+    MetricSpec(GENERATE_SECONDS, "Time spent generating rollouts.", MAX,
                Unit.SECONDS, Domain.NONNEGATIVE, panel=_panel("overview", "Performance", 30)),
-    MetricSpec("timing/reference_seconds", "Time spent on reference log-probabilities.", MAX,
+    MetricSpec(REFERENCE_SECONDS, "Time spent on reference log-probabilities.", MAX,
                Unit.SECONDS, Domain.NONNEGATIVE, panel=_panel("overview", "Performance", 40)),
-    MetricSpec("timing/reward_seconds", "Time spent computing rewards.", MAX,
+    MetricSpec(REWARD_SECONDS, "Time spent computing rewards.", MAX,
                Unit.SECONDS, Domain.NONNEGATIVE, panel=_panel("overview", "Performance", 50)),
-    MetricSpec("timing/train_seconds", "Time spent in the policy update.", MAX,
+    MetricSpec(TRAIN_SECONDS, "Time spent in the policy update.", MAX,
                Unit.SECONDS, Domain.NONNEGATIVE, panel=_panel("overview", "Performance", 60)),
-    MetricSpec("timing/weight_sync_seconds", "Time spent syncing weights to rollout engines.",
+    MetricSpec(WEIGHT_SYNC_SECONDS, "Time spent syncing weights to rollout engines.",
                MAX, Unit.SECONDS, Domain.NONNEGATIVE,
                panel=_panel("overview", "Performance", 70)),
-    MetricSpec("perf/memory_allocated_bytes", "Peak device memory allocated (worst rank).", MAX,
+    MetricSpec(MEMORY_ALLOCATED_BYTES, "Peak device memory allocated (worst rank).", MAX,
                Unit.BYTES, Domain.NONNEGATIVE, panel=_panel("overview", "Performance", 80)),
-    MetricSpec("perf/memory_reserved_bytes", "Peak device memory reserved (worst rank).", MAX,
+    MetricSpec(MEMORY_RESERVED_BYTES, "Peak device memory reserved (worst rank).", MAX,
                Unit.BYTES, Domain.NONNEGATIVE, panel=_panel("overview", "Performance", 90)),
 )
 
 CATALOG: Mapping[str, MetricSpec] = MappingProxyType({spec.name: spec for spec in _SPECS})
 
-STRAGGLER_SOURCE = "perf/step_seconds"
-STRAGGLER_METRIC = "perf/straggler_ratio"
+STRAGGLER_SOURCE = STEP_SECONDS
+STRAGGLER_METRIC = STRAGGLER_RATIO
 
 
 def metrics() -> Iterator[MetricSpec]:

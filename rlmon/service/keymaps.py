@@ -28,6 +28,49 @@ from types import MappingProxyType
 from typing import Any
 
 from rlmon.service import catalog
+from rlmon.service.catalog import (
+    APPROX_KL,
+    CLIP_RATIO,
+    CLIPPED_RATIO,
+    CRITIC_GRAD_NORM,
+    CRITIC_LOSS,
+    CRITIC_VALUE,
+    ENTROPY,
+    FRAC_REWARD_ZERO_STD,
+    GENERATE_SECONDS,
+    GRAD_NORM,
+    IS_MASKED_FRAC,
+    IS_RATIO,
+    IS_RATIO_MAX,
+    IS_RATIO_MIN,
+    KL,
+    KV_CACHE_USAGE,
+    KV_CACHE_USAGE_MAX,
+    LOGP_DIFF,
+    LOGP_DIFF_MAX,
+    LOSS,
+    LOSS_SCALE,
+    LR,
+    NUM_RUNNING_REQS,
+    NUM_RUNNING_REQS_MAX,
+    NUM_WAITING_REQS,
+    NUM_WAITING_REQS_MAX,
+    PREEMPTIONS,
+    PREFIX_CACHE_HIT_RATE,
+    RESPONSE_LENGTH,
+    RESPONSE_LENGTH_MAX,
+    REWARD,
+    REWARD_MAX,
+    REWARD_MIN,
+    REWARD_STD,
+    SAMPLES,
+    SKIPPED_STEPS,
+    STEP_SECONDS,
+    TOKENS,
+    TOKENS_PER_SECOND,
+    TRAIN_SECONDS,
+    WEIGHT_SYNC_SECONDS,
+)
 
 __all__ = [
     "FRAMEWORKS",
@@ -93,56 +136,6 @@ class KeyMapping:
     unchecked: str = ""
 
 
-def _c(name: str) -> str:
-    """A canonical name, checked against the catalog (KeyError at import if it is not there)."""
-    return catalog.get(name).name
-
-
-# Canonical names the integrations emit directly (exact paths).
-LOSS = _c("actor/loss")
-CLIP_RATIO = _c("actor/clip_ratio")
-ENTROPY = _c("actor/entropy")
-KL = _c("actor/kl")
-APPROX_KL = _c("actor/approx_kl")
-GRAD_NORM = _c("actor/grad_norm")
-LR = _c("actor/lr")
-LOSS_SCALE = _c("actor/loss_scale")
-SKIPPED_STEPS = _c("actor/skipped_steps")
-IS_RATIO = _c("actor/is_ratio")
-IS_RATIO_MIN = _c("actor/is_ratio_min")
-IS_RATIO_MAX = _c("actor/is_ratio_max")
-LOGP_DIFF = _c("actor/logp_diff")
-LOGP_DIFF_MAX = _c("actor/logp_diff_max")
-IS_MASKED_FRAC = _c("actor/is_masked_frac")
-REWARD = _c("rollout/reward")
-REWARD_STD = _c("rollout/reward_std")
-REWARD_MIN = _c("rollout/reward_min")
-REWARD_MAX = _c("rollout/reward_max")
-RESPONSE_LENGTH = _c("rollout/response_length")
-RESPONSE_LENGTH_MAX = _c("rollout/response_length_max")
-CLIPPED_RATIO = _c("rollout/clipped_ratio")
-FRAC_ZERO_STD = _c("rollout/frac_reward_zero_std")
-CRITIC_LOSS = _c("critic/loss")
-CRITIC_VALUE = _c("critic/value")
-CRITIC_GRAD_NORM = _c("critic/grad_norm")
-CRITIC_LR = _c("critic/lr")
-CRITIC_CLIP = _c("critic/clip_ratio")
-RUNNING = _c("rollout/num_running_reqs")
-RUNNING_MAX = _c("rollout/num_running_reqs_max")
-WAITING = _c("rollout/num_waiting_reqs")
-WAITING_MAX = _c("rollout/num_waiting_reqs_max")
-KV_USAGE = _c("rollout/kv_cache_usage")
-KV_USAGE_MAX = _c("rollout/kv_cache_usage_max")
-PREEMPTIONS = _c("rollout/preemptions")
-PREFIX_HIT_RATE = _c("rollout/prefix_cache_hit_rate")
-TOKENS_PER_SECOND = _c("rollout/tokens_per_second")
-TOKENS = _c("rollout/tokens")
-SAMPLES = _c("rollout/samples")
-STEP_SECONDS = _c("perf/step_seconds")
-GEN_SECONDS = _c("timing/generate_seconds")
-TRAIN_SECONDS = _c("timing/train_seconds")
-SYNC_SECONDS = _c("timing/weight_sync_seconds")
-
 R, F = Reduction, Fidelity
 TW, SW, MOM, LAST = R.TOKEN_WEIGHTED, R.SAMPLE_WEIGHTED, R.MEAN_OF_MEANS, R.LAST
 EXACT, RECOMP, RELAY = F.EXACT, F.RECOMPUTED, F.RELAYED
@@ -174,8 +167,8 @@ _DS = "deepspeed/runtime/engine.py"
 def _m(fw: str, key: str, canon: str | None, red: Reduction, fid: Fidelity, via: str,
        comparable: bool = True, note: str = "", source: str = "",
        unchecked: str = "") -> KeyMapping:
-    return KeyMapping(fw, key, _c(canon) if canon else None, red, fid, via, comparable, note,
-                      source, unchecked)
+    canonical = catalog.get(canon).name if canon else None  # KeyError at import if unknown
+    return KeyMapping(fw, key, canonical, red, fid, via, comparable, note, source, unchecked)
 
 
 _ROWS: tuple[KeyMapping, ...] = (
@@ -223,11 +216,11 @@ _ROWS: tuple[KeyMapping, ...] = (
     _m("openrlhf", "critic_grad_norm", CRITIC_GRAD_NORM, MOM, RELAY, "logger", False,
        "averaged over micro-batches including stale values", _OR_CRITIC,
        unchecked="the norm comes from a DeepSpeed engine"),
-    _m("openrlhf", "timing/generation", GEN_SECONDS, R.DRIVER_EXACT, EXACT, "logger",
+    _m("openrlhf", "timing/generation", GENERATE_SECONDS, R.DRIVER_EXACT, EXACT, "logger",
        source=_OR_DRIVER, unchecked=_TIMER),
     _m("openrlhf", "timing/ppo_train", TRAIN_SECONDS, R.DRIVER_EXACT, EXACT, "logger",
        source=_OR_DRIVER, unchecked=_TIMER),
-    _m("openrlhf", "timing/broadcast", SYNC_SECONDS, R.DRIVER_EXACT, EXACT, "logger",
+    _m("openrlhf", "timing/broadcast", WEIGHT_SYNC_SECONDS, R.DRIVER_EXACT, EXACT, "logger",
        source=_OR_DRIVER, unchecked=_TIMER),
     _m("openrlhf", "(not logged) IS ratio", IS_RATIO, R.DRIVER_EXACT, EXACT, "driver hook",
        note="token mean of exp(old - rollout) over action tokens; PolicyLoss applies it and "
@@ -346,7 +339,7 @@ _ROWS: tuple[KeyMapping, ...] = (
     _m("trl", "(not logged) tokens", TOKENS, R.WINDOW_MEAN, RECOMP, "trainer hook",
        note="completion tokens of the step: each batch's completions/mean_length (over the "
        "gathered lengths) times its size", source=_TRL),
-    _m("trl", "frac_reward_zero_std", FRAC_ZERO_STD, R.WINDOW_MEAN, EXACT, "callback",
+    _m("trl", "frac_reward_zero_std", FRAC_REWARD_ZERO_STD, R.WINDOW_MEAN, EXACT, "callback",
        note="a share of the gathered batch; batches are of equal size, so the window mean is "
        "exact", source=_TRL),
     _m("trl", "completions/mean_length", RESPONSE_LENGTH, R.WINDOW_MEAN, EXACT, "callback",
@@ -387,23 +380,23 @@ _ROWS: tuple[KeyMapping, ...] = (
        "callback", False, "capped under truncation, and a window mean of per-batch maxima",
        _TRL, unchecked=_TRL_VLLM),
     # --- vLLM (per-engine stat logger) --------------------------------------------------------------
-    _m("vllm", "SchedulerStats.num_running_reqs", RUNNING, R.ENGINE_COUNTERS, EXACT,
+    _m("vllm", "SchedulerStats.num_running_reqs", NUM_RUNNING_REQS, R.ENGINE_COUNTERS, EXACT,
        "stat logger", note="per engine the mean over its scheduler iterations in the step, "
        "summed over engines (the last sample of a window reads 0 after a batch)", source=_VLLM),
-    _m("vllm", "SchedulerStats.num_running_reqs (max)", RUNNING_MAX, R.MAX, EXACT,
+    _m("vllm", "SchedulerStats.num_running_reqs (max)", NUM_RUNNING_REQS_MAX, R.MAX, EXACT,
        "stat logger", note="the largest sample of any engine in the step", source=_VLLM),
-    _m("vllm", "SchedulerStats.num_waiting_reqs", WAITING, R.ENGINE_COUNTERS, EXACT,
+    _m("vllm", "SchedulerStats.num_waiting_reqs", NUM_WAITING_REQS, R.ENGINE_COUNTERS, EXACT,
        "stat logger", note="as num_running_reqs", source=_VLLM),
-    _m("vllm", "SchedulerStats.num_waiting_reqs (max)", WAITING_MAX, R.MAX, EXACT,
+    _m("vllm", "SchedulerStats.num_waiting_reqs (max)", NUM_WAITING_REQS_MAX, R.MAX, EXACT,
        "stat logger", source=_VLLM),
-    _m("vllm", "SchedulerStats.kv_cache_usage", KV_USAGE, R.ENGINE_COUNTERS, EXACT,
+    _m("vllm", "SchedulerStats.kv_cache_usage", KV_CACHE_USAGE, R.ENGINE_COUNTERS, EXACT,
        "stat logger", note="mean over every engine's scheduler iterations in the step",
        source=_VLLM),
-    _m("vllm", "SchedulerStats.kv_cache_usage (max)", KV_USAGE_MAX, R.MAX, EXACT,
+    _m("vllm", "SchedulerStats.kv_cache_usage (max)", KV_CACHE_USAGE_MAX, R.MAX, EXACT,
        "stat logger", source=_VLLM),
     _m("vllm", "IterationStats.num_preempted_reqs", PREEMPTIONS, R.ENGINE_COUNTERS, EXACT,
        "stat logger", source=_VLLM),
-    _m("vllm", "PrefixCacheStats.hits/queries", PREFIX_HIT_RATE, R.ENGINE_COUNTERS, RECOMP,
+    _m("vllm", "PrefixCacheStats.hits/queries", PREFIX_CACHE_HIT_RATE, R.ENGINE_COUNTERS, RECOMP,
        "stat logger", note="hits over queries pooled over engines (not a mean of engine rates)",
        source=_VLLM),
     _m("vllm", "IterationStats.num_generation_tokens", TOKENS, R.ENGINE_COUNTERS, EXACT,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from rlmon.service import keymaps
+from rlmon.service import catalog, keymaps
 
 __all__ = ["Finding", "LossNormalization", "SanityChecker", "deepspeed_nan_bug", "relay_warnings"]
 
@@ -121,9 +121,9 @@ class SanityChecker:
 
     dpo: bool = False
     deepspeed_version: str | None = None
-    loss_keys: tuple[str, ...] = (keymaps.LOSS, keymaps.relay_name("trl", "loss"))
-    grad_norm_keys: tuple[str, ...] = (keymaps.GRAD_NORM,)
-    loss_scale_key: str = keymaps.LOSS_SCALE
+    loss_keys: tuple[str, ...] = (catalog.LOSS, keymaps.relay_name("trl", "loss"))
+    grad_norm_keys: tuple[str, ...] = (catalog.GRAD_NORM,)
+    loss_scale_key: str = catalog.LOSS_SCALE
     stuck_steps: int = 5
     tol: float = 2e-3
     scale_drop: float = 2.0 ** 8  # a fall by this factor within the window is a collapse

@@ -64,6 +64,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from rlmon.service import catalog
+
 __all__ = [
     "FAULTS",
     "Batch",
@@ -317,20 +319,20 @@ def shard_partials(
 
     adv_tok = adv * mask
     partials: dict[str, dict[str, Any]] = {
-        "actor/loss": tok(loss_tok),
-        "actor/clip_ratio": tok(is_clipped),
-        "actor/entropy": tok(entropy),
-        "actor/kl": tok(kl),
-        "actor/approx_kl": tok(approx_kl),
-        "actor/ppo_ratio": tok(ratio),
-        "actor/is_ratio": tok(is_ratio),
-        "actor/is_ratio_min": extreme(is_ratio, "min"),
-        "actor/is_ratio_max": extreme(is_ratio, "max"),
-        "actor/logp_diff": tok(logp_diff),
-        "actor/logp_diff_max": extreme(logp_diff, "max"),
-        "actor/is_masked_frac": tok((is_ratio > config.is_cap).astype(np.float64)),
-        "actor/advantage": tok(adv),
-        "actor/advantage_std": {
+        catalog.LOSS: tok(loss_tok),
+        catalog.CLIP_RATIO: tok(is_clipped),
+        catalog.ENTROPY: tok(entropy),
+        catalog.KL: tok(kl),
+        catalog.APPROX_KL: tok(approx_kl),
+        catalog.PPO_RATIO: tok(ratio),
+        catalog.IS_RATIO: tok(is_ratio),
+        catalog.IS_RATIO_MIN: extreme(is_ratio, "min"),
+        catalog.IS_RATIO_MAX: extreme(is_ratio, "max"),
+        catalog.LOGP_DIFF: tok(logp_diff),
+        catalog.LOGP_DIFF_MAX: extreme(logp_diff, "max"),
+        catalog.IS_MASKED_FRAC: tok((is_ratio > config.is_cap).astype(np.float64)),
+        catalog.ADVANTAGE: tok(adv),
+        catalog.ADVANTAGE_STD: {
             "count": n_tok, "sum": float(adv_tok.sum()), "sqsum": float((adv_tok**2).sum()),
         },
     }
@@ -351,14 +353,14 @@ def shard_partials(
 def reward_partials(rewards: FloatArray, zero_std: FloatArray) -> dict[str, dict[str, Any]]:
     """Per-response reward statistics (one reward worker: nothing replicated)."""
     return {
-        "rollout/reward": {"sum": float(rewards.sum()), "count": float(len(rewards))},
-        "rollout/reward_std": {
+        catalog.REWARD: {"sum": float(rewards.sum()), "count": float(len(rewards))},
+        catalog.REWARD_STD: {
             "count": float(len(rewards)), "sum": float(rewards.sum()),
             "sqsum": float((rewards**2).sum()),
         },
-        "rollout/reward_min": {"min": float(rewards.min())},
-        "rollout/reward_max": {"max": float(rewards.max())},
-        "rollout/frac_reward_zero_std": {"sum": float(zero_std.sum()), "count": float(len(zero_std))},
+        catalog.REWARD_MIN: {"min": float(rewards.min())},
+        catalog.REWARD_MAX: {"max": float(rewards.max())},
+        catalog.FRAC_REWARD_ZERO_STD: {"sum": float(zero_std.sum()), "count": float(len(zero_std))},
     }
 
 
@@ -368,16 +370,16 @@ def rollout_partials(batch: Batch, config: GRPOConfig, trainer_step: int,
     n = float(len(lengths))
     tokens = float(lengths.sum())
     return {
-        "rollout/response_length": {"sum": tokens, "count": n},
-        "rollout/response_length_max": {"max": float(lengths.max())},
-        "rollout/clipped_ratio": {
+        catalog.RESPONSE_LENGTH: {"sum": tokens, "count": n},
+        catalog.RESPONSE_LENGTH_MAX: {"max": float(lengths.max())},
+        catalog.CLIPPED_RATIO: {
             "sum": float(((lengths == config.max_len) & (batch.tokens[:, -1] != EOS)).sum()),
             "count": n,
         },
-        "rollout/tokens": {"sum": tokens},
-        "rollout/samples": {"sum": n},
-        "rollout/policy_lag": {"max": float(trainer_step - batch.weights_version)},
-        "rollout/tokens_per_second": {"sum": tokens / seconds if seconds > 0 else 0.0},
+        catalog.TOKENS: {"sum": tokens},
+        catalog.SAMPLES: {"sum": n},
+        catalog.POLICY_LAG: {"max": float(trainer_step - batch.weights_version)},
+        catalog.TOKENS_PER_SECOND: {"sum": tokens / seconds if seconds > 0 else 0.0},
     }
 
 
@@ -480,7 +482,7 @@ def simulate(
                 tokens *= len(all_ranks) / len(alive)
             norm = trainer.apply(grad_sum, tokens, lr)
             for key in shards:
-                per_rank[key][-1]["actor/grad_norm"] = {"value": norm, "minibatch_reduce": "mean"}
+                per_rank[key][-1][catalog.GRAD_NORM] = {"value": norm, "minibatch_reduce": "mean"}
         trainer.version = step + 1
         if weights_synced(step, fault, fault_step):
             rollout.sync(trainer.theta, trainer.version)
@@ -489,8 +491,8 @@ def simulate(
             for m, partials in enumerate(minibatch_partials):
                 partials = dict(partials)
                 if m == len(minibatch_partials) - 1:
-                    partials["actor/lr"] = {"value": lr}
-                    partials["perf/step_seconds"] = {"max": 0.08 + 0.002 * d + 0.001 * c}
+                    partials[catalog.LR] = {"value": lr}
+                    partials[catalog.STEP_SECONDS] = {"max": 0.08 + 0.002 * d + 0.001 * c}
                 yield _record(run, "actor", step, {"dp": d, "cp": c}, world, partials, clock,
                               final=m == len(minibatch_partials) - 1, minibatch=m, seq=m)
 

@@ -21,7 +21,7 @@ from rlmon.actors.integrations._base import (
     make_reporter,
     send_run_info,
 )
-from rlmon.service import keymaps
+from rlmon.service import catalog, keymaps
 from rlmon.service.sanity import LossNormalization
 
 __all__ = ["EngineProbe", "EngineSnapshot", "probe"]
@@ -108,15 +108,15 @@ class EngineProbe:
         snap = probe(self.engine)
         rep = self.reporter
         if snap.loss_scale is not None:
-            rep.record(keymaps.LOSS_SCALE, value=snap.loss_scale)
-        rep.record(keymaps.SKIPPED_STEPS, value=float(snap.skipped_steps))
+            rep.record(catalog.LOSS_SCALE, value=snap.loss_scale)
+        rep.record(catalog.SKIPPED_STEPS, value=float(snap.skipped_steps))
         if snap.global_grad_norm is not None:
-            rep.record(keymaps.GRAD_NORM, value=snap.global_grad_norm)
+            rep.record(catalog.GRAD_NORM, value=snap.global_grad_norm)
         factor = self.normalization.factor
         if scaled_loss is not None:
             loss = float(scaled_loss) * factor
         if loss is not None:
-            rep.record(keymaps.LOSS, sum=float(loss), count=1.0)
+            rep.record(catalog.LOSS, sum=float(loss), count=1.0)
             rep.record(LOSS_SCALED, sum=float(loss) / factor, count=1.0)
         if end_step:
             rep.end_step(int(step))

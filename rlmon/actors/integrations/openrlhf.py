@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from rlmon.actors.integrations._base import ReporterLike, make_reporter, relay
-from rlmon.service import keymaps
+from rlmon.service import catalog
 
 __all__ = ["RlmonLogger", "WorkerPath", "attach", "importance_stats"]
 
@@ -90,12 +90,12 @@ def record_importance(reporter: ReporterLike, stats: Mapping[str, float]) -> Non
     tokens = stats["tokens"]
     if tokens <= 0:
         return
-    reporter.record(keymaps.IS_RATIO, sum=stats["ratio_sum"], count=tokens)
-    reporter.record(keymaps.IS_RATIO_MIN, min=stats["ratio_min"])
-    reporter.record(keymaps.IS_RATIO_MAX, max=stats["ratio_max"])
-    reporter.record(keymaps.LOGP_DIFF, sum=stats["diff_sum"], count=tokens)
-    reporter.record(keymaps.LOGP_DIFF_MAX, max=stats["diff_max"])
-    reporter.record(keymaps.IS_MASKED_FRAC, sum=stats["masked"], count=tokens)
+    reporter.record(catalog.IS_RATIO, sum=stats["ratio_sum"], count=tokens)
+    reporter.record(catalog.IS_RATIO_MIN, min=stats["ratio_min"])
+    reporter.record(catalog.IS_RATIO_MAX, max=stats["ratio_max"])
+    reporter.record(catalog.LOGP_DIFF, sum=stats["diff_sum"], count=tokens)
+    reporter.record(catalog.LOGP_DIFF_MAX, max=stats["diff_max"])
+    reporter.record(catalog.IS_MASKED_FRAC, sum=stats["masked"], count=tokens)
 
 
 class RlmonLogger:
@@ -249,9 +249,9 @@ class WorkerPath:
         rep = self.reporter
         if rep is None:
             return
-        for name, values in ((keymaps.LOSS, policy_loss), (keymaps.ENTROPY, entropy),
-                             (keymaps.CLIP_RATIO, clipped), (keymaps.APPROX_KL, approx_kl),
-                             (keymaps.KL, kl)):
+        for name, values in ((catalog.LOSS, policy_loss), (catalog.ENTROPY, entropy),
+                             (catalog.CLIP_RATIO, clipped), (catalog.APPROX_KL, approx_kl),
+                             (catalog.KL, kl)):
             if values is not None:
                 rep.record_tensor(name, values, action_mask, reduce="token_mean")
 
@@ -261,7 +261,7 @@ class WorkerPath:
         if self.reporter is None:
             return
         if grad_norm is not None:
-            self.reporter.record(keymaps.GRAD_NORM, value=float(grad_norm), minibatch=index,
+            self.reporter.record(catalog.GRAD_NORM, value=float(grad_norm), minibatch=index,
                                  minibatch_reduce="mean")
         if lr is not None:
             self._lr = float(lr)
@@ -270,7 +270,7 @@ class WorkerPath:
         if self.reporter is None:
             return
         if self._lr is not None:
-            self.reporter.record(keymaps.LR, value=self._lr)
+            self.reporter.record(catalog.LR, value=self._lr)
             self._lr = None
         self.reporter.end_step(int(step))
 

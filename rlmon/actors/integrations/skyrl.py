@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from rlmon.actors.integrations._base import ReporterLike, make_reporter, relay
-from rlmon.service import keymaps
+from rlmon.service import catalog, keymaps
 
 __all__ = ["LOSS_REDUCTIONS", "RlmonTracking", "WorkerPath", "loss_partial", "wrap_tracker"]
 
@@ -126,10 +126,10 @@ class WorkerPath:
             s, c = loss_partial(per_token_loss, loss_mask, self.loss_reduction,
                                 micro_batch_size=self.micro_batch_size,
                                 max_seq_len=self.max_seq_len)
-            rep.record(keymaps.LOSS, sum=s, count=c, minibatch=minibatch,
+            rep.record(catalog.LOSS, sum=s, count=c, minibatch=minibatch,
                        minibatch_reduce="mean", replicated=CP)
-        for name, values in ((keymaps.ENTROPY, entropy), (keymaps.KL, kl),
-                             (keymaps.CLIP_RATIO, clipped), (keymaps.IS_RATIO, is_ratio)):
+        for name, values in ((catalog.ENTROPY, entropy), (catalog.KL, kl),
+                             (catalog.CLIP_RATIO, clipped), (catalog.IS_RATIO, is_ratio)):
             if values is not None:
                 rep.record_tensor(name, values, loss_mask, reduce="token_mean", replicated=CP)
 
@@ -139,7 +139,7 @@ class WorkerPath:
                              minibatch_reduce="mean", replicated=CP)
 
     def optimizer_step(self, index: int, *, grad_norm: float) -> None:
-        self.reporter.record(keymaps.GRAD_NORM, value=float(grad_norm), minibatch=index,
+        self.reporter.record(catalog.GRAD_NORM, value=float(grad_norm), minibatch=index,
                              minibatch_reduce="mean")
 
     def end_step(self, step: int) -> None:

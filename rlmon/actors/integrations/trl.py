@@ -38,7 +38,7 @@ from rlmon.actors.integrations._base import (
     relay,
     send_run_info,
 )
-from rlmon.service import keymaps
+from rlmon.service import catalog
 
 __all__ = ["attach", "callback"]  # and RlmonCallback, built lazily by __getattr__
 
@@ -50,10 +50,10 @@ log = logging.getLogger("rlmon.trl")
 _LOSS_KEYS = ("kl", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean",
               "clip_ratio/region_mean", "cispo_clip_ratio", "vespo/phi_seq_mean")
 # ... and those rlmon publishes exactly, pooled over the step's micro-batches.
-POOLED = {"kl": keymaps.KL, "entropy": keymaps.ENTROPY,
-          "clip_ratio/region_mean": keymaps.CLIP_RATIO}
+POOLED = {"kl": catalog.KL, "entropy": catalog.ENTROPY,
+          "clip_ratio/region_mean": catalog.CLIP_RATIO}
 # Per-batch maxima that TRL averages over the logging window; rlmon takes their max.
-MAXIMA = {"completions/max_length": keymaps.RESPONSE_LENGTH_MAX}
+MAXIMA = {"completions/max_length": catalog.RESPONSE_LENGTH_MAX}
 
 
 class _Hooks:
@@ -206,22 +206,22 @@ class _Relay:
                     done[key] = name
         if got.rewards:
             sizes = [int(t.numel()) for t in got.rewards]  # completions per generation batch
-            rep.record(keymaps.SAMPLES, sum=float(sum(sizes)))
-            done["(not logged) samples"] = keymaps.SAMPLES
+            rep.record(catalog.SAMPLES, sum=float(sum(sizes)))
+            done["(not logged) samples"] = catalog.SAMPLES
             means = list(self.trainer._metrics.get("train", {}).get(
                 "completions/mean_length", ())) if "loss" in self.hooks else []
             if len(means) == len(sizes):  # TRL's mean over each gathered batch, undone
-                rep.record(keymaps.TOKENS, sum=float(sum(
+                rep.record(catalog.TOKENS, sum=float(sum(
                     round(m * n) for m, n in zip(means, sizes, strict=True))))
-                done["(not logged) tokens"] = keymaps.TOKENS
+                done["(not logged) tokens"] = catalog.TOKENS
             values = [v for v in _tolist(got.rewards, cat=True) if not math.isnan(v)]
             if values:
                 s, q = math.fsum(values), math.fsum(v * v for v in values)
-                rep.record(keymaps.REWARD, sum=s, count=len(values))
-                rep.record(keymaps.REWARD_STD, count=len(values), sum=s, sqsum=q)
-                rep.record(keymaps.REWARD_MIN, min=min(values))
-                rep.record(keymaps.REWARD_MAX, max=max(values))
-                done.update(reward=keymaps.REWARD, reward_std=keymaps.REWARD_STD)
+                rep.record(catalog.REWARD, sum=s, count=len(values))
+                rep.record(catalog.REWARD_STD, count=len(values), sum=s, sqsum=q)
+                rep.record(catalog.REWARD_MIN, min=min(values))
+                rep.record(catalog.REWARD_MAX, max=max(values))
+                done.update(reward=catalog.REWARD, reward_std=catalog.REWARD_STD)
         missed = [k for k in (*POOLED, "reward", "reward_std") if k in logs and k not in done]
         if missed and self.hooks:
             self.fallbacks += 1

@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rlmon.actors.integrations._base import ReporterLike, env_reporter, lazy_class
-from rlmon.service import keymaps
+from rlmon.service import catalog
 
 __all__ = ["DuplicateEngineRank", "EngineWindow", "attach", "close", "current_step",
            "engine_rank", "set_step"]  # and RlmonStatLogger (lazy)
@@ -284,20 +284,20 @@ class EngineWindow:
     def _send(self) -> None:
         assert self.step is not None
         rep, n = self.reporter, self.samples
-        rep.record(keymaps.TOKENS, sum=float(self.tokens))
-        rep.record(keymaps.PREEMPTIONS, sum=float(self.preempted))
-        rep.record(keymaps.RUNNING, sum=self.running_sum / n if n else 0.0)
-        rep.record(keymaps.RUNNING_MAX, max=float(self.running_max))
-        rep.record(keymaps.WAITING, sum=self.waiting_sum / n if n else 0.0)
-        rep.record(keymaps.WAITING_MAX, max=float(self.waiting_max))
+        rep.record(catalog.TOKENS, sum=float(self.tokens))
+        rep.record(catalog.PREEMPTIONS, sum=float(self.preempted))
+        rep.record(catalog.NUM_RUNNING_REQS, sum=self.running_sum / n if n else 0.0)
+        rep.record(catalog.NUM_RUNNING_REQS_MAX, max=float(self.running_max))
+        rep.record(catalog.NUM_WAITING_REQS, sum=self.waiting_sum / n if n else 0.0)
+        rep.record(catalog.NUM_WAITING_REQS_MAX, max=float(self.waiting_max))
         if n:
-            rep.record(keymaps.KV_USAGE, sum=self.kv_sum, count=float(n))
-            rep.record(keymaps.KV_USAGE_MAX, max=self.kv_max)
+            rep.record(catalog.KV_CACHE_USAGE, sum=self.kv_sum, count=float(n))
+            rep.record(catalog.KV_CACHE_USAGE_MAX, max=self.kv_max)
         if self.queries > 0:
-            rep.record(keymaps.PREFIX_HIT_RATE, sum=float(self.hits), count=float(self.queries))
+            rep.record(catalog.PREFIX_CACHE_HIT_RATE, sum=float(self.hits), count=float(self.queries))
         if self.first_t is not None and self.last_t > self.first_t:
             rate = (self.tokens - self.first_tokens) / (self.last_t - self.first_t)
-            rep.record(keymaps.TOKENS_PER_SECOND, sum=rate)
+            rep.record(catalog.TOKENS_PER_SECOND, sum=rate)
         rep.end_step(self.step)
         self.steps_sent.append(self.step)
         self._reset()
