@@ -19,7 +19,7 @@ from rlmon.service import series
 from rlmon.service.assembly import AddOutcome, AssemblyCounters, StepAssembler, StepState
 from rlmon.service.clock import Clock
 from rlmon.service.deadline import DeadlinePolicy
-from rlmon.service.ingest import IngestAck, NodeBatch, origin
+from rlmon.service.ingest import IngestAck, NodeBatch
 from rlmon.service.message import StepMessage
 from rlmon.service.report import (
     ContractError,
@@ -100,18 +100,12 @@ class AggregatorCore:
                         self._begin_attempt(msg)
                     outcome, record = asm.add_checked(msg)
                 except ContractError as exc:
-                    ack.rejected += 1
-                    if len(ack.errors) < self.max_errors:
-                        ack.errors.append(f"{origin(msg)}: {exc}")
+                    ack.refuse(msg, exc, self.max_errors)
                     continue
-                if outcome == AddOutcome.ACCEPTED:
-                    ack.accepted += 1
-                    if opened:
-                        self.deadline.observe(msg.run, msg.role, msg.step, asm.now())
-                elif outcome == AddOutcome.DUPLICATE:
-                    ack.duplicates += 1
-                else:
-                    ack.late += 1
+                ack.tally(outcome)
+                if outcome == AddOutcome.ACCEPTED and opened:
+                    self.deadline.observe(msg.run, msg.role, msg.step, asm.now())
+                elif outcome == AddOutcome.LATE:
                     self._say_late(msg)
                 if msg.dropped:
                     self.reporter_drops[(msg.run, msg.role, tuple(msg.rank))] = msg.dropped
@@ -188,18 +182,11 @@ class AggregatorCore:
                 try:
                     outcome, record = asm.merge_state(state)
                 except ContractError as exc:
-                    ack.rejected += 1
-                    if len(ack.errors) < self.max_errors:
-                        ack.errors.append(f"{origin(state)}: {exc}")
+                    ack.refuse(state, exc, self.max_errors)
                     continue
-                if outcome == AddOutcome.ACCEPTED:
-                    ack.accepted += 1
-                    if opened and record is None:
-                        self.deadline.observe(state.run, state.role, state.step, asm.now())
-                elif outcome == AddOutcome.DUPLICATE:
-                    ack.duplicates += 1
-                else:
-                    ack.late += 1
+                ack.tally(outcome)
+                if outcome == AddOutcome.ACCEPTED and opened and record is None:
+                    self.deadline.observe(state.run, state.role, state.step, asm.now())
                 if record is not None:
                     done.append(record)
             self._commit(done)

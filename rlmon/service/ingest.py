@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlmon.service.assembly import StepState
+from rlmon.service.assembly import AddOutcome, StepState
 from rlmon.service.report import show
 
 __all__ = ["IngestAck", "NodeBatch", "origin"]
@@ -28,6 +28,21 @@ class IngestAck:
     errors: list[str] = field(default_factory=list)
     incarnation: str = ""
     floors: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def refuse(self, item: object, error: Exception, max_errors: int) -> None:
+        """Count a rejected message or state, keeping its error (the first ``max_errors``)."""
+        self.rejected += 1
+        if len(self.errors) < max_errors:
+            self.errors.append(f"{origin(item)}: {error}")
+
+    def tally(self, outcome: str) -> None:
+        """Count an accepted, duplicate or late message or state (an ``AddOutcome``)."""
+        if outcome == AddOutcome.ACCEPTED:
+            self.accepted += 1
+        elif outcome == AddOutcome.DUPLICATE:
+            self.duplicates += 1
+        else:
+            self.late += 1
 
 
 @dataclass(slots=True)

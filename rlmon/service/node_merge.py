@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Sequence
 
 from rlmon.service.assembly import StepState
-from rlmon.service.ingest import IngestAck, NodeBatch, origin
+from rlmon.service.ingest import IngestAck, NodeBatch
 from rlmon.service.message import MessageChecks, StepMessage
 from rlmon.service.rank import Rank
 from rlmon.service.report import ContractError
@@ -94,18 +94,16 @@ class NodeMerger:
     def ingest(self, messages: Sequence[StepMessage], max_errors: int = 20) -> IngestAck:
         """Fold a reporter's batch in: a bad message is rejected whole (counted, its error in
         the ack), the others are kept."""
-        accepted = rejected = 0
-        errors: list[str] = []
+        refused = IngestAck()
+        accepted = 0
         for msg in messages:
             try:
                 accepted += self.add(msg)
             except ContractError as exc:
-                rejected += 1
-                if len(errors) < max_errors:
-                    errors.append(f"{origin(msg)}: {exc}")
+                refused.refuse(msg, exc, max_errors)
         ack = self.ack(messages, accepted)
-        ack.duplicates -= rejected
-        ack.rejected, ack.errors = rejected, errors
+        ack.duplicates -= refused.rejected
+        ack.rejected, ack.errors = refused.rejected, refused.errors
         return ack
 
     def drain(self) -> list[StepState]:
