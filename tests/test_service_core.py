@@ -20,8 +20,8 @@ from rlmon.commands.deliver import replay_routing
 from rlmon.commands.serve import exporter_address
 from rlmon.service import catalog
 from rlmon.service.config import ConfigError, RoutingConfig, Settings, load_config
-from rlmon.service.series import ALERT_FIRING
 from rlmon.service.metrics_http import build_registry
+from rlmon.service.series import ALERT_FIRING
 from rlmon.service.service_core import ServiceCore
 from rlmon.service.step import StepRecord
 
