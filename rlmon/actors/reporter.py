@@ -23,9 +23,17 @@ import numpy as np
 
 from rlmon.actors.detect import coerce_rank, coerce_world, detect_layout
 from rlmon.actors.sink import ReportSink, SinkClosed, track_sender
-from rlmon.actors.tensor_stats import REDUCE_FORMS, Pending, Reduce, fetch, reduce_tensor
+from rlmon.actors.tensor_stats import (
+    MAX_HELD_ELEMENTS,
+    HeldTensors,
+    Reduce,
+    StepTensors,
+    check_reduce,
+    is_torch,
+    reduce_array,
+)
 from rlmon.service import catalog
-from rlmon.service.forms import FORMS, Merge, form_of_keys, forms_text
+from rlmon.service.forms import FORMS, FormDef, Merge, form_of_keys, forms_text
 from rlmon.service.message import Columns, Schema, StepMessage, state_row
 from rlmon.service.partial import ALL_AXES, Partial, combine
 from rlmon.service.rank import AXES, Rank, World
@@ -44,6 +52,9 @@ _MEAN = Form.MEAN  # a module global: enum attribute access is slow on the hot p
 
 # An accumulator entry: [form, state, replicated, minibatch_mean, minibatch].
 _Entry = list[Any]
+# What end_step hands the sender besides the accumulator: tensor statistics in flight to the
+# host and record_many batches, both merged into the accumulator off the training thread.
+_Deferred = tuple[StepTensors | None, list[Mapping[str, Any]]]
 
 
 _PY_NUMBER = (float, int)
@@ -120,7 +131,11 @@ class Reporter:
         self.last_error: str | None = None
         self._acc: dict[Any, _Entry] = {}
         self._names: set[str] = set()  # metric names already validated
-        self._tensors: list[Pending] = []
+        self.rejected = 0  # statistics refused after recording (see record_tensor, record_many)
+        self._tensors = HeldTensors()
+        self._tensor_forms: dict[Any, Form] = {}  # this step's record_tensor forms by key
+        self._batches: list[Mapping[str, Any]] = []  # this step's record_many mappings
+        self._batch_forms: dict[str, FormDef] = {}  # a bare number's form, by metric name
         self._plain: dict[tuple[str, Form], bool] = {}
         self._schema: Schema | None = None
         self._schema_key: tuple[Any, ...] = ()
@@ -128,7 +143,7 @@ class Reporter:
         self._started = time.time()  # tells a rerun of the run from a late resend
         self._step_start = time.perf_counter()
         self._pending: deque[StepMessage] = deque()  # packed, sent or not, not acknowledged
-        self._raw: deque[tuple[int, dict[Any, _Entry], float]] = deque()  # not packed yet
+        self._raw: deque[tuple[int, dict[Any, _Entry], float, _Deferred]] = deque()  # not packed
         self._retained: deque[StepMessage] = deque()  # acknowledged, step not finalized yet
         self._incarnation: str | None = None
         self._next_probe = 0.0  # monotonic time of the next incarnation probe (while retained)
@@ -196,17 +211,19 @@ class Reporter:
 
     def _add(
         self, name: str, form: Form, state: tuple[float, ...], replicated: Replicated,
-        minibatch_reduce: str | None, minibatch: int,
+        minibatch_reduce: str | None, minibatch: int, acc: dict[Any, _Entry] | None = None,
     ) -> None:
         mb_mean = minibatch_reduce == "mean"
         if minibatch_reduce is not None and not mb_mean:
             raise ValueError(f'{name}: minibatch_reduce must be "mean" or None')
         key = (name, minibatch) if mb_mean else name
-        entry = self._acc.get(key)
+        if acc is None:
+            acc = self._acc
+        entry = acc.get(key)
         if entry is None:
             rep = _replicated(replicated) if replicated is not None else (
                 ALL_AXES if FORMS[form].replicated_by_default else None)
-            self._acc[key] = [form, state, rep, mb_mean, minibatch]
+            acc[key] = [form, state, rep, mb_mean, minibatch]
             return
         if entry[0] is not form:
             raise ValueError(f"{name}: recorded as {entry[0].value!r} and now as {form.value!r}")
@@ -225,13 +242,88 @@ class Reporter:
     ) -> None:
         """A masked statistic of a torch tensor or numpy array, computed on its device.
 
-        The result stays on the device until ``end_step``, which fetches every pending statistic
-        in one transfer.
+        ``reduce``: ``token_mean`` (sum and count of the masked entries), ``seq_mean`` (per
+        sequence, the last axis, then pooled over sequences with a token), ``sum``, ``min``,
+        ``max``, ``sqsum`` or ``std``; sums accumulate in float64 whatever the dtype.
+
+        A torch tensor costs no kernel launch here: the Reporter holds a reference (detached
+        when it requires grad) until the next fold, ``end_micro_batch``, ``end_step`` or
+        :data:`~rlmon.actors.tensor_stats.MAX_HELD_ELEMENTS` held elements, which reduces the
+        tensors sharing a mask together in a few launches and releases them. The tensor and its
+        mask are read then, not now: do not modify them in place before the fold (call
+        ``end_micro_batch`` before reusing a buffer). One modified in between is detected by
+        its version counter; its statistic is refused, counted in ``rejected`` and named in
+        ``last_error``, never sent wrong. numpy arrays are reduced at once, on the host.
         """
-        vector = reduce_tensor(values, mask, reduce)
-        self._tensors.append(Pending(
-            name, REDUCE_FORMS[reduce], vector, replicated, minibatch_reduce, minibatch
-        ))
+        form = check_reduce(reduce)
+        if name not in self._names:
+            check_metric_name(name)
+            self._names.add(name)
+        if minibatch_reduce is not None and minibatch_reduce != "mean":
+            raise ValueError(f'{name}: minibatch_reduce must be "mean" or None')
+        if replicated is not None:
+            _replicated(replicated)  # an unknown axis raises here, not on the sender thread
+        key = (name, minibatch) if minibatch_reduce == "mean" else name
+        known = self._tensor_forms.get(key)
+        if known is None:
+            entry = self._acc.get(key)
+            known = self._tensor_forms[key] = form if entry is None else entry[0]
+        if known is not form:
+            raise ValueError(f"{name}: recorded as {known.value!r} and now as {form.value!r}")
+        if not is_torch(values):
+            numbers = reduce_array(values, mask, reduce)
+            self._add_numbers(name, form, numbers, replicated, minibatch_reduce, minibatch)
+            return
+        held = self._tensors
+        held.add(name, form, values, mask, reduce, replicated, minibatch_reduce, minibatch)
+        if held.held_elements > MAX_HELD_ELEMENTS:
+            self.end_micro_batch()
+
+    def end_micro_batch(self) -> None:
+        """Reduce the tensors recorded since the last fold now and release them.
+
+        Optional: ``end_step`` folds too. Call it when the recorded tensors' memory should be
+        freed, or before their buffers are reused. Launches a few kernels per shared mask, no
+        device-to-host copy.
+        """
+        refused = self._tensors.fold()
+        if refused:
+            self._refuse(refused, "modified in place after record_tensor, before it was reduced")
+
+    def _refuse(self, names: Sequence[str], why: str) -> None:
+        self.rejected += len(names)
+        self.last_error = f"{names[0]}: {why}"
+        log.warning("rlmon: %s/%s: %d statistic(s) refused, e.g. %s: %s",
+                    self.run, self.role, len(names), names[0], why)
+
+    def _add_numbers(self, name: str, form: Form, numbers: Mapping[str, float],
+                     replicated: Replicated, minibatch_reduce: str | None, minibatch: int,
+                     acc: dict[Any, _Entry] | None = None) -> None:
+        """Add a tensor statistic given by form key (with its count) to the accumulator."""
+        spec = FORMS[form]
+        if numbers["count"] == 0 and spec.columnar is not Merge.ADD:
+            return  # an extreme of no entries is nothing to report, not +-inf
+        self._add(name, form, spec.state(numbers), replicated, minibatch_reduce, minibatch, acc)
+
+    def record_many(self, metrics: Mapping[str, Any]) -> None:
+        """Record many metrics in one call: ``{name: statistic}``; the cheap path for scalars.
+
+        A statistic is a ``(sum, count)`` pair (a weighted mean), a mapping of one form's keys
+        (``{"max": x}``, ``{"count": n, "sum": s, "sqsum": q}``, ...), or a bare number: an
+        already-reduced value in the form the catalog gives the name (``value`` for a name the
+        catalog does not hold). Names are checked here; the mapping is copied and everything
+        else happens on the sender thread, so a statistic that turns out malformed there (wrong
+        keys, a bad count, another form than the name has this step) is refused, counted in
+        ``rejected`` and named in ``last_error``, and the rest of the step is sent. Partials that
+        are replicated or reduced per mini-batch go through :meth:`record`.
+        """
+        names = self._names
+        if not names.issuperset(metrics):
+            for name in metrics:
+                if name not in names:
+                    check_metric_name(name)
+                    names.add(name)
+        self._batches.append(dict(metrics))
 
     @contextlib.contextmanager
     def span(self, name: str) -> Iterator[None]:
@@ -245,16 +337,83 @@ class Reporter:
 
     # -- ending a step -------------------------------------------------------------------------
 
-    def _fold_tensors(self) -> None:
-        pending, self._tensors = self._tensors, []
-        values, transfers = fetch(pending)
-        self.transfers += transfers
-        for p, (stat, count) in zip(pending, values, strict=True):
-            spec = FORMS[p.form]
-            if count == 0 and spec.columnar is not Merge.ADD:
-                continue  # an extreme of no entries is nothing to report, not +-inf
-            state = spec.state({key: count if key == "count" else stat for key in spec.keys})
-            self._add(p.name, p.form, state, p.replicated, p.minibatch_reduce, p.minibatch)
+    def _fold_tensors(self) -> StepTensors | None:
+        """Fold what is held and start the step's one copy per device (training thread)."""
+        self.end_micro_batch()
+        moving = self._tensors.transfer()
+        if moving is not None:
+            self.transfers += moving.transfers
+        return moving
+
+    def _complete(self, acc: dict[Any, _Entry], deferred: _Deferred) -> None:
+        """Merge a step's tensor statistics and record_many batches into its accumulator
+        (sender thread); a statistic that does not fit is refused and counted."""
+        moving, batches = deferred
+        refused: list[tuple[str, str]] = []
+        if moving is not None:
+            for stat, numbers in moving.read():
+                try:
+                    self._add_numbers(stat.name, stat.form, numbers, stat.replicated,
+                                      stat.minibatch_reduce, stat.minibatch, acc)
+                except ValueError as exc:  # recorded in another form by record() after it
+                    refused.append((stat.name, str(exc)))
+        for batch in batches:
+            self._merge_batch(acc, batch, refused)
+        if refused:
+            self._refuse([name for name, _ in refused], refused[0][1])
+
+    def _merge_batch(self, acc: dict[Any, _Entry], batch: Mapping[str, Any],
+                     refused: list[tuple[str, str]]) -> None:
+        for name, stat in batch.items():
+            if stat.__class__ is tuple and len(stat) == 2:  # (sum, count): the common case
+                total, count = stat
+                if count.__class__ in _PY_NUMBER and not 0 <= count < math.inf:
+                    refused.append((name, f"count must be finite and >= 0, got {count!r}"))
+                    continue
+                entry = acc.get(name)
+                if entry is None:
+                    acc[name] = [_MEAN, stat, None, False, 0]
+                    continue
+                if entry[0] is _MEAN:
+                    old = entry[1]
+                    entry[1] = (old[0] + total, old[1] + count)
+                    continue
+                form, state = _MEAN, tuple(stat)
+            else:
+                try:
+                    form, state = self._batch_state(name, stat)
+                except (TypeError, ValueError) as exc:
+                    refused.append((name, str(exc)))
+                    continue
+            try:
+                self._add(name, form, state, None, None, 0, acc)
+            except ValueError as exc:
+                refused.append((name, str(exc)))
+
+    def _batch_state(self, name: str, stat: Any) -> tuple[Form, tuple[float, ...]]:
+        """The form and state of one record_many statistic other than a (sum, count) pair."""
+        if isinstance(stat, Mapping):
+            form = form_of_keys(frozenset(stat))
+            if form is None:
+                raise ValueError(f"{name}: give one statistic form ({forms_text()}), "
+                                 f"got {', '.join(stat) or 'none'}")
+            keyed = FORMS[form]
+            state = keyed.state(stat)
+            for i in keyed.counts:
+                _check_count(name, state[i])
+            return form, state
+        if isinstance(stat, tuple | list):
+            raise ValueError(f"{name}: a sequence must be a (sum, count) pair, got {stat!r}")
+        spec = self._batch_forms.get(name)
+        if spec is None:
+            declared = catalog.lookup(name)
+            spec = FORMS[declared.forms[0]] if declared is not None else FORMS[Form.VALUE]
+            if spec.of_value is None:  # a form that cannot hold one value (sqsum)
+                spec = FORMS[Form.VALUE]
+            self._batch_forms[name] = spec
+        of_value = spec.of_value
+        assert of_value is not None
+        return spec.form, of_value(stat)
 
     def _is_plain(self, name: str, form: Form) -> bool:
         known = self._plain.get((name, form))
@@ -268,12 +427,15 @@ class Reporter:
     def end_step(self, step: int) -> None:
         """Close the step and hand it to the sender thread; returns at once.
 
-        The training thread only fetches pending tensor statistics (one transfer) and swaps the
-        accumulator; packing the message happens on the sender thread.
+        The training thread only folds held tensors (a few launches per shared mask), starts
+        their one copy per device (non-blocking into pinned memory on CUDA) and swaps the
+        accumulator; waiting for the copy, merging ``record_many`` batches and packing the
+        message happen on the sender thread.
         """
         step = _check_step(step)
-        if self._tensors:
-            self._fold_tensors()
+        moving = self._fold_tensors() if self._tensors else None
+        batches, self._batches = self._batches, []
+        self._tensor_forms.clear()
         now = time.perf_counter()
         if self.step_seconds and catalog.STRAGGLER_SOURCE not in self._acc:
             self._acc[catalog.STRAGGLER_SOURCE] = [
@@ -281,7 +443,7 @@ class Reporter:
         self._step_start = now
         acc, self._acc = self._acc, {}
         with self._cond:
-            self._raw.append((step, acc, time.time()))
+            self._raw.append((step, acc, time.time(), (moving, batches)))
             self._trim()
             self._cond.notify()
 
@@ -380,11 +542,13 @@ class Reporter:
                 self._raw.clear()
                 self._packing = len(raw)  # neither raw nor pending while packed: flush waits
             packed = []
-            for item in raw:
+            for step, acc, wall, deferred in raw:
                 try:
-                    packed.append(self._pack(*item))
+                    if deferred[0] is not None or deferred[1]:
+                        self._complete(acc, deferred)
+                    packed.append(self._pack(step, acc, wall))
                 except Exception as exc:  # not a number, too large for a float, a bad count
-                    self.last_error = f"step {item[0]}: {type(exc).__name__}: {exc}"
+                    self.last_error = f"step {step}: {type(exc).__name__}: {exc}"
                     self.dropped += 1
             with self._cond:
                 self._pending.extend(packed)
