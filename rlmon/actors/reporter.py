@@ -17,6 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -602,7 +603,7 @@ class Reporter:
         if self._incarnation is not None and incarnation != self._incarnation:
             # The aggregator restarted: the open steps it held are gone; rebuild them.
             self.resent += len(self._retained)
-            self._pending.extendleft(reversed(self._retained))
+            self._pending.extendleft(replace(m, resend=True) for m in reversed(self._retained))
             self._retained.clear()
         self._incarnation = incarnation
         self._retained.extend(batch)

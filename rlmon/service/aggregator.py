@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -21,10 +21,11 @@ from rlmon.service.clock import Clock
 from rlmon.service.deadline import DeadlinePolicy
 from rlmon.service.ingest import IngestAck, NodeBatch
 from rlmon.service.message import StepMessage
+from rlmon.service.rank import Rank
 from rlmon.service.report import (
     ContractError,
 )
-from rlmon.service.step import StepIdentity, StepRecord
+from rlmon.service.step import StepIdentity, StepKey, StepRecord
 from rlmon.service.watermark import WatermarkStore
 
 __all__ = ["AggregatorCore", "AggregatorServer"]
@@ -103,8 +104,8 @@ class AggregatorCore:
                     ack.refuse(msg, exc, self.max_errors)
                     continue
                 ack.tally(outcome)
-                if outcome == AddOutcome.ACCEPTED and opened:
-                    self.deadline.observe(msg.run, msg.role, msg.step, asm.now())
+                if outcome == AddOutcome.ACCEPTED:
+                    self._heard(key, [msg.rank], opened, record)
                 elif outcome == AddOutcome.LATE:
                     self._say_late(msg)
                 if msg.dropped:
@@ -129,6 +130,7 @@ class AggregatorCore:
         """Record a rerun of (run, role) as its next attempt (see ``StepAssembler.begin_attempt``)."""
         asm = self.assembler
         self._commit(asm.begin_attempt(msg.run, msg.role))
+        self.deadline.forget(msg.run, msg.role)  # the new attempt's ranks start afresh
         attempt = asm.attempts[(msg.run, msg.role)]
         if self.store is not None:
             self.store.begin_attempt(msg.run, msg.role, attempt)
@@ -185,8 +187,8 @@ class AggregatorCore:
                     ack.refuse(state, exc, self.max_errors)
                     continue
                 ack.tally(outcome)
-                if outcome == AddOutcome.ACCEPTED and opened and record is None:
-                    self.deadline.observe(state.run, state.role, state.step, asm.now())
+                if outcome == AddOutcome.ACCEPTED:
+                    self._heard((state.run, state.role, state.step), state.finals, opened, record)
                 if record is not None:
                     done.append(record)
             self._commit(done)
@@ -202,10 +204,26 @@ class AggregatorCore:
             finalized = self.assembler.finalized.get((state.run, state.role))
             ack.floors[(state.run, state.role)] = finalized.floor if finalized else 0
 
+    def _heard(self, key: StepKey, ranks: Collection[Rank], opened: bool,
+               record: StepRecord | None) -> None:
+        """Tell the deadline policy who reported ``key`` and when (its period and lags)."""
+        now = self.assembler.now()
+        state = self.assembler.open.get(key)
+        first_seen = state.first_seen if state is not None else (
+            record.first_seen if record is not None and record.first_seen is not None else now)
+        if opened:
+            self.deadline.observe(key[0], key[1], key[2], first_seen)
+        self.deadline.heard(key[0], key[1], ranks, key[2], now, first_seen)
+
+    def _waits_for_alive(self, state: StepState, now: float) -> bool:
+        return self.deadline.waits_for_alive(state.run, state.role, state.step, state.finals,
+                                             state.world.size, now, state.first_seen)
+
     def tick(self) -> int:
-        """Finalize the open steps whose deadline passed; returns how many."""
+        """Finalize the open steps whose deadline passed (and whose missing ranks are not alive
+        and behind); returns how many."""
         with self.lock:
-            done = self.assembler.finalize_stale(self.deadline)
+            done = self.assembler.finalize_stale(self.deadline, self._waits_for_alive)
             self._commit(done)
         return len(done)
 
@@ -277,7 +295,8 @@ class AggregatorCore:
 Publish = Callable[[list[StepRecord], int, dict[str, Any]], object]
 
 # Counters that can change while no step finalizes; a change is published on its own.
-_SAID_WITHOUT_A_STEP = ("late", "rejected", "duplicates", "restarts", "reporter_dropped")
+_SAID_WITHOUT_A_STEP = ("late", "rejected", "duplicates", "restarts", "resent",
+                        "reporter_dropped")
 
 
 class AggregatorServer:

@@ -66,6 +66,7 @@ class AssemblyCounters:
     steps_finalized: int = 0
     steps_incomplete: int = 0
     restarts: int = 0  # new attempts of a (run, role): a rerun under an existing name
+    resent: int = 0  # resends (after an aggregator restart) of steps already finalized
 
 
 class FinalizedSteps:
@@ -392,13 +393,19 @@ class StepAssembler:
                 f"{done.limit} separate runs of finalized steps came after it): not folded in",
             )
 
-    def _triage(self, key: StepKey, rank: Rank, seq: int | None) -> str | None:
+    def _triage(self, key: StepKey, rank: Rank, seq: int | None,
+                resend: bool = False) -> str | None:
         """LATE or DUPLICATE (counted) for a record that is not folded in, else None.
 
         A record of a rank that already sent its final record for the step is late, as it would
-        be had the other ranks' final records come first (the step then completed before it).
+        be had the other ranks' final records come first (the step then completed before it). A
+        resend of a finalized step was folded in before the aggregator restarted: a duplicate,
+        counted as resent, not late.
         """
         if self.is_finalized(*key):
+            if resend:
+                self.counters.resent += 1
+                return AddOutcome.DUPLICATE
             self.counters.late += 1
             return AddOutcome.LATE
         self._check_tracked(*key)
@@ -451,7 +458,7 @@ class StepAssembler:
         key = (msg.run, msg.role, msg.step)
         cols = msg.columns
         try:
-            outcome = self._triage(key, msg.rank, msg.seq)
+            outcome = self._triage(key, msg.rank, msg.seq, msg.resend)
             if outcome is not None:
                 return outcome, None
             metrics = [(n, (p.form, p.replicated, p.minibatch_mean))
@@ -571,13 +578,19 @@ class StepAssembler:
         """Close every open step (end of input), in (run, role, step) order."""
         return [self.finalize(key) for key in sorted(self.open)]
 
-    def finalize_stale(self, deadline_s: float | Callable[[str, str], float]) -> list[StepRecord]:
-        """Close the open steps whose last record is older than their deadline."""
+    def finalize_stale(
+        self,
+        deadline_s: float | Callable[[str, str], float],
+        still_waiting: Callable[[StepState, float], bool] | None = None,
+    ) -> list[StepRecord]:
+        """Close the open steps whose last record is older than their deadline (unless
+        ``still_waiting`` says a missing rank is alive and behind)."""
         now = self._clock()
         stale = [
             key
             for key, state in self.open.items()
             if now - state.last_seen
             >= (deadline_s(state.run, state.role) if callable(deadline_s) else deadline_s)
+            and not (still_waiting is not None and still_waiting(state, now))
         ]
         return [self.finalize(key) for key in sorted(stale)]

@@ -98,6 +98,7 @@ class IngestCounters:
     dropped: int = 0
     restarts: int = 0  # reruns under an existing run name, recorded as new attempts
     redelivered: int = 0  # finalized steps the history store already held (ignored)
+    resent: int = 0  # messages resent after an aggregator restart for steps already finalized
 
 
 @dataclass(slots=True)
@@ -328,6 +329,7 @@ class RlmonCollector(Collector):
             (series.PARTIALS_DROPPED, ingest.dropped),
             (series.RUN_RESTARTS, ingest.restarts),
             (series.STEPS_REDELIVERED, ingest.redelivered),
+            (series.PARTIALS_RESENT, ingest.resent),
         ):
             yield declared.family(float(value))
         outcomes = series.NOTIFICATIONS.family()

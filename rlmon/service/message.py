@@ -131,6 +131,8 @@ class StepMessage:
     ``dropped`` is the reporter's running count of messages it had to give up on. ``started`` is
     when the reporter was created (unix seconds): a message for an already finalized step from a
     reporter created after that stream last finalized a step comes from a rerun of the run.
+    ``resend`` marks a message sent again because the aggregator restarted: one for a step
+    already finalized was folded in before, so it is counted as resent, not late.
     """
 
     run: str
@@ -145,6 +147,7 @@ class StepMessage:
     partials: tuple[tuple[int, Mapping[str, Partial]], ...] = field(default=())
     dropped: int = 0
     started: float = 0.0
+    resend: bool = False
 
     def reports(self) -> list[Report]:
         """The same content as contract records (the last one final), for the core path."""
@@ -213,6 +216,8 @@ class MessageChecks:
         if not math.isfinite(sent) or sent < 0:
             raise ContractError("time", f"must be unix seconds, got {show(msg.time)}")
         started = check_number(msg.started, "started")
+        if not isinstance(msg.resend, bool):
+            raise ContractError("resend", f"must be true or false, got {show(msg.resend)}")
         dropped = check_integer(msg.dropped, "dropped")
         columns = self._columns(msg.columns)
         partials = msg.partials

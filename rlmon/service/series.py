@@ -25,6 +25,7 @@ __all__ = [
     "PARTIALS_INGESTED",
     "PARTIALS_LATE",
     "PARTIALS_REJECTED",
+    "PARTIALS_RESENT",
     "PROCESS_RSS",
     "RANKS_EXPECTED",
     "RANKS_REPORTING",
@@ -113,6 +114,9 @@ PARTIALS_LATE = Series("rlmon_partials_late_total", "counter",
                        "Records that arrived after their step was finalized.")
 PARTIALS_DROPPED = Series("rlmon_partials_dropped_total", "counter",
                           "Records dropped by a full buffer.")
+PARTIALS_RESENT = Series("rlmon_partials_resent_total", "counter",
+                         "Step messages resent after an aggregator restart for steps it had "
+                         "already finalized (folded in before; ignored, not late).")
 RUN_RESTARTS = Series("rlmon_run_restarts_total", "counter",
                       "Reruns under an existing run name (steps starting again), recorded as the "
                       "run's next attempt.")
@@ -136,7 +140,7 @@ STREAMS_EXPIRED = Series("rlmon_exporter_streams_expired_total", "counter",
 SCRAPE_SECONDS = Series("rlmon_exporter_scrape_duration_seconds", "gauge",
                         "Time the previous scrape took to build.")
 SELF_MONITORING = (PARTIALS_INGESTED, PARTIALS_REJECTED, PARTIALS_LATE, PARTIALS_DROPPED,
-                   RUN_RESTARTS, STEPS_REDELIVERED, NOTIFICATIONS, OUTBOX_PENDING,
+                   PARTIALS_RESENT, RUN_RESTARTS, STEPS_REDELIVERED, NOTIFICATIONS, OUTBOX_PENDING,
                    SANITY_FINDINGS, SERIES, SERIES_BUDGET, SERIES_REFUSED, STREAMS_EXPIRED,
                    SCRAPE_SECONDS)
 
