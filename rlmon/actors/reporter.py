@@ -34,7 +34,7 @@ from rlmon.actors.tensor_stats import (
     reduce_array,
 )
 from rlmon.service import catalog
-from rlmon.service.forms import FORMS, FormDef, Merge, form_of_keys, forms_text
+from rlmon.service.forms import BLOCK_WIDTH, FORMS, FormDef, Merge, form_of_keys, forms_text
 from rlmon.service.message import Columns, Schema, StepMessage, state_row
 from rlmon.service.partial import ALL_AXES, Partial, combine
 from rlmon.service.rank import AXES, Rank, World
@@ -137,7 +137,7 @@ class Reporter:
         self._tensor_forms: dict[Any, Form] = {}  # this step's record_tensor forms by key
         self._batches: list[Mapping[str, Any]] = []  # this step's record_many mappings
         self._batch_forms: dict[str, FormDef] = {}  # a bare number's form, by metric name
-        self._plain: dict[tuple[str, Form], bool] = {}
+        self._plain: dict[str, tuple[Form, bool]] = {}
         self._schema: Schema | None = None
         self._schema_key: tuple[Any, ...] = ()
         self._seq = 0
@@ -417,13 +417,14 @@ class Reporter:
         return spec.form, of_value(stat)
 
     def _is_plain(self, name: str, form: Form) -> bool:
-        known = self._plain.get((name, form))
-        if known is None:
+        """Whether the metric travels in the columnar block; cached by name (one dict get)."""
+        known = self._plain.get(name)
+        if known is None or known[0] is not form:
             spec = catalog.lookup(name)
-            known = self._plain[(name, form)] = Schema.plain(form) and not (
+            known = self._plain[name] = (form, Schema.plain(form) and not (
                 spec is not None and spec.per_rank_spread
-            )
-        return known
+            ))
+        return known[1]
 
     def end_step(self, step: int) -> None:
         """Close the step and hand it to the sender thread; returns at once.
@@ -457,20 +458,22 @@ class Reporter:
             self.dropped += 1
 
     def _pack(self, step: int, acc: dict[Any, _Entry], wall: float) -> StepMessage:
-        plain: list[tuple[str, Form, tuple[float, ...]]] = []
+        plain: list[tuple[str, Form]] = []
+        rows: list[tuple[float, ...]] = []  # converted and count-checked in one numpy pass
         other: dict[int, dict[str, Partial]] = {}
         for key, (form, state, rep, mb_mean, mb) in acc.items():
+            if rep is None and not mb_mean and self._is_plain(key, form):
+                plain.append((key, form))
+                rows.append(state_row(form, state))
+                continue
             state = tuple(map(float, state))
             for i in FORMS[form].counts:
                 if not 0 <= state[i] < math.inf:
                     name = key[0] if mb_mean else key
                     raise ValueError(f"{name}: count must be finite and >= 0, got {state[i]!r}")
-            if rep is None and not mb_mean and self._is_plain(key, form):
-                plain.append((key, form, state))
-            else:
-                name = key[0] if mb_mean else key
-                other.setdefault(mb if mb_mean else 0, {})[name] = Partial(form, state, rep, mb_mean)
-        columns = self._columns(plain) if plain else None
+            name = key[0] if mb_mean else key
+            other.setdefault(mb if mb_mean else 0, {})[name] = Partial(form, state, rep, mb_mean)
+        columns = self._columns(plain, rows) if plain else None
         self._seq += 1
         return StepMessage(
             self.run, self.role, step, self.rank, self.world, self._seq, wall,
@@ -478,15 +481,24 @@ class Reporter:
             self._started,
         )
 
-    def _columns(self, plain: list[tuple[str, Form, tuple[float, ...]]]) -> Columns:
-        key = tuple((name, form) for name, form, _ in plain)
+    def _columns(self, plain: list[tuple[str, Form]], rows: list[tuple[float, ...]]) -> Columns:
+        key = tuple(plain)
         if key != self._schema_key or self._schema is None:
             self._schema = Schema.build(dict(key))
             order = {name: i for i, (name, _) in enumerate(key)}
             self._perm = np.array([order[n] for n in self._schema.names], dtype=np.intp)
+            self._count_cells = np.zeros((len(key), BLOCK_WIDTH), dtype=bool)
+            for i, (_, form) in enumerate(key):
+                self._count_cells[i, list(FORMS[form].counts)] = True
             self._schema_key = key
-        rows = np.array([state_row(form, state) for _, form, state in plain], dtype=np.float64)
-        return Columns(self._schema, rows[self._perm])
+        block = np.array(rows, dtype=np.float64)
+        counts = block[self._count_cells]
+        if counts.size and not ((counts >= 0) & (counts < math.inf)).all():
+            bad = self._count_cells & ~((block >= 0) & (block < math.inf))
+            row, col = np.argwhere(bad)[0]
+            raise ValueError(f"{plain[row][0]}: count must be finite and >= 0, "
+                             f"got {float(block[row, col])!r}")
+        return Columns(self._schema, block[self._perm])
 
     # -- sending (background thread) -----------------------------------------------------------
 
