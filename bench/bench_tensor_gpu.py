@@ -1,0 +1,211 @@
+"""What per-token statistics add to a training step, on whatever device is present (issue 13).
+
+A training-like step: 8 micro-batches, each some matmul work and 25 masked per-token statistics
+(200 per step). Four ways of reporting them, interleaved step by step in one run:
+  * none: the step without metrics;
+  * item: masked mean + ``.item()`` per metric (200 host syncs a step);
+  * fused: hand-fused ideal: per micro-batch one stacked masked sum into a preallocated device
+    buffer, one copy a step;
+  * rlmon: ``record_tensor`` x200 + ``end_step`` (the sink drops what it is sent).
+A light step (~5 ms of work) and a heavy one (~80 ms). On CPU the figures are CPU figures; the
+GPU targets (light <= 1 ms overhead, heavy <= 2 %) need a GPU run, which this prints as not
+measured when none is present. Also counts the ATen operations rlmon dispatches per call.
+
+Run: ``python bench/bench_tensor_gpu.py [--steps N]`` (needs torch; skipped without it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+MICRO_BATCHES, PER_MASK = 8, 25
+BATCH, TOKENS = 4, 256
+
+
+class DropSink:
+    """Acknowledges nothing and keeps nothing: the Reporter's own cost only."""
+
+    def send(self, messages: Any) -> None:
+        return None
+
+
+def _sync(torch: Any, device: Any) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+WIDTH = 256
+
+
+def _calibrate(torch: Any, device: Any, target_s: float) -> tuple[Any, int]:
+    """A square weight and how many matmuls per micro-batch make a step of about target_s."""
+    w = torch.randn(WIDTH, WIDTH, device=device) / WIDTH**0.5
+    x = torch.randn(BATCH * 16, WIDTH, device=device)
+    samples = []
+    for _ in range(15):
+        _sync(torch, device)
+        start = time.perf_counter()
+        for _ in range(10):
+            torch.tanh(x @ w)
+        _sync(torch, device)
+        samples.append((time.perf_counter() - start) / 10)
+    one = statistics.median(samples)
+    return w, max(1, round(target_s / MICRO_BATCHES / one))
+
+
+def run(steps: int) -> int:
+    try:
+        import torch
+    except ImportError:
+        print("bench_tensor_gpu: skipped (torch is not installed in this environment; "
+              "run it with the extras venv: .venv-extras/bin/python bench/bench_tensor_gpu.py)")
+        return 0
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from rlmon.actors.reporter import Reporter
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    what = torch.cuda.get_device_name(device) if device.type == "cuda" else \
+        f"CPU, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+    gen = torch.Generator().manual_seed(0)
+    masks = [(torch.rand(BATCH, TOKENS, generator=gen) > 0.2).to(device)
+             for _ in range(MICRO_BATCHES)]
+    names = [f"bench/stat_{i:02d}" for i in range(PER_MASK)]
+    rep = Reporter("bench", "actor", rank={"dp": 0}, world={"dp": 1}, sink=DropSink(),
+                   step_seconds=False)
+    buffer = torch.zeros(MICRO_BATCHES * PER_MASK * 2, dtype=torch.float64, device=device)
+
+    shapes = torch.randn(PER_MASK, BATCH, TOKENS, generator=gen).to(device)
+
+    def micro_batch(w: Any, reps: int) -> Any:
+        x = torch.randn(BATCH * 16, WIDTH, device=device)
+        for _ in range(reps):
+            x = torch.tanh(x @ w)
+        # 25 per-token statistics, as a loss / entropy / KL computation leaves them
+        per_token = shapes * x[0, 0]
+        return [per_token[j] for j in range(PER_MASK)]
+
+    def none(stats: list[Any], mask: Any, mb: int) -> None:
+        return None
+
+    def item(stats: list[Any], mask: Any, mb: int) -> None:
+        for v in stats:
+            ((v * mask).sum() / mask.sum()).item()
+
+    def fused(stats: list[Any], mask: Any, mb: int) -> None:
+        at = mb * PER_MASK * 2
+        sums = torch.where(mask, torch.stack(stats), 0).sum((1, 2), dtype=torch.float64)
+        buffer[at:at + PER_MASK] += sums
+        buffer[at + PER_MASK:at + 2 * PER_MASK] += mask.sum(dtype=torch.float64)
+
+    def rlmon(stats: list[Any], mask: Any, mb: int) -> None:
+        for name, v in zip(names, stats, strict=True):
+            rep.record_tensor(name, v, mask)
+
+    def end(kind: str, step: int) -> None:
+        if kind == "fused":
+            buffer.tolist()
+            buffer.zero_()
+        elif kind == "rlmon":
+            rep.end_step(step)
+
+    variants: dict[str, Callable[[list[Any], Any, int], None]] = {
+        "none": none, "item": item, "fused": fused, "rlmon": rlmon}
+    print(f"Per-step cost of 200 masked per-token statistics (8 micro-batches x 25), on {what}; "
+          f"torch {torch.__version__}")
+    step_no = 0
+    results: dict[str, dict[str, float]] = {}
+    for label, target_s, n in (("light", 0.005, steps), ("heavy", 0.08, max(steps // 8, 5))):
+        w, reps = _calibrate(torch, device, target_s)
+        times: dict[str, list[float]] = {k: [] for k in variants}
+        inside: dict[str, list[float]] = {k: [] for k in variants}  # in the metric calls
+        began, rounds = time.perf_counter(), 0
+        # two warm-up rounds; at most ~15 s a step kind on a loaded machine
+        while rounds < n + 2 and (rounds < 5 or time.perf_counter() - began < 15):
+            for kind, record in variants.items():
+                _sync(torch, device)
+                start = time.perf_counter()
+                spent = 0.0
+                for mb, mask in enumerate(masks):
+                    stats = micro_batch(w, reps)
+                    t0 = time.perf_counter()
+                    record(stats, mask, mb)
+                    spent += time.perf_counter() - t0
+                t0 = time.perf_counter()
+                end(kind, step_no)
+                spent += time.perf_counter() - t0
+                _sync(torch, device)
+                if rounds >= 2:
+                    times[kind].append(time.perf_counter() - start)
+                    inside[kind].append(spent)
+                step_no += 1
+            rounds += 1
+        med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        calls = {k: statistics.median(v) * 1e3 for k, v in inside.items()}
+        results[label] = calls if device.type == "cpu" else med
+        base = med["none"]
+        print(f"  {label} step: {base:8.2f} ms without metrics ({rounds - 2} steps, median)")
+        print(f"    {'':<56} {'step - none':>12} {'in metric calls':>16}")
+        for kind, text in (("item", "masked mean + .item() per metric (200 syncs)"),
+                           ("fused", "hand-fused: one stacked sum per micro-batch, one copy"),
+                           ("rlmon", "rlmon record_tensor x200 + end_step (1 copy)")):
+            extra = med[kind] - base
+            print(f"    {text:<56} {extra:+9.3f} ms {calls[kind]:13.3f} ms"
+                  f"   ({100 * extra / base:+6.1f} % of the step)")
+    rep.close(1.0)
+
+    # Structural: ATen operations dispatched by rlmon per record_tensor call, over a step.
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    counting = Reporter("bench", "actor", rank={"dp": 0}, world={"dp": 1}, sink=DropSink(),
+                        step_seconds=False)
+    w, _ = _calibrate(torch, device, 0.001)
+    data = [(micro_batch(w, 1), mask) for mask in masks]
+    with Count():
+        for stats, mask in data:
+            for name, v in zip(names, stats, strict=True):
+                counting.record_tensor(name, v, mask)
+        counting.end_step(0)
+    counting.close(1.0)
+    per_call = Count.n / (MICRO_BATCHES * PER_MASK)
+    # On CPU the work and the metric calls run one after the other: the time inside the calls
+    # is the overhead, without the noise of the work. On a GPU only the step difference counts.
+    light = results["light"]
+    rl, it, fu = (light[k] - light["none"] for k in ("rlmon", "item", "fused"))
+    print(f"  ATen ops dispatched by rlmon per record_tensor, amortised over the step: "
+          f"{per_call:.2f} (budget <= 1.5) -> {'meets' if per_call <= 1.5 else 'misses'}")
+    if device.type == "cpu":
+        print(f"  CPU target: rlmon no slower than .item() per metric (time in the metric calls, "
+              f"light step) -> {'meets' if rl <= it else 'misses'} ({rl:.3f} vs {it:.3f} ms; "
+              f"hand-fused {fu:.3f} ms)")
+        print("  GPU targets (light <= 1 ms, within 5x of hand-fused, >= 10x below .item(); "
+              "heavy <= 2 %): not measured here (no GPU on this machine)")
+    else:
+        heavy = results["heavy"]
+        pct = 100 * (heavy["rlmon"] - heavy["none"]) / heavy["none"]
+        print(f"  GPU targets: light {rl:+.3f} ms (<= 1 ms), x{rl / fu if fu > 0 else 0:.1f} of "
+              f"hand-fused (<= 5), .item() / rlmon = x{it / rl if rl > 0 else 0:.1f} (>= 10); "
+              f"heavy {pct:+.2f} % (<= 2 %)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30)
+    return run(parser.parse_args(argv).steps)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
