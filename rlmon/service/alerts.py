@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from rlmon.service import catalog
+from rlmon.service import baseline, catalog
 from rlmon.service.rules import ANY_METRIC, Condition, Rule
 from rlmon.service.step import StepRecord, json_number
 
@@ -67,7 +67,8 @@ class AlertState:
     firing: bool = False
     since_step: int | None = None
     metric: str = ""  # the metric that made it fire, named again when it resolves
-    history: deque[float] = field(default_factory=deque)
+    history: deque[float] = field(default_factory=deque)  # stuck/trend/baseline: recent values
+    score: float = 0.0  # baseline: the CUSUM evidence (rlmon.service.baseline)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +146,10 @@ def _check(rule: Rule, record: StepRecord, state: AlertState) -> _Check:
         assert rule.low is not None
         assert rule.high is not None
         return _Check(True, value < rule.low or value > rule.high, rule.metric, value)
+    if cond is Condition.BASELINE:
+        params = rule.baseline
+        state.score = baseline.observe(params, state.history, state.score, value)
+        return _Check(True, state.score >= params.decision, rule.metric, value)
     return _Check(True, _window_check(rule, state, value), rule.metric, value)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 
+from rlmon.service.baseline import BaselineParams, BaselineSpec
 from rlmon.service.spec import (
     AlertSpec,
     Comparison,
@@ -20,7 +21,15 @@ from rlmon.service.spec import (
     Unit,
 )
 
-__all__ = ["CATALOG", "STRAGGLER_METRIC", "STRAGGLER_SOURCE", "get", "lookup", "metrics"]
+__all__ = [
+    "CATALOG",
+    "EARLY_WARNINGS",
+    "STRAGGLER_METRIC",
+    "STRAGGLER_SOURCE",
+    "get",
+    "lookup",
+    "metrics",
+]
 
 MEAN = (Form.MEAN,)
 SUM = (Form.SUM,)
@@ -324,6 +333,43 @@ CATALOG: Mapping[str, MetricSpec] = MappingProxyType({spec.name: spec for spec i
 
 STRAGGLER_SOURCE = STEP_SECONDS
 STRAGGLER_METRIC = STRAGGLER_RATIO
+
+# Early-warning rules (severity warning): each metric against its run's own trailing baseline
+# (rlmon.service.baseline), for the failures that are slow before they are fatal. Parameters were
+# tuned on bench/bench_detection.py's tuning seeds (zero false alarms there, the fastest gradual
+# detection) and are judged on its held-out seeds; the figures are in the README.
+EARLY_WARNINGS: tuple[BaselineSpec, ...] = (
+    BaselineSpec("EntropySliding", ENTROPY,
+                 BaselineParams("down", window=30, allowance=2.5, decision=4,
+                                relative_floor=0.03),
+                 summary="Policy entropy sliding below the run's own baseline"),
+    BaselineSpec("KLClimbing", KL,
+                 BaselineParams("up", window=60, allowance=2.0, decision=10, log_offset=0.02),
+                 summary="KL to the reference climbing above the run's own baseline"),
+    BaselineSpec("LogprobMismatchClimbing", LOGP_DIFF,
+                 BaselineParams("up", window=60, allowance=2.5, decision=3, log_offset=0.005),
+                 summary="Trainer/rollout logprob difference climbing above its baseline"),
+    # two steps over: two gradient spikes in a row are common and not yet a blow-up
+    BaselineSpec("GradNormBlowingUp", GRAD_NORM,
+                 BaselineParams("up", window=60, allowance=2.0, decision=4, log_offset=0.01),
+                 summary="Gradient norm blowing up from the run's own baseline", for_steps=2),
+    BaselineSpec("ClipRatioClimbing", CLIP_RATIO,
+                 BaselineParams("up", window=30, allowance=2.5, decision=3, floor=0.01,
+                                relative_floor=0.1),
+                 summary="PPO clip ratio climbing above the run's own baseline"),
+    BaselineSpec("ResponseLengthRunaway", RESPONSE_LENGTH,
+                 BaselineParams("up", window=30, allowance=2.0, decision=4,
+                                relative_floor=0.03),
+                 summary="Response length running away towards the length limit"),
+    BaselineSpec("RewardCollapsing", REWARD,
+                 BaselineParams("down", window=60, allowance=1.5, decision=4, floor=0.02),
+                 summary="Mean reward collapsing below the run's own baseline"),
+    # lag is a whole number of steps: one step of jitter is the floor of its scale
+    BaselineSpec("PolicyLagGrowing", POLICY_LAG,
+                 BaselineParams("up", window=60, allowance=1.0, decision=3, floor=1.0,
+                                relative_floor=0.0),
+                 summary="Rollouts ever staler: policy lag growing (asynchronous runs)"),
+)
 
 
 def metrics() -> Iterator[MetricSpec]:

@@ -4,7 +4,8 @@ It backs replays, reports and plots after (or during) a run; the live exporter k
 latest step per (run, role), so memory stays bounded by open steps while history goes to disk.
 Writing a step twice (a redelivery after an aggregator restart) keeps one row. The alert engine's
 state per (run, role, alert) is saved with the steps that produced it (one transaction), so a
-restarted service resumes every state machine exactly where it stopped.
+restarted service resumes every state machine exactly where it stopped (an early-warning rule's
+trailing window and CUSUM score included).
 
 The notifications a step's transitions owe are committed in that same transaction (``outbound``)
 and leave only once the outbox holds them (:meth:`HistoryStore.handed_over`): a crash between the
@@ -47,7 +48,8 @@ CREATE TABLE IF NOT EXISTS alerts (
 CREATE TABLE IF NOT EXISTS alert_state (
     run TEXT NOT NULL, role TEXT NOT NULL, alert TEXT NOT NULL, true_steps INTEGER NOT NULL,
     false_steps INTEGER NOT NULL, firing INTEGER NOT NULL, since_step INTEGER,
-    history TEXT NOT NULL, metric TEXT NOT NULL DEFAULT '', PRIMARY KEY (run, role, alert));
+    history TEXT NOT NULL, metric TEXT NOT NULL DEFAULT '', score REAL NOT NULL DEFAULT 0,
+    PRIMARY KEY (run, role, alert));
 CREATE TABLE IF NOT EXISTS stream_state (
     run TEXT NOT NULL, role TEXT NOT NULL, last_step INTEGER NOT NULL, PRIMARY KEY (run, role));
 CREATE TABLE IF NOT EXISTS outbound (
@@ -99,6 +101,13 @@ def _add_attempts(db: sqlite3.Connection) -> None:
         db.execute("COMMIT")
 
 
+def _add_score(db: sqlite3.Connection) -> None:
+    """A store written before early-warning rules lacks their CUSUM score: it starts at 0."""
+    columns = [row[1] for row in db.execute("PRAGMA table_info(alert_state)")]
+    if "score" not in columns:
+        db.execute("ALTER TABLE alert_state ADD COLUMN score REAL NOT NULL DEFAULT 0")
+
+
 class HistoryStore:
     """Append-only store of step lines (the replay contract's JSON) and alert transitions."""
 
@@ -107,6 +116,7 @@ class HistoryStore:
         self._lock = threading.Lock()
         self.closed = False
         _add_attempts(self._db)
+        _add_score(self._db)
 
     def add(
         self, records: Sequence[StepRecord], events: Iterable[AlertEvent] = (),
@@ -139,11 +149,12 @@ class HistoryStore:
                 ],
             )
             self._db.executemany(
-                "INSERT OR REPLACE INTO alert_state VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO alert_state (run, role, alert, true_steps, false_steps, "
+                "firing, since_step, history, metric, score) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (run, role, alert, st.true_steps, st.false_steps, int(st.firing),
                      st.since_step, json.dumps([float(v) for v in st.history]),
-                     str(getattr(st, "metric", "")))
+                     str(getattr(st, "metric", "")), float(st.score))
                     for (run, role, alert), st in (states or {}).items()
                 ],
             )
@@ -179,12 +190,13 @@ class HistoryStore:
         with self._lock:
             rows = self._db.execute(
                 "SELECT run, role, alert, true_steps, false_steps, firing, since_step, history, "
-                "metric FROM alert_state" + where, args).fetchall()
+                "metric, score FROM alert_state" + where, args).fetchall()
         out = {}
-        for run, role, alert, t, f, firing, since, hist, metric in rows:
+        for run, role, alert, t, f, firing, since, hist, metric, score in rows:
             state = AlertState(true_steps=int(t), false_steps=int(f), firing=bool(firing),
                                since_step=since,
-                               history=deque(float(v) for v in json.loads(hist)))
+                               history=deque(float(v) for v in json.loads(hist)),
+                               score=float(score))
             if hasattr(state, "metric"):
                 state.metric = metric
             out[(run, role, alert)] = state

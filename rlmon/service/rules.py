@@ -2,7 +2,9 @@
 
 The default pack is DESIGN.md's table ("Default alert rules"): the threshold rules come from the
 AlertSpecs in the catalog; the structural ones (non-finite values, physical domains, missing ranks,
-replica disagreement) apply to every metric and are declared here.
+replica disagreement) apply to every metric and are declared here. The early-warning rules (issue
+16) follow: each compares a metric with its run's own baseline (:mod:`rlmon.service.baseline`),
+declared in the catalog's ``EARLY_WARNINGS``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rlmon.service import catalog
+from rlmon.service.baseline import BaselineParams, BaselineSpec
 from rlmon.service.spec import AlertSpec, Comparison, Severity
 
 __all__ = [
@@ -25,6 +28,8 @@ __all__ = [
     "RuleError",
     "RuleFile",
     "default_rules",
+    "early_warning_rules",
+    "fixed_rules",
     "load_rules",
     "parse_rules",
     "rules_to_yaml",
@@ -41,17 +46,23 @@ class Condition(StrEnum):
     TREND = "trend"  # strictly monotone over `window` evaluated steps
     RANK_MISSING = "rank_missing"  # the step finalized without every expected rank
     REPLICA_MISMATCH = "replica_mismatch"  # replicated copies disagree
+    BASELINE = "baseline"  # a sustained departure from the run's own trailing baseline
 
 
-_NEEDS_METRIC = {Condition.THRESHOLD, Condition.OUTSIDE, Condition.STUCK, Condition.TREND}
+_NEEDS_METRIC = {
+    Condition.THRESHOLD, Condition.OUTSIDE, Condition.STUCK, Condition.TREND, Condition.BASELINE,
+}
+_BASELINE_FIELDS = ("warmup", "allowance", "decision", "floor", "relative_floor", "log_offset")
 # Condition-specific fields; giving one to another condition is a mistake worth an error.
-_CONDITION_FIELDS = ("op", "threshold", "low", "high", "window", "direction")
+_CONDITION_FIELDS = ("op", "threshold", "low", "high", "window", "direction", *_BASELINE_FIELDS)
 _CONDITION_FIELDS_USED: dict[Condition, tuple[str, ...]] = {
     Condition.THRESHOLD: ("op", "threshold"),
     Condition.OUTSIDE: ("low", "high"),
     Condition.STUCK: ("window",),
     Condition.TREND: ("window", "direction"),
+    Condition.BASELINE: ("window", "direction", *_BASELINE_FIELDS),
 }
+_BASELINE_MAX_WINDOW = 1_000  # the detector sorts its window every step
 ANY_METRIC = "*"
 
 
@@ -71,6 +82,13 @@ class Rule(BaseModel):
     window: int | None = Field(default=None, ge=2, le=10_000)
     direction: Literal["up", "down"] | None = None
     tolerance: float = Field(default=0.0, ge=0.0)
+    # condition "baseline" (see rlmon.service.baseline); None takes BaselineParams' default
+    warmup: int | None = Field(default=None, ge=8, le=_BASELINE_MAX_WINDOW)
+    allowance: float | None = Field(default=None, ge=0.0)
+    decision: float | None = Field(default=None, gt=0.0)
+    floor: float | None = Field(default=None, ge=0.0)
+    relative_floor: float | None = Field(default=None, ge=0.0)
+    log_offset: float | None = Field(default=None, gt=0.0)
     for_steps: int = Field(default=1, ge=1, le=100_000, alias="for")
     resolve_after: int | None = Field(default=None, ge=1, le=100_000)
     roles: tuple[str, ...] | None = None
@@ -100,7 +118,31 @@ class Rule(BaseModel):
             raise ValueError(f"condition {cond.value!r} needs 'window' (>= 2 steps)")
         if cond is Condition.TREND and self.direction is None:
             raise ValueError("condition 'trend' needs 'direction' (up or down)")
+        if cond is Condition.BASELINE:
+            self._check_baseline()
         return self
+
+    def _check_baseline(self) -> None:
+        if self.direction is None:
+            raise ValueError("condition 'baseline' needs 'direction' (up or down)")
+        for name in ("allowance", "decision", "floor", "relative_floor", "log_offset"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"'{name}' must be a finite number, got {value}")
+        params = self.baseline
+        if not params.warmup <= params.window <= _BASELINE_MAX_WINDOW:
+            raise ValueError(f"'window' ({params.window}) must be at least 'warmup' "
+                             f"({params.warmup}) and at most {_BASELINE_MAX_WINDOW}")
+        if params.log_offset is not None and self.floor is not None:
+            raise ValueError("'floor' is in the metric's units and does not apply with "
+                             "'log_offset' (use 'relative_floor')")
+
+    @property
+    def baseline(self) -> BaselineParams:
+        """The detector's parameters (condition ``baseline``); unset fields take the defaults."""
+        assert self.direction is not None
+        given = {name: getattr(self, name) for name in ("window", *_BASELINE_FIELDS)}
+        return BaselineParams(self.direction, **{k: v for k, v in given.items() if v is not None})
 
     @property
     def resolve_steps(self) -> int:
@@ -120,6 +162,11 @@ class Rule(BaseModel):
             text = f"{self.metric} unchanged for {self.window} steps"
         elif c is Condition.TREND:
             text = f"{self.metric} trending {self.direction} for {self.window} steps"
+        elif c is Condition.BASELINE:
+            p = self.baseline
+            side = "rising above" if p.direction == "up" else "falling below"
+            text = (f"{self.metric} {side} its own {p.window}-step baseline "
+                    f"(CUSUM {p.allowance:g}/{p.decision:g} robust SDs, after {p.warmup} steps)")
         elif c is Condition.NON_FINITE:
             text = "a metric is NaN or Inf" if self.metric == ANY_METRIC else f"{self.metric} NaN/Inf"
         elif c is Condition.OUT_OF_DOMAIN:
@@ -137,6 +184,7 @@ class RuleFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     include_defaults: bool = True
+    early_warning: bool = True  # with the defaults: also the early-warning (baseline) rules
     disable: list[str] = Field(default_factory=list)
     rules: list[dict[str, Any]] = Field(default_factory=list)
 
@@ -160,7 +208,32 @@ def _rule_from_spec(metric: str, spec: AlertSpec) -> Rule:
     return Rule.model_validate(fields)
 
 
+def _rule_from_baseline(spec: BaselineSpec) -> Rule:
+    p = spec.params
+    fields: dict[str, Any] = {
+        "name": spec.name, "severity": Severity.WARNING, "condition": Condition.BASELINE,
+        "metric": spec.metric, "direction": p.direction, "window": p.window, "warmup": p.warmup,
+        "allowance": p.allowance, "decision": p.decision, "relative_floor": p.relative_floor,
+        "for": spec.for_steps, "resolve_after": spec.resolve_after, "summary": spec.summary,
+    }
+    if p.log_offset is not None:
+        fields["log_offset"] = p.log_offset
+    else:
+        fields["floor"] = p.floor
+    return Rule.model_validate(fields)
+
+
 def default_rules() -> list[Rule]:
+    """The fixed-threshold pack followed by the early-warning rules."""
+    return fixed_rules() + early_warning_rules()
+
+
+def early_warning_rules() -> list[Rule]:
+    """One baseline rule per entry of the catalog's ``EARLY_WARNINGS`` (severity warning)."""
+    return [_rule_from_baseline(spec) for spec in catalog.EARLY_WARNINGS]
+
+
+def fixed_rules() -> list[Rule]:
     """DESIGN.md's default pack, in the table's order of concern."""
     rules = [
         _rule_from_spec(spec.name, alert) for spec in catalog.metrics() for alert in spec.alerts
@@ -218,7 +291,9 @@ def parse_rules(text: str, source: str = "rules") -> list[Rule]:
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise RuleError(f"{source}: rule {sorted(dup)[0]!r} is defined more than once")
-    base = default_rules() if spec.include_defaults else []
+    base = []
+    if spec.include_defaults:
+        base = default_rules() if spec.early_warning else fixed_rules()
     known = {r.name for r in base} | set(names)
     for name in spec.disable:
         if name not in known:

@@ -1,0 +1,117 @@
+"""The baseline detector behind early-warning rules: each step against the run's own recent past.
+
+Fixed thresholds are right for physical limits but late for slow failures: an entropy sliding
+from 0.4 towards 0 crosses 0.01 twenty steps after the slide began. This detector learns where a
+metric *should* be from its own trailing window and accumulates evidence that it has left:
+
+- **Baseline**: a robust line through the trailing ``window`` values (the slope from the medians
+  of the two halves, the level from the median of the detrended values), extrapolated to the new
+  step. A healthy slow drift in the watched direction (entropy decreasing within its range, KL
+  growing from zero) is followed, not flagged; one outlier moves neither the level nor the slope.
+  A slope against the watched direction counts as flat: extrapolating a recovery or a fading
+  warm-up bump would make the plateau after it look like a fall (or a rise).
+- **Scale**: 1.4826 x the median absolute residual (a standard deviation for Gaussian noise),
+  floored by ``relative_floor`` x the baseline and ``floor``, so a near-constant metric does not
+  turn a rounding change into an alarm.
+- **Evidence**: a one-sided CUSUM (Page 1954) of the robust z-score in the watched direction,
+  ``S = max(0, S + z - allowance)``, firing while ``S >= decision``. Each z is clipped to
+  ``allowance + decision / 2`` so a single spike can never fire alone (two consecutive ones can);
+  ``S`` is capped at 2 x ``decision`` so a long fault resolves within a few steps of its end.
+
+Nothing accumulates during the first ``warmup`` values. A new level that persists becomes the
+baseline after about half a window and the warning resolves; the fixed thresholds still judge
+absolute levels. The state is the trailing window and ``S``: plain numbers, saved with the rest of
+the alert state, so a restarted service and ``rlmon replay`` continue bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["BaselineParams", "BaselineSpec", "Direction", "observe", "predict"]
+
+Direction = Literal["up", "down"]
+
+_MAD_TO_SD = 1.4826  # MAD of a Gaussian x this = its standard deviation
+_SCORE_CAP = 2.0  # of `decision`: bounds the steps a long fault takes to resolve
+_TINY = 1e-12
+
+
+@dataclass(frozen=True, slots=True)
+class BaselineParams:
+    """How one early-warning rule judges its metric (every number has a default that works on
+    the catalog's metrics; the catalog tunes a few per metric)."""
+
+    direction: Direction
+    window: int = 30  # trailing steps the baseline is fitted on
+    warmup: int = 20  # values seen before the detector may accumulate evidence
+    allowance: float = 0.5  # CUSUM k: drift per step tolerated, in robust SDs
+    decision: float = 5.0  # CUSUM h: evidence that fires, in robust SDs
+    floor: float = 0.0  # smallest scale, in the metric's units (raw values only)
+    relative_floor: float = 0.05  # smallest scale as a fraction of the baseline
+    log_offset: float | None = None  # judge log(value + offset): for multiplicative metrics
+
+
+@dataclass(frozen=True, slots=True)
+class BaselineSpec:
+    """A default early-warning rule, declared in the catalog next to the fixed thresholds."""
+
+    name: str
+    metric: str
+    params: BaselineParams
+    summary: str = ""
+    for_steps: int = 1  # steps at or over `decision` before it fires
+    resolve_after: int = 3  # steps back under `decision` before it resolves
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    mid = n // 2
+    return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+def _transform(params: BaselineParams, value: float) -> float:
+    if params.log_offset is None:
+        return value
+    return math.log(max(value, 0.0) + params.log_offset)
+
+
+def predict(params: BaselineParams, history: deque[float] | list[float]) -> tuple[float, float]:
+    """The baseline's (expected next value, scale), in the detector's space (log or raw)."""
+    values = [_transform(params, v) for v in history]
+    n = len(values)
+    half = n // 2
+    # distance between the centres of the two halves is n - half
+    slope = (_median(values[n - half:]) - _median(values[:half])) / (n - half)
+    slope = min(slope, 0.0) if params.direction == "down" else max(slope, 0.0)
+    centre = (n - 1) / 2
+    detrended = [v - slope * (i - centre) for i, v in enumerate(values)]
+    level = _median(detrended)
+    mad = _median([abs(d - level) for d in detrended])
+    expected = level + slope * (n - centre)
+    if params.log_offset is None:
+        floor = max(params.floor, params.relative_floor * abs(expected))
+    else:
+        floor = math.log1p(params.relative_floor)
+    return expected, max(_MAD_TO_SD * mad, floor, _TINY)
+
+
+def observe(params: BaselineParams, history: deque[float], score: float, value: float) -> float:
+    """Judge ``value`` against ``history`` (its trailing window, oldest first), append it, and
+    return the new CUSUM score; the condition holds while the score is >= ``decision``."""
+    if len(history) >= params.warmup:
+        expected, scale = predict(params, history)
+        z = (_transform(params, value) - expected) / scale
+        if params.direction == "down":
+            z = -z
+        cap = params.allowance + params.decision / 2  # two steps at the cap fire, one cannot
+        z = min(max(z, -cap), cap)
+        score = min(max(0.0, score + z - params.allowance), _SCORE_CAP * params.decision)
+    history.append(value)
+    while len(history) > params.window:
+        history.popleft()
+    return score
