@@ -1,4 +1,9 @@
-"""``rlmon replay FILE``: steps and alerts of a recorded run (DESIGN.md, the replay contract)."""
+"""``rlmon replay FILE``: steps and alerts of a recorded run (DESIGN.md, the replay contract).
+
+With ``--rules FILE`` it also backtests that rule file: per rule, the steps it would have fired
+and resolved (on stderr as ``{"type": "backtest", ...}`` lines with ``--json``, so stdout stays
+the contract).
+"""
 
 from __future__ import annotations
 
@@ -10,10 +15,11 @@ from pathlib import Path
 from typing import IO
 
 from rlmon.service import catalog
+from rlmon.service.backtest import RuleBacktest, backtest
 from rlmon.service.replay import ReplayResult, replay
 from rlmon.service.rules import RuleError, load_rules
 
-__all__ = ["print_json", "print_table", "register", "run_replay"]
+__all__ = ["print_backtest", "print_json", "print_table", "register", "run_replay"]
 
 # The columns of the readable table; everything else is in --json.
 KEY_METRICS = (
@@ -25,7 +31,8 @@ KEY_METRICS = (
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("replay", help="aggregate a JSON Lines partial-report file; print steps/alerts")
     p.add_argument("file", help="JSON Lines file of partial reports ('-' for stdin)")
-    p.add_argument("--rules", help="YAML rule file (on top of the default pack)")
+    p.add_argument("--rules", help="YAML rule file (on top of the default pack); also prints, "
+                   "per rule, the steps it would have fired and resolved (a backtest)")
     p.add_argument("--json", action="store_true", help="one JSON object per line (the contract)")
     p.add_argument("--alerts-to", metavar="DEST",
                    help="also deliver the alerts: console, slack, pagerduty, webhook (comma list)")
@@ -47,14 +54,42 @@ def _dump(obj: object, out: IO[str]) -> None:
     out.write(json.dumps(obj, allow_nan=False) + "\n")
 
 
-def print_json(result: ReplayResult, out: IO[str], err: IO[str]) -> None:
+def print_json(result: ReplayResult, out: IO[str], err: IO[str],
+               tested: list[RuleBacktest] | None = None) -> None:
     for error in result.errors:
         _dump(error.to_json(), err)
     for record, events in result.steps:
         _dump(record.to_json(), out)
         for event in events:
             _dump(event.to_json(), out)
+    for entry in tested or ():
+        _dump(entry.to_json(), err)
     _dump(result.summary(), err)
+
+
+def _episodes(entry: RuleBacktest) -> str:
+    return ", ".join(f"{e.fired}-{e.resolved}" if e.resolved is not None else f"{e.fired}-(firing)"
+                     for e in entry.episodes)
+
+
+def print_backtest(tested: list[RuleBacktest], out: IO[str] | None = None) -> None:
+    """Per rule, when it would have fired (fired-resolved step ranges), and the silent rules."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=out, width=None if (out or sys.stdout).isatty() else 140)
+    table = Table(title="rule backtest: steps fired-resolved")
+    for col in ("rule", "severity", "run/role", "episodes", "fired at"):
+        table.add_column(col)
+    for entry in tested:
+        if entry.run is None:
+            continue
+        table.add_row(entry.rule, entry.severity, f"{entry.run}/{entry.role}",
+                      str(len(entry.episodes)), _episodes(entry))
+    console.print(table)
+    silent = [entry.rule for entry in tested if entry.run is None]
+    if silent:
+        console.print("never fired: " + ", ".join(silent), highlight=False)
 
 
 def print_table(result: ReplayResult) -> None:
@@ -110,10 +145,13 @@ def run_replay(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"rlmon replay: cannot read {args.file}: {exc}", file=sys.stderr)
         return 2
+    tested = backtest(rules, result.steps) if args.rules else None
     if args.json:
-        print_json(result, sys.stdout, sys.stderr)
+        print_json(result, sys.stdout, sys.stderr, tested)
     else:
         print_table(result)
+        if tested is not None:
+            print_backtest(tested)
     if args.alerts_to:
         from rlmon.commands.deliver import deliver_alerts, parse_destinations
 
