@@ -103,6 +103,8 @@ class Recorder:
     def record_tensor(self, name: str, values: object, mask: object = None, **kw: object) -> None:
         self.names.add(name)
 
+    def end_micro_batch(self) -> None: ...
+
     def end_step(self, step: int) -> None: ...
 
     def flush(self, timeout: float | None = None) -> bool:

@@ -254,6 +254,7 @@ class WorkerPath:
                              (catalog.KL, kl)):
             if values is not None:
                 rep.record_tensor(name, values, action_mask, reduce="token_mean")
+        rep.end_micro_batch()  # reduce now (a few launches) and release the tensors
 
     def optimizer_step(self, index: int, *, grad_norm: float | None = None,
                        lr: float | None = None) -> None:

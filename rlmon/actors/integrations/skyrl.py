@@ -26,7 +26,8 @@ import numpy as np
 from rlmon.actors.integrations._base import ReporterLike, make_reporter, relay
 from rlmon.service import catalog, keymaps
 
-__all__ = ["LOSS_REDUCTIONS", "RlmonTracking", "WorkerPath", "loss_partial", "wrap_tracker"]
+__all__ = ["LOSS_REDUCTIONS", "RlmonTracking", "WorkerPath", "loss_partial", "loss_units",
+           "wrap_tracker"]
 
 FRAMEWORK = "skyrl"
 LOSS_REDUCTIONS = ("token_mean", "token_mean_legacy", "sequence_mean", "seq_mean_token_sum_norm")
@@ -78,6 +79,45 @@ def loss_partial(
     raise ValueError(f"loss_reduction must be one of {LOSS_REDUCTIONS}, got {loss_reduction!r}")
 
 
+def loss_units(
+    per_token_loss: Any,
+    loss_mask: Any,
+    loss_reduction: str,
+    *,
+    micro_batch_size: int | None = None,
+    max_seq_len: int | None = None,
+) -> tuple[Any, Any]:
+    """:func:`loss_partial` left on the device: ``(values, mask)`` whose token mean pooled over
+    a mini-batch is SkyRL's loss, for ``Reporter.record_tensor`` (no host sync).
+
+    token_mean keeps the tokens and their mask; the other reductions give one float64 number
+    per unit (sequence, or chunk for token_mean_legacy) and no mask, so the count is the units.
+    """
+    import torch
+
+    f64 = torch.float64
+    loss = torch.atleast_2d(per_token_loss.detach())
+    mask = torch.atleast_2d(torch.as_tensor(loss_mask, device=loss.device)).bool()
+    if loss_reduction == "token_mean":
+        return loss, mask
+    zeroed = torch.where(mask, loss, 0)
+    if loss_reduction == "sequence_mean":
+        per_seq = zeroed.sum(-1, dtype=f64) / mask.sum(-1, dtype=f64).clamp(min=1.0)
+        return per_seq, None
+    if loss_reduction == "seq_mean_token_sum_norm":
+        if not max_seq_len:
+            raise ValueError("seq_mean_token_sum_norm needs max_seq_len")
+        return zeroed.sum(-1, dtype=f64) / max_seq_len, None
+    if loss_reduction == "token_mean_legacy":
+        if not micro_batch_size:
+            raise ValueError("token_mean_legacy needs micro_batch_size")
+        chunks = [zeroed[i:i + micro_batch_size].sum(dtype=f64)
+                  / mask[i:i + micro_batch_size].sum(dtype=f64).clamp(min=1.0)
+                  for i in range(0, loss.shape[0], micro_batch_size)]
+        return torch.stack(chunks), None
+    raise ValueError(f"loss_reduction must be one of {LOSS_REDUCTIONS}, got {loss_reduction!r}")
+
+
 class WorkerPath:
     """Sufficient statistics from a SkyRL policy worker's ``forward_backward``.
 
@@ -122,7 +162,14 @@ class WorkerPath:
     ) -> None:
         """Per-token tensors of one micro-batch of mini-batch ``minibatch``."""
         rep = self.reporter
-        if per_token_loss is not None:
+        if per_token_loss is not None and type(per_token_loss).__module__.startswith("torch"):
+            # on the device: no host sync per micro-batch
+            values, mask = loss_units(per_token_loss, loss_mask, self.loss_reduction,
+                                      micro_batch_size=self.micro_batch_size,
+                                      max_seq_len=self.max_seq_len)
+            rep.record_tensor(catalog.LOSS, values, mask, reduce="token_mean",
+                              minibatch=minibatch, minibatch_reduce="mean", replicated=CP)
+        elif per_token_loss is not None:
             s, c = loss_partial(per_token_loss, loss_mask, self.loss_reduction,
                                 micro_batch_size=self.micro_batch_size,
                                 max_seq_len=self.max_seq_len)
@@ -132,6 +179,7 @@ class WorkerPath:
                              (catalog.CLIP_RATIO, clipped), (catalog.IS_RATIO, is_ratio)):
             if values is not None:
                 rep.record_tensor(name, values, loss_mask, reduce="token_mean", replicated=CP)
+        rep.end_micro_batch()  # reduce now (a few launches) and release the tensors
 
     def policy_loss(self, value: float, *, minibatch: int) -> None:
         """SkyRL's own per-micro-batch ``policy_loss`` (a partial sum with pre-scaled advantages)."""
