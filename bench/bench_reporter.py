@@ -115,13 +115,17 @@ def reporter_many(steps: int) -> dict[str, float]:
     return {"alone_us": _median_us(alone), "tight_us": _median_us(tight), "cpu_us": cpu * 1e6}
 
 
-def reporter_tensors(steps: int) -> dict[str, Any]:
+def reporter_tensors(steps: int, threads: int | None = None) -> dict[str, Any]:
+    """``threads``: torch's intra-op threads for the run (None: torch's default)."""
     try:
         import torch
 
+        default_threads = torch.get_num_threads()
+        torch.set_num_threads(threads or default_threads)
+
         make: Callable[[], Any] = lambda: torch.rand(8, 256)  # noqa: E731
         mask_of: Callable[[Any], Any] = lambda v: v > 0.1  # noqa: E731
-        kind = "torch (cpu)"
+        kind = f"torch cpu, {torch.get_num_threads()} thread(s)"
     except ImportError:
         make = lambda: np.random.rand(8, 256)  # noqa: E731
         mask_of = lambda v: v > 0.1  # noqa: E731
@@ -143,6 +147,8 @@ def reporter_tensors(steps: int) -> dict[str, Any]:
         times.append(time.perf_counter() - start)
         rep.flush(10)
     rep.close()
+    if kind != "numpy":
+        torch.set_num_threads(default_threads)
     return {"us": _median_us(times), "kind": kind, "transfers_per_step": rep.transfers / steps,
             "item_us": _median_us(item_times)}
 
@@ -242,6 +248,10 @@ def main(argv: list[str] | None = None) -> int:
     scalars = reporter_scalars(steps)
     many = reporter_many(steps)
     tensors = reporter_tensors(max(steps // 3, 20))
+    # One intra-op thread: on a shared 2-core machine a batched reduction large enough to be
+    # split over threads waits for a core another process holds; per-metric ops are too small
+    # to be split, so the comparison is fair only at one thread.
+    single = reporter_tensors(max(steps // 3, 20), threads=1)
     gloo = gloo_all_reduce(max(steps // 3, 20))
     prom = prometheus_gauges(steps)
     rlw = rlwatch_log_step(max(steps // 3, 20))
@@ -260,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
         (f"rlmon Reporter, tensors ({tensors['kind']}): training thread", tensors["us"]),
         (f"  (same masked sums with {tensors['kind']} and .item() per metric)",
          tensors["item_us"]),
+        (f"rlmon Reporter, tensors ({single['kind']}): training thread", single["us"]),
+        (f"  (same masked sums with {single['kind']} and .item() per metric)",
+         single["item_us"]),
         ("torch.distributed gloo all_reduce, one per metric (2 procs)", gloo[0] if gloo else None),
         ("torch.distributed gloo all_reduce, one batched (2 procs)", gloo[1] if gloo else None),
         ("prometheus_client Gauge.labels().set x200", prom),

@@ -59,7 +59,7 @@ def _calibrate(torch: Any, device: Any, target_s: float) -> tuple[Any, int]:
     return w, max(1, round(target_s / MICRO_BATCHES / one))
 
 
-def run(steps: int) -> int:
+def run(steps: int, threads: int | None = None) -> int:
     try:
         import torch
     except ImportError:
@@ -71,6 +71,8 @@ def run(steps: int) -> int:
     from rlmon.actors.reporter import Reporter
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if threads:
+        torch.set_num_threads(threads)
     what = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"CPU, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
     gen = torch.Generator().manual_seed(0)
@@ -204,7 +206,10 @@ def run(steps: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
-    return run(parser.parse_args(argv).steps)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads on CPU (default: torch's)")
+    args = parser.parse_args(argv)
+    return run(args.steps, args.threads)
 
 
 if __name__ == "__main__":
