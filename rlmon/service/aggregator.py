@@ -22,10 +22,12 @@ from rlmon.service.deadline import DeadlinePolicy
 from rlmon.service.ingest import IngestAck, NodeBatch
 from rlmon.service.message import StepMessage
 from rlmon.service.rank import Rank
+from rlmon.service.recent import RecentMap
 from rlmon.service.report import (
     ContractError,
 )
 from rlmon.service.step import StepIdentity, StepKey, StepRecord
+from rlmon.service.stream_tracker import StreamTracker
 from rlmon.service.watermark import WatermarkStore
 
 __all__ = ["AggregatorCore", "AggregatorServer"]
@@ -34,13 +36,27 @@ log = logging.getLogger(__name__)
 
 
 class AggregatorCore:
+    """Ingest, finalize, deliver, in bounded memory.
+
+    Per-stream state (finalized steps, attempt, deadline, the last finalization) leaves memory
+    ``stream_ttl`` seconds after the stream's last report, or when more than ``max_streams``
+    streams crowd it out; it is read back from the store when the stream reports again. The
+    store forgets streams that finalized nothing for ``retention`` seconds (30 days, as the
+    history store). Metric names and schemas are remembered while in use (``RecentMap``); open
+    steps are capped by the assembler. What leaves is counted (:meth:`stats`).
+    """
+
     def __init__(
         self,
         *,
         deadline: DeadlinePolicy | None = None,
         store: WatermarkStore | None = None,
         clock: Clock | None = None,
+        wall_clock: Clock = time.time,
         max_errors: int = 20,
+        stream_ttl: float = 3600.0,
+        max_streams: int = 10_000,
+        retention: float = 30 * 86400.0,
     ) -> None:
         self.assembler = StepAssembler(clock)
         self.deadline = deadline or DeadlinePolicy()
@@ -51,21 +67,78 @@ class AggregatorCore:
         self.undelivered: dict[StepIdentity, StepRecord] = {}
         self.reporter_drops: dict[tuple[str, str, tuple[int, ...]], int] = {}
         self.finalize_latency: list[float] = []  # last partial -> finalized, seconds (recent)
-        self.merged_batches: dict[str, int] = {}  # node merger id -> last drain seq merged
+        # node merger id -> last drain seq merged (a restarted merger has a new id)
+        self.merged_batches: RecentMap[str, int] = RecentMap(1024)
+        self._wall = wall_clock
         # Unix time of each stream's latest finalization (kept in the store): a reporter created
         # after it that sends an already finalized step belongs to a rerun of the run; a resend
         # by an older reporter is late. Without a record, this aggregator's start time.
-        self.started = time.time()
+        self.started = wall_clock()
         self.last_finalized: dict[tuple[str, str], float] = {}
         self._late_said: set[tuple[str, str]] = set()
+        self.streams = StreamTracker(ttl=stream_ttl, finished_ttl=stream_ttl,
+                                     max_streams=max_streams)
+        self.retention = retention
+        self.streams_forgotten = 0  # per-stream state that left memory
+        self.streams_pruned = 0  # streams the store forgot (retention)
+        self._drops_forgotten = 0  # reporter drop counts of forgotten streams
+        self._next_expiry = self.assembler.now() + min(stream_ttl / 4, 60.0)
+        self._next_rotation = self.assembler.now() + stream_ttl
         if store is not None:
-            self.assembler.finalized.update(store.load())
-            for stream, (attempt, last) in store.load_streams().items():
+            since = self.started - stream_ttl
+            self.assembler.finalized.update(store.load(since=since))
+            for stream, (attempt, last) in store.load_streams(since=since).items():
                 self.assembler.attempts[stream] = attempt
                 if last is not None:
                     self.last_finalized[stream] = last
+                self.streams.seen(stream, self.assembler.now())
             self.undelivered.update(
                 {r.identity: r for r in store.undelivered(limit=1_000_000)})
+
+    def _recall(self, run: str, role: str) -> None:
+        """Read a stream's state back from the store when it reports after leaving memory."""
+        stream = (run, role)
+        if stream in self.streams:
+            return
+        if self.store is not None and stream not in self.assembler.finalized:
+            done, attempt, last = self.store.load_stream(run, role)
+            if done is not None:
+                self.assembler.finalized[stream] = done
+            if attempt:
+                self.assembler.attempts[stream] = attempt
+            if last is not None:
+                self.last_finalized[stream] = last
+        self._forget(self.streams.seen(stream, self.assembler.now()).streams)
+
+    def _forget(self, streams: list[tuple[str, str]]) -> None:
+        """Drop the per-stream state of ``streams`` (those with open steps or records not yet
+        delivered stay: they are active)."""
+        busy = {k[:2] for k in self.assembler.open} | {r[:2] for r in self.undelivered}
+        for stream in streams:
+            if stream in busy:
+                self.streams.seen(stream, self.assembler.now())
+                continue
+            self.assembler.forget(*stream)
+            self.deadline.forget(*stream)
+            self.last_finalized.pop(stream, None)
+            self._late_said.discard(stream)
+            for key in [k for k in self.reporter_drops if k[:2] == stream]:
+                self._drops_forgotten += self.reporter_drops.pop(key)  # the total never falls
+            self.streams_forgotten += 1
+
+    def _expire(self) -> None:
+        now = self.assembler.now()
+        if now < self._next_expiry:
+            return
+        self._next_expiry = now + min(self.streams.ttl / 4, 60.0)
+        self._forget(self.streams.expire(now).streams)
+        if now >= self._next_rotation:  # names and schemas unused for two TTLs are forgotten
+            self._next_rotation = now + self.streams.ttl
+            self.assembler.forms.rotate()
+            self.assembler.check_message.streams.rotate()
+            self.assembler.check_message.schemas.rotate()
+        if self.store is not None:
+            self.streams_pruned += self.store.prune(self._wall() - self.retention)
 
     @property
     def counters(self) -> AssemblyCounters:
@@ -74,7 +147,7 @@ class AggregatorCore:
     def _commit(self, records: list[StepRecord]) -> None:
         if not records:
             return
-        now = time.time()
+        now = self._wall()
         if self.store is not None:
             self.store.commit(self.assembler.finalized, records, now)
         for record in records:
@@ -96,6 +169,7 @@ class AggregatorCore:
                 try:
                     msg = asm.validate(msg)
                     key = (msg.run, msg.role, msg.step)
+                    self._recall(msg.run, msg.role)
                     opened = key not in asm.open
                     if asm.is_finalized(*key) and self._is_rerun(msg):
                         self._begin_attempt(msg)
@@ -169,7 +243,8 @@ class AggregatorCore:
         with self.lock:
             if batch.source is not None:
                 merger, seq = batch.source
-                if seq <= self.merged_batches.get(merger, -1):
+                last = self.merged_batches.get(merger)
+                if last is not None and seq <= last:
                     ack.duplicates = len(batch.states)
                     self._floors(ack, batch.states)
                     return ack
@@ -182,6 +257,9 @@ class AggregatorCore:
                        getattr(state, "step", None))
                 opened = key not in asm.open
                 try:
+                    if isinstance(state, StepState) and isinstance(state.run, str) \
+                            and isinstance(state.role, str):
+                        self._recall(state.run, state.role)
                     outcome, record = asm.merge_state(state)
                 except ContractError as exc:
                     ack.refuse(state, exc, self.max_errors)
@@ -225,6 +303,7 @@ class AggregatorCore:
         with self.lock:
             done = self.assembler.finalize_stale(self.deadline, self._waits_for_alive)
             self._commit(done)
+            self._expire()
         return len(done)
 
     def finalize_all(self) -> int:
@@ -286,8 +365,14 @@ class AggregatorCore:
                 "incarnation": self.incarnation,
                 "undelivered": len(self.undelivered),
                 "held_out_of_order": self.held,
-                "reporter_dropped": sum(self.reporter_drops.values()),
+                "reporter_dropped": sum(self.reporter_drops.values()) + self._drops_forgotten,
                 "finalize_latency_p50": lat[len(lat) // 2] if lat else None,
+                "streams": len(self.streams),
+                "removed": {  # what left memory or the store, by kind (never refused data)
+                    "streams_forgotten": self.streams_forgotten,
+                    "streams_pruned": self.streams_pruned,
+                    "names_forgotten": self.assembler.forms.forgotten,
+                },
             }
 
 

@@ -24,6 +24,7 @@ from rlmon.service.clock import Clock
 from rlmon.service.message import MessageChecks, Schema, StepMessage
 from rlmon.service.partial import MetricPool, Partial, straggler_ratio
 from rlmon.service.rank import Rank, World
+from rlmon.service.recent import RecentMap
 from rlmon.service.report import (
     ContractError,
     Report,
@@ -36,6 +37,13 @@ from rlmon.service.report import (
 )
 from rlmon.service.spec import Form
 from rlmon.service.step import StepKey, StepRecord
+from rlmon.service.timeline import (
+    MAX_TIMELINE_RANKS,
+    RankTimeline,
+    Timeline,
+    check_rank_timeline,
+    find_straggler,
+)
 
 __all__ = [
     "MAX_LISTED_MISSING",
@@ -48,6 +56,9 @@ __all__ = [
 ]
 
 MAX_LISTED_MISSING = 1024
+MAX_NAMES = 100_000  # metric names whose form is remembered, per generation (see RecentMap)
+MAX_SCHEMAS = 4096  # block schemas known to be checked, per generation
+MAX_OPEN_STEPS = 100_000  # open steps of all streams; a new step beyond it is refused, counted
 
 
 class AddOutcome:
@@ -203,6 +214,9 @@ class StepState:
     first_seen: float = 0.0
     last_seen: float = 0.0
     time: float | None = None
+    # Each rank's timeline, kept per rank (never merged), at most MAX_TIMELINE_RANKS.
+    timelines: dict[Rank, Timeline] = field(default_factory=dict)
+    timelines_cut: int = 0  # timelines beyond that bound, and spans the ranks cut
 
     @property
     def complete(self) -> bool:
@@ -234,6 +248,18 @@ class StepState:
                     f"earlier records of step {self.step} ({mine[0].value!r})",
                 )
 
+    def check_block(self, schema: Schema) -> None:
+        """Raise ContractError if a block of ``schema`` cannot join this step: a name it holds
+        was merged with other options by a partial. Free when the step knows the schema (its
+        names are block rows already), set operations otherwise."""
+        block = self.block
+        if block is not None and (schema.id == block.primary or schema.id in block.maps):
+            return
+        clash = self.pools.keys() & set(schema.names)
+        if clash:
+            forms = dict(zip(schema.names, schema.forms, strict=True))
+            self.check(self.world, [(name, _plain(forms[name])) for name in sorted(clash)])
+
     def add(self, rank: Rank, minibatch: int, metrics: Mapping[str, Partial]) -> None:
         pools = self.pools
         for name, partial in metrics.items():
@@ -264,6 +290,14 @@ class StepState:
         if time is not None:
             self.time = time if self.time is None else max(self.time, time)
 
+    def keep_timeline(self, rank: Rank, timeline: Timeline) -> None:
+        """Keep ``rank``'s timeline of the step (bounded; what does not fit is counted)."""
+        self.timelines_cut += timeline.cut
+        if rank in self.timelines or len(self.timelines) < MAX_TIMELINE_RANKS:
+            self.timelines[rank] = timeline
+        else:
+            self.timelines_cut += len(timeline.spans)
+
     def seal(self) -> None:
         """Fold the columnar block into the pools (when the step closes or leaves a node)."""
         if self.block is not None:
@@ -281,6 +315,9 @@ class StepState:
         self.finals |= other.finals
         self.reporting |= other.reporting
         self.seen |= other.seen
+        self.timelines_cut += other.timelines_cut
+        for rank, timeline in other.timelines.items():
+            self.keep_timeline(rank, replace(timeline, cut=0))  # its cut is counted above
         if other.time is not None:
             self.time = other.time if self.time is None else max(self.time, other.time)
 
@@ -318,6 +355,9 @@ class StepState:
             first_seen=self.first_seen,
             finalized_at=finalized_at,
             time=self.time,
+            timelines=tuple(RankTimeline(r, t) for r, t in sorted(self.timelines.items())),
+            timelines_cut=self.timelines_cut,
+            straggler=find_straggler([RankTimeline(r, t) for r, t in self.timelines.items()]),
         )
 
 
@@ -331,18 +371,24 @@ class StepAssembler:
     assembler's lifetime: the catalog's forms for canonical names, the first form seen for others.
     """
 
-    def __init__(self, clock: Clock | None = None) -> None:
+    def __init__(self, clock: Clock | None = None, max_open: int = MAX_OPEN_STEPS) -> None:
         self._clock: Clock = clock or time.monotonic
+        self.max_open = max_open
         self.open: dict[StepKey, StepState] = {}
         self.finalized: dict[tuple[str, str], FinalizedSteps] = {}
-        self.forms: dict[str, Form] = {}
+        # Forms are fixed per name while the name is in use; names unused for two rotations of
+        # the map are forgotten (memory stays bounded however many names producers invent).
+        self.forms: RecentMap[str, Form] = RecentMap(MAX_NAMES, on_rotate=self._forget_schemas)
         self.counters = AssemblyCounters()
         self.attempts: dict[tuple[str, str], int] = {}  # absent: attempt 0
         self.check_message = MessageChecks()
-        self._schemas: set[int] = set()  # block schemas whose forms were checked
+        self._schemas: RecentMap[int, bool] = RecentMap(MAX_SCHEMAS)  # block schemas checked
 
     def now(self) -> float:
         return self._clock()
+
+    def _forget_schemas(self) -> None:
+        self._schemas = RecentMap(MAX_SCHEMAS)
 
     # -- checks (nothing changes until every check passed) --------------------------------------
 
@@ -360,6 +406,9 @@ class StepAssembler:
                                 f"defines {allowed}")
 
     def _check_schema(self, schema: Schema) -> None:
+        """The forms of a block's metrics, checked (and noted) once per schema while it is in
+        use; the schema cache is dropped whenever the name map forgets names, so a schema's
+        names are noted again before they can be taken for new."""
         if schema.id in self._schemas:
             return
         for name, form in zip(schema.names, schema.forms, strict=True):
@@ -368,7 +417,9 @@ class StepAssembler:
                 raise ContractError(f"metrics.{name}",
                                     "keeps a per-rank spread; send it as a partial")
             self._check_form(name, form)
-        self._schemas.add(schema.id)
+        for name, form in zip(schema.names, schema.forms, strict=True):
+            self.forms.setdefault(name, form)
+        self._schemas[schema.id] = True
 
     def _check(self, key: StepKey, world: World, metrics: list[tuple[str, Options]]) -> None:
         """The forms of ``metrics`` and their agreement with the open step of ``key``."""
@@ -402,6 +453,10 @@ class StepAssembler:
         resend of a finalized step was folded in before the aggregator restarted: a duplicate,
         counted as resent, not late.
         """
+        if key not in self.open and len(self.open) >= self.max_open:
+            raise ContractError("step", f"{len(self.open)} steps are open, the limit: step "
+                                f"{key[2]} of {key[0]}/{key[1]} refused (steps open faster "
+                                "than they finalize)")
         if self.is_finalized(*key):
             if resend:
                 self.counters.resent += 1
@@ -454,7 +509,10 @@ class StepAssembler:
         return self.add_checked(self.validate(msg))
 
     def add_checked(self, msg: StepMessage) -> tuple[str, StepRecord | None]:
-        """Fold a message that passed :meth:`validate` in (all or nothing)."""
+        """Fold a message that passed :meth:`validate` in (all or nothing).
+
+        The columnar block is the fast path: its schema's forms are checked once per schema,
+        and against the step only where the step has not seen that schema yet."""
         key = (msg.run, msg.role, msg.step)
         cols = msg.columns
         try:
@@ -463,15 +521,17 @@ class StepAssembler:
                 return outcome, None
             metrics = [(n, (p.form, p.replicated, p.minibatch_mean))
                        for _, group in msg.partials for n, p in group.items()]
+            self._check(key, msg.world, metrics)
             if cols is not None:
                 self._check_schema(cols.schema)
-                both = set(cols.schema.names).intersection(n for n, _ in metrics)
-                if both:
-                    raise ContractError(f"metrics.{min(both)}",
-                                        "sent both in the columnar block and as a partial")
-                metrics += [(n, _plain(f)) for n, f in
-                            zip(cols.schema.names, cols.schema.forms, strict=True)]
-            self._check(key, msg.world, metrics)
+                if metrics:
+                    both = set(cols.schema.names).intersection(n for n, _ in metrics)
+                    if both:
+                        raise ContractError(f"metrics.{min(both)}",
+                                            "sent both in the columnar block and as a partial")
+                state = self.open.get(key)
+                if state is not None:
+                    state.check_block(cols.schema)
         except ContractError as exc:
             raise self._rejected(exc) from None
         state = self._open(key, msg.world)
@@ -480,7 +540,10 @@ class StepAssembler:
         for minibatch, group in msg.partials:
             state.add(msg.rank, minibatch, group)
         state.mark(msg.rank, msg.seq, True, msg.time)
-        return self._accepted(key, state, [(n, f) for n, (f, _, _) in metrics])
+        if msg.timeline is not None:
+            state.keep_timeline(msg.rank, msg.timeline)
+        n_block = len(cols.schema.names) if cols is not None else 0
+        return self._accepted(key, state, [(n, f) for n, (f, _, _) in metrics], n_block)
 
     def merge_state(self, other: StepState) -> tuple[str, StepRecord | None]:
         """Fold a node merger's sealed state in; returns the outcome and the record if that
@@ -526,6 +589,12 @@ class StepAssembler:
         check_world(state.world)
         for name in state.pools:
             check_metric_name(name)
+        if not isinstance(state.timelines, dict):
+            raise ContractError("timelines", f"must be {{rank: Timeline}}, got "
+                                f"{show(state.timelines)}")
+        for rank, timeline in state.timelines.items():
+            check_rank_timeline(RankTimeline(rank, timeline))
+        check_integer(state.timelines_cut, "timelines_cut")
 
     # -- bookkeeping ----------------------------------------------------------------------------
 
@@ -537,13 +606,15 @@ class StepAssembler:
 
     def _accepted(
         self, key: StepKey, state: StepState, partials: list[tuple[str, Form]],
+        block_partials: int = 0,
     ) -> tuple[str, StepRecord | None]:
-        """Count an accepted record of ``partials`` (name, form) and close a complete step."""
+        """Count an accepted record of ``partials`` (name, form; a block's names were noted with
+        its schema) and close a complete step."""
         for name, form in partials:
             self.forms.setdefault(name, form)
         state.last_seen = self._clock()
         self.counters.accepted += 1
-        self.counters.partials += len(partials)
+        self.counters.partials += len(partials) + block_partials
         if state.complete:
             return AddOutcome.ACCEPTED, self.finalize(key)
         return AddOutcome.ACCEPTED, None
@@ -573,6 +644,11 @@ class StepAssembler:
         self.attempts[stream] = self.attempts.get(stream, 0) + 1
         self.counters.restarts += 1
         return old
+
+    def forget(self, run: str, role: str) -> None:
+        """Drop what is kept of a stream with no open step (it went quiet: bounded memory)."""
+        self.finalized.pop((run, role), None)
+        self.attempts.pop((run, role), None)
 
     def finalize_all(self) -> list[StepRecord]:
         """Close every open step (end of input), in (run, role, step) order."""

@@ -140,6 +140,8 @@ class MetricsState:
         self.ingest: Callable[[], IngestCounters] | IngestCounters = IngestCounters()
         self.dispatch: Callable[[], Any] | None = None  # -> notify.DispatchStats
         self.sanity: Callable[[], Mapping[str, int]] | None = None  # findings by kind
+        # (component, kind) -> count of state removed by expiry and retention
+        self.removed: Callable[[], Mapping[tuple[str, str], int]] | None = None
         self.last_scrape_seconds = 0.0
 
     # --- writers ---------------------------------------------------------------------------------
@@ -346,6 +348,10 @@ class RlmonCollector(Collector):
         for kind, n in sorted((state.sanity() if state.sanity is not None else {}).items()):
             findings.add_metric([kind], float(n))
         yield findings
+        removed = series.STATE_REMOVED.family()
+        for (component, kind), n in sorted((state.removed() if state.removed else {}).items()):
+            removed.add_metric([component, kind], float(n))
+        yield removed
         yield series.SERIES.family(float(snap.series))
         yield series.SERIES_BUDGET.family(float(state.max_series))
         yield series.SERIES_REFUSED.family(float(snap.refused))

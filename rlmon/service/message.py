@@ -24,6 +24,7 @@ import numpy as np
 from rlmon.service.forms import BLOCK_WIDTH, FORMS, Merge, State
 from rlmon.service.partial import Partial
 from rlmon.service.rank import Rank, World
+from rlmon.service.recent import RecentMap
 from rlmon.service.report import (
     MAX_AXIS,
     MAX_METRICS,
@@ -40,6 +41,7 @@ from rlmon.service.report import (
     show,
 )
 from rlmon.service.spec import Form
+from rlmon.service.timeline import Timeline, check_timeline
 
 __all__ = [
     "Columns",
@@ -133,6 +135,7 @@ class StepMessage:
     reporter created after that stream last finalized a step comes from a rerun of the run.
     ``resend`` marks a message sent again because the aggregator restarted: one for a step
     already finalized was folded in before, so it is counted as resent, not late.
+    ``timeline`` is the rank's step timeline (its spans; :mod:`rlmon.service.timeline`).
     """
 
     run: str
@@ -148,6 +151,7 @@ class StepMessage:
     dropped: int = 0
     started: float = 0.0
     resend: bool = False
+    timeline: Timeline | None = None
 
     def reports(self) -> list[Report]:
         """The same content as contract records (the last one final), for the core path."""
@@ -187,9 +191,9 @@ class MessageChecks:
     """
 
     def __init__(self) -> None:
-        self.streams: set[tuple[str, str]] = set()
+        self.streams: RecentMap[tuple[str, str], bool] = RecentMap(MAX_KNOWN)
         # schema id -> (schema, (rows, cols) of counts, (rows, cols) of sums of squares)
-        self.schemas: dict[int, tuple[Schema, _Cells, _Cells]] = {}
+        self.schemas: RecentMap[int, tuple[Schema, _Cells, _Cells]] = RecentMap(MAX_KNOWN)
 
     def __call__(self, msg: Any) -> StepMessage:
         try:
@@ -206,7 +210,7 @@ class MessageChecks:
         if not (type(msg.run) is str and type(msg.role) is str and stream in self.streams):
             check_run(msg.run)
             check_role(msg.role)
-            self.streams.add(stream)
+            self.streams[stream] = True
         step = check_integer(msg.step, "step")
         rank, world = check_rank(msg.rank), check_world(msg.world)
         if not world.contains(rank):
@@ -219,6 +223,7 @@ class MessageChecks:
         if not isinstance(msg.resend, bool):
             raise ContractError("resend", f"must be true or false, got {show(msg.resend)}")
         dropped = check_integer(msg.dropped, "dropped")
+        check_timeline(msg.timeline)
         columns = self._columns(msg.columns)
         partials = msg.partials
         if not isinstance(partials, tuple | list):
@@ -315,6 +320,7 @@ class MessageChecks:
 
 
 _Cells = tuple[np.ndarray, np.ndarray]
+MAX_KNOWN = 4096  # streams and schemas remembered as checked, per generation (RecentMap)
 
 
 def _cells(forms: Sequence[Form], slots: Literal["counts", "nonnegative"]) -> _Cells:

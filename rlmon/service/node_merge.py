@@ -22,6 +22,7 @@ from rlmon.service.assembly import StepState
 from rlmon.service.ingest import IngestAck, NodeBatch
 from rlmon.service.message import MessageChecks, StepMessage
 from rlmon.service.rank import Rank
+from rlmon.service.recent import RecentMap
 from rlmon.service.report import ContractError
 from rlmon.service.step import StepKey
 
@@ -43,7 +44,7 @@ class NodeMerger:
         # seen message -> the root incarnation its state was merged into (_PENDING: not yet)
         self._seen: dict[_SeenKey, str] = {}
         self.root_incarnation = _PENDING
-        self.floors: dict[tuple[str, str], int] = {}
+        self.floors: RecentMap[tuple[str, str], int] = RecentMap(4096)
         self.duplicates = 0
         self.late = 0  # a rank's message after its own final one for the step (not folded)
         self.rejected = 0  # messages breaking the contract (the aggregator's checks)
@@ -89,6 +90,8 @@ class NodeMerger:
             for minibatch, group in msg.partials:
                 state.add(msg.rank, minibatch, group)
             state.mark(msg.rank, msg.seq, True, msg.time)
+            if msg.timeline is not None:
+                state.keep_timeline(msg.rank, msg.timeline)
             return True
 
     def ingest(self, messages: Sequence[StepMessage], max_errors: int = 20) -> IngestAck:
@@ -138,7 +141,8 @@ class NodeMerger:
 
     def learn(self, ack: IngestAck) -> None:
         self.root_incarnation = ack.incarnation or self.root_incarnation
-        self.floors.update(ack.floors)
+        for stream, floor in ack.floors.items():
+            self.floors[stream] = floor
 
     def ack(self, messages: Sequence[StepMessage], accepted: int) -> IngestAck:
         """What a reporter gets back: counts, floors, and an incarnation that changes when
@@ -148,5 +152,5 @@ class NodeMerger:
         return IngestAck(
             accepted=accepted, duplicates=len(messages) - accepted,
             incarnation=f"{self.id}:{self.root_incarnation}",
-            floors={s: self.floors.get(s, 0) for s in streams},
+            floors={s: self.floors.get(s) or 0 for s in streams},
         )

@@ -38,6 +38,7 @@ __all__ = [
     "SERIES",
     "SERIES_BUDGET",
     "SERIES_REFUSED",
+    "STATE_REMOVED",
     "STEP",
     "STEPS_REDELIVERED",
     "STEP_COMPLETE",
@@ -131,6 +132,10 @@ OUTBOX_PENDING = Series("rlmon_outbox_pending", "gauge",
 SANITY_FINDINGS = Series("rlmon_sanity_findings_total", "counter",
                          "Sanity-layer findings by `kind` (loss stuck at ln 2 / ln 3, known "
                          "DeepSpeed NaN grad-norm bug, collapsing loss scale).", ("kind",))
+STATE_REMOVED = Series("rlmon_state_removed_total", "counter",
+                       "Per-run and per-name state that left memory or the stores (quiet or "
+                       "finished streams, forgotten metric names, history and watermark "
+                       "retention), by `component` and `kind`.", ("component", "kind"))
 SERIES = Series("rlmon_exporter_series", "gauge", "Series under the cardinality budget.")
 SERIES_BUDGET = Series("rlmon_exporter_series_budget", "gauge", "The cardinality budget.")
 SERIES_REFUSED = Series("rlmon_exporter_series_refused_total", "counter",
@@ -141,7 +146,7 @@ SCRAPE_SECONDS = Series("rlmon_exporter_scrape_duration_seconds", "gauge",
                         "Time the previous scrape took to build.")
 SELF_MONITORING = (PARTIALS_INGESTED, PARTIALS_REJECTED, PARTIALS_LATE, PARTIALS_DROPPED,
                    PARTIALS_RESENT, RUN_RESTARTS, STEPS_REDELIVERED, NOTIFICATIONS, OUTBOX_PENDING,
-                   SANITY_FINDINGS, SERIES, SERIES_BUDGET, SERIES_REFUSED, STREAMS_EXPIRED,
+                   SANITY_FINDINGS, STATE_REMOVED, SERIES, SERIES_BUDGET, SERIES_REFUSED, STREAMS_EXPIRED,
                    SCRAPE_SECONDS)
 
 # client_python's process collector, registered beside rlmon's collector by the metrics server.

@@ -113,6 +113,7 @@ class ServiceCore:
         self.metrics.sanity = lambda: dict(self.finding_counts)
         self._shard_stats: dict[int, Mapping[str, Any]] = {}
         self.metrics.ingest = self._ingest_counters
+        self.metrics.removed = self._removed_counts
         self.events: deque[AlertEvent] = deque(maxlen=10_000)
         self.redeliveries = 0
         self._lock = threading.Lock()
@@ -154,6 +155,14 @@ class ServiceCore:
             resent=sum(int(s.get("resent", 0)) for s in stats),
             redelivered=self.redeliveries,
         )
+
+    def _removed_counts(self) -> dict[tuple[str, str], int]:
+        """What expiry and retention removed, here and in every aggregator shard."""
+        out = {("service", kind): n for kind, n in self.removed.items()}
+        for stats in list(self._shard_stats.values()):
+            for kind, n in dict(stats.get("removed") or {}).items():
+                out[("aggregator", kind)] = out.get(("aggregator", kind), 0) + int(n)
+        return out
 
     @property
     def port(self) -> int | None:

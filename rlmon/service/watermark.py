@@ -22,6 +22,7 @@ from rlmon.service.assembly import FinalizedSteps
 from rlmon.service.rank import Rank
 from rlmon.service.sqlite_db import open_database
 from rlmon.service.step import StepRecord
+from rlmon.service.timeline import RankTimeline, find_straggler
 
 log = logging.getLogger(__name__)
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -51,6 +52,9 @@ def encode_record(record: StepRecord) -> str:
     line["first_seen"] = record.first_seen
     line["finalized_at"] = record.finalized_at
     line["time"] = record.time
+    if record.timelines or record.timelines_cut:
+        line["timelines"] = [t.to_json() for t in record.timelines]
+        line["timelines_cut"] = record.timelines_cut
     return json.dumps(line, allow_nan=False, separators=(",", ":"))
 
 
@@ -81,6 +85,10 @@ def decode_record(text: str | bytes) -> StepRecord:
         finalized_at=_optional_float(obj.get("finalized_at")),
         time=_optional_float(obj.get("time")),
         attempt=int(obj.get("attempt", 0)),
+        timelines=(timelines := tuple(RankTimeline.from_json(t)
+                                      for t in obj.get("timelines", ()))),
+        timelines_cut=int(obj.get("timelines_cut", 0)),
+        straggler=find_straggler(timelines),
     )
 
 
@@ -97,11 +105,17 @@ class WatermarkStore:
             self._db.execute("DELETE FROM record_outbox")
             self._db.execute("COMMIT")
 
-    def load_streams(self) -> dict[tuple[str, str], tuple[int, float | None]]:
-        """(attempt, unix time of the latest finalization) per (run, role)."""
+    def load_streams(self, since: float | None = None
+                     ) -> dict[tuple[str, str], tuple[int, float | None]]:
+        """(attempt, unix time of the latest finalization) per (run, role); with ``since``,
+        only of streams that finalized a step at or after it."""
+        query = "SELECT run, role, attempt, last_finalized FROM streams"
+        args: tuple[float, ...] = ()
+        if since is not None:
+            query += " WHERE last_finalized >= ?"
+            args = (since,)
         with self._lock:
-            rows = self._db.execute(
-                "SELECT run, role, attempt, last_finalized FROM streams").fetchall()
+            rows = self._db.execute(query, args).fetchall()
         return {(run, role): (int(attempt), last) for run, role, attempt, last in rows}
 
     def begin_attempt(self, run: str, role: str, attempt: int) -> None:
@@ -113,14 +127,48 @@ class WatermarkStore:
                              (run, role, attempt))
             self._db.execute("COMMIT")
 
-    def load(self) -> dict[tuple[str, str], FinalizedSteps]:
-        out: dict[tuple[str, str], FinalizedSteps] = {}
-        for run, role, floor, steps in self._db.execute(
-            "SELECT run, role, floor, steps FROM watermark"
-        ):
-            done = FinalizedSteps.restore(floor, json.loads(steps))
-            out[(run, role)] = done
-        return out
+    def load(self, since: float | None = None) -> dict[tuple[str, str], FinalizedSteps]:
+        """Finalized steps per (run, role); with ``since``, only of streams that finalized a
+        step at or after that unix time (the others are read back when they report again)."""
+        query = "SELECT w.run, w.role, w.floor, w.steps FROM watermark w"
+        args: tuple[float, ...] = ()
+        if since is not None:
+            query += (" JOIN streams s ON s.run = w.run AND s.role = w.role"
+                      " WHERE s.last_finalized >= ?")
+            args = (since,)
+        with self._lock:
+            rows = self._db.execute(query, args).fetchall()
+        return {(run, role): FinalizedSteps.restore(floor, json.loads(steps))
+                for run, role, floor, steps in rows}
+
+    def load_stream(self, run: str, role: str) -> tuple[FinalizedSteps | None, int, float | None]:
+        """One stream's finalized steps, attempt and latest finalization (unix), if stored."""
+        with self._lock:
+            mark = self._db.execute("SELECT floor, steps FROM watermark WHERE run = ? AND role = ?",
+                                    (run, role)).fetchone()
+            info = self._db.execute(
+                "SELECT attempt, last_finalized FROM streams WHERE run = ? AND role = ?",
+                (run, role)).fetchone()
+        done = FinalizedSteps.restore(mark[0], json.loads(mark[1])) if mark else None
+        return done, int(info[0]) if info else 0, info[1] if info else None
+
+    def prune(self, before: float) -> int:
+        """Forget streams whose latest finalization is older than ``before`` (unix) and that
+        have nothing left to deliver; returns how many (the retention of the watermark)."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                old = self._db.execute(
+                    "SELECT run, role FROM streams s WHERE last_finalized < ? AND NOT EXISTS ("
+                    "SELECT 1 FROM step_outbox o WHERE o.run = s.run AND o.role = s.role)",
+                    (before,)).fetchall()
+                self._db.executemany("DELETE FROM watermark WHERE run = ? AND role = ?", old)
+                self._db.executemany("DELETE FROM streams WHERE run = ? AND role = ?", old)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return len(old)
 
     def commit(
         self, finalized: dict[tuple[str, str], FinalizedSteps], records: Iterable[StepRecord],
