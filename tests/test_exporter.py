@@ -137,6 +137,16 @@ def test_dead_and_finished_runs_disappear_after_ttl() -> None:
     assert state.series == 7 + 1
 
 
+def test_finishes_of_runs_never_shown_are_not_kept() -> None:
+    clock = Clock()
+    state = MetricsState(run_ttl=60, finished_ttl=10, clock=clock)
+    for i in range(1000):
+        state.finish_run(f"never-{i}")  # finish_run before (or without) any step
+    clock.now += 11
+    scrape(state)
+    assert len(state._finished) == 0
+
+
 def test_labels_are_sanitized_and_redacted() -> None:
     secret = "xoxb-very-secret-token"
     state = MetricsState(redactor=Redactor([secret]))

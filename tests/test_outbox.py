@@ -136,3 +136,13 @@ def test_a_claimed_row_has_one_owner_until_settled(tmp_path: Path, clock: Clock)
     assert again.id == first.id
     box.ack(again)  # settling releases
     assert [r.notification.key for r in box.claim("slack")] == ["b"]
+
+
+def test_failed_memory_is_bounded(tmp_path: Path, clock: Clock) -> None:
+    box = Outbox(tmp_path / "o.sqlite", clock=clock, sent_memory=2)
+    for key in "abc":
+        clock.now += 1
+        box.put(note(key, order=key))
+        box.fail(box.due("slack")[0], "HTTP 400")
+    assert [k for k, _, _ in box.failed_rows()] == ["b", "c"]  # the 2 newest failures stay
+    assert box.counters().failed == 3  # every one counted

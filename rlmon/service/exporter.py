@@ -223,6 +223,9 @@ class MetricsState:
                 self._info.pop(run, None)
                 self._info_set.pop(run, None)
                 self._finished.pop(run, None)
+        for run in [r for r, at in self._finished.items()  # a finish of a run never shown
+                    if r not in live_runs and r not in self._info and now - at >= self.finished_ttl]:
+            del self._finished[run]
         if self._refused and self._series < self.max_series:
             self._refused.clear()  # room again: a refused series may be admitted next step
 

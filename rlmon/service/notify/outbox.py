@@ -248,6 +248,11 @@ class Outbox:
                  row.notification.body_json(), row.attempts + 1, now, error[:500]),
             )
             self._bump("failed")
+            if self.sent_memory >= 0:  # the newest failures stay for inspection, as sent keys do
+                self._db.execute(
+                    "DELETE FROM failed WHERE key IN (SELECT key FROM failed ORDER BY at DESC "
+                    "LIMIT -1 OFFSET ?)", (self.sent_memory,),
+                )
             self._db.execute("COMMIT")
 
     # --- reading ---------------------------------------------------------------------------------
