@@ -145,7 +145,8 @@ def test_span_records_max_timing_and_step_seconds_feeds_straggler(
     slowest rank's step time over the median one."""
     clock = [0.0]
     fake = types.SimpleNamespace(
-        perf_counter=lambda: clock[0], time=time.time, monotonic=time.monotonic)
+        perf_counter=lambda: clock[0], perf_counter_ns=lambda: round(clock[0] * 1e9),
+        time=time.time, monotonic=time.monotonic)
     monkeypatch.setattr(reporter_module, "time", fake)
     sink = LocalSink()
     reps = [Reporter("r", "actor", rank={"dp": d}, world={"dp": 3}, sink=sink) for d in range(3)]

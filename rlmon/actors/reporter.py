@@ -13,6 +13,8 @@ import contextlib
 import logging
 import math
 import operator
+import os
+import socket
 import threading
 import time
 from collections import deque
@@ -40,6 +42,7 @@ from rlmon.service.partial import ALL_AXES, Partial, combine
 from rlmon.service.rank import AXES, Rank, World
 from rlmon.service.report import MAX_STEP, check_metric_name, check_role, check_run
 from rlmon.service.spec import Form
+from rlmon.service.timeline import MAX_SPANS, Span, Timeline, attrs_of, clean_text
 
 if TYPE_CHECKING:
     from rlmon.actors.runtime import RuntimeOptions
@@ -60,6 +63,13 @@ _Deferred = tuple[StepTensors | None, list[Mapping[str, Any]]]
 
 _PY_NUMBER = (float, int)
 _PROBE_S = 0.5  # how often a reporter holding retained messages asks the aggregator who it is
+# Spans read the monotonic clock; it is aligned to wall time once per process, so a span never
+# jumps with the wall clock and spans of one process always line up with each other.
+_WALL_OFFSET_NS = time.time_ns() - time.perf_counter_ns()
+# A closed span as the training thread keeps it: (name, start, end, depth, attrs), monotonic ns.
+_RawSpan = tuple[str, int, int, int, dict[str, Any] | None]
+# A step's timeline as end_step hands it on: (start, end, spans, spans cut), monotonic ns.
+_RawTimeline = tuple[int, int, list[_RawSpan], int]
 
 
 def _check_count(name: str, count: Any) -> None:
@@ -142,9 +152,14 @@ class Reporter:
         self._schema_key: tuple[Any, ...] = ()
         self._seq = 0
         self._started = time.time()  # tells a rerun of the run from a late resend
-        self._step_start = time.perf_counter()
+        self._step_start_ns = time.perf_counter_ns()
+        self._spans: list[_RawSpan] = []  # this step's closed spans (at most MAX_SPANS)
+        self._spans_cut = 0  # this step's spans beyond MAX_SPANS
+        self._depth = 0  # spans open now
+        self._host, self._pid = clean_text(socket.gethostname()), os.getpid()
         self._pending: deque[StepMessage] = deque()  # packed, sent or not, not acknowledged
-        self._raw: deque[tuple[int, dict[Any, _Entry], float, _Deferred]] = deque()  # not packed
+        self._raw: deque[tuple[int, dict[Any, _Entry], float, _Deferred, _RawTimeline]] = \
+            deque()  # not packed
         self._retained: deque[StepMessage] = deque()  # acknowledged, step not finalized yet
         self._incarnation: str | None = None
         self._next_probe = 0.0  # monotonic time of the next incarnation probe (while retained)
@@ -327,13 +342,28 @@ class Reporter:
         self._batches.append(dict(metrics))
 
     @contextlib.contextmanager
-    def span(self, name: str) -> Iterator[None]:
-        """Time a phase as ``timing/<name>_seconds`` (the slowest rank's time, max form)."""
-        start = time.perf_counter()
+    def span(self, name: str, **attrs: Any) -> Iterator[None]:
+        """Time a phase of the step: its start and end go into the step's timeline (nested in
+        the spans open around it, with ``attrs``: a few numbers or short texts), and its
+        duration into ``timing/<name>_seconds`` (the slowest rank's time, max form).
+
+        A step keeps at most :data:`~rlmon.service.timeline.MAX_SPANS` spans; more are counted
+        as cut. The training thread only reads the clock twice and appends a tuple; the spans
+        travel in the step message, converted on the sender thread.
+        """
+        depth = self._depth
+        self._depth = depth + 1
+        start = time.perf_counter_ns()
         try:
             yield
         finally:
-            self._add(f"timing/{name}_seconds", Form.MAX, (time.perf_counter() - start,),
+            end = time.perf_counter_ns()
+            self._depth = depth
+            if len(self._spans) < MAX_SPANS:
+                self._spans.append((name, start, end, depth, attrs or None))
+            else:
+                self._spans_cut += 1
+            self._add(f"timing/{name}_seconds", Form.MAX, ((end - start) * 1e-9,),
                       None, None, 0)
 
     # -- ending a step -------------------------------------------------------------------------
@@ -438,14 +468,16 @@ class Reporter:
         moving = self._fold_tensors() if self._tensors else None
         batches, self._batches = self._batches, []
         self._tensor_forms.clear()
-        now = time.perf_counter()
+        now = time.perf_counter_ns()
         if self.step_seconds and catalog.STRAGGLER_SOURCE not in self._acc:
             self._acc[catalog.STRAGGLER_SOURCE] = [
-                Form.MAX, (now - self._step_start,), None, False, 0]
-        self._step_start = now
+                Form.MAX, ((now - self._step_start_ns) * 1e-9,), None, False, 0]
+        timeline = (self._step_start_ns, now, self._spans, self._spans_cut)
+        self._step_start_ns = now
+        self._spans, self._spans_cut = [], 0
         acc, self._acc = self._acc, {}
         with self._cond:
-            self._raw.append((step, acc, time.time(), (moving, batches)))
+            self._raw.append((step, acc, time.time(), (moving, batches), timeline))
             self._trim()
             self._cond.notify()
 
@@ -457,7 +489,20 @@ class Reporter:
                 self._raw.popleft()
             self.dropped += 1
 
-    def _pack(self, step: int, acc: dict[Any, _Entry], wall: float) -> StepMessage:
+    def _timeline(self, raw: _RawTimeline) -> Timeline:
+        """The step's timeline in unix ns, attributes normalized (sender thread)."""
+        start, end, spans, cut = raw
+        shift = _WALL_OFFSET_NS
+        return Timeline(
+            start + shift, end + shift,
+            tuple(Span(clean_text(name), s + shift, e + shift, depth,
+                       attrs_of(attrs) if attrs else ())
+                  for name, s, e, depth, attrs in spans),
+            cut, self._host, self._pid,
+        )
+
+    def _pack(self, step: int, acc: dict[Any, _Entry], wall: float,
+              timeline: _RawTimeline | None = None) -> StepMessage:
         plain: list[tuple[str, Form]] = []
         rows: list[tuple[float, ...]] = []  # converted and count-checked in one numpy pass
         other: dict[int, dict[str, Partial]] = {}
@@ -478,7 +523,7 @@ class Reporter:
         return StepMessage(
             self.run, self.role, step, self.rank, self.world, self._seq, wall,
             columns, tuple(sorted(other.items(), key=lambda kv: kv[0])), self.dropped,
-            self._started,
+            self._started, timeline=self._timeline(timeline) if timeline is not None else None,
         )
 
     def _columns(self, plain: list[tuple[str, Form]], rows: list[tuple[float, ...]]) -> Columns:
@@ -555,11 +600,11 @@ class Reporter:
                 self._raw.clear()
                 self._packing = len(raw)  # neither raw nor pending while packed: flush waits
             packed = []
-            for step, acc, wall, deferred in raw:
+            for step, acc, wall, deferred, timeline in raw:
                 try:
                     if deferred[0] is not None or deferred[1]:
                         self._complete(acc, deferred)
-                    packed.append(self._pack(step, acc, wall))
+                    packed.append(self._pack(step, acc, wall, timeline))
                 except Exception as exc:  # not a number, too large for a float, a bad count
                     self.last_error = f"step {step}: {type(exc).__name__}: {exc}"
                     self.dropped += 1

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlmon.service.rank import Rank
+from rlmon.service.timeline import RankTimeline, Straggler
 
 __all__ = ["StepIdentity", "StepKey", "StepRecord", "json_number"]
 
@@ -35,6 +36,9 @@ class StepRecord:
     ``metrics`` holds every metric that was defined in the step (a mean over zero tokens is left
     out: absent is not zero); NaN and Inf are kept as floats. ``attempt`` counts the restarts of
     the (run, role): a new run under an existing name starts attempt 1, 2, ... (0 is the first).
+    ``timelines`` are the ranks' step timelines (not part of the replay line; the history store
+    keeps them apart), ``timelines_cut`` the spans and timelines that did not fit their bounds,
+    ``straggler`` the slowest rank and the span behind it.
     """
 
     run: str
@@ -50,6 +54,9 @@ class StepRecord:
     finalized_at: float | None = None
     time: float | None = field(default=None)
     attempt: int = 0
+    timelines: tuple[RankTimeline, ...] = ()
+    timelines_cut: int = 0
+    straggler: Straggler | None = None
 
     @property
     def key(self) -> StepKey:
