@@ -14,11 +14,13 @@ from rlmon.actors import reporter as reporter_module
 from rlmon.actors.reporter import Reporter
 from rlmon.actors.sink import LocalSink
 from rlmon.service.assembly import StepAssembler
+from rlmon.service.history import HistoryStore
 from rlmon.service.ingest import NodeBatch
 from rlmon.service.message import StepMessage
 from rlmon.service.node_merge import NodeMerger
 from rlmon.service.rank import Rank, World
 from rlmon.service.report import ContractError
+from rlmon.service.step import StepRecord
 from rlmon.service.timeline import (
     MAX_SPANS,
     RankTimeline,
@@ -183,3 +185,30 @@ def test_find_straggler_names_the_rank_and_the_deepest_span_behind_it() -> None:
     assert find_straggler([rank(0, 1.0)]) is None
     even = find_straggler([rank(0, 1.0), rank(1, 1.0)])
     assert even is not None and even.ratio == 1.0 and even.span == ""
+
+
+def _record(step: int, role: str = "actor", attempt: int = 0) -> StepRecord:
+    timelines = tuple(RankTimeline(Rank(dp=d), _timeline(1.0 + d, (Span("gen", 10 * S, 11 * S),),
+                                                         start=(10 + step) * S))
+                      for d in range(2))
+    return StepRecord("r", role, step, True, 2, 2, (), {}, finalized_at=100.0 + step,
+                      attempt=attempt, timelines=timelines, timelines_cut=step)
+
+
+def test_history_keeps_timelines_beside_steps_with_their_own_retention() -> None:
+    store = HistoryStore()
+    store.add([_record(s) for s in range(10)] + [_record(0, "critic")])
+    got = store.timelines("r", "actor", 3, 5)
+    assert [(t.step, t.cut) for t in got] == [(3, 3), (4, 4), (5, 5)]
+    assert got[0].ranks == _record(3).timelines  # every rank's own, as sent
+    assert [t.role for t in store.timelines("r")] == ["actor"] * 10 + ["critic"]
+    store.add([_record(0, attempt=1)])  # a rerun: its timelines replace the old attempt's view
+    assert [(t.step, t.attempt) for t in store.timelines("r", "actor")] == [(0, 1)]
+    pruned = store.prune(keep_steps=100, keep_timelines=4)
+    assert pruned.timelines == 7  # actor keeps 4 of 11, critic its one
+    assert pruned.steps == 0  # the steps themselves stay
+    assert [t.step for t in store.timelines("r", "actor")] == [0]  # attempt 1's step 0
+    store.add([_record(11)])
+    # the run, whole: actor's 4 kept and its new one, critic's one
+    assert store.prune(keep_steps=100, quiet_before=1e9).timelines == 6
+    assert store.timelines("r") == []

@@ -251,6 +251,9 @@ class RetentionConfig(_Section):
     history_steps: int = Field(default=100_000, ge=1)
     # ... and drops a run whose last step is older than this, whole
     history_days: float = Field(default=30.0, gt=0.0)
+    # the ranks' step timelines (spans, for `rlmon trace`) of the newest steps of each (run,
+    # role); a step of 64 ranks with 20 spans each is ~100 kB
+    timeline_steps: int = Field(default=2_000, ge=0)
     # in memory: a (run, role) without a step for this long leaves (its alert state stays in
     # the history store and comes back with its next step)
     stream_ttl_seconds: float = Field(default=3_600.0, gt=0.0)

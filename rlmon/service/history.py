@@ -14,6 +14,9 @@ a transition is never stored without its notification.
 
 Retention (:meth:`HistoryStore.prune`) keeps the newest steps of each (run, role) and drops runs
 quiet for longer than a given age, whole; freed pages are reused, so the file stops growing.
+
+The ranks' step timelines (:mod:`rlmon.service.timeline`) are kept beside their steps, one row
+per step, for ``rlmon trace``; retention keeps fewer of them (they are larger than a step's line).
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ from typing import Any
 from rlmon.service.alerts import AlertEvent, AlertState
 from rlmon.service.sqlite_db import open_database
 from rlmon.service.step import StepRecord
+from rlmon.service.timeline import RankTimeline
 
-__all__ = ["HistoryStore", "Pruned"]
+__all__ = ["HistoryStore", "Pruned", "StepTimelines"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS steps (
@@ -54,6 +58,9 @@ CREATE TABLE IF NOT EXISTS stream_state (
     run TEXT NOT NULL, role TEXT NOT NULL, last_step INTEGER NOT NULL, PRIMARY KEY (run, role));
 CREATE TABLE IF NOT EXISTS outbound (
     id INTEGER PRIMARY KEY AUTOINCREMENT, finalized_at REAL, events TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS timelines (
+    run TEXT NOT NULL, role TEXT NOT NULL, attempt INTEGER NOT NULL, step INTEGER NOT NULL,
+    data TEXT NOT NULL, PRIMARY KEY (run, role, attempt, step));
 CREATE INDEX IF NOT EXISTS steps_run_time ON steps (run, finalized_at);
 CREATE INDEX IF NOT EXISTS alerts_stream ON alerts (run, role, attempt, step);
 """
@@ -68,6 +75,19 @@ class Pruned:
     steps: int = 0
     alerts: int = 0
     runs: tuple[str, ...] = ()
+    timelines: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimelines:
+    """The stored timelines of one step: every rank's, and how many spans or ranks were cut."""
+
+    run: str
+    role: str
+    attempt: int
+    step: int
+    ranks: tuple[RankTimeline, ...]
+    cut: int = 0
 
 
 def _stream_filter(run: str | None, role: str | None) -> tuple[str, list[str]]:
@@ -138,6 +158,15 @@ class HistoryStore:
                 ],
             )
             new = self._db.total_changes - before
+            self._db.executemany(
+                "INSERT OR IGNORE INTO timelines VALUES (?, ?, ?, ?, ?)",
+                [
+                    (r.run, r.role, r.attempt, r.step, json.dumps(
+                        {"cut": r.timelines_cut, "ranks": [t.to_json() for t in r.timelines]},
+                        allow_nan=False, separators=(",", ":")))
+                    for r in records if r.timelines or r.timelines_cut
+                ],
+            )
             self._db.executemany(
                 "INSERT OR IGNORE INTO alerts (run, role, step, alert, severity, state, metric, "
                 "value, attempt) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -254,6 +283,29 @@ class HistoryStore:
                 out.append((int(line["step"]), value))
         return out
 
+    def timelines(self, run: str, role: str | None = None, first: int = 0,
+                  last: int | None = None) -> list[StepTimelines]:
+        """The stored timelines of a run's steps ``first..last`` (of one role, or every role),
+        of each role's latest attempt, in (role, step) order."""
+        query = ("SELECT role, attempt, step, data FROM timelines t WHERE run = ? AND step >= ? "
+                 "AND attempt = (SELECT MAX(attempt) FROM timelines u WHERE u.run = t.run "
+                 "AND u.role = t.role)")
+        args: list[Any] = [run, first]
+        if last is not None:
+            query += " AND step <= ?"
+            args.append(last)
+        if role is not None:
+            query += " AND role = ?"
+            args.append(role)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY role, step", args).fetchall()
+        out = []
+        for role_, attempt, step, text in rows:
+            data = json.loads(text)
+            out.append(StepTimelines(run, role_, int(attempt), int(step), tuple(
+                RankTimeline.from_json(t) for t in data["ranks"]), int(data["cut"])))
+        return out
+
     def alerts(self, run: str | None = None) -> list[dict[str, Any]]:
         query = "SELECT run, role, step, alert, severity, state, metric, value FROM alerts"
         args: list[Any] = []
@@ -265,9 +317,12 @@ class HistoryStore:
             rows = self._db.execute(query + " ORDER BY id", args).fetchall()
         return [{"type": "alert", **dict(zip(keys, row, strict=True))} for row in rows]
 
-    def prune(self, keep_steps: int, quiet_before: float | None = None) -> Pruned:
-        """Keep the newest ``keep_steps`` steps (and their alerts) of each (run, role); drop every
-        run whose last step was finalized before ``quiet_before`` (unix seconds), whole."""
+    def prune(self, keep_steps: int, quiet_before: float | None = None,
+              keep_timelines: int | None = None) -> Pruned:
+        """Keep the newest ``keep_steps`` steps (and their alerts) of each (run, role), and the
+        timelines of its newest ``keep_timelines`` steps (default: as many); drop every run whose
+        last step was finalized before ``quiet_before`` (unix seconds), whole."""
+        keep_timelines = keep_steps if keep_timelines is None else min(keep_timelines, keep_steps)
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -276,11 +331,13 @@ class HistoryStore:
                     runs = [r for (r,) in self._db.execute(
                         "SELECT run FROM steps GROUP BY run HAVING MAX(finalized_at) < ?",
                         (quiet_before,))]
-                steps = alerts = 0
+                steps = alerts = timelines = 0
                 for run in runs:
                     steps += self._db.execute("DELETE FROM steps WHERE run = ?", (run,)).rowcount
                     alerts += self._db.execute("DELETE FROM alerts WHERE run = ?",
                                                (run,)).rowcount
+                    timelines += self._db.execute("DELETE FROM timelines WHERE run = ?",
+                                                  (run,)).rowcount
                     self._db.execute("DELETE FROM alert_state WHERE run = ?", (run,))
                     self._db.execute("DELETE FROM stream_state WHERE run = ?", (run,))
                 crowded = self._db.execute(
@@ -298,13 +355,25 @@ class HistoryStore:
                     steps += self._db.execute(f"DELETE FROM steps WHERE {older}", args).rowcount
                     alerts += self._db.execute(f"DELETE FROM alerts WHERE {older}",
                                                args).rowcount
+                crowded = self._db.execute(
+                    "SELECT run, role FROM timelines GROUP BY run, role HAVING COUNT(*) > ?",
+                    (keep_timelines,)).fetchall()
+                for run, role in crowded:
+                    attempt, step = self._db.execute(
+                        "SELECT attempt, step FROM timelines WHERE run = ? AND role = ? "
+                        "ORDER BY attempt DESC, step DESC LIMIT 1 OFFSET ?",
+                        (run, role, keep_timelines)).fetchone()
+                    timelines += self._db.execute(
+                        "DELETE FROM timelines WHERE run = ? AND role = ? AND (attempt < ? OR "
+                        "(attempt = ? AND step <= ?))", (run, role, attempt, attempt, step),
+                    ).rowcount
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
             # fold the write-ahead log into the file and cut it: the freed pages are reused
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        return Pruned(steps, alerts, tuple(runs))
+        return Pruned(steps, alerts, tuple(runs), timelines)
 
     def size_bytes(self) -> int:
         """Bytes on disk (database and write-ahead log); 0 in memory."""

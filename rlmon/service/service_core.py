@@ -272,7 +272,9 @@ class ServiceCore:
         self._next_retention = now + retention.every_seconds
         self._forget(self._tracker.expire(now))
         pruned = self.history.prune(retention.history_steps,
-                                    now - retention.history_days * 86_400.0)
+                                    now - retention.history_days * 86_400.0,
+                                    retention.timeline_steps)
+        self.removed["history_timelines"] += pruned.timelines
         self.removed["history_steps"] += pruned.steps
         self.removed["history_alerts"] += pruned.alerts
         self.removed["history_runs"] += len(pruned.runs)
