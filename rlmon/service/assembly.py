@@ -24,6 +24,7 @@ from rlmon.service.clock import Clock
 from rlmon.service.message import MessageChecks, Schema, StepMessage
 from rlmon.service.partial import MetricPool, Partial, straggler_ratio
 from rlmon.service.rank import Rank, World
+from rlmon.service.ranked import Sample
 from rlmon.service.recent import RecentMap
 from rlmon.service.report import (
     ContractError,
@@ -325,10 +326,13 @@ class StepState:
         self.seal()
         values: dict[str, float] = {}
         mismatches: list[str] = []
+        samples: dict[str, tuple[Sample, ...]] = {}
         for name, pool in self.pools.items():
             result = pool.result()
             if result.value is not None:
                 values[name] = result.value
+            if result.samples:
+                samples[name] = result.samples
             if result.replica_mismatch:
                 mismatches.append(name)
             if name == catalog.STRAGGLER_SOURCE:
@@ -358,6 +362,7 @@ class StepState:
             timelines=tuple(RankTimeline(r, t) for r, t in sorted(self.timelines.items())),
             timelines_cut=self.timelines_cut,
             straggler=find_straggler([RankTimeline(r, t) for r, t in self.timelines.items()]),
+            samples=samples,
         )
 
 

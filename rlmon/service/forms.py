@@ -14,7 +14,9 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
+from rlmon.service.ranked import Ranked
 from rlmon.service.spec import Form
 
 __all__ = [
@@ -29,7 +31,7 @@ __all__ = [
 ]
 
 # The mergeable state of one partial: a tuple of floats laid out as its form's ``keys``.
-State = tuple[float, ...]
+State = tuple[Any, ...]  # floats, except a ranked form's (k, items...) (rlmon.service.ranked)
 
 
 class Merge(StrEnum):
@@ -108,6 +110,8 @@ class FormDef:
     finite and >= 0; ``nonnegative`` slots must be >= 0 (NaN passes and propagates). ``agree``:
     the copies merged must hold the same number (a value already global on every rank).
     ``of_value`` is the state of one already-reduced value (None: the form cannot hold one).
+    ``ranked`` makes it a ranked form (:mod:`rlmon.service.ranked`): its own merge, parse and
+    checks replace the slot ones.
     """
 
     form: Form
@@ -120,10 +124,12 @@ class FormDef:
     replicated_by_default: bool = False
     of_value: Callable[[float], State] | None = None
     note: str = ""
+    ranked: Ranked | None = None
     combine: Callable[[State, State], State] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "combine", _merger(self.merge))
+        merge = self.ranked.combine if self.ranked is not None else _merger(self.merge)
+        object.__setattr__(self, "combine", merge)
 
     @property
     def size(self) -> int:
@@ -136,7 +142,7 @@ class FormDef:
     @property
     def columnar(self) -> Merge | None:
         """The block column group this form travels in (every slot merges alike), or None."""
-        if self.agree or len(set(self.merge)) != 1 or self.size > BLOCK_WIDTH:
+        if self.ranked or self.agree or len(set(self.merge)) != 1 or self.size > BLOCK_WIDTH:
             return None
         return self.merge[0]
 
@@ -144,9 +150,11 @@ class FormDef:
         """The state holding ``numbers`` given by JSON key."""
         return tuple(numbers[key] for key in self.keys)
 
-    def as_keys(self, state: State) -> dict[str, float]:
+    def as_keys(self, state: State) -> dict[str, Any]:
         """The state by JSON key (a key filling several slots takes the first)."""
-        out: dict[str, float] = {}
+        if self.ranked is not None:
+            return self.ranked.to_json(state)
+        out: dict[str, Any] = {}
         for key, number in zip(self.keys, state, strict=True):
             out.setdefault(key, number)
         return out
@@ -172,6 +180,10 @@ FORMS: dict[Form, FormDef] = {
         # One observation whose population std is the value: count 1, sum 0, sqsum v^2.
         FormDef(Form.MOMENTS, ("count", "sum", "sqsum"), (*_ADD2, Merge.ADD), _std,
                 counts=(0,), nonnegative=(2,), of_value=lambda v: (1.0, 0.0, v * v), note="std"),
+        *(FormDef(form, ("k", ranked.key), (), ranked.finalize, ranked=ranked,
+                  note=f"the k {'highest' if ranked.highest else 'lowest'}-scored items")
+          for form, ranked in ((Form.TOP, Ranked("top", highest=True)),
+                               (Form.BOTTOM, Ranked("bottom", highest=False)))),
     )
 }
 

@@ -17,6 +17,7 @@ from statistics import median
 
 from rlmon.service.forms import FORMS, State
 from rlmon.service.rank import AXES, Rank, replica_group
+from rlmon.service.ranked import Sample
 from rlmon.service.spec import Form
 
 __all__ = [
@@ -96,6 +97,7 @@ class MetricResult:
     value: float | None
     replica_mismatch: bool = False
     per_rank: tuple[float, ...] = ()
+    samples: tuple[Sample, ...] = ()  # a ranked form's items, best first
 
 
 class MetricPool:
@@ -178,7 +180,11 @@ class MetricPool:
                 by_rank[rank] = state if old is None else combine(form, old, state)
             finals = (finalize(form, by_rank[r]) for r in sorted(by_rank))
             per_rank = tuple(v for v in finals if v is not None)
-        return MetricResult(value=value, replica_mismatch=mismatch, per_rank=per_rank)
+        samples: tuple[Sample, ...] = ()
+        if FORMS[form].ranked is not None and pools:  # one pool: ranked forms take no options
+            samples = tuple(next(iter(pools.values()))[1:])
+        return MetricResult(value=value, replica_mismatch=mismatch, per_rank=per_rank,
+                            samples=samples)
 
 
 def straggler_ratio(per_rank: tuple[float, ...]) -> float | None:

@@ -23,6 +23,7 @@ import numpy as np
 from rlmon.service.forms import FORMS, STAT_KEYS, form_of_keys, forms_text
 from rlmon.service.partial import ALL_AXES, Partial
 from rlmon.service.rank import AXES, Rank, World
+from rlmon.service.ranked import RankedError
 from rlmon.service.spec import Form
 
 __all__ = [
@@ -217,6 +218,13 @@ def check_state(form: Form, state: Any, field: str, *, slot_fields: bool = True)
     An error names ``field.slot`` (``metrics.m.count``), or ``field`` with the slot in the message
     when ``slot_fields`` is false (a message's partial has no JSON keys)."""
     spec = FORMS[form]
+    if spec.ranked is not None:
+        try:
+            return spec.ranked.check(state)
+        except RankedError as exc:
+            if slot_fields and exc.slot:
+                raise ContractError(f"{field}.{exc.slot}", str(exc)) from None
+            raise ContractError(field, f"{exc.slot} {exc}".strip()) from None
     if not isinstance(state, tuple | list) or len(state) != spec.size:
         raise ContractError(field, f"a {form.value!r} state must be {spec.size} numbers, "
                             f"got {_show(state)}")
@@ -250,7 +258,8 @@ def _plain_partial(partial: Partial) -> bool:
     """Whether a partial is already exactly as :func:`check_partial` would return it."""
     form, state, replicated = partial.form, partial.state, partial.replicated
     spec = FORMS.get(form) if type(form) is Form else None
-    if spec is None or type(state) is not tuple or len(state) != spec.size:
+    if spec is None or spec.ranked is not None or type(state) is not tuple \
+            or len(state) != spec.size:
         return False
     for v in state:
         if type(v) is not float:
@@ -276,6 +285,11 @@ def check_partial(partial: Any, field: str) -> Partial:
         raise ContractError(field, f"unknown form {_show(partial.form)}")
     state = check_state(partial.form, partial.state, field, slot_fields=False)
     replicated = partial.replicated
+    if FORMS[partial.form].ranked is not None:
+        if replicated is not None or partial.minibatch_mean is not False:
+            raise ContractError(field, "a ranked form takes neither replicated nor "
+                                "minibatch_reduce")
+        return partial if state == partial.state else Partial(partial.form, state)
     if replicated is not None:
         if not isinstance(replicated, frozenset | set | list | tuple) or not all(
                 isinstance(a, str) for a in replicated) or not set(replicated) <= ALL_AXES:
@@ -327,6 +341,16 @@ def _partial(value: Any, field: str) -> Partial:
         raise ContractError(
             field, f"statistic keys {{{shown}}} are not one form ({forms_text()})")
     spec = FORMS[form]
+    if spec.ranked is not None:
+        options = sorted(set(value) & _PARTIAL_OPTIONS)
+        if options:
+            raise ContractError(f"{field}.{options[0]}", "not an option of a ranked form (its "
+                                "items are unique by id: replicas merge as one)")
+        try:
+            state = spec.ranked.parse(value, field, check_number)
+        except RankedError as exc:
+            raise ContractError(f"{field}.{exc.slot}" if exc.slot else field, str(exc)) from None
+        return Partial(form, state)
     numbers_ = {key: check_number(value[key], f"{field}.{key}") for key in stats}
     state = check_state(form, spec.state(numbers_), field)
     replicated: frozenset[str] | None

@@ -31,6 +31,8 @@ class Form(StrEnum):
     SQSUM = "sqsum"  # {"sqsum"}: sqrt(Σsqsum), an L2 norm sharded across ranks
     VALUE = "value"  # {"value"}: already global; every copy must agree
     MOMENTS = "moments"  # {"count", "sum", "sqsum"}: population standard deviation
+    TOP = "top"  # {"top", "k"}: the k items of highest score (id, payload), the worst samples
+    BOTTOM = "bottom"  # {"bottom", "k"}: the k items of lowest score
 
 
 class Unit(StrEnum):

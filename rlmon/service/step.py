@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlmon.service.rank import Rank
+from rlmon.service.ranked import Sample
 from rlmon.service.timeline import RankTimeline, Straggler
 
 __all__ = ["StepIdentity", "StepKey", "StepRecord", "json_number"]
@@ -38,7 +39,9 @@ class StepRecord:
     the (run, role): a new run under an existing name starts attempt 1, 2, ... (0 is the first).
     ``timelines`` are the ranks' step timelines (not part of the replay line; the history store
     keeps them apart), ``timelines_cut`` the spans and timelines that did not fit their bounds,
-    ``straggler`` the slowest rank and the span behind it.
+    ``straggler`` the slowest rank and the span behind it. ``samples`` holds, per ranked metric
+    (the ``top``/``bottom`` forms), its best items, best first (not part of the replay line
+    either: payloads are user text, kept by the history store within its bounds).
     """
 
     run: str
@@ -57,6 +60,7 @@ class StepRecord:
     timelines: tuple[RankTimeline, ...] = ()
     timelines_cut: int = 0
     straggler: Straggler | None = None
+    samples: Mapping[str, tuple[Sample, ...]] = field(default_factory=dict)
 
     @property
     def key(self) -> StepKey:

@@ -20,6 +20,7 @@ from typing import Any
 
 from rlmon.service.assembly import FinalizedSteps
 from rlmon.service.rank import Rank
+from rlmon.service.ranked import json_score
 from rlmon.service.sqlite_db import open_database
 from rlmon.service.step import StepRecord
 from rlmon.service.timeline import RankTimeline, find_straggler
@@ -55,7 +56,14 @@ def encode_record(record: StepRecord) -> str:
     if record.timelines or record.timelines_cut:
         line["timelines"] = [t.to_json() for t in record.timelines]
         line["timelines_cut"] = record.timelines_cut
+    if record.samples:
+        line["samples"] = {name: [[json_score(s), i, p] for s, i, p in items]
+                           for name, items in record.samples.items()}
     return json.dumps(line, allow_nan=False, separators=(",", ":"))
+
+
+def _score(value: Any) -> float:
+    return _NONFINITE[value] if isinstance(value, str) else float(value)
 
 
 def _optional_float(value: Any) -> float | None:
@@ -89,6 +97,8 @@ def decode_record(text: str | bytes) -> StepRecord:
                                       for t in obj.get("timelines", ()))),
         timelines_cut=int(obj.get("timelines_cut", 0)),
         straggler=find_straggler(timelines),
+        samples={str(name): tuple((_score(s), str(i), str(p)) for s, i, p in items)
+                 for name, items in obj.get("samples", {}).items()},
     )
 
 
