@@ -28,6 +28,7 @@ DESIGN_TABLE = {
     "RankMissing": ("critical", "*", 1),
     "ReplicaMismatch": ("critical", "*", 1),
     "MetricOutOfDomain": ("critical", "*", 1),
+    "StragglerRank": ("warning", "perf/straggler_ratio", 5),  # issue 15, beyond DESIGN.md's table
 }
 
 

@@ -40,6 +40,7 @@ class AlertEvent:
     condition: str = ""
     what_to_check: str = ""
     attempt: int = 0  # the run's attempt (restart count) the step belongs to
+    detail: str = ""  # what the step itself says (StragglerRank: the slow rank and its span)
 
     @property
     def dedup_key(self) -> str:
@@ -77,9 +78,29 @@ class _Check:
     holds: bool = False
     metric: str = ""
     value: float | None = None
+    detail: str = ""
 
 
 _NOT_APPLICABLE = _Check(False)
+_RANK_KEY_MASK = 2**53 - 1  # a rank's key kept in AlertState.history: exact in a float
+
+
+def _straggler_check(rule: Rule, record: StepRecord, state: AlertState) -> _Check:
+    """The step's slowest rank over the threshold, and the same rank as the steps before
+    (another rank starts the count over); the rank is remembered in ``state.history``."""
+    found = record.straggler
+    if found is None:
+        return _NOT_APPLICABLE  # fewer than two ranks sent a timeline
+    assert rule.threshold is not None
+    holds = found.ratio > rule.threshold
+    key = float(hash(tuple(found.rank)) & _RANK_KEY_MASK)  # ints hash alike in every process
+    if holds and state.history and state.history[-1] != key:
+        state.true_steps = 0
+    state.history.clear()
+    if holds:
+        state.history.append(key)
+    return _Check(True, holds, catalog.STRAGGLER_METRIC, found.ratio,
+                  found.describe() if holds else "")
 
 
 def _compare(op: str, value: float, threshold: float) -> bool:
@@ -115,6 +136,8 @@ def _check(rule: Rule, record: StepRecord, state: AlertState) -> _Check:
     metrics = record.metrics
     if cond is Condition.RANK_MISSING:
         return _Check(True, not record.complete, "ranks_reporting", float(record.ranks_reporting))
+    if cond is Condition.STRAGGLER_RANK:
+        return _straggler_check(rule, record, state)
     if cond is Condition.REPLICA_MISMATCH:
         names = [n for n in record.replica_mismatches if rule.metric in (ANY_METRIC, n)]
         first = names[0] if names else rule.metric
@@ -267,6 +290,7 @@ class AlertEngine:
             condition=rule.describe(),
             what_to_check=spec.what_to_check if spec is not None else "",
             attempt=record.attempt,
+            detail=check.detail,
         )
 
 

@@ -24,6 +24,7 @@ from rlmon.service.spec import (
 __all__ = [
     "CATALOG",
     "EARLY_WARNINGS",
+    "STRAGGLER_ALERT",
     "STRAGGLER_METRIC",
     "STRAGGLER_SOURCE",
     "get",
@@ -333,6 +334,12 @@ CATALOG: Mapping[str, MetricSpec] = MappingProxyType({spec.name: spec for spec i
 
 STRAGGLER_SOURCE = STEP_SECONDS
 STRAGGLER_METRIC = STRAGGLER_RATIO
+# StragglerRank (condition straggler_rank): for `for_steps` steps in a row the same rank is the
+# slowest, by more than `threshold` times the median rank's step time (from the ranks'
+# timelines); the notification names the rank and the span that made it slow.
+STRAGGLER_ALERT = AlertSpec(
+    "StragglerRank", WARN, Comparison.GT, 1.5, for_steps=5,
+    summary="The same rank is the slowest, by more than 1.5x the median rank, step after step")
 
 # Early-warning rules (severity warning): each metric against its run's own trailing baseline
 # (rlmon.service.baseline), for the failures that are slow before they are fatal. Parameters were

@@ -185,9 +185,16 @@ def render(
             "# No release label (`--release ''`): set ruleSelectorNilUsesHelmValues: false in "
             "kube-prometheus-stack, or Prometheus will not load it.")
     early = {r.name for r in rules if r.condition is Condition.BASELINE}
-    other = [name for name in skipped if name not in early]
+    straggler = [r.name for r in rules if r.condition is Condition.STRAGGLER_RANK]
+    other = [name for name in skipped if name not in early and name not in straggler]
     if other:
         head.append("# Not expressible in PromQL (evaluated by rlmon only): " + ", ".join(other))
+    if straggler:
+        head += [
+            "# Evaluated by rlmon only: " + ", ".join(straggler) + " (which rank is slowest, and",
+            "# whether it is the same rank step after step, comes from the ranks' timelines,",
+            "# which are not exported)",
+        ]
     if early:
         head += [
             "# Early-warning rules, evaluated by rlmon only (its engine and `rlmon replay`): each",

@@ -47,6 +47,7 @@ class Condition(StrEnum):
     RANK_MISSING = "rank_missing"  # the step finalized without every expected rank
     REPLICA_MISMATCH = "replica_mismatch"  # replicated copies disagree
     BASELINE = "baseline"  # a sustained departure from the run's own trailing baseline
+    STRAGGLER_RANK = "straggler_rank"  # the same rank slowest by more than `threshold`x median
 
 
 _NEEDS_METRIC = {
@@ -61,6 +62,7 @@ _CONDITION_FIELDS_USED: dict[Condition, tuple[str, ...]] = {
     Condition.STUCK: ("window",),
     Condition.TREND: ("window", "direction"),
     Condition.BASELINE: ("window", "direction", *_BASELINE_FIELDS),
+    Condition.STRAGGLER_RANK: ("threshold",),
 }
 _BASELINE_MAX_WINDOW = 1_000  # the detector sorts its window every step
 ANY_METRIC = "*"
@@ -116,6 +118,8 @@ class Rule(BaseModel):
                 raise ValueError(f"'low' ({self.low}) is above 'high' ({self.high})")
         if cond in (Condition.STUCK, Condition.TREND) and self.window is None:
             raise ValueError(f"condition {cond.value!r} needs 'window' (>= 2 steps)")
+        if cond is Condition.STRAGGLER_RANK and (self.threshold is None or self.threshold < 1):
+            raise ValueError("condition 'straggler_rank' needs 'threshold' (a factor >= 1)")
         if cond is Condition.TREND and self.direction is None:
             raise ValueError("condition 'trend' needs 'direction' (up or down)")
         if cond is Condition.BASELINE:
@@ -173,6 +177,8 @@ class Rule(BaseModel):
             text = "a value outside its physical domain"
         elif c is Condition.RANK_MISSING:
             text = "a step finalized without every expected rank"
+        elif c is Condition.STRAGGLER_RANK:
+            text = f"the same rank slowest, over {self.threshold:g}x the median rank's step time"
         else:
             text = "replicated copies disagree"
         return text + (f" for {self.for_steps} steps" if self.for_steps > 1 else "")
@@ -223,6 +229,14 @@ def _rule_from_baseline(spec: BaselineSpec) -> Rule:
     return Rule.model_validate(fields)
 
 
+def _straggler_rule(spec: AlertSpec) -> Rule:
+    return Rule.model_validate({
+        "name": spec.name, "severity": spec.severity, "condition": Condition.STRAGGLER_RANK,
+        "metric": catalog.STRAGGLER_METRIC, "threshold": spec.threshold, "for": spec.for_steps,
+        "summary": spec.summary,
+    })
+
+
 def default_rules() -> list[Rule]:
     """The fixed-threshold pack followed by the early-warning rules."""
     return fixed_rules() + early_warning_rules()
@@ -247,6 +261,7 @@ def fixed_rules() -> list[Rule]:
              condition=Condition.REPLICA_MISMATCH, summary="Replicated copies disagree"),
         Rule(name="MetricOutOfDomain", severity=Severity.CRITICAL,
              condition=Condition.OUT_OF_DOMAIN, summary="A value outside its physical domain"),
+        _straggler_rule(catalog.STRAGGLER_ALERT),
     ]
     return rules
 

@@ -218,9 +218,12 @@ def check_rank_timeline(value: Any, field: str = "timeline") -> RankTimeline:
 class Straggler:
     """The slowest rank of a step, and the span that made it slow.
 
-    ``ratio`` is its step time over the median rank's; ``span`` the span (by name, its
-    occurrences in the step added up) whose time on this rank exceeds the median rank's time in
-    the same span by the most (``span_excess`` seconds), '' when no span explains it.
+    A rank's time is its *busy* time, the seconds in its outermost spans (its whole step when it
+    recorded none): in synchronous training every rank's step lasts as long as the slowest one's,
+    the others wait for it in a collective, outside their spans. ``ratio`` is the rank's busy time
+    over the median rank's; ``span`` the span (by name, its occurrences in the step added up)
+    whose time on this rank exceeds the median rank's time in the same span by the most
+    (``span_excess`` seconds), '' when no span explains it.
     """
 
     rank: Rank
@@ -232,8 +235,8 @@ class Straggler:
 
     def describe(self) -> str:
         where = " ".join(f"{axis}={n}" for axis, n in self.rank.as_dict().items())
-        text = (f"rank {where} is the slowest: {self.seconds:.3g} s, {self.ratio:.3g}x the "
-                f"median rank's {self.median_seconds:.3g} s")
+        text = (f"rank {where} is the slowest: busy {self.seconds:.3g} s, {self.ratio:.3g}x "
+                f"the median rank's {self.median_seconds:.3g} s")
         if self.span:
             text += f"; span {self.span!r} took {self.span_excess:.3g} s longer than the median"
         return text
@@ -248,16 +251,22 @@ def _span_totals(timeline: Timeline) -> dict[str, tuple[float, int]]:
     return totals
 
 
+def _busy(timeline: Timeline) -> float:
+    """Seconds in the outermost spans; the whole step for a rank that recorded none."""
+    outer = [span.seconds for span in timeline.spans if span.depth == 0]
+    return sum(outer) if outer else timeline.seconds
+
+
 def find_straggler(timelines: Sequence[RankTimeline]) -> Straggler | None:
-    """The slowest rank of a step and the span behind it; None with fewer than two ranks or
-    a zero median step time.
+    """The slowest rank of a step (by busy time, see :class:`Straggler`) and the span behind it;
+    None with fewer than two ranks or a zero median.
 
     Among spans whose excess is within 5 % of the largest, the deepest is named: an enclosing
     span (``train``) is as slow as the nested one (``backward``) that made it so.
     """
     if len(timelines) < 2:
         return None
-    durations = [t.timeline.seconds for t in timelines]
+    durations = [_busy(t.timeline) for t in timelines]
     mid = median(durations)
     if not mid > 0:
         return None

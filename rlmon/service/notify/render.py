@@ -33,7 +33,8 @@ def summary_line(event: AlertEvent) -> str:
     where = f"{event.run}/{event.role} step {event.step}"
     metric = f": {event.metric} = {format_value(event.value)}" if event.metric else ""
     cond = f" ({event.condition})" if event.condition else ""
-    return f"[{state}] {event.alert} on {where}{metric}{cond}"
+    detail = f": {event.detail}" if event.detail else ""
+    return f"[{state}] {event.alert} on {where}{metric}{cond}{detail}"
 
 
 def _mrkdwn(text: str) -> str:
@@ -68,6 +69,8 @@ def slack_body(events: Sequence[AlertEvent], dashboard: str | None, username: st
                 f"`{_mrkdwn(event.metric)}` = *{format_value(event.value)}*"
                 + (f" (alert when {_mrkdwn(event.condition)})" if event.condition else "")
             )
+        if event.detail:
+            lines.append(_mrkdwn(event.detail))
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)}})
         if event.what_to_check and event.state == "firing":
             blocks.append({
@@ -99,6 +102,8 @@ def pagerduty_body(
     }
     if event.what_to_check:
         details["what_to_check"] = event.what_to_check
+    if event.detail:
+        details["detail"] = event.detail
     body: dict[str, Any] = {
         "event_action": "trigger",
         "dedup_key": event.dedup_key,
@@ -125,7 +130,7 @@ def webhook_body(events: Sequence[AlertEvent], dashboard: str | None) -> dict[st
         line = event.to_json()
         line.update(summary=event.summary, condition=event.condition,
                     what_to_check=event.what_to_check, dedup_key=event.dedup_key,
-                    text=summary_line(event))
+                    detail=event.detail, text=summary_line(event))
         alerts.append(line)
     body: dict[str, Any] = {
         "version": 1, "source": "rlmon", "run": first.run, "role": first.role,
