@@ -12,12 +12,14 @@ __all__ = ["main"]
 # Each module defines register(subparsers) and sets a `func(args) -> int` default on its parser.
 COMMAND_MODULES: tuple[str, ...] = (
     "rlmon.commands.replay",
+    "rlmon.commands.alerts",
     "rlmon.commands.catalog",
     "rlmon.commands.rules",
     "rlmon.commands.generate",
     "rlmon.commands.demo",
     "rlmon.commands.dashboards",
     "rlmon.commands.serve",
+    "rlmon.commands.trace",
 )
 
 

@@ -1,0 +1,71 @@
+"""``rlmon trace RUN -o FILE``: a run's step timelines as a Perfetto trace (ui.perfetto.dev)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["parse_steps", "register"]
+
+
+def parse_steps(text: str) -> tuple[int, int | None]:
+    """``A:B`` (both included), ``A:`` (from A on), ``:B`` or ``N`` (one step)."""
+    first, sep, last = text.partition(":")
+    try:
+        if not sep:
+            return int(first), int(first)
+        return (int(first) if first else 0), (int(last) if last else None)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"steps: give A:B, A:, :B or N, got {text!r}") from None
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("trace", help="write a run's step timelines as a Perfetto trace")
+    p.add_argument("run", help="the run id")
+    p.add_argument("--role", default=None, help="only this role (default: every role)")
+    p.add_argument("--steps", type=parse_steps, default=(0, None), metavar="A:B",
+                   help="the steps to draw, A to B included (A:, :B and N work too)")
+    p.add_argument("--state-dir", default=None,
+                   help="the service's state directory (default: the embedded service's, "
+                   "$XDG_STATE_HOME/rlmon/<namespace>)")
+    p.add_argument("--namespace", default="rlmon", help="namespace of the embedded service")
+    p.add_argument("-o", "--output", required=True, help="the trace file to write (.pftrace)")
+    p.set_defaults(func=run_trace)
+
+
+def run_trace(args: argparse.Namespace) -> int:
+    from rlmon.service.history import HistoryStore
+    from rlmon.service.perfetto_trace import TraceInput, build_trace
+
+    if args.state_dir is not None:
+        state = Path(args.state_dir)
+    else:
+        from rlmon.actors.runtime import default_state_dir
+
+        state = Path(default_state_dir(args.namespace))
+    db = state / "history.sqlite"
+    if not db.exists():
+        print(f"rlmon trace: no history store at {db}", file=sys.stderr)
+        return 2
+    store = HistoryStore(db)
+    try:
+        first, last = args.steps
+        timelines = store.timelines(args.run, args.role, first, last)
+        if not timelines:
+            print(f"rlmon trace: no timelines of run {args.run!r}"
+                  + (f" role {args.role!r}" if args.role else "")
+                  + f" in steps {first}:{'' if last is None else last}", file=sys.stderr)
+            return 1
+        data = TraceInput(timelines, store.alerts(args.run), store.steps(args.run, args.role))
+    finally:
+        store.close()
+    trace = build_trace(data)
+    tmp = f"{args.output}.tmp"
+    Path(tmp).write_bytes(trace)
+    os.replace(tmp, args.output)
+    ranks = {(t.role, r.rank) for t in timelines for r in t.ranks}
+    print(f"wrote {args.output}: {len(timelines)} step(s), {len(ranks)} rank(s), "
+          f"{len(trace)} bytes; open it at https://ui.perfetto.dev (Open trace file)")
+    return 0
