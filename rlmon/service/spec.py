@@ -109,7 +109,8 @@ class MetricSpec:
     """One canonical metric, declared once.
 
     ``forms`` lists the statistic forms a rank may use: most metrics have exactly one; a gradient
-    norm may arrive already global (``value``) or as shards of an L2 norm (``sqsum``).
+    norm may arrive already global (``value``) or as shards of an L2 norm (``sqsum``). A ranked
+    metric (``top``/``bottom``) carries sample items; its value is the best item's score.
     """
 
     name: str
@@ -122,6 +123,9 @@ class MetricSpec:
     alerts: tuple[AlertSpec, ...] = ()
     panel: PanelHint = field(default_factory=PanelHint)
     per_rank_spread: bool = False  # keep per-rank values so a straggler ratio can be derived
+    # The ranked metric (a top/bottom form) whose items explain this metric's alerts: its worst
+    # samples ride along in the alert's notifications and `rlmon samples --alert` prints them.
+    samples: str = ""
 
     @property
     def role(self) -> str:
