@@ -39,6 +39,9 @@ class AlertEvent:
     summary: str = ""
     condition: str = ""
     what_to_check: str = ""
+    # set by the service when this firing asked the run to stop: the rule and the run glob that
+    # allowed it (rlmon.service.stop)
+    stop: str = ""
     attempt: int = 0  # the run's attempt (restart count) the step belongs to
     detail: str = ""  # what the step itself says (StragglerRank: the slow rank and its span)
 

@@ -35,6 +35,8 @@ __all__ = [
     "Settings",
     "Silence",
     "SlackConfig",
+    "StopConfig",
+    "StopRuns",
     "WebhookConfig",
     "load_config",
 ]
@@ -262,6 +264,29 @@ class RetentionConfig(_Section):
     every_seconds: float = Field(default=60.0, gt=0.0)  # how often retention runs
 
 
+class StopRuns(_Section):
+    """Runs matching the glob ``run`` may be stopped by the rules named in ``rules`` (globs;
+    ``"*"``: every rule that carries the stop action)."""
+
+    run: str = Field(min_length=1)
+    rules: list[str] = Field(min_length=1)
+
+
+class StopConfig(_Section):
+    """Which runs rules with the stop action may stop (none unless listed here): the rule must
+    carry ``actions: [stop]`` and a glob here must name the run and the rule."""
+
+    runs: list[StopRuns] = Field(default_factory=list)
+
+    def allowed_by(self, run: str, rule: str) -> str | None:
+        """The first run glob that lets ``rule`` stop ``run``, or None."""
+        for entry in self.runs:
+            if fnmatch.fnmatchcase(run, entry.run) and any(
+                    fnmatch.fnmatchcase(rule, name) for name in entry.rules):
+                return entry.run
+        return None
+
+
 class PrometheusRulesConfig(_Section):
     step_period_seconds: float = Field(default=60.0, gt=0.0)  # a trainer step, roughly
     evaluation_interval: str = Field(default="30s", pattern=r"^[0-9]+(ms|s|m|h)$")
@@ -284,6 +309,7 @@ class Settings(BaseSettings):
     exporter: ExporterConfig = Field(default_factory=ExporterConfig)
     prometheus_rules: PrometheusRulesConfig = Field(default_factory=PrometheusRulesConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    stop: StopConfig = Field(default_factory=StopConfig)
 
     @classmethod
     def settings_customise_sources(

@@ -140,6 +140,7 @@ class MetricsState:
         self.ingest: Callable[[], IngestCounters] | IngestCounters = IngestCounters()
         self.dispatch: Callable[[], Any] | None = None  # -> notify.DispatchStats
         self.sanity: Callable[[], Mapping[str, int]] | None = None  # findings by kind
+        self.stops: Callable[[], Mapping[str, int]] | None = None  # stop requests by alert
         # (component, kind) -> count of state removed by expiry and retention
         self.removed: Callable[[], Mapping[tuple[str, str], int]] | None = None
         self.last_scrape_seconds = 0.0
@@ -347,6 +348,10 @@ class RlmonCollector(Collector):
                 pending.add_metric([dest], float(n))
         yield outcomes
         yield pending
+        stops = series.STOP_REQUESTS.family()
+        for alert, n in sorted((state.stops() if state.stops is not None else {}).items()):
+            stops.add_metric([alert], float(n))
+        yield stops
         findings = series.SANITY_FINDINGS.family()
         for kind, n in sorted((state.sanity() if state.sanity is not None else {}).items()):
             findings.add_metric([kind], float(n))

@@ -34,6 +34,7 @@ from typing import Any
 from rlmon.service.alerts import AlertEvent, AlertState
 from rlmon.service.sqlite_db import open_database
 from rlmon.service.step import StepRecord
+from rlmon.service.stop import StopDecision
 from rlmon.service.timeline import RankTimeline
 
 __all__ = ["HistoryStore", "Pruned", "StepTimelines"]
@@ -61,6 +62,8 @@ CREATE TABLE IF NOT EXISTS outbound (
 CREATE TABLE IF NOT EXISTS timelines (
     run TEXT NOT NULL, role TEXT NOT NULL, attempt INTEGER NOT NULL, step INTEGER NOT NULL,
     data TEXT NOT NULL, PRIMARY KEY (run, role, attempt, step));
+CREATE TABLE IF NOT EXISTS stops (
+    run TEXT NOT NULL PRIMARY KEY, decision TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS steps_run_time ON steps (run, finalized_at);
 CREATE INDEX IF NOT EXISTS alerts_stream ON alerts (run, role, attempt, step);
 """
@@ -143,9 +146,11 @@ class HistoryStore:
         *, states: Mapping[tuple[str, str, str], AlertState] | None = None,
         last_steps: Mapping[tuple[str, str], int] | None = None,
         outbound: Sequence[Outbound] = (),
+        stops: Sequence[StopDecision] = (),
     ) -> int:
-        """Store steps, alert events, the engine state after them and the notifications they owe
-        (``outbound``), in one transaction; returns how many steps were new (not redeliveries)."""
+        """Store steps, alert events, the engine state after them, the notifications they owe
+        (``outbound``) and the stop decisions they took or renewed, in one transaction; returns
+        how many steps were new (not redeliveries)."""
         with self._lock:
             self._db.execute("BEGIN")
             before = self._db.total_changes
@@ -194,6 +199,10 @@ class HistoryStore:
             self._db.executemany(
                 "INSERT INTO outbound (finalized_at, events) VALUES (?, ?)",
                 [(at, json.dumps([asdict(e) for e in batch])) for at, batch in outbound if batch],
+            )
+            self._db.executemany(
+                "INSERT OR REPLACE INTO stops VALUES (?, ?)",
+                [(d.run, json.dumps(d.to_json(), allow_nan=False)) for d in stops],
             )
             self._db.execute("COMMIT")
         return new
@@ -317,6 +326,48 @@ class HistoryStore:
             rows = self._db.execute(query + " ORDER BY id", args).fetchall()
         return [{"type": "alert", **dict(zip(keys, row, strict=True))} for row in rows]
 
+    def stops(self, run: str | None = None, limit: int | None = None) -> list[StopDecision]:
+        """The stop decisions (of every run, or of one), the most recently taken first."""
+        where, args = _stream_filter(run, None)
+        query = "SELECT decision FROM stops" + where
+        with self._lock:
+            rows = self._db.execute(query, args).fetchall()
+        found = sorted((StopDecision.from_json(json.loads(text)) for (text,) in rows),
+                       key=lambda d: d.at, reverse=True)
+        return found[:limit] if limit is not None else found
+
+    def firing_alerts(self, run: str | None = None) -> list[dict[str, Any]]:
+        """The alerts firing now, each with the transition that made it fire (step, value, the
+        step's finalization time), in (run, role, alert) order."""
+        where = " AND s.run = ?" if run is not None else ""
+        query = (
+            "SELECT s.run, s.role, s.alert, s.since_step, a.severity, a.metric, a.value, "
+            "a.attempt, t.finalized_at FROM alert_state s "
+            "LEFT JOIN alerts a ON a.id = (SELECT MAX(id) FROM alerts b WHERE b.run = s.run "
+            "AND b.role = s.role AND b.alert = s.alert AND b.state = 'firing') "
+            "LEFT JOIN steps t ON t.run = a.run AND t.role = a.role AND t.attempt = a.attempt "
+            "AND t.step = a.step WHERE s.firing = 1" + where + " ORDER BY s.run, s.role, s.alert")
+        with self._lock:
+            rows = self._db.execute(query, [run] if run is not None else []).fetchall()
+        keys = ("run", "role", "alert", "step", "severity", "metric", "value", "attempt", "time")
+        return [{"type": "alert", **dict(zip(keys, row, strict=True)), "state": "firing"}
+                for row in rows]
+
+    def recent_alerts(self, run: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+        """The latest ``limit`` alert transitions (firing and resolved), newest first, each with
+        its step's finalization time."""
+        where = " WHERE a.run = ?" if run is not None else ""
+        query = (
+            "SELECT a.run, a.role, a.step, a.alert, a.severity, a.state, a.metric, a.value, "
+            "a.attempt, t.finalized_at FROM alerts a LEFT JOIN steps t ON t.run = a.run AND "
+            "t.role = a.role AND t.attempt = a.attempt AND t.step = a.step" + where
+            + " ORDER BY a.id DESC LIMIT ?")
+        with self._lock:
+            rows = self._db.execute(query, [*([run] if run is not None else []), limit]).fetchall()
+        keys = ("run", "role", "step", "alert", "severity", "state", "metric", "value",
+                "attempt", "time")
+        return [{"type": "alert", **dict(zip(keys, row, strict=True))} for row in rows]
+
     def prune(self, keep_steps: int, quiet_before: float | None = None,
               keep_timelines: int | None = None) -> Pruned:
         """Keep the newest ``keep_steps`` steps (and their alerts) of each (run, role), and the
@@ -340,6 +391,7 @@ class HistoryStore:
                                                   (run,)).rowcount
                     self._db.execute("DELETE FROM alert_state WHERE run = ?", (run,))
                     self._db.execute("DELETE FROM stream_state WHERE run = ?", (run,))
+                    self._db.execute("DELETE FROM stops WHERE run = ?", (run,))
                 crowded = self._db.execute(
                     "SELECT run, role FROM steps GROUP BY run, role HAVING COUNT(*) > ?",
                     (keep_steps,)).fetchall()

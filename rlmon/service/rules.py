@@ -95,6 +95,8 @@ class Rule(BaseModel):
     resolve_after: int | None = Field(default=None, ge=1, le=100_000)
     roles: tuple[str, ...] | None = None
     summary: str = ""
+    # besides notifying: "stop" asks the run to stop, where the config's stop.runs allows it
+    actions: tuple[Literal["stop"], ...] = ()
 
     @model_validator(mode="after")
     def _fields_for_condition(self) -> Rule:
@@ -192,6 +194,8 @@ class RuleFile(BaseModel):
     include_defaults: bool = True
     early_warning: bool = True  # with the defaults: also the early-warning (baseline) rules
     disable: list[str] = Field(default_factory=list)
+    # actions added to rules by name (a default rule's included), e.g. {NonFiniteMetric: [stop]}
+    actions: dict[str, list[Literal["stop"]]] = Field(default_factory=dict)
     rules: list[dict[str, Any]] = Field(default_factory=list)
 
 
@@ -313,8 +317,13 @@ def parse_rules(text: str, source: str = "rules") -> list[Rule]:
     for name in spec.disable:
         if name not in known:
             raise RuleError(f"{source}: disable: no rule named {name!r}")
+    for name in spec.actions:
+        if name not in known:
+            raise RuleError(f"{source}: actions: no rule named {name!r}")
     overridden = set(names)
     merged = [r for r in base if r.name not in overridden] + user
+    merged = [r.model_copy(update={"actions": tuple(dict.fromkeys(
+        (*r.actions, *spec.actions[r.name])))}) if r.name in spec.actions else r for r in merged]
     return [r for r in merged if r.name not in set(spec.disable)]
 
 

@@ -42,6 +42,7 @@ __all__ = [
     "STEP",
     "STEPS_REDELIVERED",
     "STEP_COMPLETE",
+    "STOP_REQUESTS",
     "STREAMS_EXPIRED",
     "STREAM_STATE",
     "Series",
@@ -129,6 +130,9 @@ NOTIFICATIONS = Series("rlmon_notifications_total", "counter",
                        "failed).", ("destination", "outcome"))
 OUTBOX_PENDING = Series("rlmon_outbox_pending", "gauge",
                         "Notifications waiting in the outbox, by `destination`.", ("destination",))
+STOP_REQUESTS = Series("rlmon_stop_requests_total", "counter",
+                       "Runs asked to stop by a rule with the stop action that the config lets "
+                       "stop them, by `alert`.", ("alert",))
 SANITY_FINDINGS = Series("rlmon_sanity_findings_total", "counter",
                          "Sanity-layer findings by `kind` (loss stuck at ln 2 / ln 3, known "
                          "DeepSpeed NaN grad-norm bug, collapsing loss scale).", ("kind",))
@@ -146,8 +150,8 @@ SCRAPE_SECONDS = Series("rlmon_exporter_scrape_duration_seconds", "gauge",
                         "Time the previous scrape took to build.")
 SELF_MONITORING = (PARTIALS_INGESTED, PARTIALS_REJECTED, PARTIALS_LATE, PARTIALS_DROPPED,
                    PARTIALS_RESENT, RUN_RESTARTS, STEPS_REDELIVERED, NOTIFICATIONS, OUTBOX_PENDING,
-                   SANITY_FINDINGS, STATE_REMOVED, SERIES, SERIES_BUDGET, SERIES_REFUSED, STREAMS_EXPIRED,
-                   SCRAPE_SECONDS)
+                   STOP_REQUESTS, SANITY_FINDINGS, STATE_REMOVED, SERIES, SERIES_BUDGET,
+                   SERIES_REFUSED, STREAMS_EXPIRED, SCRAPE_SECONDS)
 
 # client_python's process collector, registered beside rlmon's collector by the metrics server.
 PROCESS_RSS = Series("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.")

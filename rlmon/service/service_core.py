@@ -21,7 +21,8 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +34,19 @@ from rlmon.service.exporter import IngestCounters, MetricsState, RunInfo
 from rlmon.service.history import HistoryStore
 from rlmon.service.metrics_http import MetricsServer, serve_metrics
 from rlmon.service.notify.factory import build_dispatcher, open_outbox, outbox_path
+from rlmon.service.notify.render import summary_line
 from rlmon.service.redact import install_redaction
 from rlmon.service.rules import Rule, default_rules, load_rules
 from rlmon.service.sanity import Finding, SanityChecker, relay_warnings
 from rlmon.service.step import StepRecord
+from rlmon.service.stop import STOP, StopDecision
 from rlmon.service.stream_tracker import Expired, Stream, StreamTracker
 
 __all__ = ["ServiceCore"]
 
 log = logging.getLogger("rlmon.sanity")
 _log = logging.getLogger("rlmon.service")
+_MAX_STOPS = 1_000  # stop decisions kept in memory (the newest; all are in the history store)
 
 
 def _run_info(info: RunInfo | Mapping[str, Any]) -> RunInfo:
@@ -116,6 +120,19 @@ class ServiceCore:
         self.metrics.removed = self._removed_counts
         self.events: deque[AlertEvent] = deque(maxlen=10_000)
         self.redeliveries = 0
+        # The stop switch (rlmon.service.stop): the rules that carry the stop action, the
+        # decisions taken (restored from the history store) and how many, by alert.
+        self._stoppers = {r.name for r in self.engine.rules if STOP in r.actions}
+        self.stops: dict[str, StopDecision] = {
+            d.run: d for d in reversed(self.history.stops(limit=_MAX_STOPS))}
+        self.stop_counts: Counter[str] = Counter()
+        self.metrics.stops = lambda: dict(self.stop_counts)
+        if self._stoppers and not self.settings.stop.runs:
+            _log.warning("rlmon: rules %s carry the stop action, but the config's stop.runs lets "
+                         "them stop no run", ", ".join(sorted(self._stoppers)))
+        elif self.settings.stop.runs and not self._stoppers:
+            _log.warning("rlmon: the config's stop.runs is set, but no rule carries the stop "
+                         "action (actions: [stop] in the rule file)")
         self._lock = threading.Lock()
         now = self._clock()
         for stream in sorted(set(self.engine.last_step) | {k[:2] for k in self.engine.states}):
@@ -201,10 +218,11 @@ class ServiceCore:
                     continue
                 fresh.append(record)
             streams: set[tuple[str, str]] = set()
+            decided: dict[str, StopDecision] = {}
             now = self._clock()
             for record in fresh:
                 self._remember((record.run, record.role), now)
-                mine = self.engine.evaluate(record)
+                mine = self._decide_stops(record, self.engine.evaluate(record), now, decided)
                 streams.add((record.run, record.role))
                 self.metrics.update(record, self._restored(record) + mine)
                 events.extend(mine)
@@ -215,7 +233,7 @@ class ServiceCore:
             self.history.add(fresh, events, states=self._states_of(streams),
                              last_steps={k: self.engine.last_step[k] for k in streams
                                          if k in self.engine.last_step},
-                             outbound=batches)
+                             outbound=batches, stops=list(decided.values()))
             self.events.extend(events)
             if now >= self._next_retention:
                 self._retain(now)
@@ -223,6 +241,57 @@ class ServiceCore:
         if batches:
             self._hand_over()
         return events
+
+    def receive(
+        self, records: Sequence[StepRecord], shard: int = 0,
+        stats: Mapping[str, Any] | None = None,
+    ) -> dict[str, StopDecision]:
+        """What an aggregator calls: :meth:`publish`, answered with the stop decisions of the
+        published records' runs (the aggregator passes them on to the runs' Reporters)."""
+        self.publish(records, shard, stats)
+        return self.stops_for({r.run for r in records})
+
+    def stops_for(self, runs: Iterable[str]) -> dict[str, StopDecision]:
+        """The stop decisions of ``runs`` that the service took (run -> decision)."""
+        with self._lock:
+            return {run: self.stops[run] for run in runs if run in self.stops}
+
+    def _decide_stops(self, record: StepRecord, events: list[AlertEvent], now: float,
+                      decided: dict[str, StopDecision]) -> list[AlertEvent]:
+        """Ask the run to stop when a rule with the stop action fires for a run the config lets
+        it stop (the firing's notification says so), and renew the decision while that alert
+        still holds; returns ``events`` with the stop marked."""
+        if not self._stoppers:
+            return events
+        run = record.run
+        out = []
+        for event in events:
+            glob = (self.settings.stop.allowed_by(run, event.alert)
+                    if event.state == "firing" and event.alert in self._stoppers else None)
+            if glob is not None:
+                reason = summary_line(event)
+                event = replace(event, stop=(
+                    f"rlmon asked run {run} to stop: rule {event.alert} has the stop action and "
+                    f"stop.runs {glob!r} lets it stop this run"))
+                decided[run] = self._stop(StopDecision(
+                    run, record.role, record.step, event.alert, reason, glob, now))
+                self.stop_counts[event.alert] += 1
+                _log.warning("rlmon: %s", event.stop)
+            out.append(event)
+        known = self.stops.get(run)
+        if known is not None and known.at < now and known.alert in self._stoppers:
+            state = self.engine.states.get((run, record.role, known.alert))
+            if state is not None and state.firing and not state.false_steps:
+                decided[run] = self._stop(replace(known, role=record.role, step=record.step,
+                                                  at=now))
+        return out
+
+    def _stop(self, decision: StopDecision) -> StopDecision:
+        self.stops.pop(decision.run, None)  # insertion order is the order of decisions
+        self.stops[decision.run] = decision
+        while len(self.stops) > _MAX_STOPS:
+            del self.stops[next(iter(self.stops))]
+        return decision
 
     def _hand_over(self) -> None:
         """Move the notifications the history store owes into the outbox, then wake delivery.

@@ -58,6 +58,8 @@ class ConsoleNotifier:
             check = alert.get("what_to_check")
             if check and alert.get("state") == "firing":
                 line += f"\n    what to check: {check}"
+            if alert.get("stop"):
+                line += f"\n    {alert['stop']}"
             out.write(line + "\n")
         if body.get("dashboard"):
             out.write(f"    dashboard: {body['dashboard']}\n")

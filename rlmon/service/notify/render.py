@@ -34,7 +34,8 @@ def summary_line(event: AlertEvent) -> str:
     metric = f": {event.metric} = {format_value(event.value)}" if event.metric else ""
     cond = f" ({event.condition})" if event.condition else ""
     detail = f": {event.detail}" if event.detail else ""
-    return f"[{state}] {event.alert} on {where}{metric}{cond}{detail}"
+    stop = " [the run was asked to stop]" if event.stop else ""
+    return f"[{state}] {event.alert} on {where}{metric}{cond}{detail}{stop}"
 
 
 def _mrkdwn(text: str) -> str:
@@ -71,6 +72,8 @@ def slack_body(events: Sequence[AlertEvent], dashboard: str | None, username: st
             )
         if event.detail:
             lines.append(_mrkdwn(event.detail))
+        if event.stop:
+            lines.append(f":octagonal_sign: *{_mrkdwn(event.stop)}*")
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)}})
         if event.what_to_check and event.state == "firing":
             blocks.append({
@@ -104,6 +107,8 @@ def pagerduty_body(
         details["what_to_check"] = event.what_to_check
     if event.detail:
         details["detail"] = event.detail
+    if event.stop:
+        details["stop"] = event.stop
     body: dict[str, Any] = {
         "event_action": "trigger",
         "dedup_key": event.dedup_key,
@@ -130,7 +135,7 @@ def webhook_body(events: Sequence[AlertEvent], dashboard: str | None) -> dict[st
         line = event.to_json()
         line.update(summary=event.summary, condition=event.condition,
                     what_to_check=event.what_to_check, dedup_key=event.dedup_key,
-                    detail=event.detail, text=summary_line(event))
+                    detail=event.detail, stop=event.stop, text=summary_line(event))
         alerts.append(line)
     body: dict[str, Any] = {
         "version": 1, "source": "rlmon", "run": first.run, "role": first.role,

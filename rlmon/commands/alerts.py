@@ -1,0 +1,96 @@
+"""``rlmon alerts``: the alerts firing now, the recent transitions and the runs asked to stop,
+from the service's history store (a table for people, ``--json`` for scripts and agents)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("alerts", help="list the firing and recent alerts of the history store")
+    p.add_argument("--run", default=None, help="only this run")
+    p.add_argument("--firing", action="store_true", help="only the alerts firing now")
+    p.add_argument("--limit", type=int, default=20,
+                   help="how many recent transitions (firing and resolved) to list (default 20)")
+    p.add_argument("--json", action="store_true",
+                   help='one JSON object: {"firing": [...], "recent": [...], "stops": [...]}')
+    p.add_argument("--state-dir", default=None,
+                   help="the service's state directory (default: $RLMON_STATE_DIR, else the "
+                   "embedded service's, $XDG_STATE_HOME/rlmon/<namespace>)")
+    p.add_argument("--namespace", default="rlmon", help="namespace of the embedded service")
+    p.set_defaults(func=run_alerts)
+
+
+def run_alerts(args: argparse.Namespace) -> int:
+    from rlmon.actors.runtime import RuntimeOptions  # imports no Ray
+    from rlmon.service.history import HistoryStore
+
+    state = Path(RuntimeOptions(state_dir=args.state_dir).resolved_state_dir(args.namespace))
+    db = state / "history.sqlite"
+    if not db.exists():
+        print(f"rlmon alerts: no history store at {db}", file=sys.stderr)
+        return 2
+    store = HistoryStore(db)
+    try:
+        found: dict[str, list[dict[str, Any]]] = {"firing": store.firing_alerts(args.run)}
+        if not args.firing:
+            found["recent"] = store.recent_alerts(args.run, max(args.limit, 0))
+        found["stops"] = [d.to_json() for d in store.stops(args.run)]
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps(found, allow_nan=False))
+    else:
+        _print_tables(found)
+    return 0
+
+
+def _when(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _value(value: float | None) -> str:
+    # the store keeps NaN and Inf as null (the alert's metric was not finite)
+    return "n/a" if value is None or not math.isfinite(value) else f"{value:.4g}"
+
+
+def _print_tables(found: dict[str, list[dict[str, Any]]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    titles = {"firing": "firing now", "recent": "recent transitions, newest first"}
+    for key, title in titles.items():
+        if key not in found:
+            continue
+        rows = found[key]
+        if not rows:
+            console.print(f"no {'alert firing' if key == 'firing' else 'alert transitions'}")
+            continue
+        table = Table(title=title)
+        for col in ("state", "alert", "severity", "run", "role", "step", "metric", "value",
+                    "time (UTC)"):
+            table.add_column(col)
+        for a in rows:
+            table.add_row(a["state"], a["alert"], a["severity"] or "-", a["run"], a["role"],
+                          str(a["step"]), a["metric"] or "-", _value(a["value"]),
+                          _when(a["time"]))
+        console.print(table)
+    if found["stops"]:
+        table = Table(title="runs asked to stop")
+        for col in ("run", "alert", "role", "step", "allowed by", "time (UTC)", "why"):
+            table.add_column(col)
+        for d in found["stops"]:
+            table.add_row(d["run"], d["alert"], d["role"], str(d["step"]), d["allowed_by"],
+                          _when(d["at"]), d["reason"])
+        console.print(table)
