@@ -174,7 +174,12 @@ class HeldTensors:
         self.held_elements = 0
 
     def __bool__(self) -> bool:
-        return bool(self._groups or self._stats)
+        return bool(self._groups or self._stats or self._vectors)
+
+    def attach(self, device: Any, piece: Any) -> int:
+        """Put a 1-d float64 tensor computed elsewhere (sample capture) into this step's copy of
+        its device; returns where it starts in that device's vector after the transfer."""
+        return self._vector(device).add(piece, int(piece.shape[0]))
 
     def add(self, name: str, form: Form, values: Any, mask: Any, reduce: str,
             replicated: Any, minibatch_reduce: str | None, minibatch: int) -> None:
@@ -362,7 +367,7 @@ class HeldTensors:
         """
         stats, self._stats = self._stats, []
         vectors, self._vectors = self._vectors, {}
-        if not stats:
+        if not stats and not vectors:
             return None
         import torch
 
@@ -395,14 +400,22 @@ class StepTensors:
     def transfers(self) -> int:
         return len(self.hosts)
 
-    def read(self) -> list[tuple[TensorStat, dict[str, float]]]:
-        """Wait for the copies (the sender thread's wait, not the training thread's); the
-        numbers of each statistic by form key."""
+    def vectors(self) -> dict[Any, list[float]]:
+        """Wait for the copies (the sender thread's wait, not the training thread's); each
+        device's vector as host numbers."""
         numbers: dict[Any, list[float]] = {}
         for device, (host, done) in self.hosts.items():
             if done is not None:
                 done.synchronize()
             numbers[device] = host.tolist()
+        return numbers
+
+    def read(self, numbers: dict[Any, list[float]] | None = None,
+             ) -> list[tuple[TensorStat, dict[str, float]]]:
+        """The numbers of each statistic by form key (``numbers``: :meth:`vectors`, when the
+        caller already waited for them)."""
+        if numbers is None:
+            numbers = self.vectors()
         out = []
         for stat in self.stats:
             row = numbers[stat.device]
