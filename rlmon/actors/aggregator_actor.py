@@ -18,6 +18,7 @@ from rlmon.service.aggregator import AggregatorCore, AggregatorServer
 from rlmon.service.deadline import DeadlinePolicy
 from rlmon.service.ingest import IngestAck, NodeBatch
 from rlmon.service.message import StepMessage
+from rlmon.service.stop import StopDecision
 from rlmon.service.watermark import WatermarkStore
 
 __all__ = ["aggregator_actor_class"]
@@ -44,11 +45,14 @@ def aggregator_actor_class() -> Any:
             self._service: Any = None
             self.server = AggregatorServer(core, self._publish, shard, tick_s)
 
-        def _publish(self, records: list[Any], shard: int, stats: dict[str, Any]) -> None:
+        def _publish(self, records: list[Any], shard: int, stats: dict[str, Any],
+                     ) -> dict[str, StopDecision]:
             if self._service is None:
                 self._service = ray.get_actor(self.service_name, namespace=self.namespace)
             try:
-                ray.get(self._service.publish.remote(records, shard, stats), timeout=10)
+                stops: dict[str, StopDecision] = ray.get(
+                    self._service.publish.remote(records, shard, stats), timeout=10)
+                return stops
             except Exception:
                 self._service = None
                 raise

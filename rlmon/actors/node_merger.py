@@ -35,7 +35,7 @@ def node_merger_actor_class() -> Any:
             return self.merger.ingest(messages)
 
         def probe(self, run: str, role: str) -> IngestAck:
-            return self.merger.ack([], 0)
+            return self.merger.probe(run, role)
 
         def _root(self) -> Any:
             return ray.get_actor(self.aggregator, namespace=self.namespace)

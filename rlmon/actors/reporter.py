@@ -18,24 +18,13 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from rlmon.actors.detect import coerce_rank, coerce_world, detect_layout
-from rlmon.actors.samples import (
-    DevicePick,
-    Labels,
-    Score,
-    build_items,
-    check_k,
-    cut_payload,
-    pick_array,
-    pick_tensor,
-    sample_id,
-)
 from rlmon.actors.sink import ReportSink, SinkClosed, track_sender
 from rlmon.actors.tensor_stats import (
     MAX_HELD_ELEMENTS,
@@ -53,6 +42,7 @@ from rlmon.service.partial import ALL_AXES, Partial, combine
 from rlmon.service.rank import AXES, Rank, World
 from rlmon.service.report import MAX_STEP, check_metric_name, check_role, check_run
 from rlmon.service.spec import Form
+from rlmon.service.stop import StopDecision
 from rlmon.service.timeline import MAX_SPANS, Span, Timeline, attrs_of, clean_text
 
 if TYPE_CHECKING:
@@ -69,8 +59,7 @@ _MEAN = Form.MEAN  # a module global: enum attribute access is slow on the hot p
 _Entry = list[Any]
 # What end_step hands the sender besides the accumulator: tensor statistics in flight to the
 # host and record_many batches, both merged into the accumulator off the training thread.
-# Sample captures ride along: their scores and indices are in the tensors' copy.
-_Deferred = tuple[StepTensors | None, list[Mapping[str, Any]], list[DevicePick]]
+_Deferred = tuple[StepTensors | None, list[Mapping[str, Any]]]
 
 
 _PY_NUMBER = (float, int)
@@ -134,7 +123,6 @@ class Reporter:
         max_batch: int = 64,
         step_seconds: bool = True,
         runtime: RuntimeOptions | None = None,
-        redact: Callable[[str], str] | None = None,
     ) -> None:
         detected = detect_layout() if rank is None or world is None else None
         self.rank = coerce_rank(rank) if rank is not None else detected[0]  # type: ignore[index]
@@ -152,12 +140,6 @@ class Reporter:
         self.dropped = 0
         self.sent = 0
         self.transfers = 0  # device-to-host copies made for tensor statistics
-        # Sample payloads: every one passes `redact` (the privacy hook) before it is cut to
-        # MAX_PAYLOAD_BYTES; the cut ones are counted here.
-        self.redact = redact
-        self.payloads_cut = 0
-        self._picks: list[DevicePick] = []  # this step's record_sample_tensor captures
-        self._sequences: dict[str, int] = {}  # sequences seen this step, per sample metric
         self.last_error: str | None = None
         self._acc: dict[Any, _Entry] = {}
         self._names: set[str] = set()  # metric names already validated
@@ -186,6 +168,9 @@ class Reporter:
         self._probe_done = 0  # ...and waits until one has answered
         self._packing = 0
         self.resent = 0
+        # The service's latest stop decision for this run (rlmon.service.stop), from an ack:
+        # written by the sender thread, read by should_stop() on the training thread.
+        self.stop_decision: StopDecision | None = None
         self._cond = threading.Condition()
         self._closed = False
         self._gone = False  # the sink said Ray is gone for good: nothing more can be sent
@@ -385,123 +370,6 @@ class Reporter:
             self._add(f"timing/{name}_seconds", Form.MAX, ((end - start) * 1e-9,),
                       None, None, 0)
 
-    # -- worst samples (ranked forms) ----------------------------------------------------------
-
-    def _sample_form(self, name: str, largest: bool | None) -> Form:
-        """TOP or BOTTOM: the catalog's for a canonical name (``largest`` must agree), else
-        from ``largest`` (default: the highest scores)."""
-        if name not in self._names:
-            check_metric_name(name)
-            self._names.add(name)
-        spec = catalog.lookup(name)
-        if spec is not None:
-            form = spec.forms[0]
-            if form not in (Form.TOP, Form.BOTTOM):
-                raise ValueError(f"{name}: the catalog gives it form {form.value!r}, not a "
-                                 "ranked form (top or bottom)")
-            if largest is not None and largest != (form is Form.TOP):
-                raise ValueError(f"{name}: the catalog ranks it by the "
-                                 f"{'highest' if form is Form.TOP else 'lowest'} score")
-            return form
-        return Form.TOP if largest is None or largest else Form.BOTTOM
-
-    def _add_samples(self, name: str, form: Form, k: int, items: Sequence[Any],
-                     acc: dict[Any, _Entry] | None = None) -> None:
-        ranked = FORMS[form].ranked
-        assert ranked is not None
-        state = ranked.combine((k,), (k, *items))  # the best k, one per id
-        self._add(name, form, state, None, None, 0, acc)
-
-    def _ranked_state(self, name: str, form: Form, k: Any, given: Iterable[Any],
-                      ) -> tuple[Any, ...]:
-        """The best ``k`` of ``(score, id[, payload])`` items as a ranked state: ids made
-        printable, payloads redacted and cut (only the kept ones)."""
-        check_k(name, k)
-        ranked = FORMS[form].ranked
-        assert ranked is not None
-        try:
-            best = sorted(((float(item[0]), sample_id(item[1]),
-                            item[2] if len(item) > 2 and item[2] else "") for item in given),
-                          key=ranked.order)
-        except (IndexError, TypeError) as exc:
-            raise ValueError(f"{name}: items must be (score, id) or (score, id, payload): "
-                             f"{type(exc).__name__}") from None
-        kept: list[Any] = []
-        seen: set[str] = set()
-        for score, ident, payload in best:
-            if ident in seen:
-                continue
-            seen.add(ident)
-            if payload:
-                text = self.redact(str(payload)) if self.redact is not None else str(payload)
-                payload, cut = cut_payload(text)
-                self.payloads_cut += cut
-            kept.append((score, ident, payload))
-            if len(kept) == k:
-                break
-        return (k, *kept)
-
-    def record_samples(self, name: str, items: Iterable[tuple[float, Any, str | None]], *,
-                       k: int = 8, largest: bool | None = None) -> None:
-        """Keep the ``k`` best of ``(score, id, payload)`` items (host numbers; payload None or
-        "" for none) in a ranked metric: the highest scores, or the lowest with
-        ``largest=False`` (a catalog name fixes which). Calls in a step merge; ids are unique
-        per sample across ranks (the merge keeps one item per id). Payloads pass ``redact``
-        and are cut to MAX_PAYLOAD_BYTES (counted in ``payloads_cut``).
-        """
-        form = self._sample_form(name, largest)
-        self._add(name, form, self._ranked_state(name, form, k, items), None, None, 0)
-
-    def record_sample_tensor(
-        self,
-        name: str,
-        values: Any,
-        mask: Any = None,
-        *,
-        score: Score = "mean",
-        k: int = 8,
-        largest: bool | None = None,
-        ids: Labels = None,
-        payload: Labels = None,
-    ) -> None:
-        """The ``k`` worst sequences of a batch by a score computed on the values' device.
-
-        ``values`` holds one number per sequence (shape ``(B,)``; ``mask`` then says which
-        sequences count) or per token (``(B, T)``, the last axis tokens; ``mask`` the tokens that
-        count): ``score`` reduces each sequence's tokens (``mean``, ``max``, ``min``, ``sum``);
-        a sequence without a token never ranks. ``largest``: the highest scores, or the lowest
-        (a catalog name fixes which). Ranked on the device (one stable sort: a NaN score first,
-        ties by sequence index); the scores and indices of the best ``k`` join the step's one
-        device-to-host copy at ``end_step`` (no copy here).
-
-        ``ids`` and ``payload`` (opt-in text: prompt and response, token ids, a dataset key)
-        are a sequence indexed by sequence (a list, a tensor or an array) or a function of
-        the index. They are asked only for the selected ``k``, after the copy, on the sender
-        thread: keep what they read unchanged until the step is sent. Default ids
-        ``dp<rank>/<n>``: the data-parallel rank and the sequence's place among those this
-        rank recorded under ``name`` in the step. Payloads pass ``redact`` and are cut to
-        MAX_PAYLOAD_BYTES (counted in ``payloads_cut``). numpy arrays are ranked at once, on
-        the host, and ``ids``/``payload`` asked then.
-        """
-        form = self._sample_form(name, largest)
-        check_k(name, k)
-        top = form is Form.TOP
-        offset = self._sequences.get(name, 0)
-        rows = values.shape[0] if len(getattr(values, "shape", ())) == 1 else (
-            math.prod(values.shape[:-1]) if getattr(values, "shape", ()) else 0)
-        self._sequences[name] = offset + rows
-        prefix = f"dp{self.rank.dp}/"
-        if not is_torch(values):
-            picked = pick_array(values, mask, score, k, top, name)
-            items, cut = build_items(picked, ids, payload, prefix, offset, self.redact)
-            self.payloads_cut += cut
-            self._add_samples(name, form, k, items)
-            return
-        piece, n = pick_tensor(values, mask, score, k, top, name)
-        start = self._tensors.attach(piece.device, piece)
-        self._picks.append(DevicePick(name, form, k, piece.device, start, n, ids, payload,
-                                      prefix, offset))
-
     # -- ending a step -------------------------------------------------------------------------
 
     def _fold_tensors(self) -> StepTensors | None:
@@ -515,33 +383,19 @@ class Reporter:
     def _complete(self, acc: dict[Any, _Entry], deferred: _Deferred) -> None:
         """Merge a step's tensor statistics and record_many batches into its accumulator
         (sender thread); a statistic that does not fit is refused and counted."""
-        moving, batches, picks = deferred
+        moving, batches = deferred
         refused: list[tuple[str, str]] = []
         if moving is not None:
-            vectors = moving.vectors()
-            for stat, numbers in moving.read(vectors):
+            for stat, numbers in moving.read():
                 try:
                     self._add_numbers(stat.name, stat.form, numbers, stat.replicated,
                                       stat.minibatch_reduce, stat.minibatch, acc)
                 except ValueError as exc:  # recorded in another form by record() after it
                     refused.append((stat.name, str(exc)))
-            for pick in picks:
-                self._complete_pick(acc, pick, vectors[pick.device], refused)
         for batch in batches:
             self._merge_batch(acc, batch, refused)
         if refused:
             self._refuse([name for name, _ in refused], refused[0][1])
-
-    def _complete_pick(self, acc: dict[Any, _Entry], pick: DevicePick, row: list[float],
-                       refused: list[tuple[str, str]]) -> None:
-        """A device sample capture's items: ids and payloads asked for the selected only."""
-        try:
-            items, cut = build_items(pick.picked(row), pick.ids, pick.payload, pick.prefix,
-                                     pick.offset, self.redact)
-            self.payloads_cut += cut
-            self._add_samples(pick.name, pick.form, pick.k, items, acc)
-        except Exception as exc:  # the caller's ids/payload failed: never its text in a log
-            refused.append((pick.name, f"ids or payload raised {type(exc).__name__}"))
 
     def _merge_batch(self, acc: dict[Any, _Entry], batch: Mapping[str, Any],
                      refused: list[tuple[str, str]]) -> None:
@@ -579,8 +433,6 @@ class Reporter:
                 raise ValueError(f"{name}: give one statistic form ({forms_text()}), "
                                  f"got {', '.join(stat) or 'none'}")
             keyed = FORMS[form]
-            if keyed.ranked is not None:  # {"k": 8, "top": [[score, id, payload?], ...]}
-                return form, self._ranked_state(name, form, stat["k"], stat[keyed.ranked.key])
             state = keyed.state(stat)
             for i in keyed.counts:
                 _check_count(name, state[i])
@@ -619,8 +471,6 @@ class Reporter:
         step = _check_step(step)
         moving = self._fold_tensors() if self._tensors else None
         batches, self._batches = self._batches, []
-        picks, self._picks = self._picks, []
-        self._sequences.clear()
         self._tensor_forms.clear()
         now = time.perf_counter_ns()
         if self.step_seconds and catalog.STRAGGLER_SOURCE not in self._acc:
@@ -631,7 +481,7 @@ class Reporter:
         self._spans, self._spans_cut = [], 0
         acc, self._acc = self._acc, {}
         with self._cond:
-            self._raw.append((step, acc, time.time(), (moving, batches, picks), timeline))
+            self._raw.append((step, acc, time.time(), (moving, batches), timeline))
             self._trim()
             self._cond.notify()
 
@@ -665,8 +515,7 @@ class Reporter:
                 plain.append((key, form))
                 rows.append(state_row(form, state))
                 continue
-            ranked = FORMS[form].ranked
-            state = ranked.check(state) if ranked is not None else tuple(map(float, state))
+            state = tuple(map(float, state))
             for i in FORMS[form].counts:
                 if not 0 <= state[i] < math.inf:
                     name = key[0] if mb_mean else key
@@ -807,7 +656,15 @@ class Reporter:
                     self.run, self.role, exc, lost)
 
     def _retain(self, batch: list[StepMessage], ack: Any) -> None:
-        """Keep acknowledged messages of open steps; resend them to a restarted aggregator."""
+        """Keep acknowledged messages of open steps; resend them to a restarted aggregator.
+        Take the run's stop decision from the ack when it applies to this Reporter."""
+        decision = (getattr(ack, "stops", None) or {}).get(self.run)
+        if decision is not None and decision != self.stop_decision and decision.applies_to(
+                self._started):
+            if self.stop_decision is None:
+                log.warning("rlmon: %s/%s: the service asks this run to stop: %s", self.run,
+                            self.role, decision.reason)
+            self.stop_decision = decision
         incarnation = getattr(ack, "incarnation", None)
         floors = getattr(ack, "floors", None)
         if not incarnation or floors is None:
@@ -823,6 +680,13 @@ class Reporter:
         self._retained = deque(m for m in self._retained if m.step >= floor)
         while len(self._retained) > self.max_pending:
             self._retained.popleft()
+
+    def should_stop(self) -> bool:
+        """Whether the service asked this run to stop (a rule with the stop action fired and
+        the config lets it stop the run; see ``stop_decision`` for why). Answered from the last
+        acknowledgement, never waiting: the decision arrives with the acks of the steps sent
+        after it was taken, so a step or two after the alert's step."""
+        return self.stop_decision is not None
 
     def set_run_info(self, **fields: Any) -> None:
         """Send the run's metadata (fields of :class:`~rlmon.service.exporter.RunInfo`) to the

@@ -14,6 +14,7 @@ from rlmon.service.notify.console import ConsoleBuffer
 from rlmon.service.rules import load_rules
 from rlmon.service.service_core import ServiceCore
 from rlmon.service.step import StepRecord
+from rlmon.service.stop import StopDecision
 
 __all__ = ["SERVICE", "send_to_service", "service_actor_class"]
 
@@ -95,8 +96,10 @@ def service_actor_class() -> Any:
         def publish(
             self, records: list[StepRecord], shard: int = 0,
             stats: dict[str, Any] | None = None,
-        ) -> int:
-            return len(self.core.publish(records, shard, stats))
+        ) -> dict[str, StopDecision]:
+            """Publish an aggregator's finalized steps; answer with the stop decisions of their
+            runs (the aggregator passes them on to the runs' Reporters)."""
+            return self.core.receive(records, shard, stats)
 
         def recent_events(self, since: int = 0) -> tuple[int, list[AlertEvent]]:
             return self.core.recent_events(since)

@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -27,6 +27,7 @@ from rlmon.service.report import (
     ContractError,
 )
 from rlmon.service.step import StepIdentity, StepKey, StepRecord
+from rlmon.service.stop import StopDecision
 from rlmon.service.stream_tracker import StreamTracker
 from rlmon.service.watermark import WatermarkStore
 
@@ -69,6 +70,8 @@ class AggregatorCore:
         self.finalize_latency: list[float] = []  # last partial -> finalized, seconds (recent)
         # node merger id -> last drain seq merged (a restarted merger has a new id)
         self.merged_batches: RecentMap[str, int] = RecentMap(1024)
+        # the service's stop decisions of the runs it was sent, passed on in acks (run ->)
+        self.stops: RecentMap[str, StopDecision] = RecentMap(4096)
         self._wall = wall_clock
         # Unix time of each stream's latest finalization (kept in the store): a reporter created
         # after it that sends an already finalized step belongs to a rerun of the run; a resend
@@ -191,6 +194,7 @@ class AggregatorCore:
             for run, role in ack.floors:
                 finalized = asm.finalized.get((run, role))
                 ack.floors[(run, role)] = finalized.floor if finalized is not None else 0
+            ack.stops = self._stops_of(run for run, _ in ack.floors)
         ack.finalized = len(done)
         ack.incarnation = self.incarnation
         return ack
@@ -226,7 +230,18 @@ class AggregatorCore:
         with self.lock:
             finalized = self.assembler.finalized.get((run, role))
             floor = finalized.floor if finalized is not None else 0
-        return IngestAck(incarnation=self.incarnation, floors={(run, role): floor})
+            stops = self._stops_of([run])
+        return IngestAck(incarnation=self.incarnation, floors={(run, role): floor}, stops=stops)
+
+    def learn_stops(self, decisions: Mapping[str, StopDecision]) -> None:
+        """Keep the service's stop decisions (its answer to a publish) for the runs' acks."""
+        with self.lock:
+            for run, decision in decisions.items():
+                self.stops[run] = decision
+
+    def _stops_of(self, runs: Iterable[str]) -> dict[str, StopDecision]:
+        found = {run: self.stops.get(run) for run in runs}
+        return {run: d for run, d in found.items() if d is not None}
 
     def merge_batch(self, batch: NodeBatch) -> IngestAck:
         """Fold a node merger's batch of pre-merged step states in.
@@ -281,6 +296,7 @@ class AggregatorCore:
                 continue
             finalized = self.assembler.finalized.get((state.run, state.role))
             ack.floors[(state.run, state.role)] = finalized.floor if finalized else 0
+        ack.stops = self._stops_of(run for run, _ in ack.floors)
 
     def _heard(self, key: StepKey, ranks: Collection[Rank], opened: bool,
                record: StepRecord | None) -> None:
@@ -376,8 +392,9 @@ class AggregatorCore:
             }
 
 
-# How finalized records reach the service: (records, shard, aggregator stats); raises to retry.
-Publish = Callable[[list[StepRecord], int, dict[str, Any]], object]
+# How finalized records reach the service: (records, shard, aggregator stats) -> the service's
+# stop decisions for the records' runs (or None); raises to retry.
+Publish = Callable[[list[StepRecord], int, dict[str, Any]], Mapping[str, StopDecision] | None]
 
 # Counters that can change while no step finalizes; a change is published on its own.
 _SAID_WITHOUT_A_STEP = ("late", "rejected", "duplicates", "restarts", "resent",
@@ -424,13 +441,15 @@ class AggregatorServer:
             return True
         try:
             # counters changed without a step (late or rejected records): /metrics shows them now
-            self.publish(records, self.shard, stats)
+            stops = self.publish(records, self.shard, stats)
             self._published_stats = counts
         except Exception as exc:  # the service is restarting: keep the records, retry
             self.delivery_errors += 1
             log.warning("delivery to the service failed: %s", exc)
             return False
         self.core.delivered(records)
+        if stops:
+            self.core.learn_stops(stops)
         return not self.core.pending_records(1)
 
     def _loop(self) -> None:

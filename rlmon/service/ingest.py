@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from rlmon.service.assembly import AddOutcome, StepState
 from rlmon.service.report import show
+from rlmon.service.stop import StopDecision
 
 __all__ = ["IngestAck", "NodeBatch", "origin"]
 
@@ -17,7 +18,8 @@ class IngestAck:
 
     ``floors`` gives, per (run, role) of the batch, the step below which everything is finalized:
     a reporter keeps its messages of later steps, and resends them when ``incarnation`` changes
-    (the aggregator restarted and lost its open steps).
+    (the aggregator restarted and lost its open steps). ``stops`` carries the service's stop
+    decisions for the runs of the batch (run -> decision; :mod:`rlmon.service.stop`).
     """
 
     accepted: int = 0
@@ -28,6 +30,7 @@ class IngestAck:
     errors: list[str] = field(default_factory=list)
     incarnation: str = ""
     floors: dict[tuple[str, str], int] = field(default_factory=dict)
+    stops: dict[str, StopDecision] = field(default_factory=dict)
 
     def refuse(self, item: object, error: Exception, max_errors: int) -> None:
         """Count a rejected message or state, keeping its error (the first ``max_errors``)."""

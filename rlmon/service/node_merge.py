@@ -8,7 +8,8 @@ of one message per rank. A node merger never finalizes: it does not know the wor
 Delivery is exactly-once as far as the root can tell: each drained batch carries (node merger id,
 drain seq), so a batch retried after a lost ack is not merged twice; the merger answers a
 reporter with the root's incarnation (combined with its own), so reporters resend what a
-restarted root (or node merger) lost, and a resend is taken again only when what it duplicates
+restarted root (or node merger) lost, and with the stop decisions the root passed on for the
+reporter's run (``rlmon.service.stop``), and a resend is taken again only when what it duplicates
 went to a root that no longer holds it.
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from rlmon.service.assembly import StepState
 from rlmon.service.ingest import IngestAck, NodeBatch
@@ -25,6 +26,7 @@ from rlmon.service.rank import Rank
 from rlmon.service.recent import RecentMap
 from rlmon.service.report import ContractError
 from rlmon.service.step import StepKey
+from rlmon.service.stop import StopDecision
 
 __all__ = ["NodeMerger"]
 
@@ -45,6 +47,7 @@ class NodeMerger:
         self._seen: dict[_SeenKey, str] = {}
         self.root_incarnation = _PENDING
         self.floors: RecentMap[tuple[str, str], int] = RecentMap(4096)
+        self.stops: RecentMap[str, StopDecision] = RecentMap(4096)  # the root's, passed on
         self.duplicates = 0
         self.late = 0  # a rank's message after its own final one for the step (not folded)
         self.rejected = 0  # messages breaking the contract (the aggregator's checks)
@@ -143,6 +146,8 @@ class NodeMerger:
         self.root_incarnation = ack.incarnation or self.root_incarnation
         for stream, floor in ack.floors.items():
             self.floors[stream] = floor
+        for run, decision in ack.stops.items():
+            self.stops[run] = decision
 
     def ack(self, messages: Sequence[StepMessage], accepted: int) -> IngestAck:
         """What a reporter gets back: counts, floors, and an incarnation that changes when
@@ -153,4 +158,15 @@ class NodeMerger:
             accepted=accepted, duplicates=len(messages) - accepted,
             incarnation=f"{self.id}:{self.root_incarnation}",
             floors={s: self.floors.get(s) or 0 for s in streams},
+            stops=self._stops_of({run for run, _ in streams}),
         )
+
+    def probe(self, run: str, role: str) -> IngestAck:
+        """What an idle reporter of (run, role) gets: the incarnation and the run's stop."""
+        ack = self.ack([], 0)
+        ack.stops = self._stops_of([run])
+        return ack
+
+    def _stops_of(self, runs: Iterable[str]) -> dict[str, StopDecision]:
+        found = {run: self.stops.get(run) for run in runs}
+        return {run: d for run, d in found.items() if d is not None}
