@@ -287,6 +287,16 @@ class StopConfig(_Section):
         return None
 
 
+class OtlpConfig(_Section):
+    """OpenTelemetry export of the step timelines' spans (OTLP over HTTP, protobuf); off by
+    default, needs the ``otlp`` extra (opentelemetry-sdk, opentelemetry-exporter-otlp-proto-http)."""
+
+    enabled: bool = False
+    endpoint: str = "http://127.0.0.1:4318/v1/traces"  # a collector's OTLP/HTTP traces path
+    service_name: str = "rlmon"  # the resource's service.name
+    timeout_seconds: float = Field(default=10.0, gt=0.0)
+
+
 class PrometheusRulesConfig(_Section):
     step_period_seconds: float = Field(default=60.0, gt=0.0)  # a trainer step, roughly
     evaluation_interval: str = Field(default="30s", pattern=r"^[0-9]+(ms|s|m|h)$")
@@ -309,6 +319,7 @@ class Settings(BaseSettings):
     exporter: ExporterConfig = Field(default_factory=ExporterConfig)
     prometheus_rules: PrometheusRulesConfig = Field(default_factory=PrometheusRulesConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    otlp: OtlpConfig = Field(default_factory=OtlpConfig)
     stop: StopConfig = Field(default_factory=StopConfig)
 
     @classmethod

@@ -35,6 +35,7 @@ from rlmon.service.history import HistoryStore
 from rlmon.service.metrics_http import MetricsServer, serve_metrics
 from rlmon.service.notify.factory import build_dispatcher, open_outbox, outbox_path
 from rlmon.service.notify.render import summary_line
+from rlmon.service.otlp import OtlpExport
 from rlmon.service.redact import install_redaction
 from rlmon.service.rules import Rule, default_rules, load_rules
 from rlmon.service.sanity import Finding, SanityChecker, relay_warnings
@@ -119,6 +120,9 @@ class ServiceCore:
         self.metrics.ingest = self._ingest_counters
         self.metrics.removed = self._removed_counts
         self.events: deque[AlertEvent] = deque(maxlen=10_000)
+        self.otlp: OtlpExport | None = None
+        if self.settings.otlp.enabled:  # the step timelines' spans, to an OTLP/HTTP collector
+            self.otlp = OtlpExport(self.settings.otlp)
         self.redeliveries = 0
         # The stop switch (rlmon.service.stop): the rules that carry the stop action, the
         # decisions taken (restored from the history store) and how many, by alert.
@@ -235,6 +239,8 @@ class ServiceCore:
                                          if k in self.engine.last_step},
                              outbound=batches, stops=list(decided.values()))
             self.events.extend(events)
+            if self.otlp is not None:
+                self.otlp.export(fresh)
             if now >= self._next_retention:
                 self._retain(now)
         crash_point("publish.after_history")
@@ -429,6 +435,8 @@ class ServiceCore:
     def close(self, timeout: float = 5.0) -> bool:
         """Deliver what the outbox holds (up to ``timeout``), stop serving, close the stores."""
         drained = self.dispatcher.shutdown(timeout)
+        if self.otlp is not None:
+            self.otlp.close()
         if self.server is not None:
             self.server.close()
             self.server = None
