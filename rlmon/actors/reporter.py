@@ -18,13 +18,24 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from rlmon.actors.detect import coerce_rank, coerce_world, detect_layout
+from rlmon.actors.samples import (
+    DevicePick,
+    Labels,
+    Score,
+    build_items,
+    check_k,
+    cut_payload,
+    pick_array,
+    pick_tensor,
+    sample_id,
+)
 from rlmon.actors.sink import ReportSink, SinkClosed, track_sender
 from rlmon.actors.tensor_stats import (
     MAX_HELD_ELEMENTS,
@@ -59,7 +70,8 @@ _MEAN = Form.MEAN  # a module global: enum attribute access is slow on the hot p
 _Entry = list[Any]
 # What end_step hands the sender besides the accumulator: tensor statistics in flight to the
 # host and record_many batches, both merged into the accumulator off the training thread.
-_Deferred = tuple[StepTensors | None, list[Mapping[str, Any]]]
+# Sample captures ride along: their scores and indices are in the tensors' copy.
+_Deferred = tuple[StepTensors | None, list[Mapping[str, Any]], list[DevicePick]]
 
 
 _PY_NUMBER = (float, int)
@@ -123,6 +135,7 @@ class Reporter:
         max_batch: int = 64,
         step_seconds: bool = True,
         runtime: RuntimeOptions | None = None,
+        redact: Callable[[str], str] | None = None,
     ) -> None:
         detected = detect_layout() if rank is None or world is None else None
         self.rank = coerce_rank(rank) if rank is not None else detected[0]  # type: ignore[index]
@@ -140,6 +153,12 @@ class Reporter:
         self.dropped = 0
         self.sent = 0
         self.transfers = 0  # device-to-host copies made for tensor statistics
+        # Sample payloads: every one passes `redact` (the privacy hook) before it is cut to
+        # MAX_PAYLOAD_BYTES; the cut ones are counted here.
+        self.redact = redact
+        self.payloads_cut = 0
+        self._picks: list[DevicePick] = []  # this step's record_sample_tensor captures
+        self._sequences: dict[str, int] = {}  # sequences seen this step, per sample metric
         self.last_error: str | None = None
         self._acc: dict[Any, _Entry] = {}
         self._names: set[str] = set()  # metric names already validated
@@ -370,6 +389,123 @@ class Reporter:
             self._add(f"timing/{name}_seconds", Form.MAX, ((end - start) * 1e-9,),
                       None, None, 0)
 
+    # -- worst samples (ranked forms) ----------------------------------------------------------
+
+    def _sample_form(self, name: str, largest: bool | None) -> Form:
+        """TOP or BOTTOM: the catalog's for a canonical name (``largest`` must agree), else
+        from ``largest`` (default: the highest scores)."""
+        if name not in self._names:
+            check_metric_name(name)
+            self._names.add(name)
+        spec = catalog.lookup(name)
+        if spec is not None:
+            form = spec.forms[0]
+            if form not in (Form.TOP, Form.BOTTOM):
+                raise ValueError(f"{name}: the catalog gives it form {form.value!r}, not a "
+                                 "ranked form (top or bottom)")
+            if largest is not None and largest != (form is Form.TOP):
+                raise ValueError(f"{name}: the catalog ranks it by the "
+                                 f"{'highest' if form is Form.TOP else 'lowest'} score")
+            return form
+        return Form.TOP if largest is None or largest else Form.BOTTOM
+
+    def _add_samples(self, name: str, form: Form, k: int, items: Sequence[Any],
+                     acc: dict[Any, _Entry] | None = None) -> None:
+        ranked = FORMS[form].ranked
+        assert ranked is not None
+        state = ranked.combine((k,), (k, *items))  # the best k, one per id
+        self._add(name, form, state, None, None, 0, acc)
+
+    def _ranked_state(self, name: str, form: Form, k: Any, given: Iterable[Any],
+                      ) -> tuple[Any, ...]:
+        """The best ``k`` of ``(score, id[, payload])`` items as a ranked state: ids made
+        printable, payloads redacted and cut (only the kept ones)."""
+        check_k(name, k)
+        ranked = FORMS[form].ranked
+        assert ranked is not None
+        try:
+            best = sorted(((float(item[0]), sample_id(item[1]),
+                            item[2] if len(item) > 2 and item[2] else "") for item in given),
+                          key=ranked.order)
+        except (IndexError, TypeError) as exc:
+            raise ValueError(f"{name}: items must be (score, id) or (score, id, payload): "
+                             f"{type(exc).__name__}") from None
+        kept: list[Any] = []
+        seen: set[str] = set()
+        for score, ident, payload in best:
+            if ident in seen:
+                continue
+            seen.add(ident)
+            if payload:
+                text = self.redact(str(payload)) if self.redact is not None else str(payload)
+                payload, cut = cut_payload(text)
+                self.payloads_cut += cut
+            kept.append((score, ident, payload))
+            if len(kept) == k:
+                break
+        return (k, *kept)
+
+    def record_samples(self, name: str, items: Iterable[tuple[float, Any, str | None]], *,
+                       k: int = 8, largest: bool | None = None) -> None:
+        """Keep the ``k`` best of ``(score, id, payload)`` items (host numbers; payload None or
+        "" for none) in a ranked metric: the highest scores, or the lowest with
+        ``largest=False`` (a catalog name fixes which). Calls in a step merge; ids are unique
+        per sample across ranks (the merge keeps one item per id). Payloads pass ``redact``
+        and are cut to MAX_PAYLOAD_BYTES (counted in ``payloads_cut``).
+        """
+        form = self._sample_form(name, largest)
+        self._add(name, form, self._ranked_state(name, form, k, items), None, None, 0)
+
+    def record_sample_tensor(
+        self,
+        name: str,
+        values: Any,
+        mask: Any = None,
+        *,
+        score: Score = "mean",
+        k: int = 8,
+        largest: bool | None = None,
+        ids: Labels = None,
+        payload: Labels = None,
+    ) -> None:
+        """The ``k`` worst sequences of a batch by a score computed on the values' device.
+
+        ``values`` holds one number per sequence (shape ``(B,)``; ``mask`` then says which
+        sequences count) or per token (``(B, T)``, the last axis tokens; ``mask`` the tokens that
+        count): ``score`` reduces each sequence's tokens (``mean``, ``max``, ``min``, ``sum``);
+        a sequence without a token never ranks. ``largest``: the highest scores, or the lowest
+        (a catalog name fixes which). Ranked on the device (one stable sort: a NaN score first,
+        ties by sequence index); the scores and indices of the best ``k`` join the step's one
+        device-to-host copy at ``end_step`` (no copy here).
+
+        ``ids`` and ``payload`` (opt-in text: prompt and response, token ids, a dataset key)
+        are a sequence indexed by sequence (a list, a tensor or an array) or a function of
+        the index. They are asked only for the selected ``k``, after the copy, on the sender
+        thread: keep what they read unchanged until the step is sent. Default ids
+        ``dp<rank>/<n>``: the data-parallel rank and the sequence's place among those this
+        rank recorded under ``name`` in the step. Payloads pass ``redact`` and are cut to
+        MAX_PAYLOAD_BYTES (counted in ``payloads_cut``). numpy arrays are ranked at once, on
+        the host, and ``ids``/``payload`` asked then.
+        """
+        form = self._sample_form(name, largest)
+        check_k(name, k)
+        top = form is Form.TOP
+        offset = self._sequences.get(name, 0)
+        rows = values.shape[0] if len(getattr(values, "shape", ())) == 1 else (
+            math.prod(values.shape[:-1]) if getattr(values, "shape", ()) else 0)
+        self._sequences[name] = offset + rows
+        prefix = f"dp{self.rank.dp}/"
+        if not is_torch(values):
+            picked = pick_array(values, mask, score, k, top, name)
+            items, cut = build_items(picked, ids, payload, prefix, offset, self.redact)
+            self.payloads_cut += cut
+            self._add_samples(name, form, k, items)
+            return
+        piece, n = pick_tensor(values, mask, score, k, top, name)
+        start = self._tensors.attach(piece.device, piece)
+        self._picks.append(DevicePick(name, form, k, piece.device, start, n, ids, payload,
+                                      prefix, offset))
+
     # -- ending a step -------------------------------------------------------------------------
 
     def _fold_tensors(self) -> StepTensors | None:
@@ -383,19 +519,33 @@ class Reporter:
     def _complete(self, acc: dict[Any, _Entry], deferred: _Deferred) -> None:
         """Merge a step's tensor statistics and record_many batches into its accumulator
         (sender thread); a statistic that does not fit is refused and counted."""
-        moving, batches = deferred
+        moving, batches, picks = deferred
         refused: list[tuple[str, str]] = []
         if moving is not None:
-            for stat, numbers in moving.read():
+            vectors = moving.vectors()
+            for stat, numbers in moving.read(vectors):
                 try:
                     self._add_numbers(stat.name, stat.form, numbers, stat.replicated,
                                       stat.minibatch_reduce, stat.minibatch, acc)
                 except ValueError as exc:  # recorded in another form by record() after it
                     refused.append((stat.name, str(exc)))
+            for pick in picks:
+                self._complete_pick(acc, pick, vectors[pick.device], refused)
         for batch in batches:
             self._merge_batch(acc, batch, refused)
         if refused:
             self._refuse([name for name, _ in refused], refused[0][1])
+
+    def _complete_pick(self, acc: dict[Any, _Entry], pick: DevicePick, row: list[float],
+                       refused: list[tuple[str, str]]) -> None:
+        """A device sample capture's items: ids and payloads asked for the selected only."""
+        try:
+            items, cut = build_items(pick.picked(row), pick.ids, pick.payload, pick.prefix,
+                                     pick.offset, self.redact)
+            self.payloads_cut += cut
+            self._add_samples(pick.name, pick.form, pick.k, items, acc)
+        except Exception as exc:  # the caller's ids/payload failed: never its text in a log
+            refused.append((pick.name, f"ids or payload raised {type(exc).__name__}"))
 
     def _merge_batch(self, acc: dict[Any, _Entry], batch: Mapping[str, Any],
                      refused: list[tuple[str, str]]) -> None:
@@ -433,6 +583,8 @@ class Reporter:
                 raise ValueError(f"{name}: give one statistic form ({forms_text()}), "
                                  f"got {', '.join(stat) or 'none'}")
             keyed = FORMS[form]
+            if keyed.ranked is not None:  # {"k": 8, "top": [[score, id, payload?], ...]}
+                return form, self._ranked_state(name, form, stat["k"], stat[keyed.ranked.key])
             state = keyed.state(stat)
             for i in keyed.counts:
                 _check_count(name, state[i])
@@ -471,6 +623,8 @@ class Reporter:
         step = _check_step(step)
         moving = self._fold_tensors() if self._tensors else None
         batches, self._batches = self._batches, []
+        picks, self._picks = self._picks, []
+        self._sequences.clear()
         self._tensor_forms.clear()
         now = time.perf_counter_ns()
         if self.step_seconds and catalog.STRAGGLER_SOURCE not in self._acc:
@@ -481,7 +635,7 @@ class Reporter:
         self._spans, self._spans_cut = [], 0
         acc, self._acc = self._acc, {}
         with self._cond:
-            self._raw.append((step, acc, time.time(), (moving, batches), timeline))
+            self._raw.append((step, acc, time.time(), (moving, batches, picks), timeline))
             self._trim()
             self._cond.notify()
 
@@ -515,7 +669,8 @@ class Reporter:
                 plain.append((key, form))
                 rows.append(state_row(form, state))
                 continue
-            state = tuple(map(float, state))
+            ranked = FORMS[form].ranked
+            state = ranked.check(state) if ranked is not None else tuple(map(float, state))
             for i in FORMS[form].counts:
                 if not 0 <= state[i] < math.inf:
                     name = key[0] if mb_mean else key
