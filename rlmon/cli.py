@@ -13,6 +13,7 @@ __all__ = ["main"]
 COMMAND_MODULES: tuple[str, ...] = (
     "rlmon.commands.replay",
     "rlmon.commands.alerts",
+    "rlmon.commands.samples",
     "rlmon.commands.catalog",
     "rlmon.commands.rules",
     "rlmon.commands.generate",

@@ -44,6 +44,10 @@ class AlertEvent:
     stop: str = ""
     attempt: int = 0  # the run's attempt (restart count) the step belongs to
     detail: str = ""  # what the step itself says (StragglerRank: the slow rank and its span)
+    # set by the service on a firing whose metric has a sample metric (catalog MetricSpec
+    # .samples) that the step holds: its first few items, payloads cut (rlmon.service.samples)
+    samples_metric: str = ""
+    samples: tuple[tuple[float, str, str], ...] = ()
 
     @property
     def dedup_key(self) -> str:

@@ -256,6 +256,10 @@ class RetentionConfig(_Section):
     # the ranks' step timelines (spans, for `rlmon trace`) of the newest steps of each (run,
     # role); a step of 64 ranks with 20 spans each is ~100 kB
     timeline_steps: int = Field(default=2_000, ge=0)
+    # the worst samples (`rlmon samples`) of the newest steps of each (run, role), and the
+    # payload text kept per sample metric and step (64 items of 2 kB would be 128 kB)
+    sample_steps: int = Field(default=2_000, ge=0)
+    sample_payload_bytes: int = Field(default=32_768, ge=0)
     # in memory: a (run, role) without a step for this long leaves (its alert state stays in
     # the history store and comes back with its next step)
     stream_ttl_seconds: float = Field(default=3_600.0, gt=0.0)

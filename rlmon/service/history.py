@@ -17,6 +17,8 @@ quiet for longer than a given age, whole; freed pages are reused, so the file st
 
 The ranks' step timelines (:mod:`rlmon.service.timeline`) are kept beside their steps, one row
 per step, for ``rlmon trace``; retention keeps fewer of them (they are larger than a step's line).
+So are a step's worst samples (:mod:`rlmon.service.samples`), one row per sample metric, for
+``rlmon samples``: bounded by their form's k and the caller's payload budget, and by retention.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from rlmon.service.alerts import AlertEvent, AlertState
+from rlmon.service.ranked import Sample
+from rlmon.service.samples import StepSamples, bound_payloads, items_from_json, items_to_json
 from rlmon.service.sqlite_db import open_database
 from rlmon.service.step import StepRecord
 from rlmon.service.stop import StopDecision
@@ -62,6 +66,9 @@ CREATE TABLE IF NOT EXISTS outbound (
 CREATE TABLE IF NOT EXISTS timelines (
     run TEXT NOT NULL, role TEXT NOT NULL, attempt INTEGER NOT NULL, step INTEGER NOT NULL,
     data TEXT NOT NULL, PRIMARY KEY (run, role, attempt, step));
+CREATE TABLE IF NOT EXISTS samples (
+    run TEXT NOT NULL, role TEXT NOT NULL, attempt INTEGER NOT NULL, step INTEGER NOT NULL,
+    metric TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (run, role, attempt, step, metric));
 CREATE TABLE IF NOT EXISTS stops (
     run TEXT NOT NULL PRIMARY KEY, decision TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS steps_run_time ON steps (run, finalized_at);
@@ -79,6 +86,7 @@ class Pruned:
     alerts: int = 0
     runs: tuple[str, ...] = ()
     timelines: int = 0
+    samples: int = 0  # (step, sample metric) rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +142,12 @@ def _add_score(db: sqlite3.Connection) -> None:
 class HistoryStore:
     """Append-only store of step lines (the replay contract's JSON) and alert transitions."""
 
-    def __init__(self, path: str | Path = ":memory:") -> None:
+    def __init__(self, path: str | Path = ":memory:", *, sample_payload_bytes: int = 32_768,
+                 ) -> None:
+        """``sample_payload_bytes``: payload text kept per sample metric and step (the rest is
+        cut, counted in ``sample_payloads_cut``)."""
+        self.sample_payload_bytes = sample_payload_bytes
+        self.sample_payloads_cut = 0
         self._db = open_database(path, _SCHEMA)
         self._lock = threading.Lock()
         self.closed = False
@@ -173,6 +186,11 @@ class HistoryStore:
                 ],
             )
             self._db.executemany(
+                "INSERT OR IGNORE INTO samples VALUES (?, ?, ?, ?, ?, ?)",
+                [(r.run, r.role, r.attempt, r.step, metric, self._samples_row(items))
+                 for r in records for metric, items in r.samples.items()],
+            )
+            self._db.executemany(
                 "INSERT OR IGNORE INTO alerts (run, role, step, alert, severity, state, metric, "
                 "value, attempt) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
@@ -206,6 +224,12 @@ class HistoryStore:
             )
             self._db.execute("COMMIT")
         return new
+
+    def _samples_row(self, items: Sequence[Sample]) -> str:
+        kept, cut = bound_payloads(items, self.sample_payload_bytes)
+        self.sample_payloads_cut += cut
+        return json.dumps({"items": items_to_json(kept), "cut": cut}, allow_nan=False,
+                          separators=(",", ":"))
 
     def outbound(self) -> list[tuple[int, float | None, list[AlertEvent]]]:
         """(id, finalized_at, transitions) of the notifications not yet handed to the outbox."""
@@ -315,6 +339,33 @@ class HistoryStore:
                 RankTimeline.from_json(t) for t in data["ranks"]), int(data["cut"])))
         return out
 
+    def samples(self, run: str, role: str | None = None, step: int | None = None,
+                metric: str | None = None) -> list[StepSamples]:
+        """The stored samples of a run's latest attempt per role, at ``step`` (default: each
+        role's latest step that has samples), of one metric or all, in (role, metric) order."""
+        latest = ("attempt = (SELECT MAX(attempt) FROM samples u WHERE u.run = t.run AND "
+                  "u.role = t.role)")
+        at = "step = ?" if step is not None else (
+            "step = (SELECT MAX(step) FROM samples v WHERE v.run = t.run AND v.role = t.role "
+            "AND v.attempt = t.attempt" + (" AND v.metric = t.metric" if metric else "") + ")")
+        query = f"SELECT role, attempt, step, metric, data FROM samples t WHERE run = ? AND " \
+                f"{latest} AND {at}"
+        args: list[Any] = [run] + ([step] if step is not None else [])
+        if role is not None:
+            query += " AND role = ?"
+            args.append(role)
+        if metric is not None:
+            query += " AND metric = ?"
+            args.append(metric)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY role, metric", args).fetchall()
+        out = []
+        for role_, attempt, step_, name, text in rows:
+            data = json.loads(text)
+            out.append(StepSamples(run, role_, int(attempt), int(step_), name,
+                                   items_from_json(data["items"]), int(data.get("cut", 0))))
+        return out
+
     def alerts(self, run: str | None = None) -> list[dict[str, Any]]:
         query = "SELECT run, role, step, alert, severity, state, metric, value FROM alerts"
         args: list[Any] = []
@@ -369,11 +420,12 @@ class HistoryStore:
         return [{"type": "alert", **dict(zip(keys, row, strict=True))} for row in rows]
 
     def prune(self, keep_steps: int, quiet_before: float | None = None,
-              keep_timelines: int | None = None) -> Pruned:
+              keep_timelines: int | None = None, keep_samples: int | None = None) -> Pruned:
         """Keep the newest ``keep_steps`` steps (and their alerts) of each (run, role), and the
         timelines of its newest ``keep_timelines`` steps (default: as many); drop every run whose
         last step was finalized before ``quiet_before`` (unix seconds), whole."""
         keep_timelines = keep_steps if keep_timelines is None else min(keep_timelines, keep_steps)
+        keep_samples = keep_steps if keep_samples is None else min(keep_samples, keep_steps)
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -382,13 +434,15 @@ class HistoryStore:
                     runs = [r for (r,) in self._db.execute(
                         "SELECT run FROM steps GROUP BY run HAVING MAX(finalized_at) < ?",
                         (quiet_before,))]
-                steps = alerts = timelines = 0
+                steps = alerts = timelines = samples = 0
                 for run in runs:
                     steps += self._db.execute("DELETE FROM steps WHERE run = ?", (run,)).rowcount
                     alerts += self._db.execute("DELETE FROM alerts WHERE run = ?",
                                                (run,)).rowcount
                     timelines += self._db.execute("DELETE FROM timelines WHERE run = ?",
                                                   (run,)).rowcount
+                    samples += self._db.execute("DELETE FROM samples WHERE run = ?",
+                                                (run,)).rowcount
                     self._db.execute("DELETE FROM alert_state WHERE run = ?", (run,))
                     self._db.execute("DELETE FROM stream_state WHERE run = ?", (run,))
                     self._db.execute("DELETE FROM stops WHERE run = ?", (run,))
@@ -419,13 +473,29 @@ class HistoryStore:
                         "DELETE FROM timelines WHERE run = ? AND role = ? AND (attempt < ? OR "
                         "(attempt = ? AND step <= ?))", (run, role, attempt, attempt, step),
                     ).rowcount
+                samples += self._keep_newest_samples(keep_samples)
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
             # fold the write-ahead log into the file and cut it: the freed pages are reused
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        return Pruned(steps, alerts, tuple(runs), timelines)
+        return Pruned(steps, alerts, tuple(runs), timelines, samples)
+
+    def _keep_newest_samples(self, keep: int) -> int:
+        """Drop the samples of all but the newest ``keep`` steps of each (run, role)."""
+        removed = 0
+        crowded = self._db.execute(
+            "SELECT run, role FROM samples GROUP BY run, role HAVING COUNT(DISTINCT "
+            "attempt || ':' || step) > ?", (keep,)).fetchall()
+        for run, role in crowded:
+            attempt, step = self._db.execute(
+                "SELECT DISTINCT attempt, step FROM samples WHERE run = ? AND role = ? "
+                "ORDER BY attempt DESC, step DESC LIMIT 1 OFFSET ?", (run, role, keep)).fetchone()
+            removed += self._db.execute(
+                "DELETE FROM samples WHERE run = ? AND role = ? AND (attempt < ? OR "
+                "(attempt = ? AND step <= ?))", (run, role, attempt, attempt, step)).rowcount
+        return removed
 
     def size_bytes(self) -> int:
         """Bytes on disk (database and write-ahead log); 0 in memory."""

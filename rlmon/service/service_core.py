@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rlmon.service import keymaps
+from rlmon.service import catalog, keymaps
 from rlmon.service.alerts import AlertEngine, AlertEvent, AlertState
 from rlmon.service.config import Settings, load_config
 from rlmon.service.crash_points import crash_point
@@ -38,6 +38,7 @@ from rlmon.service.notify.render import summary_line
 from rlmon.service.otlp import OtlpExport
 from rlmon.service.redact import install_redaction
 from rlmon.service.rules import Rule, default_rules, load_rules
+from rlmon.service.samples import notify_items
 from rlmon.service.sanity import Finding, SanityChecker, relay_warnings
 from rlmon.service.step import StepRecord
 from rlmon.service.stop import STOP, StopDecision
@@ -77,7 +78,9 @@ class ServiceCore:
         state = Path(state_dir) if state_dir is not None else None
         if state is not None:
             state.mkdir(parents=True, exist_ok=True)
-        self.history = HistoryStore(state / "history.sqlite" if state else ":memory:")
+        self.history = HistoryStore(
+            state / "history.sqlite" if state else ":memory:",
+            sample_payload_bytes=self.settings.retention.sample_payload_bytes)
         self.engine = AlertEngine(list(rules) if rules is not None else default_rules())
         # A restarted service continues every (run, role, alert) where it stopped: a firing
         # alert still resolves, a pending one still needs only its remaining bad steps.
@@ -98,6 +101,7 @@ class ServiceCore:
         self.dispatcher = build_dispatcher(self.settings, outbox, transports=transports)
         # after the notifier modules (and their clients' loggers) exist
         install_redaction(self.settings.secret_values())
+        self._redactor = self.settings.redactor()  # masks secrets in sample text sent out
         self._handover_lock = threading.Lock()
         self._hand_over()  # what a crash left between the history store and the outbox
         self.dispatcher.start()
@@ -227,6 +231,8 @@ class ServiceCore:
             for record in fresh:
                 self._remember((record.run, record.role), now)
                 mine = self._decide_stops(record, self.engine.evaluate(record), now, decided)
+                if record.samples:
+                    mine = self._with_samples(record, mine)
                 streams.add((record.run, record.role))
                 self.metrics.update(record, self._restored(record) + mine)
                 events.extend(mine)
@@ -238,6 +244,7 @@ class ServiceCore:
                              last_steps={k: self.engine.last_step[k] for k in streams
                                          if k in self.engine.last_step},
                              outbound=batches, stops=list(decided.values()))
+            self.removed["sample_payloads_cut"] = self.history.sample_payloads_cut
             self.events.extend(events)
             if self.otlp is not None:
                 self.otlp.export(fresh)
@@ -290,6 +297,20 @@ class ServiceCore:
             if state is not None and state.firing and not state.false_steps:
                 decided[run] = self._stop(replace(known, role=record.role, step=record.step,
                                                   at=now))
+        return out
+
+    def _with_samples(self, record: StepRecord, events: list[AlertEvent]) -> list[AlertEvent]:
+        """Firings whose metric has a sample metric the step holds carry its first few items
+        (payloads cut, the service's secrets masked)."""
+        out = []
+        for event in events:
+            name = catalog.samples_for(event.metric) if event.state == "firing" else None
+            items = record.samples.get(name) if name else None
+            if items:
+                redact = self._redactor
+                event = replace(event, samples_metric=name or "", samples=tuple(
+                    (s, i, redact(p)) for s, i, p in notify_items(items)))
+            out.append(event)
         return out
 
     def _stop(self, decision: StopDecision) -> StopDecision:
@@ -348,7 +369,8 @@ class ServiceCore:
         self._forget(self._tracker.expire(now))
         pruned = self.history.prune(retention.history_steps,
                                     now - retention.history_days * 86_400.0,
-                                    retention.timeline_steps)
+                                    retention.timeline_steps, retention.sample_steps)
+        self.removed["history_samples"] += pruned.samples
         self.removed["history_timelines"] += pruned.timelines
         self.removed["history_steps"] += pruned.steps
         self.removed["history_alerts"] += pruned.alerts

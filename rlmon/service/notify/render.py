@@ -11,8 +11,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from rlmon.service.alerts import AlertEvent
+from rlmon.service.samples import command_for, items_to_json
 
-__all__ = ["format_value", "pagerduty_body", "slack_body", "summary_line", "webhook_body"]
+__all__ = ["format_value", "pagerduty_body", "samples_json", "slack_body", "summary_line",
+           "webhook_body"]
 
 _EMOJI = {("critical", "firing"): ":rotating_light:", ("warning", "firing"): ":warning:"}
 
@@ -36,6 +38,25 @@ def summary_line(event: AlertEvent) -> str:
     detail = f": {event.detail}" if event.detail else ""
     stop = " [the run was asked to stop]" if event.stop else ""
     return f"[{state}] {event.alert} on {where}{metric}{cond}{detail}{stop}"
+
+
+def samples_json(event: AlertEvent) -> dict[str, Any] | None:
+    """The worst samples an alert carries (its first few, payloads cut) and the command that
+    prints them all; None when it carries none."""
+    if not event.samples:
+        return None
+    return {"metric": event.samples_metric, "items": items_to_json(event.samples),
+            "more": command_for(event.run, event.role, event.step)}
+
+
+def _slack_samples(event: AlertEvent) -> str:
+    lines = [f":microscope: Worst samples (`{_mrkdwn(event.samples_metric)}`):"]
+    for n, (score, ident, payload) in enumerate(event.samples, 1):
+        text = " ".join(payload.split())  # one line each
+        lines.append(f"{n}. `{_mrkdwn(ident)}` {format_value(score)}"
+                     + (f": {_mrkdwn(text)}" if text else ""))
+    lines.append(f"All of them: `{command_for(event.run, event.role, event.step)}`")
+    return "\n".join(lines)
 
 
 def _mrkdwn(text: str) -> str:
@@ -75,6 +96,9 @@ def slack_body(events: Sequence[AlertEvent], dashboard: str | None, username: st
         if event.stop:
             lines.append(f":octagonal_sign: *{_mrkdwn(event.stop)}*")
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)}})
+        if event.samples:
+            blocks.append({"type": "section",
+                           "text": {"type": "mrkdwn", "text": _slack_samples(event)[:3000]}})
         if event.what_to_check and event.state == "firing":
             blocks.append({
                 "type": "context",
@@ -109,6 +133,9 @@ def pagerduty_body(
         details["detail"] = event.detail
     if event.stop:
         details["stop"] = event.stop
+    samples = samples_json(event)
+    if samples is not None:
+        details["worst_samples"] = samples
     body: dict[str, Any] = {
         "event_action": "trigger",
         "dedup_key": event.dedup_key,
@@ -136,6 +163,9 @@ def webhook_body(events: Sequence[AlertEvent], dashboard: str | None) -> dict[st
         line.update(summary=event.summary, condition=event.condition,
                     what_to_check=event.what_to_check, dedup_key=event.dedup_key,
                     detail=event.detail, stop=event.stop, text=summary_line(event))
+        samples = samples_json(event)
+        if samples is not None:
+            line["worst_samples"] = samples
         alerts.append(line)
     body: dict[str, Any] = {
         "version": 1, "source": "rlmon", "run": first.run, "role": first.role,
