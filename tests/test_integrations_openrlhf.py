@@ -169,3 +169,48 @@ def test_worker_path_is_exact_where_openrlhf_is_biased(hub: Hub) -> None:
     assert rec.metrics["actor/lr"] == 2e-6
     logged = _openrlhf_logged_policy_loss(losses, masks, gas)
     assert abs(logged - exact) / abs(exact) > 0.05  # what OpenRLHF shows is off by > 5 %
+
+
+def test_driver_hook_ranks_the_worst_sequences_across_experiences(hub: Hub) -> None:
+    rng = np.random.default_rng(4)
+    batches = [_batch(rng, 4, 12) for _ in range(3)]
+    corrupt = batches[1]
+    corrupt.rollout_log_probs[2] = np.where(corrupt.action_mask[2] > 0,
+                                            corrupt.action_log_probs[2] + 3.0, 0.0)
+    described: list[tuple[int, int]] = []
+
+    def payload(exp: Experience, i: int) -> str:
+        (j,) = [j for j, b in enumerate(batches) if b is exp]
+        described.append((j, i))
+        return f"batch {j} sequence {i}"
+
+    logger = openrlhf.RlmonLogger("or-run", reporter=hub.reporter("or-run", "driver"),
+                                  samples_k=2, sample_payload=payload)
+    logger.record_experiences(batches)
+    logger.log_train(3, {})
+    record = hub.step("driver", 3)
+    worst = record.samples[catalog.LOGP_DIFF_WORST]
+    assert worst[0][1:] == ("dp0/6", "batch 1 sequence 2")  # the 7th sequence the driver saw
+    assert worst[0][0] == pytest.approx(3.0)
+    lowest = record.samples[catalog.IS_RATIO_LOWEST]
+    assert lowest[0][1] == "dp0/6" and lowest[0][0] == pytest.approx(np.exp(-3.0))
+    assert len(described) <= 4 * len(batches)  # asked for the kept few of each batch only
+    assert record.metrics[catalog.LOGP_DIFF_WORST] == worst[0][0]
+
+
+def test_worker_path_ranks_sequences_by_mismatch_on_leaders_only(hub: Hub) -> None:
+    rng = np.random.default_rng(5)
+    for sp in range(2):  # an SP pair holds the same micro-batch: only the leader reports
+        rep = hub.reporter("or-run", "actor", rank={"dp": 0}, world={"dp": 1}) if sp == 0 \
+            else None
+        path = openrlhf.WorkerPath("or-run", dp_rank=0, dp_size=1, sp_rank=sp, reporter=rep,
+                                   samples_k=1)
+        exp = _batch(rng, 3, 5)
+        log_ratio = np.where(exp.action_mask > 0, exp.action_log_probs - exp.rollout_log_probs, 0)
+        log_ratio[0] = np.where(exp.action_mask[0] > 0, 4.0, 0.0)
+        path.micro_batch(exp.action_mask, log_ratio=log_ratio, sample_ids=["a", "b", "c"],
+                         sample_payload=lambda i: f"text {i}")
+        path.end_step(0)
+    record = hub.step("actor", 0)
+    assert record.samples[catalog.LOGP_DIFF_WORST] == ((4.0, "a", "text 0"),)
+    assert record.samples[catalog.IS_RATIO_LOWEST][0][0] < 1.0

@@ -118,3 +118,21 @@ def test_tracker_wrapper_relays_and_delegates(hub: Hub) -> None:
     assert four["skyrl/policy/loss_metrics/clip_ratio"] == 0.2  # mean of means: relayed
     assert four["skyrl/policy/policy_loss"] == 0.3
     assert hub.step("driver", 5).metrics[catalog.REWARD] == pytest.approx(0.7)
+
+
+def test_is_ratio_ranks_the_worst_sequences_even_split_over_cp(hub: Hub) -> None:
+    ratio = np.ones((4, 6))
+    ratio[1, 4] = 0.01  # sequence 1's worst token lies in CP shard 1
+    ratio[3, 1] = 0.2
+    mask = np.ones((4, 6))
+    for cp in range(2):
+        rep = hub.reporter("sk", "actor", rank={"cp": cp}, world={"cp": 2})
+        path = skyrl.WorkerPath("sk", cp_rank=cp, cp_size=2, reporter=rep, samples_k=2)
+        shard = slice(3 * cp, 3 * cp + 3)
+        path.micro_batch(mask[:, shard], minibatch=0, is_ratio=ratio[:, shard],
+                         sample_ids=["u0", "u1", "u2", "u3"])
+        path.end_step(5)
+    record = hub.step("actor", 5)
+    assert [(s, i) for s, i, _ in record.samples[catalog.IS_RATIO_LOWEST]] == [
+        (0.01, "u1"), (0.2, "u3")]
+    assert catalog.LOGP_DIFF_WORST not in record.samples  # a mean needs the whole sequence

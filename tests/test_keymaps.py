@@ -103,6 +103,10 @@ class Recorder:
     def record_tensor(self, name: str, values: object, mask: object = None, **kw: object) -> None:
         self.names.add(name)
 
+    def record_sample_tensor(self, name: str, values: object, mask: object = None,
+                             **kw: object) -> None:
+        self.names.add(name)
+
     def end_micro_batch(self) -> None: ...
 
     def end_step(self, step: int) -> None: ...

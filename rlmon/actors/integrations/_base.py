@@ -5,11 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+import numpy as np
+
 from rlmon.service import catalog, keymaps
 from rlmon.service.forms import FORMS
 from rlmon.service.partial import ALL_AXES
 
-__all__ = ["ReporterLike", "make_reporter", "relay", "scalar", "send_run_info"]
+__all__ = ["ReporterLike", "make_reporter", "record_mismatch_samples", "relay", "scalar",
+           "send_run_info"]
 
 
 class ReporterLike(Protocol):
@@ -19,6 +22,9 @@ class ReporterLike(Protocol):
 
     def record_tensor(self, name: str, values: Any, mask: Any = None, **kw: Any) -> None: ...
 
+    def record_sample_tensor(self, name: str, values: Any, mask: Any = None, **kw: Any,
+                             ) -> None: ...
+
     def end_micro_batch(self) -> None: ...
 
     def end_step(self, step: int) -> None: ...
@@ -26,6 +32,22 @@ class ReporterLike(Protocol):
     def flush(self, timeout: float | None = None) -> bool: ...
 
     def close(self) -> None: ...
+
+
+def record_mismatch_samples(reporter: ReporterLike, log_ratio: Any, mask: Any, *, k: int = 8,
+                            ids: Any = None, payload: Any = None, worst_mean: bool = True,
+                            ) -> None:
+    """The worst sequences of a batch by trainer/rollout mismatch, from the per-token
+    ``log_ratio`` = logp_trainer_old - logp_rollout (a torch tensor stays on its device): the
+    largest mean abs(log_ratio) per sequence (``worst_mean``; leave it out where a sequence's
+    tokens are split over ranks) and the smallest token IS ratio exp(log_ratio) per sequence (a
+    split sequence's shards share its id, so the merge keeps its smallest)."""
+    exp = log_ratio.exp() if hasattr(log_ratio, "exp") else np.exp(np.asarray(log_ratio, float))
+    if worst_mean:
+        reporter.record_sample_tensor(catalog.LOGP_DIFF_WORST, abs(log_ratio), mask,
+                                      score="mean", k=k, ids=ids, payload=payload)
+    reporter.record_sample_tensor(catalog.IS_RATIO_LOWEST, exp, mask, score="min", k=k,
+                                  ids=ids, payload=payload)
 
 
 def lazy_class(module: str, name: str, build: Callable[[], type]) -> Callable[[str], Any]:

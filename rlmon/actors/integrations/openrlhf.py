@@ -11,19 +11,32 @@ logs)``, ``log_eval(global_step, logs)`` and ``close()``. :class:`RlmonLogger` h
 - :meth:`RlmonLogger.record_experiences` is the driver-side hook after experience making: it
   computes the global IS ratio exp(old_logp - rollout_logp) (mean, min, max), the log-prob
   difference and the fraction of tokens the IS correction truncates or masks, which OpenRLHF
-  builds inside ``PolicyLoss.forward`` and discards.
+  builds inside ``PolicyLoss.forward`` and discards; and the worst sequences by mismatch
+  (``actor/logp_diff_worst``, ``actor/is_ratio_lowest``), ranked on the tensors' device, with
+  the text of the selected few when ``sample_payload`` decodes it.
 - :class:`WorkerPath` runs in ``ActorPPOTrainer.ppo_train`` and sends per-rank sufficient
   statistics from SP/TP replica leaders only, so replicas are never counted twice.
+
+The stop switch (``rlmon.service.stop``): OpenRLHF has no stop hook. Check
+``logger.reporter.should_stop()`` on the driver after ``log_train`` (in ``PPOTrainer.fit``, after
+``save_logs_and_checkpoints`` of the step) and leave the loop after saving a checkpoint; it reads
+the last acknowledgement and never waits, and the driver's decision ends the step loop for every
+worker at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
-from rlmon.actors.integrations._base import ReporterLike, make_reporter, relay
+from rlmon.actors.integrations._base import (
+    ReporterLike,
+    make_reporter,
+    record_mismatch_samples,
+    relay,
+)
 from rlmon.service import catalog
 
 __all__ = ["RlmonLogger", "WorkerPath", "attach", "importance_stats"]
@@ -116,9 +129,15 @@ class RlmonLogger:
         is_low: float = 0.5,
         is_high: float = 5.0,
         is_mode: str = "tis",
+        samples_k: int = 8,
+        sample_payload: Callable[[Any, int], str] | None = None,
         **reporter_kw: Any,
     ) -> None:
+        """``sample_payload(experience, i)``: the text of sequence ``i`` of an experience
+        (e.g. the tokenizer's decode of ``experience.sequences[i]``), asked only for the worst
+        ``samples_k``; without it samples carry no text."""
         self.run = run
+        self.samples_k, self.sample_payload = samples_k, sample_payload
         self.reporter = reporter or make_reporter(run, role, **reporter_kw)
         self.eval_reporter = eval_reporter
         self._eval_kw = reporter_kw
@@ -150,6 +169,9 @@ class RlmonLogger:
                                  low=self.is_low, high=self.is_high, mode=self.is_mode)
             if s["tokens"] == 0:
                 continue
+            record_mismatch_samples(
+                self.reporter, exp.action_log_probs - rollout, exp.action_mask,
+                k=self.samples_k, payload=self._payload_of(exp))
             if not total:
                 total = dict(s)
                 continue
@@ -160,6 +182,12 @@ class RlmonLogger:
             total["diff_max"] = max(total["diff_max"], s["diff_max"])
         if total:
             record_importance(self.reporter, total)
+
+    def _payload_of(self, experience: Any) -> Callable[[int], str] | None:
+        describe = self.sample_payload
+        if describe is None:
+            return None
+        return lambda i: describe(experience, i)
 
     def close(self) -> None:
         for rep in (self.reporter, self.eval_reporter):
@@ -215,9 +243,11 @@ class WorkerPath:
         tp_rank: int = 0,
         reporter: ReporterLike | None = None,
         role: str = "actor",
+        samples_k: int = 8,
         **reporter_kw: Any,
     ) -> None:
         self.leader = sp_rank == 0 and tp_rank == 0
+        self.samples_k = samples_k
         self.reporter: ReporterLike | None = None
         if self.leader:
             self.reporter = reporter or make_reporter(
@@ -244,8 +274,16 @@ class WorkerPath:
         clipped: Any = None,
         approx_kl: Any = None,
         kl: Any = None,
+        log_ratio: Any = None,
+        sample_ids: Any = None,
+        sample_payload: Any = None,
     ) -> None:
-        """Per-token tensors of one micro-batch (shape of ``action_mask``), token-masked."""
+        """Per-token tensors of one micro-batch (shape of ``action_mask``), token-masked.
+
+        ``log_ratio`` (``old_action_log_probs - rollout_log_probs``, per token) ranks the
+        micro-batch's sequences by mismatch on the device (the worst ``samples_k`` of the step);
+        ``sample_ids`` / ``sample_payload`` (a sequence or a function of the index) name them
+        and give their text, asked only for the selected few."""
         rep = self.reporter
         if rep is None:
             return
@@ -254,6 +292,9 @@ class WorkerPath:
                              (catalog.KL, kl)):
             if values is not None:
                 rep.record_tensor(name, values, action_mask, reduce="token_mean")
+        if log_ratio is not None:
+            record_mismatch_samples(rep, log_ratio, action_mask, k=self.samples_k,
+                                    ids=sample_ids, payload=sample_payload)
         rep.end_micro_batch()  # reduce now (a few launches) and release the tensors
 
     def optimizer_step(self, index: int, *, grad_norm: float | None = None,

@@ -14,6 +14,12 @@ micro-batch means. :class:`WorkerPath` reports (sum, count) instead:
 
 CP/SP replicas hold the same samples, so every partial is marked ``replicated: ["cp"]``: one copy
 counts, and copies that disagree raise ReplicaMismatch (the SkyRL #1420 double count).
+
+The stop switch (``rlmon.service.stop``): check ``tracker.reporter.should_stop()`` (the
+:class:`RlmonTracking` that ``get_tracker`` returns) in the trainer's step loop on the driver,
+after ``self.tracker.log(...)`` of the step (``RayPPOTrainer.train``), and leave the loop after
+the checkpoint; it reads the last acknowledgement and never waits. The workers' ``WorkerPath``
+need not check: the driver ends the step loop for all of them.
 """
 
 from __future__ import annotations
@@ -138,8 +144,10 @@ class WorkerPath:
         max_seq_len: int | None = None,
         reporter: ReporterLike | None = None,
         role: str = "actor",
+        samples_k: int = 8,
         **reporter_kw: Any,
     ) -> None:
+        self.samples_k, self.cp_size = samples_k, cp_size
         if loss_reduction not in LOSS_REDUCTIONS:
             raise ValueError(f"loss_reduction must be one of {LOSS_REDUCTIONS}")
         self.loss_reduction = loss_reduction
@@ -159,8 +167,16 @@ class WorkerPath:
         kl: Any = None,
         clipped: Any = None,
         is_ratio: Any = None,
+        sample_ids: Any = None,
+        sample_payload: Any = None,
     ) -> None:
-        """Per-token tensors of one micro-batch of mini-batch ``minibatch``."""
+        """Per-token tensors of one micro-batch of mini-batch ``minibatch``.
+
+        ``is_ratio`` also ranks the sequences on the device: the smallest token IS ratio per
+        sequence (``actor/is_ratio_lowest``) and, without CP (a sequence whole on the rank),
+        the largest mean abs(log ratio) (``actor/logp_diff_worst``); ``sample_ids`` (e.g. the
+        batch's ``uids``) and ``sample_payload`` (a sequence or a function of the index) are
+        asked only for the selected few."""
         rep = self.reporter
         if per_token_loss is not None and type(per_token_loss).__module__.startswith("torch"):
             # on the device: no host sync per micro-batch
@@ -179,6 +195,17 @@ class WorkerPath:
                              (catalog.CLIP_RATIO, clipped), (catalog.IS_RATIO, is_ratio)):
             if values is not None:
                 rep.record_tensor(name, values, loss_mask, reduce="token_mean", replicated=CP)
+        if is_ratio is not None:
+            # a sequence split over CP ranks: its shards share the default id, so the merge
+            # keeps the smallest shard minimum, the sequence's; a mean would need every shard
+            rep.record_sample_tensor(catalog.IS_RATIO_LOWEST, is_ratio, loss_mask, score="min",
+                                     k=self.samples_k, ids=sample_ids, payload=sample_payload)
+            if self.cp_size == 1:
+                log_ratio = is_ratio.log() if hasattr(is_ratio, "log") else np.log(
+                    np.asarray(is_ratio, dtype=np.float64))
+                rep.record_sample_tensor(catalog.LOGP_DIFF_WORST, abs(log_ratio), loss_mask,
+                                         score="mean", k=self.samples_k, ids=sample_ids,
+                                         payload=sample_payload)
         rep.end_micro_batch()  # reduce now (a few launches) and release the tensors
 
     def policy_loss(self, value: float, *, minibatch: int) -> None:
