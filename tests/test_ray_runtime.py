@@ -80,7 +80,8 @@ def _run_job(ray: Any, namespace: str, tmp_path: Path, node_merge: bool) -> list
                           deadline_s=30.0)
     service = ensure_runtime(namespace, opts)
     reps = [Reporter("tier", "actor", rank={"dp": d, "cp": c}, world={"dp": 2, "cp": 2},
-                     namespace=namespace, runtime=opts, step_seconds=False)
+                     namespace=namespace, runtime=opts, step_seconds=False,
+                     hardware_interval=None)  # values compared across two jobs
             for d in range(2) for c in range(2)]
     for step in range(3):
         for i, rep in enumerate(reps):

@@ -25,7 +25,7 @@ from rlmon.service.watermark import WatermarkStore
 def _reporters(sink: LocalSink, run: str = "r", dp: int = 2, cp: int = 1) -> list[Reporter]:
     return [
         Reporter(run, "actor", rank={"dp": d, "cp": c}, world={"dp": dp, "cp": cp}, sink=sink,
-                 step_seconds=False)
+                 step_seconds=False, hardware_interval=None)  # values compared across runs
         for d in range(dp) for c in range(cp)
     ]
 

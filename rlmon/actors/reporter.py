@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from rlmon.actors.detect import coerce_rank, coerce_world, detect_layout
+from rlmon.actors.hardware import HardwareSampler
 from rlmon.actors.samples import (
     DevicePick,
     Labels,
@@ -134,6 +135,7 @@ class Reporter:
         max_pending: int = 1024,
         max_batch: int = 64,
         step_seconds: bool = True,
+        hardware_interval: float | None = 1.0,
         runtime: RuntimeOptions | None = None,
         redact: Callable[[str], str] | None = None,
     ) -> None:
@@ -177,6 +179,9 @@ class Reporter:
         self._spans_cut = 0  # this step's spans beyond MAX_SPANS
         self._depth = 0  # spans open now
         self._host, self._pid = clean_text(socket.gethostname()), os.getpid()
+        # device memory, GPU utilisation and power, host RSS and CPU: sampled on a thread of
+        # their own, added to each step on the sender thread (None: not sampled)
+        self._hardware = HardwareSampler(hardware_interval) if hardware_interval else None
         self._pending: deque[StepMessage] = deque()  # packed, sent or not, not acknowledged
         self._raw: deque[tuple[int, dict[Any, _Entry], float, _Deferred, _RawTimeline]] = \
             deque()  # not packed
@@ -763,6 +768,9 @@ class Reporter:
                 try:
                     if deferred[0] is not None or deferred[1]:
                         self._complete(acc, deferred)
+                    if self._hardware is not None:
+                        for name, (form, state) in self._hardware.take().items():
+                            acc.setdefault(name, [form, state, None, False, 0])  # user's first
                     packed.append(self._pack(step, acc, wall, timeline))
                 except Exception as exc:  # not a number, too large for a float, a bad count
                     self.last_error = f"step {step}: {type(exc).__name__}: {exc}"
@@ -898,6 +906,8 @@ class Reporter:
             self._raw.clear()
             self._cond.notify_all()
         self._thread.join(timeout=5.0)
+        if self._hardware is not None:
+            self._hardware.close()
         track_sender(self, open_=False)
 
     def __enter__(self) -> Reporter:

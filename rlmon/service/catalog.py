@@ -115,6 +115,10 @@ TRAIN_SECONDS = "timing/train_seconds"
 WEIGHT_SYNC_SECONDS = "timing/weight_sync_seconds"
 MEMORY_ALLOCATED_BYTES = "perf/memory_allocated_bytes"
 MEMORY_RESERVED_BYTES = "perf/memory_reserved_bytes"
+GPU_UTILIZATION = "perf/gpu_utilization"
+GPU_POWER_WATTS = "perf/gpu_power_watts"
+HOST_RSS_BYTES = "perf/host_rss_bytes"
+HOST_CPU_CORES = "perf/host_cpu_cores"
 
 
 def _panel(dashboard: str, row: str, order: int, title: str = "") -> PanelHint:
@@ -368,6 +372,18 @@ _SPECS: tuple[MetricSpec, ...] = (
                Unit.BYTES, Domain.NONNEGATIVE, panel=_panel("overview", "Performance", 80)),
     MetricSpec(MEMORY_RESERVED_BYTES, "Peak device memory reserved (worst rank).", MAX,
                Unit.BYTES, Domain.NONNEGATIVE, panel=_panel("overview", "Performance", 90)),
+    # --- hardware, sampled per rank off the training thread (rlmon.actors.hardware) ----------
+    MetricSpec(GPU_UTILIZATION,
+               "GPU utilisation (NVML), mean over the step's samples of every rank's GPU.", MEAN,
+               Unit.RATIO, Domain.FRACTION, panel=_panel("overview", "Hardware", 10)),
+    MetricSpec(GPU_POWER_WATTS,
+               "GPU power draw (NVML), mean over the step's samples of every rank's GPU.", MEAN,
+               Unit.WATTS, Domain.NONNEGATIVE, panel=_panel("overview", "Hardware", 20)),
+    MetricSpec(HOST_RSS_BYTES, "Peak resident memory of a rank's process (worst rank).", MAX,
+               Unit.BYTES, Domain.NONNEGATIVE, panel=_panel("overview", "Hardware", 30)),
+    MetricSpec(HOST_CPU_CORES,
+               "CPU cores busy in a rank's process, mean over the step's samples and ranks.",
+               MEAN, Unit.NONE, Domain.NONNEGATIVE, panel=_panel("overview", "Hardware", 40)),
 )
 
 CATALOG: Mapping[str, MetricSpec] = MappingProxyType({spec.name: spec for spec in _SPECS})

@@ -47,6 +47,7 @@ class Unit(StrEnum):
     STEPS = "steps"
     REQUESTS = "requests"
     TOKENS_PER_SECOND = "tokens_per_second"
+    WATTS = "watts"
 
 
 class Domain(StrEnum):

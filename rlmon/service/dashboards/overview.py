@@ -34,6 +34,7 @@ ROWS = (
     "Rollout / trainer mismatch",
     "Optimisation",
     "Performance",
+    "Hardware",
     "Critic",
 )
 _GREEN_RED = [Band(None, "green"), Band(1, "red")]

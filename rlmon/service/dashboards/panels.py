@@ -48,6 +48,7 @@ _GRAFANA_UNIT: dict[Unit, str] = {
     Unit.STEPS: "short",
     Unit.REQUESTS: "short",
     Unit.TOKENS_PER_SECOND: "short",
+    Unit.WATTS: "watt",
 }
 _AXIS_LABEL: dict[Unit, str] = {
     Unit.NATS: "nats",
