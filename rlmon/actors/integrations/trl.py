@@ -21,6 +21,15 @@ lossy keys then go under ``trl/<key>`` too.
 
 Only the main process reports; the values are already global, so the reporter's world is one
 rank. ``transformers`` is imported only when the callback class is first used.
+
+The stop switch (``rlmon.service.stop``): when the service asks the run to stop
+(``Reporter.should_stop()``), the callback sets ``control.should_training_stop``, and the trainer
+ends after the current step the way it does at ``max_steps`` (``on_train_end`` runs, the last step
+is reported). In one process it looks at the end of every step. With several processes every rank
+must stop at the same step (a rank that stops alone leaves the others waiting in a collective), so
+the main process's answer is broadcast to all ranks at each logging step (``on_log``, which every
+rank calls right after the trainer's own gather of the loss); that needs the callback bound to the
+trainer (``RlmonCallback.attach``). ``stopped`` holds the step and the reason once it stopped.
 """
 
 from __future__ import annotations
@@ -90,6 +99,8 @@ class _Relay:
         self.hooks: set[str] = set()  # the trainer methods hooked ("loss", "rewards")
         self._collected = _Hooks()
         self._open_step: int | None = None  # recorded into, not ended yet
+        self.stopped: tuple[int, str] | None = None  # (step, why) once the service stopped it
+        self._said_unbound = False
         self.fallbacks = 0  # windows where a hooked key had to be relayed as logged
 
     @classmethod
@@ -245,6 +256,8 @@ class _Relay:
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Mapping[str, Any] | None = None,
                **kwargs: Any) -> None:
+        if self.trainer is not None and self._processes(args) > 1:
+            self._agree_on_stop(state, control)
         if not logs or not getattr(state, "is_world_process_zero", True):
             return
         if self.run_info is None:
@@ -263,6 +276,53 @@ class _Relay:
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._end_open_step()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not self._stop_requested():
+            return
+        if self._processes(args) == 1:
+            self._stop(state, control)
+        elif self.trainer is None and not self._said_unbound:
+            self._said_unbound = True
+            log.warning("rlmon: the service asks this run to stop, but a callback not bound to "
+                        "the trainer cannot stop every rank at the same step; bind it with "
+                        "RlmonCallback.attach(trainer, ...) to honour the stop switch")
+
+    # -- the stop switch -----------------------------------------------------------------------
+
+    def _processes(self, args: Any) -> int:
+        accelerator = getattr(self.trainer, "accelerator", None)
+        if accelerator is not None:
+            return int(getattr(accelerator, "num_processes", 1) or 1)
+        try:  # TrainingArguments.world_size needs torch and a backend to answer
+            return int(getattr(args, "world_size", 1) or 1)
+        except Exception:
+            return 1
+
+    def _stop_requested(self) -> bool:
+        """The main process's Reporter's answer, read without waiting (other processes have no
+        Reporter, and none is made here)."""
+        check = getattr(self._reporter, "should_stop", None)
+        return bool(check()) if callable(check) else False
+
+    def _agree_on_stop(self, state: Any, control: Any) -> None:
+        """Every rank learns the main process's answer (one broadcast of one number)."""
+        import torch
+        from accelerate.utils import broadcast
+
+        accelerator = self.trainer.accelerator
+        wanted = accelerator.is_main_process and self._stop_requested()
+        flag = torch.tensor([int(wanted)], device=accelerator.device)
+        if int(broadcast(flag, from_process=0).item()):
+            self._stop(state, control)
+
+    def _stop(self, state: Any, control: Any) -> None:
+        control.should_training_stop = True
+        if self.stopped is None:
+            decision = getattr(self._reporter, "stop_decision", None)
+            why = getattr(decision, "reason", "") or "the service asked the run to stop"
+            self.stopped = (int(state.global_step), why)
+            log.warning("rlmon: stopping training after step %d: %s", state.global_step, why)
 
     def _end_open_step(self) -> None:
         if self._open_step is not None:

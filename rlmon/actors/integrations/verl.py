@@ -5,6 +5,12 @@ backend in ``Tracking.logger``. Its actor metrics are means of micro-batch means
 metrics sums over mini-batches x epochs (``verl/utils/metric/utils.py``), so they are relayed
 under ``verl/<key>``; driver-side data metrics (``verl/trainer/ppo/metric_utils.py``) are exact
 and go under canonical names.
+
+The stop switch (``rlmon.service.stop``): check ``backend.reporter.should_stop()``
+(``logger.logger["rlmon"]`` of the trainer's ``Tracking``) on the driver in ``RayPPOTrainer.fit``
+right after ``logger.log(data=metrics, step=self.global_steps)``, and return the way verl ends
+at its last step (save a checkpoint, then return); it reads the last acknowledgement and never
+waits, and the driver's return ends the step loop for every worker.
 """
 
 from __future__ import annotations
