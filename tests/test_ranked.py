@@ -27,11 +27,12 @@ _ITEM = st.tuples(_SCORE, st.sampled_from([f"s{i}" for i in range(30)]), st.text
 
 
 def _truth(items: list[Sample], k: int, highest: bool) -> list[Sample]:
-    """The reference: best copy per id, NaN first, then by score, ties by id; the first k."""
-    def order(item: Sample) -> tuple[int, float, str]:
+    """The reference: best copy per id, NaN first, then by score, ties by id then payload;
+    the first k."""
+    def order(item: Sample) -> tuple[int, float, str, str]:
         if item[0] != item[0]:
-            return (0, 0.0, item[1])
-        return (1, -item[0] if highest else item[0], item[1])
+            return (0, 0.0, item[1], item[2])
+        return (1, -item[0] if highest else item[0], item[1], item[2])
 
     best: dict[str, Sample] = {}
     for item in items:

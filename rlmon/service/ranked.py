@@ -2,7 +2,7 @@
 
 A state is ``(k, item, item, ...)``, each item a :data:`Sample` ``(score, id, payload)``, best
 first. Merging keeps the best ``min(k)`` items of the union, one per id (the best-ranked copy:
-replicas of a rank send the same ids), ordered by score then id, so any split over ranks and
+replicas of a rank send the same ids), ordered by score, then id, then payload, so any split over ranks and
 micro-batches, in any order, gives the global top-k of the step. A NaN score ranks first: a NaN
 log-prob difference is the worst sample there is.
 """
@@ -37,11 +37,13 @@ class Ranked:
     key: str
     highest: bool
 
-    def order(self, item: Sample) -> tuple[int, float, str]:
+    def order(self, item: Sample) -> tuple[int, float, str, str]:
+        """The rank of an item: NaN first, then by score, ties by id, then payload (a total
+        order, so which copy of an id is kept never depends on arrival order)."""
         score = item[0]
         if score != score:
-            return (0, 0.0, item[1])
-        return (1, -score if self.highest else score, item[1])
+            return (0, 0.0, item[1], item[2])
+        return (1, -score if self.highest else score, item[1], item[2])
 
     def combine(self, x: tuple[Any, ...], y: tuple[Any, ...]) -> tuple[Any, ...]:
         k = min(x[0], y[0])
