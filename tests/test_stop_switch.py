@@ -4,6 +4,7 @@ node-merge tier) without the training thread waiting, and the notification says 
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from collections.abc import Sequence
@@ -224,3 +225,38 @@ def test_should_stop_answers_while_the_sender_is_stuck() -> None:
     finally:
         release.set()
         rep.close(timeout=1.0)
+
+
+@pytest.mark.ray
+def test_a_stop_reaches_the_reporter_on_ray(ray_namespace: str, tmp_path: Path) -> None:
+    """The same path through the real actors: the service actor answers the aggregator's
+    publish with the decision, the aggregator puts it in the Reporter's next ack."""
+    from rlmon.actors.runtime import RuntimeOptions, shutdown_runtime
+
+    (tmp_path / "rules.yaml").write_text(NAN_STOPS)
+    (tmp_path / "rlmon.yaml").write_text(
+        "notifiers: {console: {enabled: false}}\nstop: {runs: [{run: 'ray-*', rules: ['*']}]}\n")
+    opts = RuntimeOptions(config=str(tmp_path / "rlmon.yaml"), rules=str(tmp_path / "rules.yaml"),
+                          state_dir=str(tmp_path / "state"), port=0)
+    rep = Reporter("ray-1", "actor", rank={}, world={}, namespace=ray_namespace, runtime=opts,
+                   step_seconds=False)
+    try:
+        for n, value in enumerate((1.0, math.nan)):
+            rep.record(catalog.REWARD, sum=value, count=1)
+            rep.end_step(n)
+
+        steps = itertools.count(2)
+
+        def stopped() -> bool:  # every further step's ack may carry the decision
+            rep.record(catalog.REWARD, sum=1.0, count=1)
+            rep.end_step(next(steps))
+            assert rep.flush(30), rep.last_error
+            return rep.should_stop()
+
+        wait_for(stopped, 60, "the stop decision in an ack", every=0.1)
+        assert rep.stop_decision is not None
+        assert (rep.stop_decision.alert, rep.stop_decision.allowed_by) == ("NonFiniteMetric",
+                                                                           "ray-*")
+    finally:
+        rep.close()
+        shutdown_runtime(ray_namespace)
