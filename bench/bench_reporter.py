@@ -6,6 +6,10 @@ Figures (per step, 200 metrics, median over steps):
     steps, competing for the GIL); and whole-process CPU per step;
   * rlmon Reporter, batched scalars: the same 200 metrics in one ``record_many`` + ``end_step``
     (budget: <= 50 us on the training thread, whole process < 500 us);
+  * rlmon Reporter, spans: a step of 7 nested spans (rollout > generate, reward; train >
+    forward, backward; weight_sync) around the same ``record_many``: the training-thread time the
+    timeline adds per step, against the same spans recording only their ``timing/*`` maximum (the
+    Reporter before step timelines);
   * rlmon Reporter, tensors: 200 ``record_tensor`` (torch when installed, else numpy; 8
     micro-batches of 25 tensors sharing a mask) + ``end_step`` and the device-to-host transfers
     it took;
@@ -113,6 +117,56 @@ def reporter_many(steps: int) -> dict[str, float]:
     rep.flush(30)
     rep.close()
     return {"alone_us": _median_us(alone), "tight_us": _median_us(tight), "cpu_us": cpu * 1e6}
+
+
+_PHASES = (("rollout", ("generate", "reward")), ("train", ("forward", "backward")),
+           ("weight_sync", ()))
+
+
+def _timing_only(rep: Reporter) -> Callable[[str], Any]:
+    """``span`` as it was before step timelines: the ``timing/<name>_seconds`` maximum only."""
+    import contextlib
+
+    from rlmon.service.spec import Form
+
+    @contextlib.contextmanager
+    def span(name: str) -> Any:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            rep._add(f"timing/{name}_seconds", Form.MAX, (time.perf_counter() - start,),
+                     None, None, 0)
+
+    return span
+
+
+def reporter_spans(steps: int) -> dict[str, float]:
+    """Training-thread time per step of record_many + end_step with 7 spans, with timelines
+    (``Reporter.span``) and with timing-only spans, interleaved step by step."""
+    batch = {name: (float(i), 4.0) for i, name in enumerate(NAMES)}
+    out: dict[str, float] = {}
+    reps = {"timeline": Reporter("bench", "actor", sink=PickleSink(), step_seconds=False)}
+    reps["timing"] = Reporter("bench", "critic", sink=PickleSink(), step_seconds=False)
+    spans = {"timeline": reps["timeline"].span, "timing": _timing_only(reps["timing"])}
+    times: dict[str, list[float]] = {"timeline": [], "timing": []}
+    for step in range(steps):
+        for kind in ("timeline", "timing") if step % 2 else ("timing", "timeline"):
+            rep, span = reps[kind], spans[kind]
+            start = time.perf_counter()
+            for outer, inner in _PHASES:
+                with span(outer):
+                    for name in inner:
+                        with span(name):
+                            pass
+            rep.record_many(batch)
+            rep.end_step(step)
+            times[kind].append(time.perf_counter() - start)
+            rep.flush(10)  # not timed
+    for kind, rep in reps.items():
+        rep.close()
+        out[f"{kind}_us"] = _median_us(times[kind])
+    return out
 
 
 def reporter_tensors(steps: int, threads: int | None = None) -> dict[str, Any]:
@@ -247,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     floor = call_floor(steps)
     scalars = reporter_scalars(steps)
     many = reporter_many(steps)
+    spans = reporter_spans(steps)
     tensors = reporter_tensors(max(steps // 3, 20))
     # One intra-op thread: on a shared 2-core machine a batched reduction large enough to be
     # split over threads waits for a core another process holds; per-metric ops are too small
@@ -267,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
         ("rlmon Reporter, record_many: training thread", many["alone_us"]),
         ("rlmon Reporter, record_many: training thread, tight loop", many["tight_us"]),
         ("rlmon Reporter, record_many: whole process CPU", many["cpu_us"]),
+        ("rlmon Reporter, record_many + 7 spans with timelines: training thread",
+         spans["timeline_us"]),
+        ("  (the same 7 spans recording only their timing/* maximum)", spans["timing_us"]),
         (f"rlmon Reporter, tensors ({tensors['kind']}): training thread", tensors["us"]),
         (f"  (same masked sums with {tensors['kind']} and .item() per metric)",
          tensors["item_us"]),
@@ -293,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  budget, record_many: training thread <= 50 us (alone and tight loop) -> "
           f"{'meets' if fast <= 50 else 'misses'} ({fast:.1f} us); whole process < 500 us -> "
           f"{'meets' if cpu < 500 else 'misses'} ({cpu:.1f} us)")
+    added = spans["timeline_us"] - spans["timing_us"]
+    print(f"  step timelines: 7 spans add {added:+.1f} us per step on the training thread over "
+          f"timing-only spans ({added / 50 * 100:+.1f} % of the 50 us budget)")
     return 0
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from perfetto_check import read_trace
 
 from rlmon.service.replay import replay
 from rlmon.workload import grpo
@@ -33,6 +34,21 @@ def test_demo_dead_rank_json_and_plot(tmp_path: Path) -> None:
     alerts = [a for a in lines if a.get("type") == "alert"]
     assert any(a["alert"] == "RankMissing" and a["step"] == 2 for a in alerts)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the trace beside the plot, read with Perfetto's own proto classes
+    assert f"trace written to {tmp_path / 'demo.pftrace'}" in proc.stderr
+    assert "ui.perfetto.dev" in proc.stderr
+    view = read_trace((tmp_path / "demo.pftrace").read_bytes())
+    actor = {name: slices for (process, name), slices in view.slices.items()
+             if process.startswith("actor @ ")}
+    assert len(actor) == 4  # one thread per rank
+    dead = actor["rank dp=1 cp=1 tp=0 pp=0"]
+    assert [s.name for s in dead if s.depth == 0] == ["step 0", "step 1"]  # then it died
+    live = actor["rank dp=0 cp=0 tp=0 pp=0"]
+    assert [s.name for s in live if s.depth == 0] == [f"step {n}" for n in range(5)]
+    assert any(s.name == "train" and s.depth == 1 for s in live)  # the demo's spans, nested
+    instants = [i for (process, track), items in view.instants.items()
+                if process == "actor: run" for i in items]
+    assert any(name == "RankMissing firing" for _, name, _ in instants)
 
 
 def test_demo_lr_spike_computes_what_the_workload_does(tmp_path: Path) -> None:

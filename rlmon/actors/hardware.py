@@ -78,6 +78,8 @@ class HardwareSampler:
         self._lock = threading.Lock()
         self._peaks: dict[str, float] = {}
         self._sums: dict[str, list[float]] = {}  # name -> [sum, count]
+        self._latest: dict[str, float] = {}  # each rate's latest sample
+        self._last: Stats | None = None  # what the latest take would repeat
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rlmon-hardware", daemon=True)
         self._thread.start()
@@ -111,6 +113,7 @@ class HardwareSampler:
                 acc = self._sums.setdefault(name, [0.0, 0.0])
                 acc[0] += value
                 acc[1] += 1.0
+                self._latest[name] = value
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
@@ -120,17 +123,25 @@ class HardwareSampler:
                 log.debug("rlmon: hardware sample failed: %s", exc)
 
     def take(self) -> Stats:
-        """The statistics since the last take (one fresh sample when none was taken), in
-        catalog forms; the next step starts empty."""
+        """The statistics since the last take, in catalog forms; the next step starts empty.
+
+        A step shorter than the interval repeats the latest sample (read once, ever, when
+        there is none yet): the sender thread never reads the hardware once per step.
+        """
         with self._lock:
             empty = not self._peaks and not self._sums
-        if empty:
+        if empty and self._last is None:
             self.sample()
         with self._lock:
+            if empty and self._last is not None:
+                return dict(self._last)
             peaks, self._peaks = self._peaks, {}
             sums, self._sums = self._sums, {}
-        stats: Stats = {name: (Form.MAX, (value,)) for name, value in peaks.items()}
-        stats.update({name: (Form.MEAN, (s, n)) for name, (s, n) in sums.items()})
+            stats: Stats = {name: (Form.MAX, (value,)) for name, value in peaks.items()}
+            stats.update({name: (Form.MEAN, (s, n)) for name, (s, n) in sums.items()})
+            last: Stats = {name: (Form.MAX, (value,)) for name, value in peaks.items()}
+            last.update({name: (Form.MEAN, (self._latest[name], 1.0)) for name in sums})
+            self._last = last
         return stats
 
     @property

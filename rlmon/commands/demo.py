@@ -19,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from rlmon.commands.trace import OPEN_HINT, write_trace
 from rlmon.service import catalog
 
 __all__ = ["register"]
@@ -45,6 +46,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--port", type=int, default=9464, help="exporter port (9464; 0: any free)")
     p.add_argument("--config", default=None, help="YAML settings (notifiers, routing)")
     p.add_argument("--plot", default="rlmon-demo.png", help="PNG to write (rlmon-demo.png)")
+    p.add_argument("--trace", default=None,
+                   help="Perfetto trace of the run's step timelines to write (default: beside "
+                   "the plot, rlmon-demo.pftrace)")
     p.add_argument("--json", action="store_true",
                    help="step and alert lines as JSON (the replay contract) on stdout")
     p.add_argument("--replay", action="store_true",
@@ -237,6 +241,11 @@ def _run(args: argparse.Namespace) -> int:
               args.fault, args.fault_step)
         if not args.json:
             _summary(steps, alerts, args.plot, live["line"], time.monotonic() - started)
+        trace = args.trace or str(Path(args.plot).with_suffix(".pftrace"))
+        written = write_trace(state_dir / "history.sqlite", run, trace)
+        if written is not None:  # every rank's spans of every step, with the alerts
+            print(f"trace written to {trace} ({written}): {OPEN_HINT}",
+                  file=sys.stderr if args.json else out, flush=True)
         # the alert each fault is shown by, and how many steps after the fault it fires
         expected = {"stale_weights": ("ISRatioStale", 8), "dead_rank": ("RankMissing", 0),
                     "lr_spike": ("ClipRatioHigh", 2)}

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["parse_steps", "register"]
+__all__ = ["OPEN_HINT", "parse_steps", "register", "write_trace"]
 
 
 def parse_steps(text: str) -> tuple[int, int | None]:
@@ -36,9 +36,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run_trace(args: argparse.Namespace) -> int:
-    from rlmon.service.history import HistoryStore
-    from rlmon.service.perfetto_trace import TraceInput, build_trace
-
     if args.state_dir is not None:
         state = Path(args.state_dir)
     else:
@@ -49,23 +46,38 @@ def run_trace(args: argparse.Namespace) -> int:
     if not db.exists():
         print(f"rlmon trace: no history store at {db}", file=sys.stderr)
         return 2
+    first, last = args.steps
+    written = write_trace(db, args.run, args.output, args.role, first, last)
+    if written is None:
+        print(f"rlmon trace: no timelines of run {args.run!r}"
+              + (f" role {args.role!r}" if args.role else "")
+              + f" in steps {first}:{'' if last is None else last}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.output}: {written}; {OPEN_HINT}")
+    return 0
+
+
+OPEN_HINT = "open it at https://ui.perfetto.dev (Open trace file, or drop the file on the page)"
+
+
+def write_trace(db: Path, run: str, output: str | Path, role: str | None = None,
+                first: int = 0, last: int | None = None) -> str | None:
+    """Write the trace of ``run`` from the history store ``db``; what it holds, in words, or
+    None when the store has no timelines for it."""
+    from rlmon.service.history import HistoryStore
+    from rlmon.service.perfetto_trace import TraceInput, build_trace
+
     store = HistoryStore(db)
     try:
-        first, last = args.steps
-        timelines = store.timelines(args.run, args.role, first, last)
+        timelines = store.timelines(run, role, first, last)
         if not timelines:
-            print(f"rlmon trace: no timelines of run {args.run!r}"
-                  + (f" role {args.role!r}" if args.role else "")
-                  + f" in steps {first}:{'' if last is None else last}", file=sys.stderr)
-            return 1
-        data = TraceInput(timelines, store.alerts(args.run), store.steps(args.run, args.role))
+            return None
+        data = TraceInput(timelines, store.alerts(run), store.steps(run, role))
     finally:
         store.close()
     trace = build_trace(data)
-    tmp = f"{args.output}.tmp"
+    tmp = f"{output}.tmp"
     Path(tmp).write_bytes(trace)
-    os.replace(tmp, args.output)
+    os.replace(tmp, output)
     ranks = {(t.role, r.rank) for t in timelines for r in t.ranks}
-    print(f"wrote {args.output}: {len(timelines)} step(s), {len(ranks)} rank(s), "
-          f"{len(trace)} bytes; open it at https://ui.perfetto.dev (Open trace file)")
-    return 0
+    return f"{len(timelines)} step(s), {len(ranks)} rank(s), {len(trace)} bytes"
