@@ -139,7 +139,8 @@ SANITY_FINDINGS = Series("rlmon_sanity_findings_total", "counter",
 STATE_REMOVED = Series("rlmon_state_removed_total", "counter",
                        "Per-run and per-name state that left memory or the stores (quiet or "
                        "finished streams, forgotten metric names, history and watermark "
-                       "retention), by `component` and `kind`.", ("component", "kind"))
+                       "retention) or was cut to fit a bound (sample payloads, timeline spans), "
+                       "by `component` and `kind`.", ("component", "kind"))
 SERIES = Series("rlmon_exporter_series", "gauge", "Series under the cardinality budget.")
 SERIES_BUDGET = Series("rlmon_exporter_series_budget", "gauge", "The cardinality budget.")
 SERIES_REFUSED = Series("rlmon_exporter_series_refused_total", "counter",

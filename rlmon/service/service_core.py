@@ -245,6 +245,7 @@ class ServiceCore:
                                          if k in self.engine.last_step},
                              outbound=batches, stops=list(decided.values()))
             self.removed["sample_payloads_cut"] = self.history.sample_payloads_cut
+            self.removed["timeline_spans_cut"] += sum(r.timelines_cut for r in fresh)
             self.events.extend(events)
             if self.otlp is not None:
                 self.otlp.export(fresh)
