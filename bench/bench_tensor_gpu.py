@@ -6,7 +6,10 @@ A training-like step: 8 micro-batches, each some matmul work and 25 masked per-t
   * item: masked mean + ``.item()`` per metric (200 host syncs a step);
   * fused: hand-fused ideal: per micro-batch one stacked masked sum into a preallocated device
     buffer, one copy a step;
-  * rlmon: ``record_tensor`` x200 + ``end_step`` (the sink drops what it is sent).
+  * rlmon: ``record_tensor`` x200 + ``end_step`` (the sink drops what it is sent);
+  * rlmon+samples: the same plus worst-sample capture on the device path, two sample metrics per
+    micro-batch (``record_sample_tensor``: per-sequence mean and min scores, a stable sort, the
+    best 8 joining the step's one copy, payload text built for the selected only).
 A light step (~5 ms of work) and a heavy one (~80 ms). On CPU the figures are CPU figures; the
 GPU targets (light <= 1 ms overhead, heavy <= 2 %) need a GPU run, which this prints as not
 measured when none is present. Also counts the ATen operations rlmon dispatches per call.
@@ -110,15 +113,25 @@ def run(steps: int, threads: int | None = None) -> int:
         for name, v in zip(names, stats, strict=True):
             rep.record_tensor(name, v, mask)
 
+    texts = [f"prompt and response of sequence {i}" for i in range(BATCH)]
+
+    def rlmon_samples(stats: list[Any], mask: Any, mb: int) -> None:
+        rlmon(stats, mask, mb)
+        rep.record_sample_tensor("bench/worst", stats[0], mask, score="mean",
+                                 payload=texts.__getitem__)
+        rep.record_sample_tensor("bench/lowest", stats[1], mask, score="min", largest=False,
+                                 payload=texts.__getitem__)
+
     def end(kind: str, step: int) -> None:
         if kind == "fused":
             buffer.tolist()
             buffer.zero_()
-        elif kind == "rlmon":
+        elif kind.startswith("rlmon"):
             rep.end_step(step)
 
     variants: dict[str, Callable[[list[Any], Any, int], None]] = {
-        "none": none, "item": item, "fused": fused, "rlmon": rlmon}
+        "none": none, "item": item, "fused": fused, "rlmon": rlmon,
+        "rlmon+samples": rlmon_samples}
     print(f"Per-step cost of 200 masked per-token statistics (8 micro-batches x 25), on {what}; "
           f"torch {torch.__version__}")
     step_no = 0
@@ -156,7 +169,8 @@ def run(steps: int, threads: int | None = None) -> int:
         print(f"    {'':<56} {'step - none':>12} {'in metric calls':>16}")
         for kind, text in (("item", "masked mean + .item() per metric (200 syncs)"),
                            ("fused", "hand-fused: one stacked sum per micro-batch, one copy"),
-                           ("rlmon", "rlmon record_tensor x200 + end_step (1 copy)")):
+                           ("rlmon", "rlmon record_tensor x200 + end_step (1 copy)"),
+                           ("rlmon+samples", "... + 16 sample captures (2 per micro-batch)")):
             extra = med[kind] - base
             print(f"    {text:<56} {extra:+9.3f} ms {calls[kind]:13.3f} ms"
                   f"   ({100 * extra / base:+6.1f} % of the step)")
@@ -180,12 +194,21 @@ def run(steps: int, threads: int | None = None) -> int:
             for name, v in zip(names, stats, strict=True):
                 counting.record_tensor(name, v, mask)
         counting.end_step(0)
-    counting.close(1.0)
     per_call = Count.n / (MICRO_BATCHES * PER_MASK)
+    Count.n = 0
+    with Count():
+        counting.record_sample_tensor("bench/worst", data[0][0][0], masks[0], score="mean")
+    sample_ops = Count.n
+    counting.end_step(1)
+    counting.close(1.0)
     # On CPU the work and the metric calls run one after the other: the time inside the calls
     # is the overhead, without the noise of the work. On a GPU only the step difference counts.
     light = results["light"]
     rl, it, fu = (light[k] - light["none"] for k in ("rlmon", "item", "fused"))
+    capture = (light["rlmon+samples"] - light["rlmon"]) / (2 * MICRO_BATCHES)
+    where = "time in the calls" if device.type == "cpu" else "step time"
+    print(f"  worst-sample capture on the device path: {capture * 1e3:.0f} us per "
+          f"record_sample_tensor (light step, {where}), {sample_ops} ATen ops each, no sync")
     print(f"  ATen ops dispatched by rlmon per record_tensor, amortised over the step: "
           f"{per_call:.2f} (budget <= 1.5) -> {'meets' if per_call <= 1.5 else 'misses'}")
     if device.type == "cpu":

@@ -159,3 +159,23 @@ def test_a_ranked_statistic_in_record_many() -> None:
     assert record.samples["custom/m"] == ((1.0, "b", "p"), (2.0, "c", ""))
     assert "custom/bad" not in record.metrics and rep.rejected == 1
     rep.close()
+
+
+def test_the_jsonl_sink_writes_ranked_partials_that_replay_reads(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from rlmon.actors.integrations._base import JsonlSink
+    from rlmon.service.replay import replay
+
+    path = Path(str(tmp_path)) / "run.jsonl"
+    rep = Reporter("r", "actor", sink=JsonlSink(str(path)), step_seconds=False, rank={},
+                   world={}, start_service=False)
+    rep.record_samples(catalog.REWARD_LOWEST, [(math.nan, "a", "x"), (-1.0, "b", "")])
+    rep.end_step(0)
+    assert rep.flush(10)
+    rep.close()
+    with path.open("rb") as handle:
+        result = replay(handle)
+    assert result.exit_code == 0
+    ((record, _events),) = result.steps
+    assert record.samples[catalog.REWARD_LOWEST][1] == (-1.0, "b", "")

@@ -4,6 +4,7 @@ metric has samples (webhook, Slack, PagerDuty custom details), never in the expo
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -21,7 +22,8 @@ from rlmon.service.alerts import AlertEvent
 from rlmon.service.config import Settings
 from rlmon.service.history import HistoryStore
 from rlmon.service.metrics_http import build_registry
-from rlmon.service.notify.render import pagerduty_body, slack_body
+from rlmon.service.notify.console import ConsoleNotifier
+from rlmon.service.notify.render import pagerduty_body, slack_body, webhook_body
 from rlmon.service.samples import NOTIFY_CHARS, NOTIFY_ITEMS, bound_payloads
 from rlmon.service.service_core import ServiceCore
 from rlmon.service.step import StepRecord
@@ -131,13 +133,17 @@ def _array(rows: list[list[float]]) -> object:
     return np.array(rows)
 
 
-def test_slack_and_pagerduty_carry_the_samples_and_the_command() -> None:
+def test_slack_pagerduty_and_console_carry_the_samples_and_the_command() -> None:
     event = AlertEvent("grpo", "actor", 4, "LogprobMismatch", "warning", "firing",
                        catalog.LOGP_DIFF, 0.4, samples_metric=catalog.LOGP_DIFF_WORST,
                        samples=((2.5, "dp1/7", "Question: 2+2?\nAnswer: <think>"),))
     slack = json.dumps(slack_body([event], None, "rlmon"))
     assert "dp1/7" in slack and "Question: 2+2? Answer: &lt;think&gt;" in slack
     assert "rlmon samples grpo --role actor --step 4" in slack
+    console = io.StringIO()
+    ConsoleNotifier(console).send(webhook_body([event], None))
+    assert "worst samples (actor/logp_diff_worst):\n      1. dp1/7  2.5  Question: 2+2? " \
+        "Answer: <think>" in console.getvalue()
     details = pagerduty_body(event, {}, "g", None)["payload"]["custom_details"]
     assert details["worst_samples"]["items"] == [
         {"score": 2.5, "id": "dp1/7", "payload": "Question: 2+2?\nAnswer: <think>"}]

@@ -30,9 +30,13 @@ FAULTS = grpo.FAULTS
 def record_partials(
     rep: Reporter, partials: Mapping[str, Mapping[str, Any]], minibatch: int = 0
 ) -> None:
-    """Record contract-style partial dicts (``{"sum": .., "count": ..}``) through a Reporter."""
+    """Record contract-style partial dicts (``{"sum": .., "count": ..}``) through a Reporter;
+    ranked ones (``{"k": .., "bottom": [..]}``: worst samples) through ``record_many``."""
     for name, partial in partials.items():
-        rep.record(name, minibatch=minibatch, **partial)
+        if "k" in partial:
+            rep.record_many({name: partial})
+        else:
+            rep.record(name, minibatch=minibatch, **partial)
 
 
 def _actor_classes() -> tuple[Any, Any, Any]:

@@ -273,9 +273,9 @@ _SPECS: tuple[MetricSpec, ...] = (
     MetricSpec(REWARD_STD, "Standard deviation of rewards over responses.", MOMENTS,
                Unit.NONE, Domain.NONNEGATIVE, panel=_panel("overview", "Reward", 20)),
     MetricSpec(REWARD_MIN, "Smallest reward in the step.", MIN,
-               panel=_panel("overview", "Reward", 30)),
+               panel=_panel("overview", "Reward", 30), samples=REWARD_LOWEST),
     MetricSpec(REWARD_MAX, "Largest reward in the step.", MAX,
-               panel=_panel("overview", "Reward", 40)),
+               panel=_panel("overview", "Reward", 40), samples=REWARD_HIGHEST),
     MetricSpec(
         FRAC_REWARD_ZERO_STD, "Fraction of prompt groups whose rewards all tie.", MEAN,
         Unit.RATIO, Domain.FRACTION, healthy=(0.0, 0.5),

@@ -247,6 +247,11 @@ class Shard:
     logp_rollout: FloatArray
     advantages: FloatArray
     rewards: FloatArray
+    rows: IntArray  # the sequences' places in the step's batch: their sample ids
+
+
+# Samples of the lowest IS ratio each rank keeps per mini-batch (the step keeps as many).
+SAMPLES_K = 3
 
 
 def make_shards(
@@ -266,10 +271,24 @@ def make_shards(
         shards.append(
             Shard(
                 m, batch.prompts[rows], batch.tokens[rows], batch.mask[rows] * cp_mask,
-                batch.logp_rollout[rows], advantages[rows], batch.rewards[rows],
+                batch.logp_rollout[rows], advantages[rows], batch.rewards[rows], rows,
             )
         )
     return shards
+
+
+def lowest_is_ratio(shard: Shard, is_ratio: FloatArray) -> dict[str, Any]:
+    """The sequences of the shard with the smallest token IS ratio, as a ranked partial: id
+    ``seq<n>`` (its place in the batch: a sequence's CP shards share it, so the merge keeps
+    its smallest), payload its prompt and tokens."""
+    on = shard.mask > 0
+    worst = np.where(on, is_ratio, np.inf).min(axis=-1) if on.size else np.zeros(0)
+    kept = [i for i in np.argsort(worst, kind="stable") if on[i].any()][:SAMPLES_K]
+    return {"k": SAMPLES_K, "bottom": [
+        [float(worst[i]), f"seq{int(shard.rows[i])}",
+         f"prompt {int(shard.prompts[i])}: tokens "
+         + " ".join(str(int(t)) for t in shard.tokens[i][shard.mask[i] > 0])]
+        for i in kept]}
 
 
 def shard_partials(
@@ -331,6 +350,7 @@ def shard_partials(
         catalog.LOGP_DIFF: tok(logp_diff),
         catalog.LOGP_DIFF_MAX: extreme(logp_diff, "max"),
         catalog.IS_MASKED_FRAC: tok((is_ratio > config.is_cap).astype(np.float64)),
+        catalog.IS_RATIO_LOWEST: lowest_is_ratio(shard, is_ratio),
         catalog.ADVANTAGE: tok(adv),
         catalog.ADVANTAGE_STD: {
             "count": n_tok, "sum": float(adv_tok.sum()), "sqsum": float((adv_tok**2).sum()),

@@ -158,6 +158,8 @@ def _partial_json(partial: Any) -> dict[str, Any]:
         return "NaN" if x != x else ("Infinity" if x > 0 else "-Infinity")
 
     spec = FORMS[partial.form]
+    if spec.ranked is not None:  # {"k": .., "top": [[score, id, payload], ...]}, JSON-ready
+        return spec.as_keys(partial.state)
     out: dict[str, Any] = {key: num(v) for key, v in spec.as_keys(partial.state).items()}
     if partial.replicated is not None and not (
             spec.replicated_by_default and partial.replicated == ALL_AXES):

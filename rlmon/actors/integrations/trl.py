@@ -15,9 +15,14 @@ count) pairs that ``accelerator.reduce`` returned inside ``_compute_loss`` and p
 so ``actor/kl``, ``actor/entropy`` and ``actor/clip_ratio`` are the step's token means. It also
 takes the gathered rewards from ``_calculate_rewards`` (mean, population std, min and max of the
 step's completions) and the per-batch maxima of the completion lengths before ``log`` averages
-them. Keys it cannot make exact go under ``trl/<key>`` (``rlmon/service/keymaps.py``). A callback
-added without the trainer (``trainer.add_callback(RlmonCallback(run=...))``) relays only, and the
-lossy keys then go under ``trl/<key>`` too.
+them; from the same hook, the worst samples: the completions of highest and lowest reward
+(``rollout/reward_highest``, ``rollout/reward_lowest``, ranked on the rewards' device) and the
+longest truncated ones (``rollout/truncated_longest``), with their prompt and completion text
+only when ``sample_text`` asks for it (opt-in; a function ``(prompt, completion) -> str`` may
+shape or redact it). Keys it cannot make exact go under ``trl/<key>``
+(``rlmon/service/keymaps.py``). A callback added without the trainer
+(``trainer.add_callback(RlmonCallback(run=...))``) relays only, and the lossy keys then go under
+``trl/<key>`` too.
 
 Only the main process reports; the values are already global, so the reporter's world is one
 rank. ``transformers`` is imported only when the callback class is first used.
@@ -36,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rlmon.actors.integrations._base import (
@@ -72,6 +77,22 @@ class _Hooks:
         self.loss: dict[str, list[Any]] = {}  # key -> per-micro-batch (sum, count) tensors
         self.unmatched: set[str] = set()  # keys whose tensors could not be told apart
         self.rewards: list[Any] = []  # per generation batch: the gathered rewards (NaN-aware)
+        # per generation batch: this process's (prompts, completions, completion lengths)
+        self.texts: list[tuple[list[Any], list[Any], list[int]]] = []
+
+
+def _as_text(x: Any) -> str:
+    if isinstance(x, str):
+        return x
+    if isinstance(x, list):  # conversational: the messages' contents
+        return "\n".join(str(m.get("content", "")) if isinstance(m, dict) else str(m) for m in x)
+    return str(x)
+
+
+def _prompt_and_completion(prompt: Any, completion: Any) -> str:
+    """A sample's text: the completion, then the end of its prompt (the payload is cut at 2 kB,
+    and the completion is what went wrong)."""
+    return f"completion: {_as_text(completion)}\nprompt: ...{_as_text(prompt)[-300:]}"
 
 
 def _tolist(tensors: list[Any], cat: bool = False) -> list[Any]:
@@ -85,9 +106,13 @@ class _Relay:
     """The framework-free part of the callback."""
 
     def __init__(self, run: str, *, reporter: ReporterLike | None = None,
-                 role: str = "trainer", algorithm: str | None = None,
+                 role: str = "trainer", algorithm: str | None = None, samples_k: int = 8,
+                 sample_text: bool | Callable[[Any, Any], str] = False,
                  **reporter_kw: Any) -> None:
         self.run, self.role, self.algorithm = run, role, algorithm
+        self.samples_k = samples_k
+        self.sample_text = _prompt_and_completion if sample_text is True else (
+            sample_text or None)
         self.run_info: dict[str, Any] | None = None
         self._reporter = reporter
         # Only the main process reports, and what it reports is global: a world of one rank.
@@ -189,6 +214,10 @@ class _Relay:
                 rewards = (per_func * weights).nansum(dim=1)
                 rewards = rewards.masked_fill(per_func.isnan().all(dim=1), float("nan"))
                 self._collected.rewards.append(rewards.detach())
+                prompts, completions, ids = (list(args[1:4]) + [kw.get(k) for k in (
+                    "prompts", "completions", "completion_ids_list")][len(args[1:4]):])
+                self._collected.texts.append((list(prompts or ()), list(completions or ()),
+                                              [len(c) for c in ids or ()]))
             return per_func
 
         trainer._calculate_rewards = _calculate_rewards
@@ -225,6 +254,7 @@ class _Relay:
                 rep.record(catalog.TOKENS, sum=float(sum(
                     round(m * n) for m, n in zip(means, sizes, strict=True))))
                 done["(not logged) tokens"] = catalog.TOKENS
+            self._record_samples(got)
             values = [v for v in _tolist(got.rewards, cat=True) if not math.isnan(v)]
             if values:
                 s, q = math.fsum(values), math.fsum(v * v for v in values)
@@ -238,6 +268,30 @@ class _Relay:
             self.fallbacks += 1
             log.warning("rlmon: no exact values for %s this step; relayed as trl/<key>", missed)
         return done
+
+    def _record_samples(self, got: _Hooks) -> None:
+        """The window's worst samples: rewards ranked on their device (NaN: no reward, never
+        ranked), truncated completions by length; text asked for the selected few only."""
+        import numpy as np
+
+        rep, k = self.reporter, self.samples_k
+        limit = getattr(self.trainer, "max_completion_length", None)
+        for rewards, (prompts, completions, lengths) in zip(got.rewards, got.texts, strict=True):
+            payload = self._payload(prompts, completions)
+            # the gathered rewards start with the main process's own completions
+            for name in (catalog.REWARD_LOWEST, catalog.REWARD_HIGHEST):
+                rep.record_sample_tensor(name, rewards, rewards == rewards, k=k, payload=payload)
+            if limit and lengths:
+                sizes = np.array(lengths, dtype=np.float64)
+                rep.record_sample_tensor(catalog.TRUNCATED_LONGEST, sizes, sizes >= limit, k=k,
+                                         payload=payload)
+
+    def _payload(self, prompts: list[Any], completions: list[Any],
+                 ) -> Callable[[int], str] | None:
+        text = self.sample_text
+        if text is None:
+            return None
+        return lambda i: text(prompts[i], completions[i]) if i < len(completions) else ""
 
     @staticmethod
     def _matches(pairs: list[list[float]], logged: list[float]) -> bool:

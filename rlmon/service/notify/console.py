@@ -60,6 +60,15 @@ class ConsoleNotifier:
                 line += f"\n    what to check: {check}"
             if alert.get("stop"):
                 line += f"\n    {alert['stop']}"
+            samples = alert.get("worst_samples")
+            if samples:
+                line += f"\n    worst samples ({samples['metric']}):"
+                for n, item in enumerate(samples["items"], 1):
+                    text = " ".join(str(item.get("payload", "")).split())
+                    score = item["score"]  # a number, or "NaN"/"Infinity" as JSON has none
+                    shown = f"{score:.4g}" if isinstance(score, int | float) else str(score)
+                    line += f"\n      {n}. {item['id']}  {shown}" + (f"  {text}" if text else "")
+                line += f"\n    all of them: {samples['more']}"
             out.write(line + "\n")
         if body.get("dashboard"):
             out.write(f"    dashboard: {body['dashboard']}\n")
