@@ -8,8 +8,9 @@ import json
 import math
 import sys
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
+
+from rlmon.commands.history_store import add_store_arguments, history_path
 
 __all__ = ["register"]
 
@@ -22,21 +23,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="how many recent transitions (firing and resolved) to list (default 20)")
     p.add_argument("--json", action="store_true",
                    help='one JSON object: {"firing": [...], "recent": [...], "stops": [...]}')
-    p.add_argument("--state-dir", default=None,
-                   help="the service's state directory (default: $RLMON_STATE_DIR, else the "
-                   "embedded service's, $XDG_STATE_HOME/rlmon/<namespace>)")
-    p.add_argument("--namespace", default="rlmon", help="namespace of the embedded service")
+    add_store_arguments(p)
     p.set_defaults(func=run_alerts)
 
 
 def run_alerts(args: argparse.Namespace) -> int:
-    from rlmon.actors.runtime import RuntimeOptions  # imports no Ray
     from rlmon.service.history import HistoryStore
 
-    state = Path(RuntimeOptions(state_dir=args.state_dir).resolved_state_dir(args.namespace))
-    db = state / "history.sqlite"
-    if not db.exists():
-        print(f"rlmon alerts: no history store at {db}", file=sys.stderr)
+    db = history_path(args, "alerts")
+    if db is None:
         return 2
     store = HistoryStore(db)
     try:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
+
+from rlmon.commands.history_store import add_store_arguments, history_path
 
 __all__ = ["register"]
 
@@ -24,10 +25,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        help="the step where alert NAME last fired, and its metric's samples")
     p.add_argument("--metric", default=None, help="only this sample metric")
     p.add_argument("--json", action="store_true", help="one JSON object per (step, metric)")
-    p.add_argument("--state-dir", default=None,
-                   help="the service's state directory (default: the embedded service's, "
-                   "$XDG_STATE_HOME/rlmon/<namespace>)")
-    p.add_argument("--namespace", default="rlmon", help="namespace of the embedded service")
+    add_store_arguments(p)
     p.set_defaults(func=run_samples)
 
 
@@ -41,15 +39,8 @@ def run_samples(args: argparse.Namespace) -> int:
     from rlmon.service.history import HistoryStore
     from rlmon.service.notify.render import format_value
 
-    if args.state_dir is not None:
-        state = Path(args.state_dir)
-    else:
-        from rlmon.actors.runtime import default_state_dir  # no Ray import
-
-        state = Path(default_state_dir(args.namespace))
-    db = state / "history.sqlite"
-    if not db.exists():
-        print(f"rlmon samples: no history store at {db}", file=sys.stderr)
+    db = history_path(args, "samples")
+    if db is None:
         return 2
     store = HistoryStore(db)
     try:

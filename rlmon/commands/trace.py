@@ -7,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 
+from rlmon.commands.history_store import add_store_arguments, history_path
+
 __all__ = ["OPEN_HINT", "parse_steps", "register", "write_trace"]
 
 
@@ -27,24 +29,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--role", default=None, help="only this role (default: every role)")
     p.add_argument("--steps", type=parse_steps, default=(0, None), metavar="A:B",
                    help="the steps to draw, A to B included (A:, :B and N work too)")
-    p.add_argument("--state-dir", default=None,
-                   help="the service's state directory (default: the embedded service's, "
-                   "$XDG_STATE_HOME/rlmon/<namespace>)")
-    p.add_argument("--namespace", default="rlmon", help="namespace of the embedded service")
+    add_store_arguments(p)
     p.add_argument("-o", "--output", required=True, help="the trace file to write (.pftrace)")
     p.set_defaults(func=run_trace)
 
 
 def run_trace(args: argparse.Namespace) -> int:
-    if args.state_dir is not None:
-        state = Path(args.state_dir)
-    else:
-        from rlmon.actors.runtime import default_state_dir
-
-        state = Path(default_state_dir(args.namespace))
-    db = state / "history.sqlite"
-    if not db.exists():
-        print(f"rlmon trace: no history store at {db}", file=sys.stderr)
+    db = history_path(args, "trace")
+    if db is None:
         return 2
     first, last = args.steps
     written = write_trace(db, args.run, args.output, args.role, first, last)
