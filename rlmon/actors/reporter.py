@@ -40,9 +40,11 @@ from rlmon.actors.samples import (
 from rlmon.actors.sink import ReportSink, SinkClosed, track_sender
 from rlmon.actors.tensor_stats import (
     MAX_HELD_ELEMENTS,
+    TORCH_TYPES,
     HeldTensors,
     Reduce,
     StepTensors,
+    TensorStat,
     check_reduce,
     is_torch,
     reduce_array,
@@ -167,6 +169,10 @@ class Reporter:
         self.rejected = 0  # statistics refused after recording (see record_tensor, record_many)
         self._tensors = HeldTensors()
         self._tensor_forms: dict[Any, Form] = {}  # this step's record_tensor forms by key
+        # record_tensor's fast path: this step's checked plain statistics by name, and each
+        # name's latest plain statistic, kept across steps
+        self._tensor_step: dict[str, TensorStat] = {}
+        self._tensor_stats: dict[str, TensorStat] = {}
         self._batches: list[Mapping[str, Any]] = []  # this step's record_many mappings
         self._batch_forms: dict[str, FormDef] = {}  # a bare number's form, by metric name
         self._plain: dict[str, tuple[Form, bool]] = {}
@@ -299,6 +305,31 @@ class Reporter:
         its version counter; its statistic is refused, counted in ``rejected`` and named in
         ``last_error``, never sent wrong. numpy arrays are reduced at once, on the host.
         """
+        stat = self._tensor_step.get(name)
+        if stat is None or stat.reduce != reduce or values.__class__ not in TORCH_TYPES \
+                or replicated is not None or minibatch_reduce is not None:
+            stat = self._tensor_stat(name, values, mask, reduce, replicated, minibatch_reduce,
+                                     minibatch)
+            if stat is None:  # a numpy array: reduced at once
+                return
+        if self._tensors.hold(stat, values, mask) > MAX_HELD_ELEMENTS:
+            self.end_micro_batch()
+
+    def _tensor_stat(self, name: str, values: Any, mask: Any, reduce: str, replicated: Replicated,
+                     minibatch_reduce: str | None, minibatch: int) -> TensorStat | None:
+        """record_tensor's checks, on a name's first call in a step (or a replicated or
+        per-mini-batch statistic): the statistic to hold, or None when already reduced."""
+        if replicated is None and minibatch_reduce is None:
+            # A name recorded in an earlier step: checked then; only the form may conflict.
+            stat = self._tensor_stats.get(name)
+            if stat is not None and stat.reduce == reduce and values.__class__ in TORCH_TYPES:
+                known = self._tensor_forms.get(name)
+                if known is None:
+                    entry = self._acc.get(name)
+                    known = self._tensor_forms[name] = stat.form if entry is None else entry[0]
+                if known is stat.form:
+                    self._tensor_step[name] = stat
+                    return stat
         form = check_reduce(reduce)
         if name not in self._names:
             check_metric_name(name)
@@ -317,11 +348,14 @@ class Reporter:
         if not is_torch(values):
             numbers = reduce_array(values, mask, reduce)
             self._add_numbers(name, form, numbers, replicated, minibatch_reduce, minibatch)
-            return
-        held = self._tensors
-        held.add(name, form, values, mask, reduce, replicated, minibatch_reduce, minibatch)
-        if held.held_elements > MAX_HELD_ELEMENTS:
-            self.end_micro_batch()
+            return None
+        if replicated is not None or minibatch_reduce is not None:
+            return TensorStat(name, form, reduce, replicated, minibatch_reduce, minibatch)
+        stat = self._tensor_stats.get(name)
+        if stat is None or stat.reduce != reduce:
+            stat = self._tensor_stats[name] = TensorStat(name, form, reduce)
+        self._tensor_step[name] = stat
+        return stat
 
     def end_micro_batch(self) -> None:
         """Reduce the tensors recorded since the last fold now and release them.
@@ -528,10 +562,10 @@ class Reporter:
         refused: list[tuple[str, str]] = []
         if moving is not None:
             vectors = moving.vectors()
-            for stat, numbers in moving.read(vectors):
+            for stat, state in moving.read(vectors):
                 try:
-                    self._add_numbers(stat.name, stat.form, numbers, stat.replicated,
-                                      stat.minibatch_reduce, stat.minibatch, acc)
+                    self._add(stat.name, stat.form, state, stat.replicated,
+                              stat.minibatch_reduce, stat.minibatch, acc)
                 except ValueError as exc:  # recorded in another form by record() after it
                     refused.append((stat.name, str(exc)))
             for pick in picks:
@@ -631,6 +665,7 @@ class Reporter:
         picks, self._picks = self._picks, []
         self._sequences.clear()
         self._tensor_forms.clear()
+        self._tensor_step.clear()
         now = time.perf_counter_ns()
         if self.step_seconds and catalog.STRAGGLER_SOURCE not in self._acc:
             self._acc[catalog.STRAGGLER_SOURCE] = [
