@@ -12,7 +12,8 @@ Figures (per step, 200 metrics, median over steps):
     Reporter before step timelines);
   * rlmon Reporter, tensors: 200 ``record_tensor`` (torch when installed, else numpy; 8
     micro-batches of 25 tensors sharing a mask) + ``end_step`` and the device-to-host transfers
-    it took;
+    it took, against the same masked sums with ``.item()`` per metric in the same process, at
+    torch's default intra-op threads and at one thread;
   * baseline A: torch.distributed all_reduce over gloo between 2 processes, one call per metric
     (OpenRLHF's pattern) and one batched call;
   * baseline B: prometheus_client gauges set directly (200 ``Gauge.labels(...).set``);
@@ -21,6 +22,8 @@ Each baseline missing from this environment is reported as skipped.
 
 Run: ``python bench/bench_reporter.py [--steps N]``. The Reporter's sink pickles each batch as
 Ray would and acknowledges it, so the figures are the Reporter's own cost, without an actor call.
+Wall-clock figures: on a shared machine (our 2-core boxes run other suites while this runs) they
+move by up to 2x between runs, so run it a few times and compare rows within one run.
 """
 
 from __future__ import annotations
