@@ -291,8 +291,12 @@ def ensure_runtime(namespace: str = "rlmon", options: RuntimeOptions | None = No
             detached)
         if owned:
             _announce(runtime, layout)
-            threading.Thread(target=_relay_console, args=(runtime,), daemon=True,
-                             name="rlmon-console").start()
+            if not _in_ray_worker():
+                # A Ray worker's output reaches the driver through Ray's lagging forwarding and
+                # is lost when Ray stops first: there the lines wait for shutdown_runtime, which
+                # the driver calls before its ray.shutdown() and which prints them itself.
+                threading.Thread(target=_relay_console, args=(runtime,), daemon=True,
+                                 name="rlmon-console").start()
         return service
 
 
