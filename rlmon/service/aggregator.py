@@ -116,6 +116,8 @@ class AggregatorCore:
     def _forget(self, streams: list[tuple[str, str]]) -> None:
         """Drop the per-stream state of ``streams`` (those with open steps or records not yet
         delivered stay: they are active)."""
+        if not streams:  # the common case, once per message (_recall): no scan of open steps
+            return
         busy = {k[:2] for k in self.assembler.open} | {r[:2] for r in self.undelivered}
         for stream in streams:
             if stream in busy:
