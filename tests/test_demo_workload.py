@@ -79,7 +79,10 @@ def test_healthy_run_is_in_the_axolotl_guide_ranges() -> None:
 @pytest.mark.parametrize("seed", [0, pytest.param(1, marks=slow), pytest.param(2, marks=slow)])
 def test_stale_weights_fires_the_logprob_and_is_ratio_warnings(seed: int) -> None:
     fired = _fired(_run("stale_weights", 30, seed))
-    assert set(fired) == {"LogprobMismatch", "ISRatioStale"}
+    assert set(fired) == {"LogprobMismatch", "ISRatioStale", "PolicyLagGrowing"}
+    # the rollout's weights stop moving: its lag grows by one a step, seen once the lag rule's
+    # 20-step warm-up is over (its baseline is a level: a lag that keeps growing stays above it)
+    assert fired["PolicyLagGrowing"][0] > 20
     # each fires once and stays firing: the drift only grows
     assert len(fired["LogprobMismatch"]) == 1 and len(fired["ISRatioStale"]) == 1
     assert FAULT_STEP < fired["LogprobMismatch"][0] <= FAULT_STEP + 5

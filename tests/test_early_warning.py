@@ -46,6 +46,8 @@ REQUIRED = {
     ("actor/entropy", "down"), ("actor/kl", "up"), ("actor/logp_diff", "up"),
     ("actor/grad_norm", "up"), ("actor/clip_ratio", "up"), ("rollout/response_length", "up"),
     ("rollout/reward", "down"), ("rollout/policy_lag", "up"),
+    # reward collapse's second witness: prompt groups whose completions all score alike
+    ("rollout/frac_reward_zero_std", "up"),
 }
 
 
@@ -60,8 +62,9 @@ def healthy(n: int, seed: int = 0, level: float = 0.4) -> list[float]:
     return [float(v) for v in level * (1 + 0.03 * rng.standard_normal(n))]
 
 
-def records(values: Iterable[float], run: str = "r", start: int = 0) -> list[StepRecord]:
-    return [StepRecord(run, "actor", start + i, True, 1, 1, (), {ENTROPY: v})
+def records(values: Iterable[float], run: str = "r", start: int = 0,
+            metric: str = ENTROPY) -> list[StepRecord]:
+    return [StepRecord(run, "actor", start + i, True, 1, 1, (), {metric: v})
             for i, v in enumerate(values)]
 
 
@@ -130,6 +133,43 @@ def test_baseline_follows_a_healthy_trend_and_ignores_one_outlier() -> None:
     spiked = list(trend)
     spiked[-1] = 50.0
     assert predict(params, deque(spiked))[0] == pytest.approx(expected, abs=0.005)  # not 50
+
+
+def test_a_level_baseline_does_not_learn_a_slow_climb_as_its_slope() -> None:
+    # a steady climb from the first step: the drift-following baseline takes it for healthy
+    # drift, the level baseline (follow_drift=False, for metrics with no healthy drift) does not
+    rng = np.random.default_rng(3)
+    values = [2 + 0.03 * i + 0.1 * float(rng.standard_normal()) for i in range(150)]
+    fired = {}
+    for follow in (True, False):
+        rule = Rule.model_validate({
+            "name": "Climb", "severity": "warning", "condition": "baseline", "metric": KL,
+            "direction": "up", "window": 60, "warmup": 20, "allowance": 1, "decision": 4,
+            "follow_drift": follow})
+        events = run_engine([rule], records(values, metric=KL))
+        fired[follow] = [e.step for e in events if e.state == "firing"]
+    assert fired[True] == []
+    assert fired[False] and fired[False][0] < 30  # within ten steps of the warm-up's end
+    assert "baseline level" in Rule.model_validate({
+        "name": "L", "severity": "warning", "condition": "baseline", "metric": KL,
+        "direction": "up", "follow_drift": False}).describe()
+
+
+def test_a_metric_that_moves_in_steps_is_judged_in_its_own_steps() -> None:
+    # a fraction of 8 prompt groups, mostly 0: its MAD is 0, and without the resolution floor a
+    # single group more (0.125) would be a 12-SD jump; two groups more twice in a row is not news
+    params = BaselineParams("up", window=60, warmup=20, allowance=2, decision=10, floor=0.01,
+                            relative_floor=0.0)
+    window = [0.0] * 50 + [0.125] * 10
+    assert predict(params, window)[1] == pytest.approx(0.125)
+    history: deque[float] = deque(window)
+    score = 0.0
+    for value in (0.25, 0.25, 0.125, 0.25):
+        score = observe(params, history, score, value)
+    assert score < params.decision
+    for _ in range(3):  # every group tied: the learning signal is gone
+        score = observe(params, history, score, 1.0)
+    assert score >= params.decision
 
 
 @settings(max_examples=60, deadline=None)

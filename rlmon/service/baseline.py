@@ -9,10 +9,14 @@ metric *should* be from its own trailing window and accumulates evidence that it
   step. A healthy slow drift in the watched direction (entropy decreasing within its range, KL
   growing from zero) is followed, not flagged; one outlier moves neither the level nor the slope.
   A slope against the watched direction counts as flat: extrapolating a recovery or a fading
-  warm-up bump would make the plateau after it look like a fall (or a rise).
+  warm-up bump would make the plateau after it look like a fall (or a rise). A metric that has no
+  healthy drift (policy lag, the trainer/rollout mismatch) sets ``follow_drift=False``: its
+  baseline is a level only, so even a fault slower than the window cannot become the baseline's
+  slope.
 - **Scale**: 1.4826 x the median absolute residual (a standard deviation for Gaussian noise),
   floored by ``relative_floor`` x the baseline and ``floor``, so a near-constant metric does not
-  turn a rounding change into an alarm.
+  turn a rounding change into an alarm, and by the window's resolution (its smallest gap between
+  distinct values), so a metric that moves in steps is judged in its own steps.
 - **Evidence**: a one-sided CUSUM (Page 1954) of the robust z-score in the watched direction,
   ``S = max(0, S + z - allowance)``, firing while ``S >= decision``. Each z is clipped to
   ``allowance + decision / 2`` so a single spike can never fire alone (two consecutive ones can);
@@ -29,6 +33,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Literal
 
 __all__ = ["BaselineParams", "BaselineSpec", "Direction", "observe", "predict"]
@@ -53,6 +58,7 @@ class BaselineParams:
     floor: float = 0.0  # smallest scale, in the metric's units (raw values only)
     relative_floor: float = 0.05  # smallest scale as a fraction of the baseline
     log_offset: float | None = None  # judge log(value + offset): for multiplicative metrics
+    follow_drift: bool = True  # False: the baseline is a level, for metrics with no healthy drift
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +92,10 @@ def predict(params: BaselineParams, history: deque[float] | list[float]) -> tupl
     n = len(values)
     half = n // 2
     # distance between the centres of the two halves is n - half
-    slope = (_median(values[n - half:]) - _median(values[:half])) / (n - half)
-    slope = min(slope, 0.0) if params.direction == "down" else max(slope, 0.0)
+    slope = 0.0
+    if params.follow_drift:
+        slope = (_median(values[n - half:]) - _median(values[:half])) / (n - half)
+        slope = min(slope, 0.0) if params.direction == "down" else max(slope, 0.0)
     centre = (n - 1) / 2
     detrended = [v - slope * (i - centre) for i, v in enumerate(values)]
     level = _median(detrended)
@@ -97,7 +105,15 @@ def predict(params: BaselineParams, history: deque[float] | list[float]) -> tupl
         floor = max(params.floor, params.relative_floor * abs(expected))
     else:
         floor = math.log1p(params.relative_floor)
-    return expected, max(_MAD_TO_SD * mad, floor, _TINY)
+    return expected, max(_MAD_TO_SD * mad, floor, _resolution(values), _TINY)
+
+
+def _resolution(values: list[float]) -> float:
+    """The smallest gap between two distinct values of the window: a metric that moves in steps
+    (a lag in whole steps, a fraction of 8 prompt groups) cannot show a change finer than one, and
+    a window mostly at one value has a MAD of 0 that would make a single step look enormous."""
+    distinct = sorted(set(values))
+    return min((b - a for a, b in pairwise(distinct)), default=0.0)
 
 
 def observe(params: BaselineParams, history: deque[float], score: float, value: float) -> float:

@@ -412,11 +412,13 @@ EARLY_WARNINGS: tuple[BaselineSpec, ...] = (
                  BaselineParams("up", window=60, allowance=2.5, decision=10, log_offset=0.02),
                  summary="KL to the reference climbing above the run's own baseline"),
     BaselineSpec("LogprobMismatchClimbing", LOGP_DIFF,
-                 BaselineParams("up", window=60, allowance=2, decision=14, log_offset=0.005),
+                 BaselineParams("up", window=60, allowance=2, decision=14, log_offset=0.005,
+                                follow_drift=False),
                  summary="Trainer/rollout logprob difference climbing above its baseline"),
     # two steps over: two gradient spikes in a row are common and not yet a blow-up
     BaselineSpec("GradNormBlowingUp", GRAD_NORM,
-                 BaselineParams("up", window=60, allowance=3, decision=3, log_offset=0.01),
+                 BaselineParams("up", window=60, allowance=3, decision=3, log_offset=0.01,
+                                follow_drift=False),
                  summary="Gradient norm blowing up from the run's own baseline", for_steps=2),
     BaselineSpec("ClipRatioClimbing", CLIP_RATIO,
                  BaselineParams("up", window=30, allowance=2, decision=6, floor=0.01,
@@ -429,10 +431,16 @@ EARLY_WARNINGS: tuple[BaselineSpec, ...] = (
     BaselineSpec("RewardCollapsing", REWARD,
                  BaselineParams("down", window=60, allowance=1.5, decision=8, floor=0.02),
                  summary="Mean reward collapsing below the run's own baseline"),
-    # lag is a whole number of steps: one step of jitter is the floor of its scale
-    BaselineSpec("PolicyLagGrowing", POLICY_LAG,
-                 BaselineParams("up", window=60, allowance=1.0, decision=3, floor=1.0,
+    # the share of prompt groups whose completions all scored alike: no advantage, no gradient
+    BaselineSpec("LearningSignalFading", FRAC_REWARD_ZERO_STD,
+                 BaselineParams("up", window=60, allowance=2, decision=10, floor=0.01,
                                 relative_floor=0.0),
+                 summary="More prompt groups without reward variance than the run's baseline"),
+    # lag is a whole number of steps: one step of jitter is the floor of its scale; a healthy
+    # asynchronous run's lag has no drift, so the baseline is a level
+    BaselineSpec("PolicyLagGrowing", POLICY_LAG,
+                 BaselineParams("up", window=60, allowance=1.0, decision=2, floor=1.0,
+                                relative_floor=0.0, follow_drift=False),
                  summary="Rollouts ever staler: policy lag growing (asynchronous runs)"),
 )
 

@@ -53,7 +53,8 @@ class Condition(StrEnum):
 _NEEDS_METRIC = {
     Condition.THRESHOLD, Condition.OUTSIDE, Condition.STUCK, Condition.TREND, Condition.BASELINE,
 }
-_BASELINE_FIELDS = ("warmup", "allowance", "decision", "floor", "relative_floor", "log_offset")
+_BASELINE_FIELDS = ("warmup", "allowance", "decision", "floor", "relative_floor", "log_offset",
+                    "follow_drift")
 # Condition-specific fields; giving one to another condition is a mistake worth an error.
 _CONDITION_FIELDS = ("op", "threshold", "low", "high", "window", "direction", *_BASELINE_FIELDS)
 _CONDITION_FIELDS_USED: dict[Condition, tuple[str, ...]] = {
@@ -91,6 +92,7 @@ class Rule(BaseModel):
     floor: float | None = Field(default=None, ge=0.0)
     relative_floor: float | None = Field(default=None, ge=0.0)
     log_offset: float | None = Field(default=None, gt=0.0)
+    follow_drift: bool | None = None
     for_steps: int = Field(default=1, ge=1, le=100_000, alias="for")
     resolve_after: int | None = Field(default=None, ge=1, le=100_000)
     roles: tuple[str, ...] | None = None
@@ -171,7 +173,8 @@ class Rule(BaseModel):
         elif c is Condition.BASELINE:
             p = self.baseline
             side = "rising above" if p.direction == "up" else "falling below"
-            text = (f"{self.metric} {side} its own {p.window}-step baseline "
+            kind = "baseline" if p.follow_drift else "baseline level"
+            text = (f"{self.metric} {side} its own {p.window}-step {kind} "
                     f"(CUSUM {p.allowance:g}/{p.decision:g} robust SDs, after {p.warmup} steps)")
         elif c is Condition.NON_FINITE:
             text = "a metric is NaN or Inf" if self.metric == ANY_METRIC else f"{self.metric} NaN/Inf"
@@ -224,7 +227,8 @@ def _rule_from_baseline(spec: BaselineSpec) -> Rule:
         "name": spec.name, "severity": Severity.WARNING, "condition": Condition.BASELINE,
         "metric": spec.metric, "direction": p.direction, "window": p.window, "warmup": p.warmup,
         "allowance": p.allowance, "decision": p.decision, "relative_floor": p.relative_floor,
-        "for": spec.for_steps, "resolve_after": spec.resolve_after, "summary": spec.summary,
+        "follow_drift": p.follow_drift, "for": spec.for_steps,
+        "resolve_after": spec.resolve_after, "summary": spec.summary,
     }
     if p.log_offset is not None:
         fields["log_offset"] = p.log_offset
