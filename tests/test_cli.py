@@ -36,12 +36,14 @@ def test_replay_json_follows_the_contract(tmp_path: Path) -> None:
 
 def test_demo_replays_the_bundled_run_and_shows_the_stale_rollout() -> None:
     """The bundled run is the demo's default fault (stale rollout weights from step 3): the
-    trainer/rollout log-prob gap and the worst importance ratio cross their warning lines."""
+    trainer/rollout log-prob gap and the worst importance ratio cross their warning lines, and
+    once its warm-up is over the lag rule sees the rollout's policy lag growing a step a step."""
     out = rlmon("replay", str(EXAMPLE), "--json")
     assert out.returncode == 0, out.stderr
     alerts = [json.loads(line) for line in out.stdout.splitlines() if '"alert"' in line]
     firing = {a["alert"]: a for a in alerts if a["state"] == "firing"}
-    assert set(firing) == {"LogprobMismatch", "ISRatioStale"}
+    assert set(firing) == {"LogprobMismatch", "ISRatioStale", "PolicyLagGrowing"}
+    assert firing["PolicyLagGrowing"]["step"] > 20  # the early-warning rules' warm-up
     assert firing["LogprobMismatch"]["value"] > 0.1
     assert firing["ISRatioStale"]["value"] < 0.1
     assert {a["severity"] for a in firing.values()} == {"warning"}

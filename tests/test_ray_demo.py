@@ -85,4 +85,4 @@ def test_demo_replay_mode() -> None:
     alerts = [json.loads(x) for x in proc.stdout.splitlines() if '"type": "alert"' in x]
     # the bundled run is the default demo: the rollout stops receiving weights at step 3
     assert {(a["alert"], a["state"]) for a in alerts} == {
-        ("LogprobMismatch", "firing"), ("ISRatioStale", "firing")}
+        ("LogprobMismatch", "firing"), ("ISRatioStale", "firing"), ("PolicyLagGrowing", "firing")}
