@@ -1,0 +1,75 @@
+"""The early-warning rules on real TRL GRPOTrainer runs (CPU, the tiny local model, 200 steps):
+at a learning rate the tiny policy takes calmly nothing of the early-warning pack fires; at one
+too high for it the entropy slides steadily from 3.1 towards 0.6 and ``EntropySliding`` fires
+while the entropy is still far above ``EntropyCollapse``'s line, tens of steps before the KL
+crosses ``KLDivergence``'s. The rules see what the real trainer logs, through rlmon's callback
+(the values themselves are checked against TRL in test_integrations_trl_trainer.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from extras import optional_import
+from integrations_support import Hub
+
+from rlmon.service import catalog
+from rlmon.service.alerts import AlertEngine
+from rlmon.service.rules import Condition, default_rules
+
+pytestmark = [pytest.mark.trl, pytest.mark.slow]
+
+optional_import("torch")
+optional_import("trl")
+
+from trl_support import grpo_trainer  # noqa: E402
+
+from rlmon.actors.integrations.trl import RlmonCallback  # noqa: E402
+
+STEPS = 200
+EARLY = {r.name for r in default_rules() if r.condition is Condition.BASELINE}
+
+
+def reward(completions: list[Any], **_: Any) -> list[float]:
+    """More "cat" and more words score higher: a reward the tiny policy can chase."""
+    texts = [c if isinstance(c, str) else str(c) for c in completions]
+    return [t.count("cat") + 0.1 * len(t.split()) for t in texts]
+
+
+def firings(tmp: Path, learning_rate: float) -> tuple[dict[str, int], dict[int, dict[str, float]]]:
+    """Each alert's first firing step, and the finalized steps' metrics."""
+    trainer = grpo_trainer(tmp, reward, num_iterations=2, beta=0.04, max_steps=STEPS,
+                           learning_rate=learning_rate)
+    hub = Hub()
+    RlmonCallback.attach(trainer, run="trl-ew", reporter=hub.reporter("trl-ew", "trainer"),
+                         algorithm="grpo")
+    trainer.train()
+    records = sorted(hub.records(finalize=True), key=lambda r: (r.step, r.role))
+    hub.close()
+    engine = AlertEngine(default_rules())
+    first: dict[str, int] = {}
+    for record in records:
+        for event in engine.evaluate(record):
+            if event.state == "firing":
+                first.setdefault(event.alert, event.step)
+    return first, {r.step: r.metrics for r in records}
+
+
+def test_a_calm_run_fires_no_early_warning(tmp_path: Path) -> None:
+    first, metrics = firings(tmp_path, 3e-4)
+    assert len(metrics) == STEPS
+    entropy = [m[catalog.ENTROPY] for _, m in sorted(metrics.items())]
+    assert entropy[-1] < entropy[0]  # it learns: the entropy falls, slowly
+    assert not EARLY & set(first), first
+
+
+def test_a_sliding_entropy_warns_long_before_the_thresholds(tmp_path: Path) -> None:
+    first, metrics = firings(tmp_path, 1e-3)
+    assert "EntropySliding" in first, first
+    step = first["EntropySliding"]
+    entropy = metrics[step][catalog.ENTROPY]
+    assert entropy > 1.0  # EntropyCollapse's line is 0.01: the thresholds see nothing yet
+    assert metrics[STEPS - 1][catalog.ENTROPY] < entropy / 2  # and the slide went on
+    assert first.get("KLDivergence", STEPS) - step >= 20, first
+    assert "EntropyCollapse" not in first
