@@ -201,6 +201,19 @@ def test_sustained_slide_fires_then_resolves_when_it_is_the_new_normal() -> None
     assert len(events) == 2
 
 
+def test_a_slide_that_goes_on_keeps_firing_until_it_settles() -> None:
+    # 5% lower every step for 40 steps, then flat: extrapolating the window's line would take
+    # the slide for the new normal within a window and resolve while the entropy still falls
+    # (this rule resolved at step 42 that way, the slide going on to step 70)
+    rule = entropy_rule(log_offset=1e-4, relative_floor=0.03, allowance=3, decision=3.5)
+    slide = [0.4 * 0.95 ** i for i in range(1, 41)]
+    values = healthy(30) + slide + [slide[-1]] * 60
+    events = transitions(run_engine([rule], records(values)))
+    assert events[0][:2] == ("Slide", "firing") and 30 <= events[0][2] <= 36
+    assert events[1][:2] == ("Slide", "resolved") and events[1][2] > 30 + 40  # once it settled
+    assert len(events) == 2
+
+
 def test_single_spike_never_fires_and_the_other_direction_is_ignored() -> None:
     rule = entropy_rule()
     values = healthy(40)

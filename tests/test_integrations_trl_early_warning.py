@@ -37,8 +37,11 @@ def reward(completions: list[Any], **_: Any) -> list[float]:
     return [t.count("cat") + 0.1 * len(t.split()) for t in texts]
 
 
-def firings(tmp: Path, learning_rate: float) -> tuple[dict[str, int], dict[int, dict[str, float]]]:
-    """Each alert's first firing step, and the finalized steps' metrics."""
+Transitions = dict[tuple[str, str], int]
+
+
+def firings(tmp: Path, learning_rate: float) -> tuple[Transitions, dict[int, dict[str, float]]]:
+    """Each (alert, state)'s first step, and the finalized steps' metrics."""
     trainer = grpo_trainer(tmp, reward, num_iterations=2, beta=0.04, max_steps=STEPS,
                            learning_rate=learning_rate)
     hub = Hub()
@@ -48,11 +51,10 @@ def firings(tmp: Path, learning_rate: float) -> tuple[dict[str, int], dict[int, 
     records = sorted(hub.records(finalize=True), key=lambda r: (r.step, r.role))
     hub.close()
     engine = AlertEngine(default_rules())
-    first: dict[str, int] = {}
+    first: Transitions = {}
     for record in records:
         for event in engine.evaluate(record):
-            if event.state == "firing":
-                first.setdefault(event.alert, event.step)
+            first.setdefault((event.alert, event.state), event.step)
     return first, {r.step: r.metrics for r in records}
 
 
@@ -61,15 +63,18 @@ def test_a_calm_run_fires_no_early_warning(tmp_path: Path) -> None:
     assert len(metrics) == STEPS
     entropy = [m[catalog.ENTROPY] for _, m in sorted(metrics.items())]
     assert entropy[-1] < entropy[0]  # it learns: the entropy falls, slowly
-    assert not EARLY & set(first), first
+    assert not EARLY & {alert for alert, _ in first}, first
 
 
 def test_a_sliding_entropy_warns_long_before_the_thresholds(tmp_path: Path) -> None:
     first, metrics = firings(tmp_path, 1e-3)
-    assert "EntropySliding" in first, first
-    step = first["EntropySliding"]
+    assert ("EntropySliding", "firing") in first, first
+    step = first["EntropySliding", "firing"]
     entropy = metrics[step][catalog.ENTROPY]
     assert entropy > 1.0  # EntropyCollapse's line is 0.01: the thresholds see nothing yet
     assert metrics[STEPS - 1][catalog.ENTROPY] < entropy / 2  # and the slide went on
-    assert first.get("KLDivergence", STEPS) - step >= 20, first
-    assert "EntropyCollapse" not in first
+    assert first.get(("KLDivergence", "firing"), STEPS) - step >= 20, first
+    assert ("EntropyCollapse", "firing") not in first
+    # it keeps firing while the entropy slides, not until the slide becomes the baseline's slope
+    resolved = first.get(("EntropySliding", "resolved"), STEPS - 1)
+    assert metrics[resolved][catalog.ENTROPY] < entropy / 3, (step, resolved)

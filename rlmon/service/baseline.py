@@ -22,10 +22,12 @@ metric *should* be from its own trailing window and accumulates evidence that it
   ``allowance + decision / 2`` so a single spike can never fire alone (two consecutive ones can);
   ``S`` is capped at 2 x ``decision`` so a long fault resolves within a few steps of its end.
 
-Nothing accumulates during the first ``warmup`` values. A new level that persists becomes the
-baseline after about half a window and the warning resolves; the fixed thresholds still judge
-absolute levels. The state is the trailing window and ``S``: plain numbers, saved with the rest of
-the alert state, so a restarted service and ``rlmon replay`` continue bit for bit.
+Nothing accumulates during the first ``warmup`` values. While the rule fires, the step is judged
+against the window's own level (its centre), not the line's extrapolation, so a slide that goes on
+keeps it firing; once the metric settles, the new level becomes the baseline within about a window
+and the warning resolves; the fixed thresholds still judge absolute levels. The state is the
+trailing window and ``S``: plain numbers, saved with the rest of the alert state, so a restarted
+service and ``rlmon replay`` continue bit for bit.
 """
 
 from __future__ import annotations
@@ -86,8 +88,11 @@ def _transform(params: BaselineParams, value: float) -> float:
     return math.log(max(value, 0.0) + params.log_offset)
 
 
-def predict(params: BaselineParams, history: deque[float] | list[float]) -> tuple[float, float]:
-    """The baseline's (expected next value, scale), in the detector's space (log or raw)."""
+def predict(params: BaselineParams, history: deque[float] | list[float],
+            extrapolate: bool = True) -> tuple[float, float]:
+    """The baseline's (expected next value, scale), in the detector's space (log or raw);
+    ``extrapolate=False`` expects the window's own level (its centre) instead of the line's
+    value at the next step."""
     values = [_transform(params, v) for v in history]
     n = len(values)
     half = n // 2
@@ -100,7 +105,7 @@ def predict(params: BaselineParams, history: deque[float] | list[float]) -> tupl
     detrended = [v - slope * (i - centre) for i, v in enumerate(values)]
     level = _median(detrended)
     mad = _median([abs(d - level) for d in detrended])
-    expected = level + slope * (n - centre)
+    expected = level + slope * (n - centre) if extrapolate else level
     if params.log_offset is None:
         floor = max(params.floor, params.relative_floor * abs(expected))
     else:
@@ -120,7 +125,10 @@ def observe(params: BaselineParams, history: deque[float], score: float, value: 
     """Judge ``value`` against ``history`` (its trailing window, oldest first), append it, and
     return the new CUSUM score; the condition holds while the score is >= ``decision``."""
     if len(history) >= params.warmup:
-        expected, scale = predict(params, history)
+        # while the rule fires, expect the window's own level, not its extrapolation: a slide
+        # that goes on must not become the slope the warning resolves against (it resolves
+        # once the metric settles)
+        expected, scale = predict(params, history, extrapolate=score < params.decision)
         z = (_transform(params, value) - expected) / scale
         if params.direction == "down":
             z = -z
