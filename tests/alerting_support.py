@@ -17,11 +17,14 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx2
 import pytest
 from polling import wait_for
+
+from rlmon.service.config import Settings
 
 __all__ = [
     "LoopbackTransport",
@@ -31,7 +34,18 @@ __all__ = [
     "free_port",
     "need_binary",
     "wait_for",
+    "webhook_settings",
 ]
+
+
+def webhook_settings(receiver: Receiver, outbox: Path) -> Settings:
+    """Service settings that send every alert, critical or warning, to ``receiver``'s webhook
+    (console off), with the outbox at ``outbox``."""
+    return Settings.model_validate({
+        "notifiers": {"webhook": {"url": f"{receiver.url}/hook"}, "console": {"enabled": False}},
+        "routing": {"critical": ["webhook"], "warning": ["webhook"]},
+        "outbox": {"path": str(outbox)},
+    })
 
 
 def free_port() -> int:

@@ -15,14 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from alerting_support import Receiver, wait_for
+from alerting_support import Receiver, wait_for, webhook_settings
 from extras import optional_import
 
 from rlmon.actors.reporter import Reporter
 from rlmon.actors.sink import LocalSink
 from rlmon.cli import main
 from rlmon.service import catalog
-from rlmon.service.config import Settings
 from rlmon.service.rules import Condition, Rule, default_rules
 from rlmon.service.samples import NOTIFY_ITEMS
 from rlmon.service.service_core import ServiceCore
@@ -57,11 +56,7 @@ def test_a_broken_reward_shows_its_responses_in_rlmon_samples_and_the_webhook(
         return out
 
     receiver = Receiver().start()
-    settings = Settings.model_validate({
-        "notifiers": {"webhook": {"url": f"{receiver.url}/hook"}, "console": {"enabled": False}},
-        "routing": {"critical": ["webhook"], "warning": ["webhook"]},
-        "outbox": {"path": str(tmp_path / "outbox.sqlite")},
-    })
+    settings = webhook_settings(receiver, tmp_path / "outbox.sqlite")
     rule = Rule(name="RewardBroken", severity="critical", condition=Condition.THRESHOLD,
                 metric=catalog.REWARD_MIN, op="<", threshold=-50.0)
     service = ServiceCore(settings, state_dir=tmp_path, rules=[*default_rules(), rule])

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from alerting_support import Receiver, wait_for
+from alerting_support import Receiver, wait_for, webhook_settings
 from prometheus_client import generate_latest
 
 from rlmon.actors.reporter import Reporter
@@ -19,7 +19,6 @@ from rlmon.actors.sink import LocalSink
 from rlmon.cli import main
 from rlmon.service import catalog
 from rlmon.service.alerts import AlertEvent
-from rlmon.service.config import Settings
 from rlmon.service.history import HistoryStore
 from rlmon.service.metrics_http import build_registry
 from rlmon.service.notify.console import ConsoleNotifier
@@ -71,11 +70,7 @@ def test_an_is_alert_carries_its_worst_samples_to_the_webhook_and_rlmon_samples_
     tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
     receiver = Receiver().start()
-    settings = Settings.model_validate({
-        "notifiers": {"webhook": {"url": f"{receiver.url}/hook"}, "console": {"enabled": False}},
-        "routing": {"critical": ["webhook"], "warning": ["webhook"]},
-        "outbox": {"path": str(tmp_path / "outbox.sqlite")},
-    })
+    settings = webhook_settings(receiver, tmp_path / "outbox.sqlite")
     service = ServiceCore(settings, state_dir=tmp_path)
     sink = LocalSink(on_record=lambda record: service.publish([record]))
     reps = [Reporter("grpo", "actor", rank={"dp": d}, world={"dp": 2}, sink=sink,

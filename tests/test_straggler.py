@@ -9,14 +9,13 @@ import types
 from pathlib import Path
 
 import pytest
-from alerting_support import Receiver, wait_for
+from alerting_support import Receiver, wait_for, webhook_settings
 
 from rlmon.actors import reporter as reporter_module
 from rlmon.actors.reporter import Reporter
 from rlmon.actors.sink import LocalSink
 from rlmon.service import catalog
 from rlmon.service.alerts import AlertEngine
-from rlmon.service.config import Settings
 from rlmon.service.rank import Rank
 from rlmon.service.rules import Condition, default_rules
 from rlmon.service.service_core import ServiceCore
@@ -33,11 +32,7 @@ def test_straggler_notification_names_the_slow_rank_and_span(
     monkeypatch.setattr(reporter_module, "time", types.SimpleNamespace(
         perf_counter_ns=lambda: now[0], time=time.time, monotonic=time.monotonic))
     receiver = Receiver().start()
-    settings = Settings.model_validate({
-        "notifiers": {"webhook": {"url": f"{receiver.url}/hook"}, "console": {"enabled": False}},
-        "routing": {"critical": ["webhook"], "warning": ["webhook"]},
-        "outbox": {"path": str(tmp_path / "outbox.sqlite")},
-    })
+    settings = webhook_settings(receiver, tmp_path / "outbox.sqlite")
     service = ServiceCore(settings, state_dir=tmp_path)
     sink = LocalSink(on_record=lambda record: service.publish([record]))
     reps = [Reporter("grpo", "actor", rank={"dp": d}, world={"dp": 4}, sink=sink)
