@@ -23,22 +23,10 @@ from rlmon.service.forms import FORMS, Merge
 
 pytestmark = pytest.mark.torch
 torch = optional_import("torch")
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch_support import OpCounter  # noqa: E402
 
 OPS_PER_CALL_BUDGET = 1.5
 MICRO_BATCHES, PER_MASK = 8, 25
-
-
-class OpCounter(TorchDispatchMode):
-    """Counts every ATen operation dispatched on this thread while active."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 def _reporter(sink: LocalSink) -> Reporter:

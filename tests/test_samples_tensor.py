@@ -4,7 +4,6 @@ fetched with the step's single copy, no host sync in the call, payloads for the 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import pytest
@@ -19,19 +18,9 @@ from rlmon.service import catalog
 
 pytestmark = pytest.mark.torch
 torch = optional_import("torch")
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch_support import OpCounter  # noqa: E402
 
 _VALUE = st.sampled_from([0.0, 0.25, 1.0, 3.0, -1.0, math.inf, -math.inf, math.nan])
-
-
-class _Ops(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 @settings(max_examples=120, deadline=None)
@@ -79,7 +68,7 @@ def test_one_copy_per_step_with_tensor_statistics_and_no_sync_in_the_call() -> N
 
     diff = (logp_trainer - logp_rollout).abs()
     rep.record_tensor(catalog.LOGP_DIFF, diff, mask)
-    with _Ops() as ops:
+    with OpCounter() as ops:
         rep.record_sample_tensor(catalog.LOGP_DIFF_WORST, diff, mask, score="mean", k=2,
                                  payload=payload)
     assert not [op for op in ops.ops if "_local_scalar_dense" in op or "item" in op]
