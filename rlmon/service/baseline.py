@@ -10,9 +10,9 @@ metric *should* be from its own trailing window and accumulates evidence that it
   growing from zero) is followed, not flagged; one outlier moves neither the level nor the slope.
   A slope against the watched direction counts as flat: extrapolating a recovery or a fading
   warm-up bump would make the plateau after it look like a fall (or a rise). A metric that has no
-  healthy drift (policy lag, the trainer/rollout mismatch) sets ``follow_drift=False``: its
-  baseline is a level only, so even a fault slower than the window cannot become the baseline's
-  slope.
+  healthy drift (policy lag, the trainer/rollout mismatch, the gradient norm) sets
+  ``follow_drift=False``: its baseline is a level only, so even a fault slower than the window
+  cannot become the baseline's slope.
 - **Scale**: 1.4826 x the median absolute residual (a standard deviation for Gaussian noise),
   floored by ``relative_floor`` x the baseline and ``floor``, so a near-constant metric does not
   turn a rounding change into an alarm, and by the window's resolution (its smallest gap between
