@@ -68,11 +68,18 @@ def _ar1(rng: np.random.Generator, n: int, phi: float, df: float = 5.0) -> np.nd
     return out
 
 
-def healthy_run(seed: int, steps: int) -> tuple[Series, float]:
-    """One healthy run's metrics, and its response-length limit."""
+NOISE = frozenset({"sampling", "wander"})
+
+
+def healthy_run(seed: int, steps: int, noise_parts: frozenset[str] = NOISE
+                ) -> tuple[Series, float]:
+    """One healthy run's metrics, and its response-length limit. ``noise_parts`` leaves parts of
+    the noise out (the random draws are the same, so the rest of the run is too): the
+    perfect-baseline bound (``--bound``) compares a run with its own noise-free trajectory."""
     rng = np.random.default_rng(seed)
     t = np.arange(steps, dtype=float)
     drift = np.minimum(t, 300) / 300  # slow healthy drifts level off: in range at any length
+    sampled = "sampling" in noise_parts
 
     def noise(rel_lo: float, rel_hi: float) -> np.ndarray:
         """Sampling noise of a fresh batch (nearly independent from step to step) plus a slow
@@ -80,7 +87,7 @@ def healthy_run(seed: int, steps: int) -> tuple[Series, float]:
         sd = float(rng.uniform(rel_lo, rel_hi))
         sampling = _ar1(rng, steps, float(rng.uniform(0, 0.3)))
         wander = rng.uniform(0.1, 0.7) * _ar1(rng, steps, float(rng.uniform(0.9, 0.98)), df=30)
-        return sd * (sampling + wander)
+        return sd * (sampling * sampled + wander * ("wander" in noise_parts))
 
     def settle(tau_lo: float, tau_hi: float) -> np.ndarray:  # 0 -> 1, concave
         return 1 - np.exp(-t / rng.uniform(tau_lo, tau_hi))
@@ -95,7 +102,7 @@ def healthy_run(seed: int, steps: int) -> tuple[Series, float]:
     # excursion past it is cut (a healthy run that crossed it would be a fixed-pack false alarm)
     s["actor/logp_diff"] = np.minimum(0.095, rng.uniform(0.005, 0.025) * (
         1 + rng.uniform(-0.2, 0.2) * drift) * np.exp(noise(0.03, 0.15)))
-    spikes = np.where(rng.random(steps) < 0.01, rng.uniform(2, 5, steps), 1.0)
+    spikes = np.where((rng.random(steps) < 0.01) & sampled, rng.uniform(2, 5, steps), 1.0)
     s["actor/grad_norm"] = (np.exp(rng.uniform(math.log(0.05), math.log(0.8))) * warm
                             * (1 - rng.uniform(0, 0.3) * drift)
                             * np.exp(noise(0.05, 0.25)) * spikes)
@@ -399,6 +406,104 @@ def plot(path: Path, seed: int) -> None:
     plt.close(fig)
 
 
+# --- the perfect-baseline bound -----------------------------------------------------------------
+
+# the continuous metrics a fault moves (fault -> metric, its direction, judged in log space)
+BOUND_METRICS = {
+    "entropy_collapse": ("actor/entropy", -1, True), "kl_blowup": ("actor/kl", 1, True),
+    "logprob_drift": ("actor/logp_diff", 1, True), "grad_explosion": ("actor/grad_norm", 1, True),
+    "clip_climb": ("actor/clip_ratio", 1, True),
+    "length_runaway": ("rollout/response_length", 1, True),
+    "reward_collapse": ("rollout/reward", -1, False),
+}
+BOUND_ALLOWANCES = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0)
+BOUND_DECISIONS = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0)
+BOUND_WARMUP = 20
+
+
+def _oracle_z(seed: int, steps: int, fault: str, known: frozenset[str],
+              case: Case | None = None) -> np.ndarray:
+    """The metric of ``fault`` against the run's own trajectory with only the ``known`` noise
+    parts in it, in units of the robust SD of the noise the oracle does not know, signed so a
+    fault is positive; ``case`` puts the fault in (the reference and the scale stay healthy)."""
+    metric, sign, log = BOUND_METRICS[fault]
+
+    def space(values: np.ndarray) -> np.ndarray:
+        return np.log(np.maximum(values, 1e-9)) if log else values
+
+    reference = space(healthy_run(seed, steps, known)[0][metric])
+    residual = space(healthy_run(seed, steps)[0][metric]) - reference
+    scale = 1.4826 * float(np.median(np.abs(residual - np.median(residual))))
+    observed = space(series_of(case)[metric]) if case is not None else reference + residual
+    return sign * (observed - reference) / scale
+
+
+def _alarms(z: np.ndarray, allowance: float, decision: float, for_steps: int) -> np.ndarray:
+    """Where the product's CUSUM (z clipped so one step cannot fire, score capped at twice the
+    decision) has held ``decision`` for ``for_steps`` steps; rows are runs, NaN pads."""
+    cap = allowance + decision / 2
+    score = np.zeros(len(z))
+    held = np.zeros(len(z), dtype=int)
+    out = np.zeros(z.shape, dtype=bool)
+    for t in range(BOUND_WARMUP, z.shape[1]):
+        step = np.nan_to_num(np.minimum(z[:, t], cap), nan=-np.inf)
+        score = np.minimum(np.maximum(0.0, score + step - allowance), 2 * decision)
+        held = np.where(score >= decision, held + 1, 0)
+        out[:, t] = held >= for_steps
+    return out
+
+
+def _padded(rows: list[np.ndarray]) -> np.ndarray:
+    out = np.full((len(rows), max(len(r) for r in rows)), np.nan)
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = row
+    return out
+
+
+def _bound_one(job: tuple[str, frozenset[str], list[int], int]) -> tuple[float, float, float, int]:
+    """(mean gradual delay, allowance, decision, for_steps) of the fastest oracle CUSUM with at
+    most ``budget`` false alarms on the seeds' healthy runs and the faults' pre-onset steps."""
+    fault, known, seeds, budget = job
+    healthy = _padded([_oracle_z(c.seed, c.steps, fault, known) for c in cases(seeds)
+                       if c.fault is None])
+    faulty = [fault_case(seed, fault, "gradual") for seed in seeds]
+    faults = _padded([_oracle_z(c.seed, c.steps, fault, known, c) for c in faulty])
+    onsets = np.array([c.onset for c in faulty])
+    after = np.arange(faults.shape[1])[None, :] >= onsets[:, None]
+    best = (math.inf, math.nan, math.nan, 0)
+    for allowance in BOUND_ALLOWANCES:
+        for decision in BOUND_DECISIONS:
+            for for_steps in (1, 2):
+                fired = _alarms(faults, allowance, decision, for_steps)
+                false = (int(_alarms(healthy, allowance, decision, for_steps).any(axis=1).sum())
+                         + int((fired & ~after).any(axis=1).sum()))
+                hit = fired & after
+                if false > budget or not hit.any(axis=1).all():
+                    continue
+                mean = float(np.mean(hit.argmax(axis=1) - onsets))
+                if mean < best[0]:
+                    best = (mean, allowance, decision, for_steps)
+    return best
+
+
+def bound(seeds: range, budget: int, jobs: int) -> int:
+    """Print, per fault, the fastest a CUSUM could catch the gradual fault if it knew the run's
+    noise-free trajectory (and, second, its slow wander too) instead of learning a baseline."""
+    print(f"perfect-baseline bound, seeds {seeds.start}-{seeds.stop - 1}, at most {budget} false "
+          "alarm(s) on their healthy runs and pre-onset steps; gradual faults, mean steps from "
+          "onset (allowance, decision, steps held):")
+    knowns = (frozenset(), frozenset({"wander"}))
+    todo = [(fault, known, list(seeds), budget) for fault in BOUND_METRICS for known in knowns]
+    with multiprocessing.Pool(jobs) as pool:
+        found = pool.map(_bound_one, todo)
+    print(f"{'fault':<18}{'trajectory known':<28}{'trajectory and wander known'}")
+    for i, fault in enumerate(BOUND_METRICS):
+        cells = [f"{mean:.2f} ({a:g}, {h:g}, {n})" if math.isfinite(mean) else "none caught all"
+                 for mean, a, h, n in found[2 * i:2 * i + 2]]
+        print(f"{fault:<18}{cells[0]:<28}{cells[1]}")
+    return 0
+
+
 def cases(seeds: Iterable[int]) -> list[Case]:
     seeds = list(seeds)
     out = [Case(seed, length) for length in HEALTHY_LENGTHS for seed in seeds
@@ -434,8 +539,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", metavar="PATH", help="write the README figure (PNG)")
     parser.add_argument("--sensitivity", metavar="F,F,...",
                         help="print the speed / false-alarm trade-off at these decision scales")
+    parser.add_argument("--bound", type=int, metavar="FALSE_ALARMS", nargs="?", const=0,
+                        help="print the perfect-baseline bound allowing this many false alarms "
+                        "(default 0) instead")
     args = parser.parse_args(argv)
     seeds = HELD_OUT_SEEDS if args.seeds == "held-out" else TUNING_SEEDS
+    if args.bound is not None:
+        return bound(seeds, args.bound, args.jobs)
     todo = cases(seeds)
     if args.sensitivity:
         return sensitivity(todo, [float(f) for f in args.sensitivity.split(",")], args.jobs)

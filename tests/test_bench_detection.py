@@ -59,3 +59,47 @@ def test_sensitivity_scales_only_the_early_warning_decisions() -> None:
             assert half[rule.name] == rule
     ramp = bench._progress(10, 3, 4)
     assert np.allclose(ramp, [0, 0, 0, 0.25, 0.5, 0.75, 1, 1, 1, 1])
+
+
+def test_noise_parts_left_out_keep_the_rest_of_the_run() -> None:
+    full, _ = bench.healthy_run(SEED, 300)
+    same, _ = bench.healthy_run(SEED, 300, bench.NOISE)
+    trend, _ = bench.healthy_run(SEED, 300, frozenset())
+    wander, _ = bench.healthy_run(SEED, 300, frozenset({"wander"}))
+    assert all(np.array_equal(full[k], same[k]) for k in full)
+    # the same draws: what no noise part touches is the same run
+    assert np.array_equal(trend["rollout/policy_lag"], full["rollout/policy_lag"])
+    # the noise-free entropy is the run's trend: it only falls; the noisy one does not
+    assert np.all(np.diff(trend["actor/entropy"]) <= 0)
+    assert np.any(np.diff(full["actor/entropy"]) > 0)
+    # the wander is slow: the step-to-step changes of the wander-only run are the smaller ones
+    assert (np.abs(np.diff(np.log(wander["actor/kl"]) - np.log(trend["actor/kl"]))).mean()
+            < np.abs(np.diff(np.log(full["actor/kl"]) - np.log(trend["actor/kl"]))).mean())
+
+
+def test_the_bound_cusum_needs_two_steps_over_like_the_product() -> None:
+    z = np.zeros((3, 40))
+    z[0, 30] = 1e6  # one spike, however large: the clip keeps it from firing
+    z[1, 30:32] = 1e6  # two in a row fire
+    z[2, 30:33] = 1e6
+    one = bench._alarms(z, 2.0, 4.0, 1)
+    assert not one[0].any() and one[1, 31] and not one[1, 30]
+    two = bench._alarms(z, 2.0, 4.0, 2)
+    assert not two[1, 31] and two[2, 32]  # held for two steps: one step later
+    assert not bench._alarms(z, 2.0, 4.0, 1)[:, :bench.BOUND_WARMUP].any()
+
+
+def test_the_perfect_baseline_bound_on_one_seed() -> None:
+    case = bench.fault_case(SEED, "kl_blowup", "gradual")
+    z = bench._oracle_z(SEED, case.steps, "kl_blowup", frozenset(), case)
+    healthy = bench._oracle_z(SEED, case.steps, "kl_blowup", frozenset())
+    assert np.array_equal(z[:case.onset], healthy[:case.onset])  # the fault starts at its onset
+    assert z[case.onset + case.ramp - 1] > 20  # and ends far above the run's noise
+    mean, allowance, decision, for_steps = bench._bound_one(
+        ("kl_blowup", frozenset(), [SEED], 0))
+    assert 0 <= mean <= case.ramp
+    assert allowance in bench.BOUND_ALLOWANCES and decision in bench.BOUND_DECISIONS
+    # the setting it found is quiet on the seed's healthy runs
+    runs = [bench._oracle_z(c.seed, c.steps, "kl_blowup", frozenset())
+            for c in bench.cases([SEED]) if c.fault is None]
+    assert not bench._alarms(bench._padded(runs), allowance, decision, for_steps).any()
