@@ -6,12 +6,15 @@ No Ray; a simulated clock."""
 from __future__ import annotations
 
 import gc
+import time
 import tracemalloc
 from pathlib import Path
 
 from rlmon.service import catalog
+from rlmon.service.aggregator import AggregatorCore
 from rlmon.service.config import Settings
 from rlmon.service.history import HistoryStore
+from rlmon.service.report import parse_report
 from rlmon.service.service_core import ServiceCore
 from rlmon.service.step import StepRecord
 from rlmon.service.stream_tracker import StreamTracker
@@ -49,6 +52,24 @@ def test_history_keeps_the_newest_steps_per_stream_and_drops_quiet_runs(tmp_path
     assert [s["step"] for s in store.steps("new", "rollout")] == [0, 1, 2]
     assert store.steps("old") == []
     assert store.prune(keep_steps=4, quiet_before=T0).steps == 0  # nothing more to do
+    store.close()
+
+
+def test_a_live_step_is_stamped_in_wall_time_so_retention_keeps_it(tmp_path: Path) -> None:
+    """With the default clocks (no simulated time): the aggregator's finalized_at is unix time,
+    the clock retention's 30 days are measured on. (It once was the monotonic clock, so every step
+    looked decades old and a service running a minute wiped its history.)"""
+    core = AggregatorCore()
+    _, record = core.assembler.add(parse_report({
+        "run": "live", "role": "actor", "step": 0, "rank": {"dp": 0}, "world": {"dp": 1},
+        "metrics": {IS_RATIO: {"sum": 1.0, "count": 1}}}))  # the only rank: final at once
+    assert record is not None and record.finalized_at is not None
+    assert abs(record.finalized_at - time.time()) < 60
+    assert len(core.assembler.finalize_latency) == 1 and core.assembler.finalize_latency[0] < 60
+    store = HistoryStore(tmp_path / "h.sqlite")
+    store.add([record])
+    pruned = store.prune(keep_steps=100, quiet_before=time.time() - 30 * 86_400)
+    assert pruned.runs == () and len(store.steps("live")) == 1
     store.close()
 
 

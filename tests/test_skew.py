@@ -36,7 +36,7 @@ def _simulate(lag_of: dict[int, float], steps: int, dead: dict[int, int] | None 
     their step. The aggregator ticks every 20 ms of simulated time."""
     rng = random.Random(seed)
     now = [0.0]
-    core = AggregatorCore(clock=lambda: now[0])
+    core = AggregatorCore(clock=lambda: now[0], wall_clock=lambda: now[0])  # simulated time
     events: list[tuple[float, int, int]] = []
     for step in range(steps):
         for dp in range(RANKS):

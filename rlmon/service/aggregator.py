@@ -59,7 +59,7 @@ class AggregatorCore:
         max_streams: int = 10_000,
         retention: float = 30 * 86400.0,
     ) -> None:
-        self.assembler = StepAssembler(clock)
+        self.assembler = StepAssembler(clock, wall_clock=wall_clock)
         self.deadline = deadline or DeadlinePolicy()
         self.store = store
         self.max_errors = max_errors
@@ -67,7 +67,6 @@ class AggregatorCore:
         self.incarnation = uuid.uuid4().hex
         self.undelivered: dict[StepIdentity, StepRecord] = {}
         self.reporter_drops: dict[tuple[str, str, tuple[int, ...]], int] = {}
-        self.finalize_latency: list[float] = []  # last partial -> finalized, seconds (recent)
         # node merger id -> last drain seq merged (a restarted merger has a new id)
         self.merged_batches: RecentMap[str, int] = RecentMap(1024)
         # the service's stop decisions of the runs it was sent, passed on in acks (run ->)
@@ -158,12 +157,6 @@ class AggregatorCore:
         for record in records:
             self.undelivered[record.identity] = record
             self.last_finalized[(record.run, record.role)] = now
-        lat = self.finalize_latency
-        lat.extend(
-            r.finalized_at - r.first_seen for r in records
-            if r.finalized_at is not None and r.first_seen is not None
-        )
-        del lat[:-256]
 
     def ingest(self, messages: Iterable[StepMessage]) -> IngestAck:
         ack = IngestAck()
@@ -376,7 +369,7 @@ class AggregatorCore:
 
     def stats(self) -> dict[str, Any]:
         with self.lock:
-            lat = sorted(self.finalize_latency)
+            lat = sorted(self.assembler.finalize_latency)
             return {
                 **asdict(self.assembler.counters),
                 "open_steps": len(self.assembler.open),

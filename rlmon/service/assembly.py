@@ -11,6 +11,7 @@ duplicate is counted once, here.
 from __future__ import annotations
 
 import bisect
+import collections
 import itertools
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -376,8 +377,13 @@ class StepAssembler:
     assembler's lifetime: the catalog's forms for canonical names, the first form seen for others.
     """
 
-    def __init__(self, clock: Clock | None = None, max_open: int = MAX_OPEN_STEPS) -> None:
+    def __init__(self, clock: Clock | None = None, max_open: int = MAX_OPEN_STEPS,
+                 wall_clock: Clock = time.time) -> None:
+        # deadlines and latencies read the monotonic clock; a step's finalized_at is wall time
+        # (unix seconds): the history store's retention and `rlmon alerts` compare it with dates
         self._clock: Clock = clock or time.monotonic
+        self._wall = wall_clock
+        self.finalize_latency: collections.deque[float] = collections.deque(maxlen=256)
         self.max_open = max_open
         self.open: dict[StepKey, StepState] = {}
         self.finalized: dict[tuple[str, str], FinalizedSteps] = {}
@@ -628,7 +634,8 @@ class StepAssembler:
         """Close one open step now, complete or not."""
         state = self.open.pop(key)
         self.finalized.setdefault((state.run, state.role), FinalizedSteps()).add(state.step)
-        record = state.record(finalized_at=self._clock())
+        record = state.record(finalized_at=self._wall())
+        self.finalize_latency.append(self._clock() - state.first_seen)  # first partial -> now
         attempt = self.attempts.get((state.run, state.role))
         if attempt:
             record = replace(record, attempt=attempt)
