@@ -229,6 +229,49 @@ def test_a_value_too_large_for_a_float_is_dropped_and_the_sender_lives_on() -> N
     rep.close()
 
 
+def test_a_statistic_in_a_form_the_catalog_does_not_give_is_refused_alone(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """actor/loss as a bare value (the catalog's is a token-weighted mean): that statistic is
+    refused, counted, named, said once in the log; the rest of each step arrives."""
+    sink = LocalSink()
+    rep = Reporter("r", "actor", sink=sink, step_seconds=False, hardware_interval=None)
+    with caplog.at_level("WARNING", logger="rlmon"):
+        for step in range(3):
+            rep.record("actor/loss", value=1.0)
+            rep.record_many({"actor/lr": {"sum": 1.0}, "actor/grad_norm": 0.5})  # sum: not lr's
+            rep.record("actor/entropy", sum=3.0, count=2.0)
+            rep.end_step(step)
+        assert rep.flush(5)
+    assert [r.step for r in sink.records] == [0, 1, 2]
+    assert all(dict(r.metrics) == {"actor/entropy": 1.5, "actor/grad_norm": 0.5}
+               for r in sink.records)
+    assert rep.rejected == 6 and rep.refused_messages == 0
+    assert rep.last_error is not None and "actor/" in rep.last_error
+    assert "catalog defines" in rep.last_error
+    said = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(said) == 1 and "actor/loss" in said[0] and "'mean'" in said[0]
+    rep.close()
+
+
+def test_a_message_the_aggregator_refuses_is_counted_and_named() -> None:
+    """A custom name sent as a value, then as a max: forms are fixed per name, so the aggregator
+    refuses the second step; the Reporter counts it and names the reason (it was silent)."""
+    sink = LocalSink()
+    rep = Reporter("r", "actor", sink=sink, step_seconds=False, hardware_interval=None)
+    rep.record("user/score", value=1.0)
+    rep.end_step(0)
+    rep.record("user/score", max=2.0)
+    rep.end_step(1)
+    rep.record("user/score", value=3.0)
+    rep.end_step(2)
+    assert rep.flush(5)
+    assert [r.step for r in sink.records] == [0, 2]
+    assert rep.refused_messages == 1
+    assert rep.last_error is not None and "refused by the aggregator" in rep.last_error
+    assert "r/actor step 1" in rep.last_error and "user/score" in rep.last_error
+    rep.close()
+
+
 @pytest.mark.parametrize(("run", "role", "field"), [
     ("", "actor", "run"), ("a b", "actor", "run"), ("r" * 129, "actor", "run"),
     ("r", "Actor", "role"), ("r", "1x", "role"), ("r", "", "role"),

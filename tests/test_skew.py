@@ -126,7 +126,9 @@ def test_resends_after_an_aggregator_restart_are_counted_as_resent_not_late(
     sink.core = AggregatorCore(store=WatermarkStore(db))  # restart: open step 0 is lost
     assert reps[0].flush(30)
     counters = sink.core.counters
-    assert (counters.resent, counters.late) == (2, 0)  # steps 1 and 2 were folded in before
+    # steps 1 and 2 were folded in before: resent, never late. Rank 1 still holds its steps 1
+    # and 2 too (step 0 is open) and resends them if its own probe comes round meanwhile
+    assert counters.late == 0 and counters.resent in (2, 4)
     assert reps[0].resent >= 3
     for rep in reps:
         rep.close()

@@ -78,6 +78,7 @@ _Deferred = tuple[StepTensors | None, list[Mapping[str, Any]], list[DevicePick]]
 
 
 _PY_NUMBER = (float, int)
+_SAY_AT_MOST = 100  # distinct refusals logged per Reporter (each once); later ones are counted
 _PROBE_S = 0.5  # how often a reporter holding retained messages asks the aggregator who it is
 # Spans read the monotonic clock; it is aligned to wall time once per process, so a span never
 # jumps with the wall clock and spans of one process always line up with each other.
@@ -166,7 +167,10 @@ class Reporter:
         self.last_error: str | None = None
         self._acc: dict[Any, _Entry] = {}
         self._names: set[str] = set()  # metric names already validated
+        self._forms_ok: set[tuple[str, Form]] = set()  # (name, form) the catalog allows
+        self._said: set[str] = set()  # refusals already logged (each is said once)
         self.rejected = 0  # statistics refused after recording (see record_tensor, record_many)
+        self.refused_messages = 0  # step messages the aggregator refused (its reason: last_error)
         self._tensors = HeldTensors()
         self._tensor_forms: dict[Any, Form] = {}  # this step's record_tensor forms by key
         # record_tensor's fast path: this step's checked plain statistics by name, and each
@@ -371,8 +375,41 @@ class Reporter:
     def _refuse(self, names: Sequence[str], why: str) -> None:
         self.rejected += len(names)
         self.last_error = f"{names[0]}: {why}"
-        log.warning("rlmon: %s/%s: %d statistic(s) refused, e.g. %s: %s",
-                    self.run, self.role, len(names), names[0], why)
+        said = f"{names[0]}: {why}"
+        if said not in self._said and len(self._said) < _SAY_AT_MOST:  # once, not every step
+            self._said.add(said)
+            log.warning("rlmon: %s/%s: %d statistic(s) refused, e.g. %s: %s",
+                        self.run, self.role, len(names), names[0], why)
+
+    def _check_catalog_forms(self, acc: dict[Any, _Entry]) -> None:
+        """Refuse the statistics whose form the catalog does not give their name (sender
+        thread): the aggregator would refuse the whole step for one of them."""
+        wrong: list[tuple[Any, str, str]] = []
+        for key, entry in acc.items():
+            name, form = (key[0] if entry[3] else key), entry[0]
+            if (name, form) in self._forms_ok:
+                continue
+            error = catalog.form_error(name, form)
+            if error is None:
+                self._forms_ok.add((name, form))
+            else:
+                wrong.append((key, name, error))
+        for key, _name, _error in wrong:
+            del acc[key]
+        if wrong:
+            self._refuse([name for _, name, _ in wrong], wrong[0][2])
+
+    def _refused_by_aggregator(self, ack: Any) -> None:
+        """What the aggregator refused of a sent batch: counted and said, like a local refusal."""
+        rejected = getattr(ack, "rejected", 0)
+        if rejected:
+            errors = getattr(ack, "errors", None) or ["(no reason given)"]
+            self.refused_messages += rejected
+            self.last_error = f"refused by the aggregator: {errors[0]}"
+            if errors[0] not in self._said and len(self._said) < _SAY_AT_MOST:
+                self._said.add(errors[0])
+                log.warning("rlmon: %s/%s: the aggregator refused %d step message(s): %s",
+                            self.run, self.role, rejected, errors[0])
 
     def _add_numbers(self, name: str, form: Form, numbers: Mapping[str, float],
                      replicated: Replicated, minibatch_reduce: str | None, minibatch: int,
@@ -803,6 +840,7 @@ class Reporter:
                 try:
                     if deferred[0] is not None or deferred[1]:
                         self._complete(acc, deferred)
+                    self._check_catalog_forms(acc)
                     if self._hardware is not None:
                         for name, (form, state) in self._hardware.take().items():
                             acc.setdefault(name, [form, state, None, False, 0])  # user's first
@@ -837,6 +875,7 @@ class Reporter:
                 while self._pending and self._pending[0].seq <= last:
                     self._pending.popleft()
                 self.sent += len(batch)
+                self._refused_by_aggregator(ack)
                 self._retain(batch, ack)
                 self._cond.notify_all()
 

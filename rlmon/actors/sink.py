@@ -17,6 +17,7 @@ from typing import Protocol
 from rlmon.service.assembly import StepAssembler
 from rlmon.service.ingest import IngestAck
 from rlmon.service.message import StepMessage
+from rlmon.service.report import ContractError
 from rlmon.service.step import StepRecord
 
 __all__ = ["LocalSink", "ReportSink", "SinkClosed", "close_open_senders", "track_sender"]
@@ -54,14 +55,23 @@ class LocalSink:
         self.on_record = on_record
         self._lock = threading.Lock()
 
-    def send(self, messages: Sequence[StepMessage]) -> None:
+    def send(self, messages: Sequence[StepMessage]) -> IngestAck:
+        """Add the messages; one that breaks the contract is refused and counted in the ack, as
+        the aggregator does (raising would make the Reporter retry it forever)."""
+        ack = IngestAck()
         with self._lock:
             for msg in messages:
-                _, record = self.assembler.add_message(msg)
+                try:
+                    outcome, record = self.assembler.add_message(msg)
+                except ContractError as exc:
+                    ack.refuse(msg, exc, max_errors=20)
+                    continue
+                ack.tally(outcome)
                 if record is not None:
                     self.records.append(record)
                     if self.on_record is not None:
                         self.on_record(record)
+        return ack
 
     def finalize_all(self) -> list[StepRecord]:
         with self._lock:

@@ -410,11 +410,9 @@ class StepAssembler:
                 raise ContractError(f"metrics.{name}", f"sends form {form.value!r} but the "
                                     f"metric has form {known.value!r}")
             return
-        spec = catalog.lookup(name)
-        if spec is not None and form not in spec.forms:
-            allowed = " or ".join(repr(f.value) for f in spec.forms)
-            raise ContractError(f"metrics.{name}", f"sends form {form.value!r} but the catalog "
-                                f"defines {allowed}")
+        error = catalog.form_error(name, form)
+        if error is not None:
+            raise ContractError(f"metrics.{name}", error)
 
     def _check_schema(self, schema: Schema) -> None:
         """The forms of a block's metrics, checked (and noted) once per schema while it is in

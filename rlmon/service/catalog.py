@@ -27,6 +27,7 @@ __all__ = [
     "STRAGGLER_ALERT",
     "STRAGGLER_METRIC",
     "STRAGGLER_SOURCE",
+    "form_error",
     "get",
     "lookup",
     "metrics",
@@ -464,6 +465,15 @@ def metrics() -> Iterator[MetricSpec]:
 def lookup(name: str) -> MetricSpec | None:
     """The spec of a canonical metric, or None for a user-defined one."""
     return CATALOG.get(name)
+
+
+def form_error(name: str, form: Form) -> str | None:
+    """Why ``form`` cannot carry ``name`` (the catalog gives the name other forms), or None."""
+    spec = CATALOG.get(name)
+    if spec is None or form in spec.forms:
+        return None
+    allowed = " or ".join(repr(f.value) for f in spec.forms)
+    return f"sends form {form.value!r} but the catalog defines {allowed}"
 
 
 def get(name: str) -> MetricSpec:
