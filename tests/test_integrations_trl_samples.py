@@ -74,7 +74,8 @@ def test_a_broken_reward_shows_its_responses_in_rlmon_samples_and_the_webhook(
         step = alert["step"]
         samples = alert["worst_samples"]
         assert samples["metric"] == catalog.REWARD_LOWEST
-        assert samples["more"] == f"rlmon samples {RUN} --role trainer --step {step}"
+        assert samples["more"] == (f"rlmon samples {RUN} --role trainer --step {step} "
+                                   f"--state-dir {tmp_path.resolve()}")
         items = samples["items"]
         assert len(items) == NOTIFY_ITEMS
         # the broken responses first, each with its completion's text; then the next lowest

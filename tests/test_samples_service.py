@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -97,7 +98,9 @@ def test_an_is_alert_carries_its_worst_samples_to_the_webhook_and_rlmon_samples_
         assert [i["id"] for i in samples["items"]] == ["dp1/2", "dp1/0", "dp1/1"][:NOTIFY_ITEMS]
         assert [i["score"] for i in samples["items"]] == [0.01, 0.02, 0.05]
         assert len(samples["items"][0]["payload"]) == NOTIFY_CHARS  # cut, with an ellipsis
-        assert samples["more"] == "rlmon samples grpo --role actor --step 1"
+        # the command names the service's state directory, so it runs as quoted (below)
+        more = samples["more"]
+        assert more == f"rlmon samples grpo --role actor --step 1 --state-dir {tmp_path.resolve()}"
         scrape = generate_latest(build_registry(service.metrics, process=False)).decode()
         assert 'rlmon_actor_is_ratio_lowest{role="actor",run="grpo"} 0.01' in scrape
         assert "stale prompt" not in scrape and "dp1/" not in scrape  # items are never labels
@@ -107,6 +110,8 @@ def test_an_is_alert_carries_its_worst_samples_to_the_webhook_and_rlmon_samples_
         service.close()
         receiver.stop()
 
+    assert main(shlex.split(more)[1:]) == 0
+    assert "dp1/2" in capsys.readouterr().out
     assert main(["samples", "grpo", "--alert", "ISRatioStale", "--state-dir",
                  str(tmp_path)]) == 0
     out = capsys.readouterr().out

@@ -11,6 +11,7 @@ characters, and says which command prints the rest.
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -69,10 +70,13 @@ def notify_items(items: Sequence[Sample]) -> tuple[Sample, ...]:
                  for s, i, p in items[:NOTIFY_ITEMS])
 
 
-def command_for(run: str, role: str, step: int, alert: str = "") -> str:
-    """The command that prints every stored sample behind a notification."""
-    where = f"--alert {alert}" if alert else f"--step {step}"
-    return f"rlmon samples {run} --role {role} {where}"
+def command_for(run: str, role: str, step: int, alert: str = "",
+                state_dir: str | None = None) -> str:
+    """The command that prints every stored sample behind a notification (``state_dir``: the
+    service's, named so the command finds its history store wherever the service keeps it)."""
+    where = f"--alert {shlex.quote(alert)}" if alert else f"--step {step}"
+    store = f" --state-dir {shlex.quote(state_dir)}" if state_dir else ""
+    return f"rlmon samples {shlex.quote(run)} --role {role} {where}{store}"
 
 
 @dataclass(frozen=True, slots=True)

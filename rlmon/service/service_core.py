@@ -98,7 +98,8 @@ class ServiceCore:
         self._next_retention = self._clock() + retention.every_seconds
         self.outbox_path = outbox_path(self.settings, state)
         outbox = open_outbox(self.settings, self.outbox_path)
-        self.dispatcher = build_dispatcher(self.settings, outbox, transports=transports)
+        self.dispatcher = build_dispatcher(self.settings, outbox, transports=transports,
+                                           state_dir=state.resolve() if state else None)
         # after the notifier modules (and their clients' loggers) exist
         install_redaction(self.settings.secret_values())
         self._redactor = self.settings.redactor()  # masks secrets in sample text sent out

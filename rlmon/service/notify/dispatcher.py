@@ -46,8 +46,10 @@ class Dispatcher:
     def __init__(
         self, settings: Settings, outbox: Outbox, notifiers: Iterable[Notifier],
         *, clock: Clock | None = None, redactor: Redactor | None = None,
+        state_dir: str | None = None,
     ) -> None:
         self.settings = settings
+        self.state_dir = state_dir  # the service's: notifications name it in commands they quote
         self.outbox = outbox
         self.notifiers: dict[str, Notifier] = {n.name: n for n in notifiers}
         self._clock: Clock = clock or time.time
@@ -82,7 +84,7 @@ class Dispatcher:
         if not batch:
             return 0
         created = self._clock() if finalized_at is None else finalized_at
-        routed = route(batch, self.settings, self.notifiers.keys(), created)
+        routed = route(batch, self.settings, self.notifiers.keys(), created, self.state_dir)
         stored = 0
         for notification in routed.notifications:
             if self.outbox.put(notification):

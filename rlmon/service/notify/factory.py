@@ -88,8 +88,10 @@ def open_outbox(settings: Settings, path: str | Path | None = None) -> Outbox:
 
 def build_dispatcher(
     settings: Settings, outbox: Outbox | None = None, only: Collection[str] | None = None,
-    transports: Mapping[str, Any] | None = None,
+    transports: Mapping[str, Any] | None = None, state_dir: Path | None = None,
 ) -> Dispatcher:
-    """A dispatcher over the configured notifiers and the configured (or given) outbox."""
+    """A dispatcher over the configured notifiers and the configured (or given) outbox;
+    ``state_dir`` is the service's (where `rlmon samples` finds its history store)."""
     return Dispatcher(settings, outbox or open_outbox(settings),
-                      build_notifiers(settings, only, transports))
+                      build_notifiers(settings, only, transports),
+                      state_dir=str(state_dir) if state_dir is not None else None)

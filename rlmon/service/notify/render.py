@@ -40,22 +40,23 @@ def summary_line(event: AlertEvent) -> str:
     return f"[{state}] {event.alert} on {where}{metric}{cond}{detail}{stop}"
 
 
-def samples_json(event: AlertEvent) -> dict[str, Any] | None:
+def samples_json(event: AlertEvent, state_dir: str | None = None) -> dict[str, Any] | None:
     """The worst samples an alert carries (its first few, payloads cut) and the command that
-    prints them all; None when it carries none."""
+    prints them all (from the service's state directory); None when it carries none."""
     if not event.samples:
         return None
     return {"metric": event.samples_metric, "items": items_to_json(event.samples),
-            "more": command_for(event.run, event.role, event.step)}
+            "more": command_for(event.run, event.role, event.step, state_dir=state_dir)}
 
 
-def _slack_samples(event: AlertEvent) -> str:
+def _slack_samples(event: AlertEvent, state_dir: str | None) -> str:
     lines = [f":microscope: Worst samples (`{_mrkdwn(event.samples_metric)}`):"]
     for n, (score, ident, payload) in enumerate(event.samples, 1):
         text = " ".join(payload.split())  # one line each
         lines.append(f"{n}. `{_mrkdwn(ident)}` {format_value(score)}"
                      + (f": {_mrkdwn(text)}" if text else ""))
-    lines.append(f"All of them: `{command_for(event.run, event.role, event.step)}`")
+    command = command_for(event.run, event.role, event.step, state_dir=state_dir)
+    lines.append(f"All of them: `{command}`")
     return "\n".join(lines)
 
 
@@ -63,7 +64,8 @@ def _mrkdwn(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def slack_body(events: Sequence[AlertEvent], dashboard: str | None, username: str) -> dict[str, Any]:
+def slack_body(events: Sequence[AlertEvent], dashboard: str | None, username: str,
+               state_dir: str | None = None) -> dict[str, Any]:
     """One Block Kit message for the alerts of one (run, role, step)."""
     first = events[0]
     firing = [e for e in events if e.state == "firing"]
@@ -98,7 +100,7 @@ def slack_body(events: Sequence[AlertEvent], dashboard: str | None, username: st
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)}})
         if event.samples:
             blocks.append({"type": "section",
-                           "text": {"type": "mrkdwn", "text": _slack_samples(event)[:3000]}})
+                           "text": {"type": "mrkdwn", "text": _slack_samples(event, state_dir)[:3000]}})
         if event.what_to_check and event.state == "firing":
             blocks.append({
                 "type": "context",
@@ -114,7 +116,8 @@ def slack_body(events: Sequence[AlertEvent], dashboard: str | None, username: st
 
 
 def pagerduty_body(
-    event: AlertEvent, severity_map: dict[str, str], group: str, dashboard: str | None
+    event: AlertEvent, severity_map: dict[str, str], group: str, dashboard: str | None,
+    state_dir: str | None = None,
 ) -> dict[str, Any]:
     """A v2 event without its routing key: trigger on firing, resolve on resolved."""
     if event.state == "resolved":
@@ -133,7 +136,7 @@ def pagerduty_body(
         details["detail"] = event.detail
     if event.stop:
         details["stop"] = event.stop
-    samples = samples_json(event)
+    samples = samples_json(event, state_dir)
     if samples is not None:
         details["worst_samples"] = samples
     body: dict[str, Any] = {
@@ -154,7 +157,8 @@ def pagerduty_body(
     return body
 
 
-def webhook_body(events: Sequence[AlertEvent], dashboard: str | None) -> dict[str, Any]:
+def webhook_body(events: Sequence[AlertEvent], dashboard: str | None,
+                 state_dir: str | None = None) -> dict[str, Any]:
     """The generic webhook: the replay contract's alert lines plus context, one per step."""
     first = events[0]
     alerts = []
@@ -163,7 +167,7 @@ def webhook_body(events: Sequence[AlertEvent], dashboard: str | None) -> dict[st
         line.update(summary=event.summary, condition=event.condition,
                     what_to_check=event.what_to_check, dedup_key=event.dedup_key,
                     detail=event.detail, stop=event.stop, text=summary_line(event))
-        samples = samples_json(event)
+        samples = samples_json(event, state_dir)
         if samples is not None:
             line["worst_samples"] = samples
         alerts.append(line)

@@ -41,9 +41,10 @@ def _at(event: AlertEvent) -> str:
 
 def route(
     events: Sequence[AlertEvent], settings: Settings, available: Collection[str],
-    created: float = 0.0,
+    created: float = 0.0, state_dir: str | None = None,
 ) -> Routed:
-    """Turn alert events into notifications for the destinations in ``available``."""
+    """Turn alert events into notifications for the destinations in ``available``
+    (``state_dir``: the service's, for the `rlmon samples` command they quote)."""
     out = Routed()
     groups: dict[tuple[str, str, str, int], list[AlertEvent]] = defaultdict(list)
     for event in events:
@@ -61,7 +62,7 @@ def route(
                 out.unroutable[dest] = out.unroutable.get(dest, 0) + 1
                 continue
             if dest == "pagerduty":
-                out.notifications.append(_pagerduty(event, settings, created))
+                out.notifications.append(_pagerduty(event, settings, created, state_dir))
             else:
                 groups[(dest, event.run, event.role, event.step)].append(event)
         if silenced:
@@ -69,8 +70,8 @@ def route(
     for (dest, run, role, _step), group in groups.items():
         dashboard = settings.dashboard_link(run, role)
         body = (
-            slack_body(group, dashboard, settings.notifiers.slack.username)
-            if dest == "slack" else webhook_body(group, dashboard)
+            slack_body(group, dashboard, settings.notifiers.slack.username, state_dir)
+            if dest == "slack" else webhook_body(group, dashboard, state_dir)
         )
         out.notifications.append(
             Notification(dest, _chat_key(dest, group), f"{run}/{role}", body, created)
@@ -78,9 +79,10 @@ def route(
     return out
 
 
-def _pagerduty(event: AlertEvent, settings: Settings, created: float) -> Notification:
+def _pagerduty(event: AlertEvent, settings: Settings, created: float,
+               state_dir: str | None) -> Notification:
     pd = settings.notifiers.pagerduty
     body = pagerduty_body(event, dict(pd.severity_map), pd.group,
-                          settings.dashboard_link(event.run, event.role))
+                          settings.dashboard_link(event.run, event.role), state_dir)
     key = f"pagerduty:{event.dedup_key}@{_at(event)}:{event.state}"
     return Notification("pagerduty", key, event.dedup_key, body, created)
