@@ -139,6 +139,27 @@ rules:
     assert [e.alert for e in engine.evaluate(step(0, **{"actor/is_ratio": 1.3}))] == ["ISRatioDivergence"]
 
 
+def test_a_rule_named_like_a_default_without_a_condition_retunes_it() -> None:
+    """The README's `decision: 8`: the fields given replace the default's, the rest stay."""
+    defaults = {r.name: r for r in default_rules()}
+    rules = {r.name: r for r in parse_rules("""
+rules:
+  - {name: EntropySliding, decision: 8}
+  - {name: KLDivergence, threshold: 1.0, for: 2}
+""")}
+    assert set(rules) == set(defaults)
+    assert rules["EntropySliding"] == defaults["EntropySliding"].model_copy(
+        update={"decision": 8.0})
+    assert rules["KLDivergence"] == defaults["KLDivergence"].model_copy(
+        update={"threshold": 1.0, "for_steps": 2})
+    with pytest.raises(RuleError, match=r"rules\[0\] \(EntropySliding\): decison"):
+        parse_rules("rules: [{name: EntropySliding, decison: 8}]")  # a typo is still named
+    with pytest.raises(RuleError, match=r"'op' does not apply to condition 'baseline'"):
+        parse_rules("rules: [{name: EntropySliding, op: '<'}]")  # retuned, still checked
+    with pytest.raises(RuleError, match="severity: Field required"):
+        parse_rules("rules: [{name: EntropySliding, decision: 8}]\ninclude_defaults: false")
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

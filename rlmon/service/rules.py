@@ -10,7 +10,7 @@ declared in the catalog's ``EARLY_WARNINGS``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
@@ -278,10 +278,15 @@ def _location(loc: Sequence[int | str]) -> str:
     return ".".join(str(part) for part in loc) or "(rule)"
 
 
-def _parse_rule(index: int, raw: Any) -> Rule:
+def _parse_rule(index: int, raw: Any, base: Mapping[str, Rule]) -> Rule:
+    """A rule of the file; one that names a rule of the pack without a ``condition`` retunes
+    it: the fields it gives replace the pack rule's, the others are kept."""
     if not isinstance(raw, dict):
         raise RuleError(f"rules[{index}]: a rule must be a mapping, got {type(raw).__name__}")
     label = f"rules[{index}] ({raw.get('name', 'unnamed')})"
+    retuned = base.get(raw.get("name", "")) if "condition" not in raw else None
+    if retuned is not None:
+        raw = {**retuned.model_dump(by_alias=True, exclude_none=True), **raw}
     try:
         return Rule.model_validate(raw)
     except ValidationError as exc:
@@ -309,14 +314,14 @@ def parse_rules(text: str, source: str = "rules") -> list[Rule]:
     except ValidationError as exc:
         problems = "; ".join(f"{_location(e['loc'])}: {e['msg']}" for e in exc.errors())
         raise RuleError(f"{source}: {problems}") from None
-    user = [_parse_rule(i, raw) for i, raw in enumerate(spec.rules)]
+    base = []
+    if spec.include_defaults:
+        base = default_rules() if spec.early_warning else fixed_rules()
+    user = [_parse_rule(i, raw, {r.name: r for r in base}) for i, raw in enumerate(spec.rules)]
     names = [r.name for r in user]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise RuleError(f"{source}: rule {sorted(dup)[0]!r} is defined more than once")
-    base = []
-    if spec.include_defaults:
-        base = default_rules() if spec.early_warning else fixed_rules()
     known = {r.name for r in base} | set(names)
     for name in spec.disable:
         if name not in known:
