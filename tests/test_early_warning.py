@@ -342,7 +342,9 @@ def test_replay_rules_cli_prints_when_each_rule_would_have_fired(tmp_path: Path)
                      "  - {name: Slide, severity: warning, condition: baseline, metric: "
                      "actor/entropy, direction: down, warmup: 10, window: 20}\n"
                      "  - {name: Low, severity: critical, condition: threshold, metric: "
-                     "actor/entropy, op: '<', threshold: 0.001}\n")
+                     "actor/entropy, op: '<', threshold: 0.001}\n"
+                     "  - {name: Typo, severity: warning, condition: threshold, metric: "
+                     "actor/entropyy, op: '<', threshold: 0.001}\n")
     table = subprocess.run([sys.executable, "-m", "rlmon", "replay", str(data), "--rules",
                             str(rules)], capture_output=True, text=True, cwd=ROOT, timeout=120,
                            check=False)
@@ -351,6 +353,8 @@ def test_replay_rules_cli_prints_when_each_rule_would_have_fired(tmp_path: Path)
     fired_at = next(line for line in table.stdout.splitlines() if line.startswith("│ Slide"))
     assert "r/actor" in fired_at and "(firing)" in fired_at
     assert "never fired: Low" in table.stdout
+    # a metric no step holds is most likely a typo: said, not only listed as never fired
+    assert "metric 'actor/entropyy' is not in the catalog" in table.stderr
     as_json = subprocess.run([sys.executable, "-m", "rlmon", "replay", str(data), "--rules",
                               str(rules), "--json"], capture_output=True, text=True, cwd=ROOT,
                              timeout=120, check=False)

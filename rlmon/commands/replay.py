@@ -17,7 +17,7 @@ from typing import IO
 from rlmon.service import catalog
 from rlmon.service.backtest import RuleBacktest, backtest
 from rlmon.service.replay import ReplayResult, replay
-from rlmon.service.rules import RuleError, load_rules
+from rlmon.service.rules import RuleError, load_rules, unknown_metrics
 
 __all__ = ["print_backtest", "print_json", "print_table", "register", "run_replay"]
 
@@ -140,6 +140,8 @@ def run_replay(args: argparse.Namespace) -> int:
     except (RuleError, OSError) as exc:
         print(f"rlmon replay: {exc}", file=sys.stderr)
         return 2
+    for warning in unknown_metrics(rules) if args.rules else ():
+        print(f"rlmon replay: warning: {warning}", file=sys.stderr)
     try:
         result = replay(_lines(args.file), rules)
     except OSError as exc:

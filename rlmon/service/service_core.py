@@ -37,7 +37,7 @@ from rlmon.service.notify.factory import build_dispatcher, open_outbox, outbox_p
 from rlmon.service.notify.render import summary_line
 from rlmon.service.otlp import OtlpExport
 from rlmon.service.redact import install_redaction
-from rlmon.service.rules import Rule, default_rules, load_rules
+from rlmon.service.rules import Rule, default_rules, load_rules, unknown_metrics
 from rlmon.service.samples import notify_items
 from rlmon.service.sanity import Finding, SanityChecker, relay_warnings
 from rlmon.service.step import StepRecord
@@ -82,6 +82,8 @@ class ServiceCore:
             state / "history.sqlite" if state else ":memory:",
             sample_payload_bytes=self.settings.retention.sample_payload_bytes)
         self.engine = AlertEngine(list(rules) if rules is not None else default_rules())
+        for warning in unknown_metrics(self.engine.rules) if rules is not None else ():
+            _log.warning("rlmon: %s", warning)
         # A restarted service continues every (run, role, alert) where it stopped: a firing
         # alert still resolves, a pending one still needs only its remaining bad steps.
         self.engine.states.update(self.history.alert_states())
