@@ -89,6 +89,9 @@ def _port_free(port: int) -> bool:
     import socket
 
     with socket.socket() as probe:
+        # as the exporter binds (http.server sets SO_REUSEADDR): the TIME_WAIT connections of
+        # the previous run's scrapes do not make the port taken
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
         except OSError:
