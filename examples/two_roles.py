@@ -3,10 +3,10 @@
     python examples/two_roles.py [--steps 10] [--run two-roles]
 
 The actor (policy) and the critic each get a Reporter; any number of Reporters in a process, made
-and closed in any order, reach the same service and aggregators. The critic's value loss
-diverges from step 3 (``actor/grad_norm`` stays healthy), so ``GradNormHigh`` stays quiet while the
-critic's own grad norm is recorded, and the actor's entropy collapses: ``EntropyCollapse`` fires
-at step 5 on this console.
+and closed in any order, reach the same service and aggregators. Both roles' losses and gradient
+norms stay healthy (``GradNormHigh`` stays quiet; the critic's series are its own, under role
+``critic``), while the actor's entropy collapses: ``EntropyCollapse`` fires at step 5 on this
+console.
 """
 
 from __future__ import annotations

@@ -115,6 +115,10 @@ def run_serve(args: argparse.Namespace, stop: threading.Event | None = None) -> 
         "(health: /healthz)",
         flush=True,
     )
+    if not args.address:
+        # a script's Reporter starts its own Ray unless told where this one is
+        print("rlmon serve: training scripts on this machine report here when started with "
+              f"RAY_ADDRESS=auto (Reporter namespace {args.namespace!r})", flush=True)
     stop = stop or threading.Event()
     previous = {}
     if threading.current_thread() is threading.main_thread():
