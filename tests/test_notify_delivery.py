@@ -241,3 +241,35 @@ def test_restart_with_pending_notifications(tmp_path: Path) -> None:
             "v2": 4, "slack": 2, "hook": 2}
     finally:
         receiver.stop()
+
+
+def test_alerts_routed_to_an_unconfigured_destination_are_counted_exported_and_said_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Critical alerts go to PagerDuty and Slack; only Slack is configured. What PagerDuty would
+    have had is counted as the outcome `unroutable`, served in rlmon_notifications_total, and
+    said once in the log however many alerts follow."""
+    from prometheus_client import generate_latest
+
+    from rlmon.service.exporter import MetricsState
+    from rlmon.service.metrics_http import build_registry
+
+    settings = Settings.model_validate({
+        "notifiers": {"slack": {"webhook_url": f"http://127.0.0.1:{free_port()}/slack"},
+                      "console": {"enabled": False}},
+        "routing": {"critical": ["pagerduty", "slack"]},
+        "outbox": {"path": str(tmp_path / "o.sqlite")},
+    })
+    dispatcher = build_dispatcher(settings, open_outbox(settings))
+    with caplog.at_level("WARNING"):
+        for step in range(3):
+            dispatcher.submit([AlertEvent("grpo", "actor", step, "NonFiniteMetric", "critical",
+                                          "firing", "actor/loss", float("nan"))], wake=False)
+    assert dispatcher.stats().outcomes[("pagerduty", "unroutable")] == 3
+    said = [r.getMessage() for r in caplog.records if "not configured" in r.getMessage()]
+    assert said == ["alerts routed to pagerduty, which is not configured: not sent there "
+                    "(counted as outcome 'unroutable')"]
+    state = MetricsState()
+    state.dispatch = dispatcher.stats  # as the service wires it
+    scrape = generate_latest(build_registry(state, process=False)).decode()
+    assert ('rlmon_notifications_total{destination="pagerduty",outcome="unroutable"} 3.0'
+            in scrape)

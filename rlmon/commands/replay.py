@@ -16,6 +16,7 @@ from typing import IO
 
 from rlmon.service import catalog
 from rlmon.service.backtest import RuleBacktest, backtest
+from rlmon.service.notify.render import format_value
 from rlmon.service.replay import ReplayResult, replay
 from rlmon.service.rules import RuleError, load_rules, unknown_metrics
 
@@ -119,10 +120,10 @@ def print_table(result: ReplayResult) -> None:
     for _, events in result.steps:
         for e in events:
             colour = "red" if e.severity == "critical" else "yellow"
-            value = "NaN/Inf" if e.value is None else f"{e.value:.4g}"
+            # a resolved step may not hold the metric at all: n/a, not a made-up NaN
             console.print(
                 f"[{colour}]{e.alert} {e.state}[/] {e.run}/{e.role} step {e.step}: "
-                f"{e.metric} = {value} ({e.condition})",
+                f"{e.metric} = {format_value(e.value)} ({e.condition})",
                 highlight=False,
             )
     s = result.summary()

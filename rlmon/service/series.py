@@ -127,7 +127,8 @@ STEPS_REDELIVERED = Series("rlmon_steps_redelivered_total", "counter",
                            "already held them, so they were ignored.")
 NOTIFICATIONS = Series("rlmon_notifications_total", "counter",
                        "Notification attempts by `destination` and `outcome` (sent, retried, "
-                       "failed).", ("destination", "outcome"))
+                       "failed; unroutable: alerts routed to a destination that is not "
+                       "configured).", ("destination", "outcome"))
 OUTBOX_PENDING = Series("rlmon_outbox_pending", "gauge",
                         "Notifications waiting in the outbox, by `destination`.", ("destination",))
 STOP_REQUESTS = Series("rlmon_stop_requests_total", "counter",

@@ -95,8 +95,11 @@ class Dispatcher:
             self._silenced += routed.silenced
             for dest, n in routed.unroutable.items():
                 if dest not in self._unroutable:
-                    log.warning("alerts routed to %s, which is not configured; dropped", dest)
+                    log.warning("alerts routed to %s, which is not configured: not sent there "
+                                "(counted as outcome 'unroutable')", dest)
                 self._unroutable[dest] = self._unroutable.get(dest, 0) + n
+                key = (dest, "unroutable")  # exported with the delivery outcomes
+                self._outcomes[key] = self._outcomes.get(key, 0) + n
         return stored
 
     def wake(self) -> None:
