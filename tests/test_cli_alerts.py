@@ -82,3 +82,20 @@ def test_table_for_people(state: Path, capsys: pytest.CaptureFixture[str]) -> No
 def test_no_store_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["alerts", "--state-dir", str(tmp_path)]) == 2
     assert "no history store" in capsys.readouterr().err
+
+
+def test_a_run_the_store_does_not_hold_is_named_with_the_runs_it_does(
+        state: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A typo in a run name is an error listing the runs, not an empty "no alert firing"; the
+    same for rlmon samples and rlmon trace."""
+    assert main(["alerts", "--state-dir", str(state), "--run", "grpo-7b"]) == 1
+    err = capsys.readouterr().err
+    assert "no run 'grpo-7b'" in err and "latest first: b, a" in err
+    assert main(["samples", "grpo-7b", "--state-dir", str(state)]) == 1
+    assert "rlmon samples: no run 'grpo-7b'" in capsys.readouterr().err
+    assert main(["trace", "grpo-7b", "--state-dir", str(state), "-o",
+                 str(state / "t.pftrace")]) == 1
+    assert "rlmon trace: no run 'grpo-7b'" in capsys.readouterr().err
+    assert main(["samples", "a", "--alert", "NonFinite", "--state-dir", str(state)]) == 1
+    assert "(alerts that fired there: ISRatioDivergence, NonFiniteMetric)" in \
+        capsys.readouterr().err

@@ -10,7 +10,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from rlmon.commands.history_store import add_store_arguments, history_path
+from rlmon.commands.history_store import add_store_arguments, history_path, missing_run
 
 __all__ = ["register"]
 
@@ -33,6 +33,8 @@ def run_alerts(args: argparse.Namespace) -> int:
     db = history_path(args, "alerts")
     if db is None:
         return 2
+    if args.run is not None and missing_run(db, args.run, "alerts"):
+        return 1
     store = HistoryStore(db)
     try:
         found: dict[str, list[dict[str, Any]]] = {"firing": store.firing_alerts(args.run)}

@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from rlmon.commands.history_store import add_store_arguments, history_path
+from rlmon.commands.history_store import add_store_arguments, history_path, missing_run
 
 __all__ = ["register"]
 
@@ -42,6 +42,8 @@ def run_samples(args: argparse.Namespace) -> int:
     db = history_path(args, "samples")
     if db is None:
         return 2
+    if missing_run(db, args.run, "samples"):
+        return 1
     store = HistoryStore(db)
     try:
         step, metric, role = args.step, args.metric, args.role
@@ -50,8 +52,12 @@ def run_samples(args: argparse.Namespace) -> int:
             fired = [a for a in store.alerts(args.run) if a["alert"] == args.alert
                      and a["state"] == "firing" and (role is None or a["role"] == role)]
             if not fired:
+                named = sorted({a["alert"] for a in store.alerts(args.run)
+                                if a["state"] == "firing"})
                 print(f"rlmon samples: alert {args.alert!r} never fired in run {args.run!r}"
-                      + (f" role {role!r}" if role else ""), file=sys.stderr)
+                      + (f" role {role!r}" if role else "")
+                      + (f" (alerts that fired there: {', '.join(named)})" if named else
+                         " (no alert fired there)"), file=sys.stderr)
                 return 1
             last = fired[-1]
             step, role = int(last["step"]), str(last["role"])

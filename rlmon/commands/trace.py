@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from rlmon.commands.history_store import add_store_arguments, history_path
+from rlmon.commands.history_store import add_store_arguments, history_path, missing_run
 
 __all__ = ["OPEN_HINT", "parse_steps", "register", "write_trace"]
 
@@ -38,6 +38,8 @@ def run_trace(args: argparse.Namespace) -> int:
     db = history_path(args, "trace")
     if db is None:
         return 2
+    if missing_run(db, args.run, "trace"):
+        return 1
     first, last = args.steps
     written = write_trace(db, args.run, args.output, args.role, first, last)
     if written is None:

@@ -291,6 +291,13 @@ class HistoryStore:
             ).fetchone()
         return row is not None
 
+    def runs(self) -> list[str]:
+        """The runs the store holds steps of, the latest to finalize a step first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT run FROM steps GROUP BY run ORDER BY MAX(finalized_at) DESC").fetchall()
+        return [run for (run,) in rows]
+
     def steps(self, run: str | None = None, role: str | None = None) -> list[dict[str, Any]]:
         """Step lines (DESIGN.md replay format) in (run, role, step) order."""
         query, args = "SELECT line FROM steps", []
