@@ -1,13 +1,14 @@
 """What the service keeps is bounded: the history store's retention, the per-stream state in
 memory (expiry, a cap, read back from history when a stream returns), and a soak of one simulated
 hour with new runs and new metric names arriving all the time, in which memory and disk stay flat.
-No Ray; a simulated clock."""
+No Ray; a simulated clock, but for the live path with the default clocks."""
 
 from __future__ import annotations
 
 import gc
 import time
 import tracemalloc
+from dataclasses import replace
 from pathlib import Path
 
 from rlmon.service import catalog
@@ -66,11 +67,13 @@ def test_a_live_step_is_stamped_in_wall_time_so_retention_keeps_it(tmp_path: Pat
     assert record is not None and record.finalized_at is not None
     assert abs(record.finalized_at - time.time()) < 60
     assert len(core.assembler.finalize_latency) == 1 and core.assembler.finalize_latency[0] < 60
-    store = HistoryStore(tmp_path / "h.sqlite")
-    store.add([record])
-    pruned = store.prune(keep_steps=100, quiet_before=time.time() - 30 * 86_400)
-    assert pruned.runs == () and len(store.steps("live")) == 1
-    store.close()
+    # the service as it runs: retention every 1 ms of its (real) clock, each publish past it
+    service = ServiceCore(settings(every_seconds=0.001), state_dir=tmp_path)
+    for n in range(4):  # each publish takes over 1 ms: retention runs at every one after the first
+        service.publish([replace(record, step=n)])
+    assert service.removed["history_runs"] == 0
+    assert [s["step"] for s in service.history.steps("live")] == [0, 1, 2, 3]
+    service.close()
 
 
 def test_stream_tracker_expires_quiet_and_finished_streams_and_caps_the_rest() -> None:
