@@ -47,6 +47,13 @@ def test_alerts_to_webhook(tmp_path: Path) -> None:
             "ISRatioDivergence", "LogprobMismatch"]
         assert {a["state"] for a in bodies[1]["alerts"]} == {"resolved"}
         assert "4 alert events -> 2 notifications delivered" in out.stderr
+        assert "routed to none of" not in out.stderr
+        # the config's routing sends warnings to Slack only: said, not a silent 1 of 4
+        config.write_text("routing: {critical: [webhook], warning: [slack]}\n")
+        out = replay(tmp_path, "--alerts-to", "webhook", "--config", str(config),
+                     env={"RLMON_WEBHOOK_URL": f"{receiver.url}/hook"})
+        assert out.returncode == 0, out.stderr
+        assert "2 warning alert event(s) routed to none of webhook" in out.stderr
     finally:
         receiver.stop()
 

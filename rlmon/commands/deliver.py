@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
@@ -86,4 +87,11 @@ def deliver_alerts(
     print(f"rlmon replay: {len(events)} alert events -> {stats.sent} notifications delivered, "
           f"{stats.failed} failed, {stats.pending} undelivered"
           + ("" if drained else f" (gave up after {timeout:g}s)"), file=err)
+    elsewhere = Counter(e.severity for e in events
+                        if not settings.routing.destinations(e.run, e.severity))
+    if elsewhere:
+        print("rlmon replay: " + ", ".join(f"{n} {severity}" for severity, n in
+                                           sorted(elsewhere.items()))
+              + f" alert event(s) routed to none of {', '.join(destinations)} by the config's "
+              "routing; --all-severities sends every alert to them", file=err)
     return 0 if drained and stats.failed == 0 else 1
