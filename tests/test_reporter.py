@@ -253,6 +253,25 @@ def test_a_statistic_in_a_form_the_catalog_does_not_give_is_refused_alone(
     rep.close()
 
 
+def test_refused_statistics_reach_the_aggregator_count() -> None:
+    """The Reporter's running refusal count rides on its messages: the aggregator's stats (the
+    service exports them as rlmon_statistics_refused_total) hold it."""
+    core = AggregatorCore()
+
+    class Direct:
+        def send(self, messages: Sequence[StepMessage]) -> object:
+            return core.ingest(messages)
+
+    rep = Reporter("r", "actor", sink=Direct(), step_seconds=False, hardware_interval=None)
+    for step in range(2):
+        rep.record("actor/loss", value=1.0)  # refused: the catalog's is a mean
+        rep.record("actor/entropy", sum=3.0, count=2.0)
+        rep.end_step(step)
+    assert rep.flush(5)
+    assert core.stats()["reporter_refused"] == 2 == rep.rejected
+    rep.close()
+
+
 def test_a_message_the_aggregator_refuses_is_counted_and_named() -> None:
     """A custom name sent as a value, then as a max: forms are fixed per name, so the aggregator
     refuses the second step; the Reporter counts it and names the reason (it was silent)."""

@@ -760,6 +760,7 @@ class Reporter:
             self.run, self.role, step, self.rank, self.world, self._seq, wall,
             columns, tuple(sorted(other.items(), key=lambda kv: kv[0])), self.dropped,
             self._started, timeline=self._timeline(timeline) if timeline is not None else None,
+            refused=self.rejected,
         )
 
     def _columns(self, plain: list[tuple[str, Form]], rows: list[tuple[float, ...]]) -> Columns:

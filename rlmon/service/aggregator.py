@@ -67,6 +67,7 @@ class AggregatorCore:
         self.incarnation = uuid.uuid4().hex
         self.undelivered: dict[StepIdentity, StepRecord] = {}
         self.reporter_drops: dict[tuple[str, str, tuple[int, ...]], int] = {}
+        self.reporter_refusals: dict[tuple[str, str, tuple[int, ...]], int] = {}
         # node merger id -> last drain seq merged (a restarted merger has a new id)
         self.merged_batches: RecentMap[str, int] = RecentMap(1024)
         # the service's stop decisions of the runs it was sent, passed on in acks (run ->)
@@ -84,6 +85,7 @@ class AggregatorCore:
         self.streams_forgotten = 0  # per-stream state that left memory
         self.streams_pruned = 0  # streams the store forgot (retention)
         self._drops_forgotten = 0  # reporter drop counts of forgotten streams
+        self._refusals_forgotten = 0  # reporter refusal counts of forgotten streams
         self._next_expiry = self.assembler.now() + min(stream_ttl / 4, 60.0)
         self._next_rotation = self.assembler.now() + stream_ttl
         if store is not None:
@@ -128,6 +130,8 @@ class AggregatorCore:
             self._late_said.discard(stream)
             for key in [k for k in self.reporter_drops if k[:2] == stream]:
                 self._drops_forgotten += self.reporter_drops.pop(key)  # the total never falls
+            for key in [k for k in self.reporter_refusals if k[:2] == stream]:
+                self._refusals_forgotten += self.reporter_refusals.pop(key)
             self.streams_forgotten += 1
 
     def _expire(self) -> None:
@@ -182,6 +186,8 @@ class AggregatorCore:
                     self._say_late(msg)
                 if msg.dropped:
                     self.reporter_drops[(msg.run, msg.role, tuple(msg.rank))] = msg.dropped
+                if msg.refused:
+                    self.reporter_refusals[(msg.run, msg.role, tuple(msg.rank))] = msg.refused
                 if record is not None:
                     done.append(record)
                 ack.floors.setdefault((msg.run, msg.role), 0)
@@ -377,6 +383,8 @@ class AggregatorCore:
                 "undelivered": len(self.undelivered),
                 "held_out_of_order": self.held,
                 "reporter_dropped": sum(self.reporter_drops.values()) + self._drops_forgotten,
+                "reporter_refused": (sum(self.reporter_refusals.values())
+                                     + self._refusals_forgotten),
                 "finalize_latency_p50": lat[len(lat) // 2] if lat else None,
                 "streams": len(self.streams),
                 "removed": {  # what left memory or the store, by kind (never refused data)

@@ -96,6 +96,7 @@ class IngestCounters:
     rejected: int = 0
     late: int = 0
     dropped: int = 0
+    refused: int = 0  # statistics Reporters refused before sending (the rest of the step went)
     restarts: int = 0  # reruns under an existing run name, recorded as new attempts
     redelivered: int = 0  # finalized steps the history store already held (ignored)
     resent: int = 0  # messages resent after an aggregator restart for steps already finalized
@@ -333,6 +334,7 @@ class RlmonCollector(Collector):
             (series.PARTIALS_REJECTED, ingest.rejected),
             (series.PARTIALS_LATE, ingest.late),
             (series.PARTIALS_DROPPED, ingest.dropped),
+            (series.STATISTICS_REFUSED, ingest.refused),
             (series.RUN_RESTARTS, ingest.restarts),
             (series.STEPS_REDELIVERED, ingest.redelivered),
             (series.PARTIALS_RESENT, ingest.resent),

@@ -136,6 +136,8 @@ class StepMessage:
     ``resend`` marks a message sent again because the aggregator restarted: one for a step
     already finalized was folded in before, so it is counted as resent, not late.
     ``timeline`` is the rank's step timeline (its spans; :mod:`rlmon.service.timeline`).
+    ``refused`` is the reporter's running count of statistics it refused before sending (the
+    rest of their steps was sent).
     """
 
     run: str
@@ -152,6 +154,7 @@ class StepMessage:
     started: float = 0.0
     resend: bool = False
     timeline: Timeline | None = None
+    refused: int = 0
 
     def reports(self) -> list[Report]:
         """The same content as contract records (the last one final), for the core path."""
@@ -223,6 +226,7 @@ class MessageChecks:
         if not isinstance(msg.resend, bool):
             raise ContractError("resend", f"must be true or false, got {show(msg.resend)}")
         dropped = check_integer(msg.dropped, "dropped")
+        refused = check_integer(msg.refused, "refused")
         check_timeline(msg.timeline)
         columns = self._columns(msg.columns)
         partials = msg.partials
@@ -251,7 +255,8 @@ class MessageChecks:
                                 f"(the limit)")
         # rebuild the message only where a check normalized a field (an int subclass, a list)
         normalized = {"step": step, "rank": rank, "world": world, "seq": seq, "time": sent,
-                      "started": started, "dropped": dropped, "columns": columns}
+                      "started": started, "dropped": dropped, "refused": refused,
+                      "columns": columns}
         fields: dict[str, Any] = {
             name: value for name, value in normalized.items() if value is not getattr(msg, name)}
         if type(partials) is not tuple or any(

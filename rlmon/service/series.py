@@ -39,6 +39,7 @@ __all__ = [
     "SERIES_BUDGET",
     "SERIES_REFUSED",
     "STATE_REMOVED",
+    "STATISTICS_REFUSED",
     "STEP",
     "STEPS_REDELIVERED",
     "STEP_COMPLETE",
@@ -116,6 +117,11 @@ PARTIALS_LATE = Series("rlmon_partials_late_total", "counter",
                        "Records that arrived after their step was finalized.")
 PARTIALS_DROPPED = Series("rlmon_partials_dropped_total", "counter",
                           "Records dropped by a full buffer.")
+STATISTICS_REFUSED = Series("rlmon_statistics_refused_total", "counter",
+                            "Statistics a Reporter refused before sending (a form the catalog "
+                            "does not give the name, a malformed record_many statistic, a tensor "
+                            "modified before it was reduced); the rest of their steps was sent. "
+                            "The Reporter's last_error and log name the first.")
 PARTIALS_RESENT = Series("rlmon_partials_resent_total", "counter",
                          "Step messages resent after an aggregator restart for steps it had "
                          "already finalized (folded in before; ignored, not late).")
@@ -151,9 +157,9 @@ STREAMS_EXPIRED = Series("rlmon_exporter_streams_expired_total", "counter",
 SCRAPE_SECONDS = Series("rlmon_exporter_scrape_duration_seconds", "gauge",
                         "Time the previous scrape took to build.")
 SELF_MONITORING = (PARTIALS_INGESTED, PARTIALS_REJECTED, PARTIALS_LATE, PARTIALS_DROPPED,
-                   PARTIALS_RESENT, RUN_RESTARTS, STEPS_REDELIVERED, NOTIFICATIONS, OUTBOX_PENDING,
-                   STOP_REQUESTS, SANITY_FINDINGS, STATE_REMOVED, SERIES, SERIES_BUDGET,
-                   SERIES_REFUSED, STREAMS_EXPIRED, SCRAPE_SECONDS)
+                   STATISTICS_REFUSED, PARTIALS_RESENT, RUN_RESTARTS, STEPS_REDELIVERED,
+                   NOTIFICATIONS, OUTBOX_PENDING, STOP_REQUESTS, SANITY_FINDINGS, STATE_REMOVED,
+                   SERIES, SERIES_BUDGET, SERIES_REFUSED, STREAMS_EXPIRED, SCRAPE_SECONDS)
 
 # client_python's process collector, registered beside rlmon's collector by the metrics server.
 PROCESS_RSS = Series("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.")

@@ -179,6 +179,7 @@ class ServiceCore:
             rejected=sum(int(s.get("rejected", 0)) for s in stats),
             late=sum(int(s.get("late", 0)) for s in stats),
             dropped=sum(int(s.get("reporter_dropped", 0)) for s in stats),
+            refused=sum(int(s.get("reporter_refused", 0)) for s in stats),
             restarts=sum(int(s.get("restarts", 0)) for s in stats),
             resent=sum(int(s.get("resent", 0)) for s in stats),
             redelivered=self.redeliveries,
