@@ -272,7 +272,8 @@ def test_refused_statistics_reach_the_aggregator_count() -> None:
     rep.close()
 
 
-def test_a_message_the_aggregator_refuses_is_counted_and_named() -> None:
+def test_a_message_the_aggregator_refuses_is_counted_and_named(
+        caplog: pytest.LogCaptureFixture) -> None:
     """A custom name sent as a value, then as a max: forms are fixed per name, so the aggregator
     refuses the second step; the Reporter counts it and names the reason (it was silent)."""
     sink = LocalSink()
@@ -283,11 +284,16 @@ def test_a_message_the_aggregator_refuses_is_counted_and_named() -> None:
     rep.end_step(1)
     rep.record("user/score", value=3.0)
     rep.end_step(2)
-    assert rep.flush(5)
+    rep.record("user/score", max=4.0)  # the same mistake again: counted, not said again
+    rep.end_step(3)
+    with caplog.at_level("WARNING", logger="rlmon"):
+        assert rep.flush(5)
     assert [r.step for r in sink.records] == [0, 2]
-    assert rep.refused_messages == 1
+    assert rep.refused_messages == 2
+    said = [r.getMessage() for r in caplog.records if "aggregator refused" in r.getMessage()]
+    assert len(said) == 1
     assert rep.last_error is not None and "refused by the aggregator" in rep.last_error
-    assert "r/actor step 1" in rep.last_error and "user/score" in rep.last_error
+    assert "r/actor step " in rep.last_error and "user/score" in rep.last_error
     rep.close()
 
 

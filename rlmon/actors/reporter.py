@@ -406,8 +406,9 @@ class Reporter:
             errors = getattr(ack, "errors", None) or ["(no reason given)"]
             self.refused_messages += rejected
             self.last_error = f"refused by the aggregator: {errors[0]}"
-            if errors[0] not in self._said and len(self._said) < _SAY_AT_MOST:
-                self._said.add(errors[0])
+            reason = errors[0].split(": ", 1)[-1]  # without its "run/role step N: " origin
+            if reason not in self._said and len(self._said) < _SAY_AT_MOST:
+                self._said.add(reason)
                 log.warning("rlmon: %s/%s: the aggregator refused %d step message(s): %s",
                             self.run, self.role, rejected, errors[0])
 
