@@ -4,6 +4,7 @@ counted once, and reporters resending through a collector after the root restart
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from rlmon.actors.reporter import Reporter
@@ -101,3 +102,19 @@ def test_reporters_resend_through_a_collector_after_the_root_restarts(tmp_path: 
     assert records[2].complete and records[2].metrics["rollout/tokens"] == 2.0
     for rep in reps:
         rep.close()
+
+
+def test_reporter_drop_and_refusal_counts_cross_the_tier() -> None:
+    """A Reporter's running dropped/refused counts reach the root through a node merger, as
+    they do directly; a retried batch does not count them twice (they are running totals)."""
+    merger, root = NodeMerger(), AggregatorCore()
+    merger.add(replace(_msg(0, 0, seq=1), dropped=2, refused=3))
+    merger.add(replace(_msg(0, 1, seq=1), refused=1))
+    merger.add(replace(_msg(1, 0, seq=2), dropped=2, refused=5))  # rank 0 refused two more
+    batch = merger.next_batch()
+    assert batch is not None
+    for _ in range(2):
+        root.merge_batch(batch)
+    stats = root.stats()
+    assert (stats["reporter_dropped"], stats["reporter_refused"]) == (2, 5 + 1)
+    assert merger.next_batch() is None  # nothing new: no empty batch

@@ -19,7 +19,7 @@ from rlmon.service import series
 from rlmon.service.assembly import AddOutcome, AssemblyCounters, StepAssembler, StepState
 from rlmon.service.clock import Clock
 from rlmon.service.deadline import DeadlinePolicy
-from rlmon.service.ingest import IngestAck, NodeBatch
+from rlmon.service.ingest import IngestAck, NodeBatch, ReporterKey
 from rlmon.service.message import StepMessage
 from rlmon.service.rank import Rank
 from rlmon.service.recent import RecentMap
@@ -66,8 +66,8 @@ class AggregatorCore:
         self.lock = threading.RLock()
         self.incarnation = uuid.uuid4().hex
         self.undelivered: dict[StepIdentity, StepRecord] = {}
-        self.reporter_drops: dict[tuple[str, str, tuple[int, ...]], int] = {}
-        self.reporter_refusals: dict[tuple[str, str, tuple[int, ...]], int] = {}
+        self.reporter_drops: dict[ReporterKey, int] = {}
+        self.reporter_refusals: dict[ReporterKey, int] = {}
         # node merger id -> last drain seq merged (a restarted merger has a new id)
         self.merged_batches: RecentMap[str, int] = RecentMap(1024)
         # the service's stop decisions of the runs it was sent, passed on in acks (run ->)
@@ -162,6 +162,13 @@ class AggregatorCore:
             self.undelivered[record.identity] = record
             self.last_finalized[(record.run, record.role)] = now
 
+    def _reporter_counts(self, reporter: ReporterKey, dropped: int, refused: int) -> None:
+        """A Reporter's running counts, as its latest message (or node merger) said them."""
+        if dropped:
+            self.reporter_drops[reporter] = dropped
+        if refused:
+            self.reporter_refusals[reporter] = refused
+
     def ingest(self, messages: Iterable[StepMessage]) -> IngestAck:
         ack = IngestAck()
         done: list[StepRecord] = []
@@ -184,10 +191,9 @@ class AggregatorCore:
                     self._heard(key, [msg.rank], opened, record)
                 elif outcome == AddOutcome.LATE:
                     self._say_late(msg)
-                if msg.dropped:
-                    self.reporter_drops[(msg.run, msg.role, tuple(msg.rank))] = msg.dropped
-                if msg.refused:
-                    self.reporter_refusals[(msg.run, msg.role, tuple(msg.rank))] = msg.refused
+                if msg.dropped or msg.refused:
+                    self._reporter_counts((msg.run, msg.role, tuple(msg.rank)), msg.dropped,
+                                          msg.refused)
                 if record is not None:
                     done.append(record)
                 ack.floors.setdefault((msg.run, msg.role), 0)
@@ -268,6 +274,8 @@ class AggregatorCore:
             asm.counters.rejected += batch.rejected
             asm.counters.late += batch.late
             asm.counters.duplicates += batch.duplicates
+            for reporter, (dropped, refused) in batch.reporters.items():
+                self._reporter_counts(reporter, dropped, refused)
             for state in batch.states:
                 key = (getattr(state, "run", None), getattr(state, "role", None),
                        getattr(state, "step", None))

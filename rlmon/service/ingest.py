@@ -9,7 +9,9 @@ from rlmon.service.assembly import AddOutcome, StepState
 from rlmon.service.report import show
 from rlmon.service.stop import StopDecision
 
-__all__ = ["IngestAck", "NodeBatch", "origin"]
+__all__ = ["IngestAck", "NodeBatch", "ReporterKey", "origin"]
+
+ReporterKey = tuple[str, str, tuple[int, ...]]  # (run, role, rank as a tuple): one Reporter
 
 
 @dataclass(slots=True)
@@ -54,7 +56,9 @@ class NodeBatch:
 
     ``source`` is (node merger id, drain seq): a batch retried after its ack was lost is merged
     once. The counts are the messages the node merger rejected, took as late or as duplicates,
-    so that the root's counters count every refusal of the tier.
+    so that the root's counters count every refusal of the tier. ``reporters`` carries the
+    running (dropped, refused) counts of the node's Reporters that changed since the previous
+    batch, by (run, role, rank), as their messages said them.
     """
 
     states: list[StepState]
@@ -62,6 +66,7 @@ class NodeBatch:
     rejected: int = 0
     late: int = 0
     duplicates: int = 0
+    reporters: dict[ReporterKey, tuple[int, int]] = field(default_factory=dict)
 
 
 def origin(item: object) -> str:

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 
 from rlmon.service.assembly import StepState
-from rlmon.service.ingest import IngestAck, NodeBatch
+from rlmon.service.ingest import IngestAck, NodeBatch, ReporterKey
 from rlmon.service.message import MessageChecks, StepMessage
 from rlmon.service.rank import Rank
 from rlmon.service.recent import RecentMap
@@ -52,6 +52,8 @@ class NodeMerger:
         self.late = 0  # a rank's message after its own final one for the step (not folded)
         self.rejected = 0  # messages breaking the contract (the aggregator's checks)
         self._unsent = (0, 0, 0)  # (rejected, late, duplicates) when the last batch was cut
+        # Reporters' running (dropped, refused) counts that changed since the last batch
+        self._reporters: dict[ReporterKey, tuple[int, int]] = {}
         self.check = MessageChecks()
         self._drains = 0
         self.lock = threading.Lock()
@@ -84,6 +86,8 @@ class NodeMerger:
                 self.late += 1
                 return False
             self._seen[seen_key] = _PENDING
+            if msg.dropped or msg.refused:
+                self._reporters[(msg.run, msg.role, tuple(msg.rank))] = (msg.dropped, msg.refused)
             while len(self._seen) > self.remember:
                 del self._seen[next(iter(self._seen))]
             if state is None:
@@ -127,10 +131,11 @@ class NodeMerger:
             counts = (self.rejected, self.late, self.duplicates)
             rejected, late, duplicates = (a - b for a, b in zip(counts, self._unsent, strict=True))
             self._unsent = counts
-        if not states and not (rejected or late or duplicates):
+            reporters, self._reporters = self._reporters, {}
+        if not states and not (rejected or late or duplicates or reporters):
             return None
         self._drains += 1
-        return NodeBatch(states, (self.id, self._drains), rejected, late, duplicates)
+        return NodeBatch(states, (self.id, self._drains), rejected, late, duplicates, reporters)
 
     def merged(self, batch: NodeBatch, ack: IngestAck) -> None:
         """The root took ``batch``: remember which root holds its messages, and its floors."""
