@@ -5,7 +5,7 @@ stability guide (entropy 0.05-0.5 and slowly falling, KL 0-0.5 and slowly growin
 0.001-1 with spikes, clip ratio < 0.1, truncated completions < 0.3, frac_reward_zero_std < 0.8, a
 reward rising with plateaus, response length drifting up) with per-run levels, trends, noise
 levels, autocorrelation (AR(1)), heavy-tailed noise and an LR warm-up bump, all drawn from the
-run's seed. Faults of eight kinds set in at a random step, either at once (abrupt), over 20-40 steps
+run's seed. Faults of eight kinds set in at a random step, either at once (abrupt), over 15-30 steps
 (gradual) or over 60-120 steps (slow), and end at the Axolotl guide's red flags, so both packs
 catch them eventually: the question is when.
 
