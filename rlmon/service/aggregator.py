@@ -66,8 +66,8 @@ class AggregatorCore:
         self.lock = threading.RLock()
         self.incarnation = uuid.uuid4().hex
         self.undelivered: dict[StepIdentity, StepRecord] = {}
-        self.reporter_drops: dict[ReporterKey, int] = {}
-        self.reporter_refusals: dict[ReporterKey, int] = {}
+        # each Reporter's running (dropped, refused) counts, as its messages said them
+        self.reporter_counts: dict[ReporterKey, tuple[int, int]] = {}
         # node merger id -> last drain seq merged (a restarted merger has a new id)
         self.merged_batches: RecentMap[str, int] = RecentMap(1024)
         # the service's stop decisions of the runs it was sent, passed on in acks (run ->)
@@ -84,8 +84,7 @@ class AggregatorCore:
         self.retention = retention
         self.streams_forgotten = 0  # per-stream state that left memory
         self.streams_pruned = 0  # streams the store forgot (retention)
-        self._drops_forgotten = 0  # reporter drop counts of forgotten streams
-        self._refusals_forgotten = 0  # reporter refusal counts of forgotten streams
+        self._counts_forgotten = (0, 0)  # those of forgotten streams: the totals never fall
         self._next_expiry = self.assembler.now() + min(stream_ttl / 4, 60.0)
         self._next_rotation = self.assembler.now() + stream_ttl
         if store is not None:
@@ -128,10 +127,10 @@ class AggregatorCore:
             self.deadline.forget(*stream)
             self.last_finalized.pop(stream, None)
             self._late_said.discard(stream)
-            for key in [k for k in self.reporter_drops if k[:2] == stream]:
-                self._drops_forgotten += self.reporter_drops.pop(key)  # the total never falls
-            for key in [k for k in self.reporter_refusals if k[:2] == stream]:
-                self._refusals_forgotten += self.reporter_refusals.pop(key)
+            for key in [k for k in self.reporter_counts if k[:2] == stream]:
+                dropped, refused = self.reporter_counts.pop(key)
+                gone = self._counts_forgotten
+                self._counts_forgotten = (gone[0] + dropped, gone[1] + refused)
             self.streams_forgotten += 1
 
     def _expire(self) -> None:
@@ -164,10 +163,8 @@ class AggregatorCore:
 
     def _reporter_counts(self, reporter: ReporterKey, dropped: int, refused: int) -> None:
         """A Reporter's running counts, as its latest message (or node merger) said them."""
-        if dropped:
-            self.reporter_drops[reporter] = dropped
-        if refused:
-            self.reporter_refusals[reporter] = refused
+        old = self.reporter_counts.get(reporter, (0, 0))
+        self.reporter_counts[reporter] = (dropped or old[0], refused or old[1])
 
     def ingest(self, messages: Iterable[StepMessage]) -> IngestAck:
         ack = IngestAck()
@@ -390,9 +387,10 @@ class AggregatorCore:
                 "incarnation": self.incarnation,
                 "undelivered": len(self.undelivered),
                 "held_out_of_order": self.held,
-                "reporter_dropped": sum(self.reporter_drops.values()) + self._drops_forgotten,
-                "reporter_refused": (sum(self.reporter_refusals.values())
-                                     + self._refusals_forgotten),
+                "reporter_dropped": (sum(d for d, _ in self.reporter_counts.values())
+                                     + self._counts_forgotten[0]),
+                "reporter_refused": (sum(r for _, r in self.reporter_counts.values())
+                                     + self._counts_forgotten[1]),
                 "finalize_latency_p50": lat[len(lat) // 2] if lat else None,
                 "streams": len(self.streams),
                 "removed": {  # what left memory or the store, by kind (never refused data)
