@@ -98,8 +98,6 @@ class Dispatcher:
                     log.warning("alerts routed to %s, which is not configured: not sent there "
                                 "(counted as outcome 'unroutable')", dest)
                 self._unroutable[dest] = self._unroutable.get(dest, 0) + n
-                key = (dest, "unroutable")  # exported with the delivery outcomes
-                self._outcomes[key] = self._outcomes.get(key, 0) + n
         return stored
 
     def wake(self) -> None:
@@ -244,5 +242,7 @@ class Dispatcher:
     def stats(self) -> DispatchStats:
         pending = self.outbox.pending_by_destination()
         with self._lock:
-            return DispatchStats(dict(self._outcomes), pending, self._silenced,
-                                 dict(self._unroutable))
+            # what no configured destination could take is exported with the delivery outcomes
+            outcomes = {**self._outcomes,
+                        **{(dest, "unroutable"): n for dest, n in self._unroutable.items()}}
+            return DispatchStats(outcomes, pending, self._silenced, dict(self._unroutable))
