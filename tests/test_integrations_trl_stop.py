@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from extras import optional_import
+from polling import wait_for
 from stop_support import InProcess, stopping_settings
 
 from rlmon.actors.reporter import Reporter
@@ -63,8 +64,12 @@ def test_a_broken_reward_stops_the_trainer_when_the_rule_says_so(tmp_path: Path)
         assert "RewardBroken" in why and "rollout/reward" in why
         # the fault shows at step BROKEN_FROM + 1; the decision returns with a later step's ack
         assert BROKEN_FROM + 1 < stopped_at == steps <= BROKEN_FROM + 6 < MAX_STEPS
-        decision = service.stops_for([RUN])[RUN]  # renewed by the steps after the fault
-        assert decision.alert == "RewardBroken" and decision.step == steps
+        # renewed by each step after the fault; the last one reaches the service on the
+        # aggregator's publish thread, after the ack that carried the decision back
+        assert rep.flush(10.0)
+        decision = wait_for(lambda: (d := service.stops_for([RUN])[RUN]).step == steps and d,
+                            10.0, f"the decision renewed by step {steps}")
+        assert decision.alert == "RewardBroken"
         assert f"step {BROKEN_FROM + 1}:" in decision.reason  # where it fired
         print(f"stopped after step {steps} of max_steps={MAX_STEPS} "
               f"(the reward broke at step {BROKEN_FROM + 1})")
