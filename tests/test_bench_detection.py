@@ -4,11 +4,13 @@ each gradual fault is caught, by the early-warning pack sooner than by the thres
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
+import pytest
 
 from rlmon.service.rules import default_rules, fixed_rules
 
@@ -95,11 +97,43 @@ def test_the_perfect_baseline_bound_on_one_seed() -> None:
     healthy = bench._oracle_z(SEED, case.steps, "kl_blowup", frozenset())
     assert np.array_equal(z[:case.onset], healthy[:case.onset])  # the fault starts at its onset
     assert z[case.onset + case.ramp - 1] > 20  # and ends far above the run's noise
-    mean, allowance, decision, for_steps = bench._bound_one(
-        ("kl_blowup", frozenset(), [SEED], 0))
+    mean, (allowance, decision, for_steps) = bench._bound_one(
+        ("cusum", "kl_blowup", frozenset(), [SEED], 0))
     assert 0 <= mean <= case.ramp
     assert allowance in bench.BOUND_ALLOWANCES and decision in bench.BOUND_DECISIONS
     # the setting it found is quiet on the seed's healthy runs
     runs = [bench._oracle_z(c.seed, c.steps, "kl_blowup", frozenset())
             for c in bench.cases([SEED]) if c.fault is None]
     assert not bench._alarms(bench._padded(runs), allowance, decision, for_steps).any()
+
+
+def test_the_ramp_statistic_is_the_matched_filter_over_every_recent_onset() -> None:
+    rng = np.random.default_rng(3)
+    z = rng.standard_normal((2, bench.BOUND_WARMUP + 15)) * 3
+    z[1, -4:] = np.nan  # a shorter run, padded
+    window, cap = 4, 2.5
+    got = bench._ramp_statistic(z, window, cap)
+    for row in range(2):
+        for t in range(bench.BOUND_WARMUP, z.shape[1]):
+            if np.isnan(z[row, t]):
+                assert got[row, t] == -np.inf
+                continue
+            clipped = np.minimum(z[row], cap)
+            want = max(
+                sum((j + 1) * clipped[t - back + j] for j in range(back + 1))
+                / math.sqrt(sum((j + 1) ** 2 for j in range(back + 1)))
+                for back in range(window))
+            assert got[row, t] == pytest.approx(want)
+    assert (got[:, :bench.BOUND_WARMUP] == -np.inf).all()
+
+
+def test_the_ramp_bound_never_fires_on_one_step_and_catches_a_ramp_early() -> None:
+    z = np.zeros((2, 60))
+    z[0, 40] = 1e6  # one spike, however large
+    z[1, 40:] = 0.8 * np.arange(1, 21)  # a ramp of 0.8 SD a step
+    for window, cap, decision, for_steps in [(5, 4.0, 4.5, 1), (8, 6.0, 8.0, 2)]:
+        fired = bench._held(bench._ramp_statistic(z, window, cap) >= decision, for_steps)
+        assert not fired[0].any()
+        assert fired[1].any() and 40 < fired[1].argmax() <= 40 + 8
+    settings = [s for s, _, _ in bench._ramp_family(z[:1], z[1:])]
+    assert settings and all(cap < decision for _, cap, decision, _ in settings)
