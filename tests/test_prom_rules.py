@@ -138,3 +138,29 @@ def test_single_step_rules_have_no_for() -> None:
     assert single
     for rule in single:
         assert by_name[rule.name].for_ is None, rule.name
+
+
+def test_rules_export_reads_only_its_section_of_a_deployment_config(tmp_path: Path) -> None:
+    """The deployment's config points at secret files that exist in the pod, not where the rules
+    are exported; export uses prometheus_rules and validates that section alone."""
+    config = tmp_path / "rlmon.yaml"
+    config.write_text(yaml.safe_dump({
+        "notifiers": {"slack": {"webhook_url_file": str(tmp_path / "absent" / "slack")}},
+        "prometheus_rules": {"step_period_seconds": 10}}))
+
+    def export(path: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "rlmon", "rules", "export", "--config",
+                               str(path)], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                              check=False)
+
+    done = export(config)
+    assert done.returncode == 0, done.stderr
+    rules = {r["alert"]: r for r in yaml.safe_load(done.stdout)["groups"][0]["rules"]}
+    assert rules["EntropyCollapse"]["for"] == "20s"  # the config's 10 s step period
+    # the section it uses is still checked, and a misspelt section still fails
+    config.write_text(yaml.safe_dump({"prometheus_rules": {"step_period_seconds": -1}}))
+    bad = export(config)
+    assert bad.returncode == 2 and "prometheus_rules.step_period_seconds" in bad.stderr
+    config.write_text(yaml.safe_dump({"prometheus_rule": {"step_period_seconds": 10}}))
+    typo = export(config)
+    assert typo.returncode == 2 and "prometheus_rule" in typo.stderr

@@ -60,7 +60,7 @@ def _export(args: argparse.Namespace) -> int:
     from rlmon.service.prom_rules import render
 
     try:
-        settings = load_config(args.config)
+        settings = load_config(args.config, only=("prometheus_rules",))
         rules = load_rules(args.rules)
     except (ConfigError, RuleError, OSError) as exc:
         print(f"rlmon rules: {exc}", file=sys.stderr)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+from collections.abc import Collection
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -376,10 +377,14 @@ def _reject_file_secrets(data: dict[str, Any], source: str) -> None:
             )
 
 
-def load_config(path: str | Path | None = None, **overrides: Any) -> Settings:
+def load_config(path: str | Path | None = None, only: Collection[str] | None = None,
+                **overrides: Any) -> Settings:
     """The settings from ``path`` (YAML; None: defaults) and the environment.
 
-    Raises :class:`ConfigError` naming the field; secret values never appear in the message.
+    ``only`` names the top-level sections a command uses: the file's other sections are not
+    validated (``rlmon rules export`` on a laptop does not need the notifiers' secret files that
+    the deployment's config points at). Raises :class:`ConfigError` naming the field; secret values
+    never appear in the message.
     """
     data: dict[str, Any] = {}
     source = "config"
@@ -396,6 +401,9 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> Settings:
         if not isinstance(loaded, dict):
             raise ConfigError(f"{source}: the top level must be a mapping")
         data = loaded
+        if only is not None:  # a misspelt section still fails
+            data = {key: value for key, value in data.items()
+                    if key in only or key not in Settings.model_fields}
         _reject_file_secrets(data, source)
     data.update(overrides)
     try:
