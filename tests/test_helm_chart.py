@@ -19,7 +19,8 @@ import pytest
 import yaml
 from alerting_support import need_binary
 
-from rlmon.service.config import load_config
+from rlmon.service import helm_schema
+from rlmon.service.config import Settings, load_config
 from rlmon.service.dashboards import DASHBOARDS
 from rlmon.service.dashboards.artifacts import chart_path
 
@@ -279,3 +280,39 @@ def test_notes_explain_release_label_and_secrets() -> None:
     assert "kubectl -n monitoring create secret generic rlmon-slack" in notes
     configured = render(VARIANTS[1])["NOTES"]
     assert "from secret rlmon-slack" in configured
+
+
+def test_the_config_value_is_checked_against_the_settings_model() -> None:
+    """``config`` becomes the pod's rlmon config: Helm refuses what ``rlmon serve`` would refuse
+    (the schema is generated from the settings model), before anything crash-loops."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("```yaml\n# rlmon.yaml", 1)[1].split("```", 1)[0]
+    example = yaml.safe_load("# rlmon.yaml" + block)
+    assert example["notifiers"] and example["retention"]  # the README's full example
+    objects = render({"config": example})  # accepted, and it is the pod's config
+    (cm,) = [o for o in of_kind(objects, "ConfigMap") if o["metadata"]["name"].endswith("-config")]
+    assert yaml.safe_load(cm["data"]["config.yaml"])["retention"] == example["retention"]
+    for bad in ({"routng": {"critical": ["slack"]}},  # a misspelt section
+                {"retention": {"history_dayz": 30}},  # a misspelt field
+                {"retention": {"history_days": "thirty"}},  # a wrong type
+                {"exporter": {"port": 70000}},  # out of range
+                {"routing": {"critical": ["email"]}},  # no such destination
+                {"notifiers": {"slack": {"webhook_url": "https://hooks.slack.example/x"}}},
+                {"notifiers": {"pagerduty": {"routing_key": "k"}}},
+                {"notifiers": {"webhook": {"token": "t"}}}):
+        with pytest.raises(helm_python.HelmValuesError):
+            render({"config": bad})
+
+
+def test_the_config_schema_is_generated_and_the_rest_of_the_file_kept() -> None:
+    (art,) = helm_schema.artifacts()
+    current = (ROOT / art.path).read_text()
+    doc = json.loads(current)
+    assert set(doc["properties"]["config"]["properties"]) == set(Settings.model_fields)
+    edited = json.loads(current)
+    del edited["properties"]["config"]["properties"]["retention"]  # stale: a field missing
+    edited["properties"]["port"]["maximum"] = 65535  # hand-written: kept as it is
+    stale = json.dumps(edited, indent=2) + "\n"
+    assert art.expected(stale) == current
+    edited["properties"]["port"]["maximum"] = 1024
+    assert json.loads(art.expected(json.dumps(edited)))["properties"]["port"]["maximum"] == 1024

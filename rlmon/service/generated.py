@@ -22,6 +22,7 @@ PRODUCERS: tuple[str, ...] = (
     "rlmon.service.prom_rules",
     "rlmon.service.exporter_doc",
     "rlmon.service.keymaps",
+    "rlmon.service.helm_schema",
 )
 
 
@@ -32,6 +33,9 @@ class Artifact:
     path: str  # relative to the project root
     render: Callable[[], str]
     block: str | None = None
+    # for a generated part of a hand-written file that has no comments to mark it (JSON): puts
+    # what `render` gives into the current file
+    splice: Callable[[str, str], str] | None = None
 
     def _markers(self) -> tuple[str, str]:
         return (f"<!-- generated:{self.block}:start -->\n", f"<!-- generated:{self.block}:end -->")
@@ -39,6 +43,10 @@ class Artifact:
     def expected(self, current: str | None) -> str:
         """The file's content as it should be, given its current content."""
         body = self.render()
+        if self.splice is not None:
+            if current is None:
+                raise ValueError(f"{self.path} is missing: only a part of it is generated")
+            return self.splice(current, body)
         if self.block is None:
             return body
         start, end = self._markers()
