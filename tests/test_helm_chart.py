@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import subprocess
+import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -316,3 +319,46 @@ def test_the_config_schema_is_generated_and_the_rest_of_the_file_kept() -> None:
     assert art.expected(stale) == current
     edited["properties"]["port"]["maximum"] = 1024
     assert json.loads(art.expected(json.dumps(edited)))["properties"]["port"]["maximum"] == 1024
+
+
+def _docker_context() -> set[str]:
+    """The top-level paths ``.dockerignore`` lets into the build context (it excludes everything,
+    then names what to include)."""
+    lines = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()]
+    assert "*" in lines
+    return {ln[1:] for ln in lines if ln.startswith("!")}
+
+
+def test_the_dockerfile_builds_rlmon_from_its_context(tmp_path: Path) -> None:
+    """No Docker engine runs here: the test checks what the image build depends on. Every COPY
+    source is in the build context, the copied files alone build a wheel that holds the package
+    and its data, and the image's user is the one the chart runs as."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    context = _docker_context()
+    src = tmp_path / "src"
+    src.mkdir()
+    for line in dockerfile.splitlines():
+        if line.startswith("COPY "):
+            *sources, _dest = line.split()[1:]
+            for source in sources:
+                assert source in context and (ROOT / source).exists(), source
+                if (ROOT / source).is_dir():
+                    shutil.copytree(ROOT / source, src / source,
+                                    ignore=shutil.ignore_patterns("__pycache__"))
+                else:
+                    shutil.copy(ROOT / source, src / source)
+    wheels = tmp_path / "wheels"
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                           "--no-build-isolation", "-q", "-w", str(wheels), str(src)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    (wheel,) = wheels.glob("rlmon-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        entry_points = next(z.read(n).decode() for n in names if n.endswith("entry_points.txt"))
+    assert {"rlmon/__main__.py", "rlmon/data/example_run.jsonl", "rlmon/py.typed"} <= names
+    assert "rlmon = " in entry_points
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    user = values["podSecurityContext"]["runAsUser"]
+    assert f"useradd -u {user} " in dockerfile and f"USER {user}" in dockerfile
+    assert 'pip install --no-cache-dir /src "ray[default]==${RAY_VERSION}"' in dockerfile
