@@ -443,14 +443,12 @@ def _alarms(z: np.ndarray, allowance: float, decision: float, for_steps: int) ->
     decision) has held ``decision`` for ``for_steps`` steps; rows are runs, NaN pads."""
     cap = allowance + decision / 2
     score = np.zeros(len(z))
-    held = np.zeros(len(z), dtype=int)
-    out = np.zeros(z.shape, dtype=bool)
+    scores = np.zeros(z.shape)  # 0 in the warm-up
     for t in range(BOUND_WARMUP, z.shape[1]):
         step = np.nan_to_num(np.minimum(z[:, t], cap), nan=-np.inf)
         score = np.minimum(np.maximum(0.0, score + step - allowance), 2 * decision)
-        held = np.where(score >= decision, held + 1, 0)
-        out[:, t] = held >= for_steps
-    return out
+        scores[:, t] = score
+    return _held(scores >= decision, for_steps)
 
 
 def _padded(rows: list[np.ndarray]) -> np.ndarray:
@@ -497,13 +495,12 @@ RAMP_WINDOWS = (3, 5, 8, 12)
 RAMP_CAPS = (2.0, 3.0, 4.0, 6.0, 8.0, 12.0)
 RAMP_DECISIONS = tuple(float(h) for h in np.arange(2.0, 14.01, 0.25))
 
-# a detector family: its settings with their alarms on the healthy and the faulty z
-Family = Callable[[np.ndarray, np.ndarray], Iterable[tuple[tuple[float, ...], np.ndarray,
-                                                           np.ndarray]]]
+# a detector family's candidates: each setting with its alarms on the healthy and the faulty z
+Candidates = Iterable[tuple[tuple[float, ...], np.ndarray, np.ndarray]]
+Family = Callable[[np.ndarray, np.ndarray], Candidates]
 
 
-def _cusum_family(healthy: np.ndarray, faults: np.ndarray) -> Iterable[
-        tuple[tuple[float, ...], np.ndarray, np.ndarray]]:
+def _cusum_family(healthy: np.ndarray, faults: np.ndarray) -> Candidates:
     for allowance in BOUND_ALLOWANCES:
         for decision in BOUND_DECISIONS:
             for for_steps in (1, 2):
@@ -512,8 +509,7 @@ def _cusum_family(healthy: np.ndarray, faults: np.ndarray) -> Iterable[
                        _alarms(faults, allowance, decision, for_steps))
 
 
-def _ramp_family(healthy: np.ndarray, faults: np.ndarray) -> Iterable[
-        tuple[tuple[float, ...], np.ndarray, np.ndarray]]:
+def _ramp_family(healthy: np.ndarray, faults: np.ndarray) -> Candidates:
     for window in RAMP_WINDOWS:
         for cap in RAMP_CAPS:
             quiet, faulty = _ramp_statistic(healthy, window, cap), _ramp_statistic(faults, window, cap)

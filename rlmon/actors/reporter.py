@@ -375,11 +375,14 @@ class Reporter:
     def _refuse(self, names: Sequence[str], why: str) -> None:
         self.rejected += len(names)
         self.last_error = f"{names[0]}: {why}"
-        said = f"{names[0]}: {why}"
-        if said not in self._said and len(self._said) < _SAY_AT_MOST:  # once, not every step
-            self._said.add(said)
-            log.warning("rlmon: %s/%s: %d statistic(s) refused, e.g. %s: %s",
-                        self.run, self.role, len(names), names[0], why)
+        self._say_once(self.last_error, "rlmon: %s/%s: %d statistic(s) refused, e.g. %s: %s",
+                       self.run, self.role, len(names), names[0], why)
+
+    def _say_once(self, refusal: str, message: str, *args: Any) -> None:
+        """Log a refusal the first time it happens (not every step), up to _SAY_AT_MOST kinds."""
+        if refusal not in self._said and len(self._said) < _SAY_AT_MOST:
+            self._said.add(refusal)
+            log.warning(message, *args)
 
     def _check_catalog_forms(self, acc: dict[Any, _Entry]) -> None:
         """Refuse the statistics whose form the catalog does not give their name (sender
@@ -407,10 +410,8 @@ class Reporter:
             self.refused_messages += rejected
             self.last_error = f"refused by the aggregator: {errors[0]}"
             reason = errors[0].split(": ", 1)[-1]  # without its "run/role step N: " origin
-            if reason not in self._said and len(self._said) < _SAY_AT_MOST:
-                self._said.add(reason)
-                log.warning("rlmon: %s/%s: the aggregator refused %d step message(s): %s",
-                            self.run, self.role, rejected, errors[0])
+            self._say_once(reason, "rlmon: %s/%s: the aggregator refused %d step message(s): %s",
+                           self.run, self.role, rejected, errors[0])
 
     def _add_numbers(self, name: str, form: Form, numbers: Mapping[str, float],
                      replicated: Replicated, minibatch_reduce: str | None, minibatch: int,

@@ -49,11 +49,11 @@ def run_samples(args: argparse.Namespace) -> int:
         step, metric, role = args.step, args.metric, args.role
         heading = ""
         if args.alert is not None:
-            fired = [a for a in store.alerts(args.run) if a["alert"] == args.alert
-                     and a["state"] == "firing" and (role is None or a["role"] == role)]
+            firings = [a for a in store.alerts(args.run) if a["state"] == "firing"]
+            fired = [a for a in firings
+                     if a["alert"] == args.alert and (role is None or a["role"] == role)]
             if not fired:
-                named = sorted({a["alert"] for a in store.alerts(args.run)
-                                if a["state"] == "firing"})
+                named = sorted({a["alert"] for a in firings})
                 print(f"rlmon samples: alert {args.alert!r} never fired in run {args.run!r}"
                       + (f" role {role!r}" if role else "")
                       + (f" (alerts that fired there: {', '.join(named)})" if named else

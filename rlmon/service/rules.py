@@ -317,7 +317,8 @@ def parse_rules(text: str, source: str = "rules") -> list[Rule]:
     base = []
     if spec.include_defaults:
         base = default_rules() if spec.early_warning else fixed_rules()
-    user = [_parse_rule(i, raw, {r.name: r for r in base}) for i, raw in enumerate(spec.rules)]
+    by_name = {r.name: r for r in base}
+    user = [_parse_rule(i, raw, by_name) for i, raw in enumerate(spec.rules)]
     names = [r.name for r in user]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
