@@ -52,8 +52,7 @@ $(EXTRAS_STAMP): pyproject.toml
 
 test-extras: $(EXTRAS_STAMP)
 	RLMON_REQUIRE_EXTRAS=1 $(EXTRAS_VENV)/bin/python -m pytest -m "vllm or deepspeed or torch or trl or frameworks" \
-		tests/test_integrations_*.py tests/test_frameworks_*.py tests/test_reporter.py tests/test_reporter_detect.py \
-		tests/test_reporter_tensor*.py tests/test_samples_tensor.py
+		tests/integrations tests/frameworks tests/unit/reporter
 
 bench: $(STAMP)
 	for f in bench/bench_*.py; do $(PY) $$f || exit 1; done

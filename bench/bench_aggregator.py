@@ -28,12 +28,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from rlmon.service.aggregator import AggregatorCore
-from rlmon.service.assembly import StepAssembler
-from rlmon.service.deadline import DeadlinePolicy
-from rlmon.service.message import Columns, Schema, StepMessage
-from rlmon.service.rank import World
-from rlmon.service.spec import Form
+from rlmon.service.aggregation.aggregator import AggregatorCore
+from rlmon.service.aggregation.assembly import StepAssembler
+from rlmon.service.aggregation.deadline import DeadlinePolicy
+from rlmon.service.contract.rank import World
+from rlmon.service.contract.step_message import Columns, Schema, StepMessage
+from rlmon.service.metrics.spec import Form
 
 N_METRICS = 200
 _FORMS = [Form.MEAN] * 150 + [Form.SUM] * 20 + [Form.MIN] * 15 + [Form.MAX] * 15
@@ -106,10 +106,10 @@ def scrape(series: int = 10_000) -> Scrape:
     from prometheus_client import CollectorRegistry, Gauge, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from rlmon.service import catalog
-    from rlmon.service.exporter import MetricsState
-    from rlmon.service.metrics_http import build_registry
-    from rlmon.service.step import StepRecord
+    from rlmon.service.contract.step_record import StepRecord
+    from rlmon.service.export.exporter import MetricsState
+    from rlmon.service.export.http import build_registry
+    from rlmon.service.metrics import catalog
 
     names = [spec.name for spec in catalog.metrics()]
     state = MetricsState(max_series=series * 2)

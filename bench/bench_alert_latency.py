@@ -26,15 +26,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the lo
 
 from alerting_support import LoopbackTransport, PromStack, Receiver
 
-from rlmon.service.alerts import AlertEngine
-from rlmon.service.assembly import StepAssembler
+from rlmon.service.aggregation.assembly import StepAssembler
+from rlmon.service.alerting.engine import AlertEngine
+from rlmon.service.alerting.notify import build_dispatcher, open_outbox
+from rlmon.service.alerting.rules import default_rules
 from rlmon.service.config import Settings
-from rlmon.service.exporter import MetricsState
-from rlmon.service.metrics_http import serve_metrics
-from rlmon.service.notify import build_dispatcher, open_outbox
-from rlmon.service.prom_rules import render
-from rlmon.service.report import parse_line
-from rlmon.service.rules import default_rules
+from rlmon.service.contract.records import parse_line
+from rlmon.service.export.exporter import MetricsState
+from rlmon.service.export.http import serve_metrics
+from rlmon.service.export.prometheus_rules import render
 
 TRIALS = int(os.environ.get("RLMON_BENCH_TRIALS", "20"))
 PROM_TRIALS = int(os.environ.get("RLMON_BENCH_PROM_TRIALS", "3"))

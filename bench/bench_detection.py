@@ -38,10 +38,10 @@ from pathlib import Path
 
 import numpy as np
 
-from rlmon.service.alerts import AlertEngine
-from rlmon.service.baseline import predict
-from rlmon.service.rules import Rule, default_rules, early_warning_rules, fixed_rules
-from rlmon.service.step import StepRecord
+from rlmon.service.alerting.baseline import predict
+from rlmon.service.alerting.engine import AlertEngine
+from rlmon.service.alerting.rules import Rule, default_rules, early_warning_rules, fixed_rules
+from rlmon.service.contract.step_record import StepRecord
 
 Series = dict[str, np.ndarray]
 

@@ -130,7 +130,7 @@ def _timing_only(rep: Reporter) -> Callable[[str], Any]:
     """``span`` as it was before step timelines: the ``timing/<name>_seconds`` maximum only."""
     import contextlib
 
-    from rlmon.service.spec import Form
+    from rlmon.service.metrics.spec import Form
 
     @contextlib.contextmanager
     def span(name: str) -> Any:

@@ -13,9 +13,9 @@ __all__ = ["CATALOG", "Reporter", "StepRecord", "default_rules", "replay"]
 __version__ = "0.1.0"
 
 _LAZY = {
-    "CATALOG": "rlmon.service.catalog",
-    "StepRecord": "rlmon.service.step",
-    "default_rules": "rlmon.service.rules",
+    "CATALOG": "rlmon.service.metrics.catalog",
+    "StepRecord": "rlmon.service.contract.step_record",
+    "default_rules": "rlmon.service.alerting.rules",
     "replay": "rlmon.service.replay",
     "Reporter": "rlmon.actors.reporter",
 }

@@ -1,1 +1,3 @@
-"""Everything of rlmon that imports Ray: the Reporter, the Aggregator and the service actors."""
+"""The Ray side of rlmon: the worker-side Reporter (``reporter/``, which itself never imports Ray),
+the aggregator, node-merger and service actors, the runtime that finds or starts them, the
+framework integrations and the demo job."""

@@ -1,4 +1,4 @@
-"""The Aggregator actor: an :class:`~rlmon.service.aggregator.AggregatorServer` behind a named,
+"""The Aggregator actor: an :class:`~rlmon.service.aggregation.aggregator.AggregatorServer` behind a named,
 restartable Ray actor.
 
 Its delivery thread hands finalized records to the service (at once when a step finishes, and at
@@ -14,12 +14,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from rlmon.service.aggregator import AggregatorCore, AggregatorServer
-from rlmon.service.deadline import DeadlinePolicy
-from rlmon.service.ingest import IngestAck, NodeBatch
-from rlmon.service.message import StepMessage
-from rlmon.service.stop import StopDecision
-from rlmon.service.watermark import WatermarkStore
+from rlmon.service.aggregation.aggregator import AggregatorCore, AggregatorServer
+from rlmon.service.aggregation.deadline import DeadlinePolicy
+from rlmon.service.aggregation.tier_messages import IngestAck, NodeBatch
+from rlmon.service.aggregation.watermark import WatermarkStore
+from rlmon.service.contract.step_message import StepMessage
+from rlmon.service.contract.stop_decision import StopDecision
 
 __all__ = ["aggregator_actor_class"]
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from rlmon.actors.reporter import Reporter
 from rlmon.actors.runtime import RuntimeOptions
-from rlmon.service import catalog
+from rlmon.service.metrics import catalog
 from rlmon.workload import grpo
 
 __all__ = ["FAULTS", "DemoJob", "record_partials"]

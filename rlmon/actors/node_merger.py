@@ -1,4 +1,4 @@
-"""The per-node merge tier as a Ray actor: a :class:`~rlmon.service.node_merge.NodeMerger` that
+"""The per-node merge tier as a Ray actor: a :class:`~rlmon.service.aggregation.node_merge.NodeMerger` that
 forwards its pre-merged step states to the root aggregator."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import threading
 import time
 from typing import Any
 
-from rlmon.service.ingest import IngestAck, NodeBatch
-from rlmon.service.message import StepMessage
-from rlmon.service.node_merge import NodeMerger
+from rlmon.service.aggregation.node_merge import NodeMerger
+from rlmon.service.aggregation.tier_messages import IngestAck, NodeBatch
+from rlmon.service.contract.step_message import StepMessage
 
 __all__ = ["node_merger_actor_class"]
 

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlmon.actors.aggregator_actor import aggregator_actor_class
+from rlmon.actors.reporter.sink import SinkClosed, close_open_senders
 from rlmon.actors.service_actor import SERVICE, service_actor_class
-from rlmon.actors.sink import SinkClosed, close_open_senders
-from rlmon.service.ingest import IngestAck
-from rlmon.service.message import StepMessage
+from rlmon.service.aggregation.tier_messages import IngestAck
+from rlmon.service.contract.step_message import StepMessage
 
 __all__ = [
     "AGGREGATOR",

@@ -7,14 +7,14 @@ import logging
 import time
 from typing import Any
 
-from rlmon.service.alerts import AlertEvent
+from rlmon.service.alerting.engine import AlertEvent
+from rlmon.service.alerting.notify.console import ConsoleBuffer
+from rlmon.service.alerting.rules import load_rules
 from rlmon.service.config import load_config
-from rlmon.service.exporter import RunInfo
-from rlmon.service.notify.console import ConsoleBuffer
-from rlmon.service.rules import load_rules
+from rlmon.service.contract.step_record import StepRecord
+from rlmon.service.contract.stop_decision import StopDecision
+from rlmon.service.export.exporter import RunInfo
 from rlmon.service.service_core import ServiceCore
-from rlmon.service.step import StepRecord
-from rlmon.service.stop import StopDecision
 
 __all__ = ["SERVICE", "send_to_service", "service_actor_class"]
 

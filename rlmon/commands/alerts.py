@@ -10,7 +10,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from rlmon.commands.history_store import add_store_arguments, history_path, missing_run
+from rlmon.commands.support.history_store import add_store_arguments, history_path, missing_run
 
 __all__ = ["register"]
 
@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run_alerts(args: argparse.Namespace) -> int:
-    from rlmon.service.history import HistoryStore
+    from rlmon.service.storage.history import HistoryStore
 
     db = history_path(args, "alerts")
     if db is None:

@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
-from rlmon.service.catalog_doc import catalog_json, catalog_markdown
-from rlmon.service.keymaps import FRAMEWORKS, keymap_json, keymap_markdown
+from rlmon.service.metrics.catalog_doc import catalog_json, catalog_markdown
+from rlmon.service.metrics.keymaps import FRAMEWORKS, keymap_json, keymap_markdown
 
 __all__ = ["register"]
 

@@ -58,7 +58,7 @@ def deliver_alerts(
     all_severities: bool = False, timeout: float = 120.0, err: IO[str] | None = None,
 ) -> int:
     """Route and deliver; returns 0 when everything routed was accepted, 1 otherwise."""
-    from rlmon.service.notify import build_dispatcher, open_outbox
+    from rlmon.service.alerting.notify import build_dispatcher, open_outbox
     from rlmon.service.redact import install_redaction
 
     err = err or sys.stderr

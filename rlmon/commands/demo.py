@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rlmon.commands.trace import OPEN_HINT, write_trace
-from rlmon.service import catalog
+from rlmon.service.metrics import catalog
 
 __all__ = ["register"]
 

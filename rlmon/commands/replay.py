@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from rlmon.service import catalog
-from rlmon.service.backtest import RuleBacktest, backtest
-from rlmon.service.notify.render import format_value
+from rlmon.service.alerting.backtest import RuleBacktest, backtest
+from rlmon.service.alerting.notify.render import format_value
+from rlmon.service.alerting.rules import RuleError, load_rules, unknown_metrics
+from rlmon.service.metrics import catalog
 from rlmon.service.replay import ReplayResult, replay
-from rlmon.service.rules import RuleError, load_rules, unknown_metrics
 
 __all__ = ["print_backtest", "print_json", "print_table", "register", "run_replay"]
 

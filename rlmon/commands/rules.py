@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlmon.service.rules import RuleError, load_rules, rules_to_yaml, unknown_metrics
+from rlmon.service.alerting.rules import RuleError, load_rules, rules_to_yaml, unknown_metrics
 
 __all__ = ["register"]
 
@@ -57,7 +57,7 @@ def _export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from rlmon.service.config import ConfigError, load_config
-    from rlmon.service.prom_rules import render
+    from rlmon.service.export.prometheus_rules import render
 
     try:
         settings = load_config(args.config, only=("prometheus_rules",))
@@ -70,7 +70,7 @@ def _export(args: argparse.Namespace) -> int:
     if period <= 0:
         print("rlmon rules: --step-period must be positive", file=sys.stderr)
         return 2
-    from rlmon.service.prom_rules import DEFAULT_RELEASE
+    from rlmon.service.export.prometheus_rules import DEFAULT_RELEASE
 
     release = DEFAULT_RELEASE if args.release is None else args.release
     text = render(rules, step_period=period, fmt=args.format, interval=cfg.evaluation_interval,

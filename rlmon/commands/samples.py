@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from rlmon.commands.history_store import add_store_arguments, history_path, missing_run
+from rlmon.commands.support.history_store import add_store_arguments, history_path, missing_run
 
 __all__ = ["register"]
 
@@ -35,9 +35,9 @@ def _one_line(text: str, width: int) -> str:
 
 
 def run_samples(args: argparse.Namespace) -> int:
-    from rlmon.service import catalog
-    from rlmon.service.history import HistoryStore
-    from rlmon.service.notify.render import format_value
+    from rlmon.service.alerting.notify.render import format_value
+    from rlmon.service.metrics import catalog
+    from rlmon.service.storage.history import HistoryStore
 
     db = history_path(args, "samples")
     if db is None:

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from rlmon.commands.history_store import add_store_arguments, history_path, missing_run
+from rlmon.commands.support.history_store import add_store_arguments, history_path, missing_run
 
 __all__ = ["OPEN_HINT", "parse_steps", "register", "write_trace"]
 
@@ -58,8 +58,8 @@ def write_trace(db: Path, run: str, output: str | Path, role: str | None = None,
                 first: int = 0, last: int | None = None) -> str | None:
     """Write the trace of ``run`` from the history store ``db``; what it holds, in words, or
     None when the store has no timelines for it."""
-    from rlmon.service.history import HistoryStore
-    from rlmon.service.perfetto_trace import TraceInput, build_trace
+    from rlmon.service.export.perfetto import TraceInput, build_trace
+    from rlmon.service.storage.history import HistoryStore
 
     store = HistoryStore(db)
     try:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlmon.service.catalog_doc import catalog_markdown
+from rlmon.service.metrics.catalog_doc import catalog_markdown
 
 __all__ = ["PRODUCERS", "Artifact", "all_artifacts", "stale", "write"]
 
@@ -19,9 +19,9 @@ __all__ = ["PRODUCERS", "Artifact", "all_artifacts", "stale", "write"]
 PRODUCERS: tuple[str, ...] = (
     "rlmon.service.generated",
     "rlmon.service.dashboards.artifacts",
-    "rlmon.service.prom_rules",
-    "rlmon.service.exporter_doc",
-    "rlmon.service.keymaps",
+    "rlmon.service.export.prometheus_rules",
+    "rlmon.service.export.exporter_doc",
+    "rlmon.service.metrics.keymaps",
     "rlmon.service.helm_schema",
 )
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from rlmon.service.alerts import AlertEngine, AlertEvent, evaluate_in_order
-from rlmon.service.assembly import AssemblyCounters, StepAssembler
-from rlmon.service.report import ContractError, parse_line
-from rlmon.service.rules import Rule, default_rules
-from rlmon.service.step import StepRecord
+from rlmon.service.aggregation.assembly import AssemblyCounters, StepAssembler
+from rlmon.service.alerting.engine import AlertEngine, AlertEvent, evaluate_in_order
+from rlmon.service.alerting.rules import Rule, default_rules
+from rlmon.service.contract.records import ContractError, parse_line
+from rlmon.service.contract.step_record import StepRecord
 
 __all__ = ["LineError", "ReplayResult", "replay"]
 

@@ -10,7 +10,7 @@ outbox, and whatever a crash left in between moves on the next start (see
 :mod:`rlmon.service.crash_points` for the commit points a test kills the process at).
 
 What it keeps is bounded (config ``retention``): per-(run, role) state in memory leaves when the
-stream goes quiet, finishes or is crowded out (:mod:`rlmon.service.stream_tracker`; it comes back
+stream goes quiet, finishes or is crowded out (:mod:`rlmon.service.aggregation.stream_tracker`; it comes back
 from the history store with the stream's next step), and the history store keeps the newest steps
 of each stream and drops runs quiet for days. What leaves is counted in ``removed``.
 """
@@ -26,23 +26,23 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rlmon.service import catalog, keymaps
-from rlmon.service.alerts import AlertEngine, AlertEvent, AlertState
+from rlmon.service.aggregation.stream_tracker import Expired, Stream, StreamTracker
+from rlmon.service.alerting.engine import AlertEngine, AlertEvent, AlertState
+from rlmon.service.alerting.notify.factory import build_dispatcher, open_outbox, outbox_path
+from rlmon.service.alerting.notify.render import summary_line
+from rlmon.service.alerting.rules import Rule, default_rules, load_rules, unknown_metrics
+from rlmon.service.alerting.sanity import Finding, SanityChecker, relay_warnings
 from rlmon.service.config import Settings, load_config
+from rlmon.service.contract.step_record import StepRecord
+from rlmon.service.contract.stop_decision import STOP, StopDecision
 from rlmon.service.crash_points import crash_point
-from rlmon.service.exporter import IngestCounters, MetricsState, RunInfo
-from rlmon.service.history import HistoryStore
-from rlmon.service.metrics_http import MetricsServer, serve_metrics
-from rlmon.service.notify.factory import build_dispatcher, open_outbox, outbox_path
-from rlmon.service.notify.render import summary_line
-from rlmon.service.otlp import OtlpExport
+from rlmon.service.export.exporter import IngestCounters, MetricsState, RunInfo
+from rlmon.service.export.http import MetricsServer, serve_metrics
+from rlmon.service.export.otlp import OtlpExport
+from rlmon.service.metrics import catalog, keymaps
 from rlmon.service.redact import install_redaction
-from rlmon.service.rules import Rule, default_rules, load_rules, unknown_metrics
-from rlmon.service.samples import notify_items
-from rlmon.service.sanity import Finding, SanityChecker, relay_warnings
-from rlmon.service.step import StepRecord
-from rlmon.service.stop import STOP, StopDecision
-from rlmon.service.stream_tracker import Expired, Stream, StreamTracker
+from rlmon.service.storage.history import HistoryStore
+from rlmon.service.storage.stored_samples import notify_items
 
 __all__ = ["ServiceCore"]
 
@@ -131,7 +131,7 @@ class ServiceCore:
         if self.settings.otlp.enabled:  # the step timelines' spans, to an OTLP/HTTP collector
             self.otlp = OtlpExport(self.settings.otlp)
         self.redeliveries = 0
-        # The stop switch (rlmon.service.stop): the rules that carry the stop action, the
+        # The stop switch (rlmon.service.contract.stop_decision): the rules that carry the stop action, the
         # decisions taken (restored from the history store) and how many, by alert.
         self._stoppers = {r.name for r in self.engine.rules if STOP in r.actions}
         self.stops: dict[str, StopDecision] = {

@@ -3,7 +3,7 @@
 The records come from :func:`rlmon.workload.grpo.simulate` (DP=2 x CP=2 policy ranks, a rollout
 engine that stops receiving weights at step 3, a reward worker; 30 steps, seed 0: the default
 ``rlmon demo``), shuffled a little within each step so that replay sees ranks arriving out of
-order, as they do in a live run. ``tests/test_demo_workload.py`` checks the bundled file is
+order, as they do in a live run. ``tests/e2e/test_demo_workload.py`` checks the bundled file is
 current.
 """
 

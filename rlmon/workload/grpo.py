@@ -30,7 +30,7 @@ as vLLM's default ``raw_logprobs`` mode does. While weights are synced the train
 is exactly 1.
 
 Faults (:data:`FAULTS`), from ``fault_step`` on, and the default rules they fire with the default
-config (``tests/test_demo_workload.py`` pins them):
+config (``tests/e2e/test_demo_workload.py`` pins them):
 
 - ``none``: nothing, over 30 steps or 100.
 - ``stale_weights``: the rollout engine no longer receives weight updates. The trainer keeps
@@ -64,7 +64,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from rlmon.service import catalog
+from rlmon.service.metrics import catalog
 
 __all__ = [
     "FAULTS",

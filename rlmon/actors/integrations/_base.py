@@ -7,9 +7,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from rlmon.service import catalog, keymaps
-from rlmon.service.forms import FORMS
-from rlmon.service.partial import ALL_AXES
+from rlmon.service.metrics import catalog, keymaps
+from rlmon.service.metrics.forms import FORMS
+from rlmon.service.metrics.partial import ALL_AXES
 
 __all__ = ["ReporterLike", "make_reporter", "record_mismatch_samples", "relay", "scalar",
            "send_run_info"]
@@ -66,7 +66,7 @@ def lazy_class(module: str, name: str, build: Callable[[], type]) -> Callable[[s
 
 
 def send_run_info(reporter: Any, **fields: Any) -> dict[str, Any]:
-    """Send what an integration knows of the run (fields of ``rlmon.service.exporter.RunInfo``:
+    """Send what an integration knows of the run (fields of ``rlmon.service.export.exporter.RunInfo``:
     framework, framework_version, algorithm, loss_reduction, dp, cp, tp, pp, grad_accumulation,
     zero_stage, deepspeed_version, dpo) through ``Reporter.set_run_info``; unknown values (None)
     are left out. Returns what was sent. Best effort: a reporter without it sends nothing."""

@@ -21,8 +21,8 @@ from rlmon.actors.integrations._base import (
     make_reporter,
     send_run_info,
 )
-from rlmon.service import catalog, keymaps
-from rlmon.service.sanity import LossNormalization
+from rlmon.service.alerting.sanity import LossNormalization
+from rlmon.service.metrics import catalog, keymaps
 
 __all__ = ["EngineProbe", "EngineSnapshot", "probe"]
 

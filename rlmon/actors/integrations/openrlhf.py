@@ -17,7 +17,7 @@ logs)``, ``log_eval(global_step, logs)`` and ``close()``. :class:`RlmonLogger` h
 - :class:`WorkerPath` runs in ``ActorPPOTrainer.ppo_train`` and sends per-rank sufficient
   statistics from SP/TP replica leaders only, so replicas are never counted twice.
 
-The stop switch (``rlmon.service.stop``): OpenRLHF has no stop hook. Check
+The stop switch (``rlmon.service.contract.stop_decision``): OpenRLHF has no stop hook. Check
 ``logger.reporter.should_stop()`` on the driver after ``log_train`` (in ``PPOTrainer.fit``, after
 ``save_logs_and_checkpoints`` of the step) and leave the loop after saving a checkpoint; it reads
 the last acknowledgement and never waits, and the driver's decision ends the step loop for every
@@ -37,7 +37,7 @@ from rlmon.actors.integrations._base import (
     record_mismatch_samples,
     relay,
 )
-from rlmon.service import catalog
+from rlmon.service.metrics import catalog
 
 __all__ = ["RlmonLogger", "WorkerPath", "attach", "importance_stats"]
 

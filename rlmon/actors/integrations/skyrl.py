@@ -15,7 +15,7 @@ micro-batch means. :class:`WorkerPath` reports (sum, count) instead:
 CP/SP replicas hold the same samples, so every partial is marked ``replicated: ["cp"]``: one copy
 counts, and copies that disagree raise ReplicaMismatch (the SkyRL #1420 double count).
 
-The stop switch (``rlmon.service.stop``): check ``tracker.reporter.should_stop()`` (the
+The stop switch (``rlmon.service.contract.stop_decision``): check ``tracker.reporter.should_stop()`` (the
 :class:`RlmonTracking` that ``get_tracker`` returns) in the trainer's step loop on the driver,
 after ``self.tracker.log(...)`` of the step (``RayPPOTrainer.train``), and leave the loop after
 the checkpoint; it reads the last acknowledgement and never waits. The workers' ``WorkerPath``
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from rlmon.actors.integrations._base import ReporterLike, make_reporter, relay
-from rlmon.service import catalog, keymaps
+from rlmon.service.metrics import catalog, keymaps
 
 __all__ = ["LOSS_REDUCTIONS", "RlmonTracking", "WorkerPath", "loss_partial", "loss_units",
            "wrap_tracker"]

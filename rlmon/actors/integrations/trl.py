@@ -20,14 +20,14 @@ them; from the same hook, the worst samples: the completions of highest and lowe
 longest truncated ones (``rollout/truncated_longest``), with their prompt and completion text
 only when ``sample_text`` asks for it (opt-in; a function ``(prompt, completion) -> str`` may
 shape or redact it). Keys it cannot make exact go under ``trl/<key>``
-(``rlmon/service/keymaps.py``). A callback added without the trainer
+(``rlmon/service/metrics/keymaps.py``). A callback added without the trainer
 (``trainer.add_callback(RlmonCallback(run=...))``) relays only, and the lossy keys then go under
 ``trl/<key>`` too.
 
 Only the main process reports; the values are already global, so the reporter's world is one
 rank. ``transformers`` is imported only when the callback class is first used.
 
-The stop switch (``rlmon.service.stop``): when the service asks the run to stop
+The stop switch (``rlmon.service.contract.stop_decision``): when the service asks the run to stop
 (``Reporter.should_stop()``), the callback sets ``control.should_training_stop``, and the trainer
 ends after the current step the way it does at ``max_steps`` (``on_train_end`` runs, the last step
 is reported). In one process it looks at the end of every step. With several processes every rank
@@ -52,7 +52,7 @@ from rlmon.actors.integrations._base import (
     relay,
     send_run_info,
 )
-from rlmon.service import catalog
+from rlmon.service.metrics import catalog
 
 __all__ = ["attach", "callback"]  # and RlmonCallback, built lazily by __getattr__
 

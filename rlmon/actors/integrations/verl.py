@@ -6,7 +6,7 @@ metrics sums over mini-batches x epochs (``verl/utils/metric/utils.py``), so the
 under ``verl/<key>``; driver-side data metrics (``verl/trainer/ppo/metric_utils.py``) are exact
 and go under canonical names.
 
-The stop switch (``rlmon.service.stop``): check ``backend.reporter.should_stop()``
+The stop switch (``rlmon.service.contract.stop_decision``): check ``backend.reporter.should_stop()``
 (``logger.logger["rlmon"]`` of the trainer's ``Tracking``) on the driver in ``RayPPOTrainer.fit``
 right after ``logger.log(data=metrics, step=self.global_steps)``, and return the way verl ends
 at its last step (save a checkpoint, then return); it reads the last acknowledgement and never

@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rlmon.actors.integrations._base import ReporterLike, env_reporter, lazy_class
-from rlmon.service import catalog
+from rlmon.service.metrics import catalog
 
 __all__ = ["DuplicateEngineRank", "EngineWindow", "attach", "close", "current_step",
            "engine_rank", "set_step"]  # and RlmonStatLogger (lazy)

@@ -13,9 +13,9 @@ from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.cog.builder import Builder
 from grafana_foundation_sdk.models import dashboard as dm
 
-from rlmon.service import series
 from rlmon.service.dashboards.panels import DATASOURCE
 from rlmon.service.dashboards.promql import select
+from rlmon.service.export import series
 
 __all__ = ["TAG", "annotate", "frame"]
 

@@ -10,7 +10,6 @@ from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.cog.builder import Builder
 from grafana_foundation_sdk.models import dashboard as dm
 
-from rlmon.service import series
 from rlmon.service.dashboards.common import frame
 from rlmon.service.dashboards.panels import (
     catalog_rows,
@@ -23,6 +22,7 @@ from rlmon.service.dashboards.panels import (
 )
 from rlmon.service.dashboards.promql import select
 from rlmon.service.dashboards.thresholds import Band
+from rlmon.service.export import series
 
 __all__ = ["ROWS", "UID", "build"]
 

@@ -17,10 +17,10 @@ from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import prometheus as pm
 
-from rlmon.service import catalog
 from rlmon.service.dashboards.promql import select
 from rlmon.service.dashboards.thresholds import Band, alert_bands, healthy_bands
-from rlmon.service.spec import Form, MetricSpec, Unit
+from rlmon.service.metrics import catalog
+from rlmon.service.metrics.spec import Form, MetricSpec, Unit
 
 __all__ = [
     "DATASOURCE",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as db
 
-from rlmon.service import series
 from rlmon.service.dashboards.common import frame
 from rlmon.service.dashboards.panels import (
     catalog_rows,
@@ -20,6 +19,7 @@ from rlmon.service.dashboards.panels import (
     timeseries_panel,
 )
 from rlmon.service.dashboards.promql import select
+from rlmon.service.export import series
 
 __all__ = ["ROWS", "SHARED_ROWS", "UID", "build"]
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.models import dashboard as dm
 
-from rlmon.service import series
 from rlmon.service.dashboards.common import frame
 from rlmon.service.dashboards.panels import DATASOURCE, query, stat_panel, timeseries_panel
 from rlmon.service.dashboards.promql import select
 from rlmon.service.dashboards.thresholds import Band
+from rlmon.service.export import series
 
 __all__ = ["SCRAPE_BUDGET_SECONDS", "UID", "build"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from rlmon.service.spec import AlertSpec, Comparison, Severity
+from rlmon.service.metrics.spec import AlertSpec, Comparison, Severity
 
 __all__ = ["COLORS", "Band", "alert_bands", "healthy_bands"]
 

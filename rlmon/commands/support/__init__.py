@@ -1,0 +1,1 @@
+"""What several subcommands share that is not a command itself."""

@@ -1,0 +1,111 @@
+"""The baseline detector behind early-warning rules: each step against the run's own recent past.
+
+Fixed thresholds are right for physical limits but late for slow failures: an entropy sliding
+from 0.4 towards 0 crosses 0.01 twenty steps after the slide began. This detector learns where a
+metric *should* be from its own trailing window and accumulates evidence that it has left:
+
+- **Baseline**: a robust line through the trailing ``window`` values (the slope from the medians
+  of the two halves, the level from the median of the detrended values), extrapolated to the new
+  step. A healthy slow drift in the watched direction (entropy decreasing within its range, KL
+  growing from zero) is followed, not flagged; one outlier moves neither the level nor the slope.
+  A slope against the watched direction counts as flat: extrapolating a recovery or a fading
+  warm-up bump would make the plateau after it look like a fall (or a rise). A metric that has no
+  healthy drift (policy lag, the trainer/rollout mismatch, the gradient norm) sets
+  ``follow_drift=False``: its baseline is a level only, so even a fault slower than the window
+  cannot become the baseline's slope.
+- **Scale**: 1.4826 x the median absolute residual (a standard deviation for Gaussian noise),
+  floored by ``relative_floor`` x the baseline and ``floor``, so a near-constant metric does not
+  turn a rounding change into an alarm, and by the window's resolution (its smallest gap between
+  distinct values), so a metric that moves in steps is judged in its own steps.
+- **Evidence**: a one-sided CUSUM (Page 1954) of the robust z-score in the watched direction,
+  ``S = max(0, S + z - allowance)``, firing while ``S >= decision``. Each z is clipped to
+  ``allowance + decision / 2`` so a single spike can never fire alone (two consecutive ones can);
+  ``S`` is capped at 2 x ``decision`` so a long fault resolves within a few steps of its end.
+
+Nothing accumulates during the first ``warmup`` values. While the rule fires, the step is judged
+against the window's own level (its centre), not the line's extrapolation, so a slide that goes on
+keeps it firing; once the metric settles, the new level becomes the baseline within about a window
+and the warning resolves; the fixed thresholds still judge absolute levels. The state is the
+trailing window and ``S``: plain numbers, saved with the rest of the alert state, so a restarted
+service and ``rlmon replay`` continue bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from itertools import pairwise
+
+from rlmon.service.metrics.spec import BaselineParams, BaselineSpec, Direction
+
+__all__ = ["BaselineParams", "BaselineSpec", "Direction", "observe", "predict"]
+
+_MAD_TO_SD = 1.4826  # MAD of a Gaussian x this = its standard deviation
+_SCORE_CAP = 2.0  # of `decision`: bounds the steps a long fault takes to resolve
+_TINY = 1e-12
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    mid = n // 2
+    return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+def _transform(params: BaselineParams, value: float) -> float:
+    if params.log_offset is None:
+        return value
+    return math.log(max(value, 0.0) + params.log_offset)
+
+
+def predict(params: BaselineParams, history: deque[float] | list[float],
+            extrapolate: bool = True) -> tuple[float, float]:
+    """The baseline's (expected next value, scale), in the detector's space (log or raw);
+    ``extrapolate=False`` expects the window's own level (its centre) instead of the line's
+    value at the next step."""
+    values = [_transform(params, v) for v in history]
+    n = len(values)
+    half = n // 2
+    # distance between the centres of the two halves is n - half
+    slope = 0.0
+    if params.follow_drift:
+        slope = (_median(values[n - half:]) - _median(values[:half])) / (n - half)
+        slope = min(slope, 0.0) if params.direction == "down" else max(slope, 0.0)
+    centre = (n - 1) / 2
+    detrended = [v - slope * (i - centre) for i, v in enumerate(values)]
+    level = _median(detrended)
+    mad = _median([abs(d - level) for d in detrended])
+    expected = level + slope * (n - centre) if extrapolate else level
+    if params.log_offset is None:
+        floor = max(params.floor, params.relative_floor * abs(expected))
+    else:
+        floor = math.log1p(params.relative_floor)
+    return expected, max(_MAD_TO_SD * mad, floor, _resolution(values), _TINY)
+
+
+def _resolution(values: list[float]) -> float:
+    """The smallest gap between two distinct values of the window: a metric that moves in steps
+    (a lag in whole steps, a fraction of 8 prompt groups) cannot show a change finer than one, and
+    a window mostly at one value has a MAD of 0 that would make a single step look enormous."""
+    distinct = sorted(set(values))
+    return min((b - a for a, b in pairwise(distinct)), default=0.0)
+
+
+def observe(params: BaselineParams, history: deque[float], score: float, value: float) -> float:
+    """Judge ``value`` against ``history`` (its trailing window, oldest first), append it, and
+    return the new CUSUM score; the condition holds while the score is >= ``decision``."""
+    if len(history) >= params.warmup:
+        # while the rule fires, expect the window's own level, not its extrapolation: a slide
+        # that goes on must not become the slope the warning resolves against (it resolves
+        # once the metric settles)
+        expected, scale = predict(params, history, extrapolate=score < params.decision)
+        z = (_transform(params, value) - expected) / scale
+        if params.direction == "down":
+            z = -z
+        cap = params.allowance + params.decision / 2  # two steps at the cap fire, one cannot
+        z = min(max(z, -cap), cap)
+        score = min(max(0.0, score + z - params.allowance), _SCORE_CAP * params.decision)
+    history.append(value)
+    while len(history) > params.window:
+        history.popleft()
+    return score

@@ -1,0 +1,364 @@
+"""Alert rules as data: a pydantic model for YAML rule files, and the default pack.
+
+The default pack is DESIGN.md's table ("Default alert rules"): the threshold rules come from the
+AlertSpecs in the catalog; the structural ones (non-finite values, physical domains, missing ranks,
+replica disagreement) apply to every metric and are declared here. The early-warning rules (issue
+16) follow: each compares a metric with its run's own baseline (:mod:`rlmon.service.alerting.baseline`),
+declared in the catalog's ``EARLY_WARNINGS``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from rlmon.service.alerting.baseline import BaselineParams, BaselineSpec
+from rlmon.service.metrics import catalog
+from rlmon.service.metrics.spec import AlertSpec, Comparison, Severity
+
+__all__ = [
+    "Condition",
+    "Rule",
+    "RuleError",
+    "RuleFile",
+    "default_rules",
+    "early_warning_rules",
+    "fixed_rules",
+    "load_rules",
+    "parse_rules",
+    "rules_to_yaml",
+    "unknown_metrics",
+]
+
+
+class Condition(StrEnum):
+    THRESHOLD = "threshold"  # value <op> threshold
+    OUTSIDE = "outside"  # value < low or value > high
+    NON_FINITE = "non_finite"  # NaN or Inf (metric "*" = any metric)
+    OUT_OF_DOMAIN = "out_of_domain"  # outside the catalog's physical domain (metric "*" = any)
+    STUCK = "stuck"  # unchanged (within tolerance) over `window` evaluated steps
+    TREND = "trend"  # strictly monotone over `window` evaluated steps
+    RANK_MISSING = "rank_missing"  # the step finalized without every expected rank
+    REPLICA_MISMATCH = "replica_mismatch"  # replicated copies disagree
+    BASELINE = "baseline"  # a sustained departure from the run's own trailing baseline
+    STRAGGLER_RANK = "straggler_rank"  # the same rank slowest by more than `threshold`x median
+
+
+_NEEDS_METRIC = {
+    Condition.THRESHOLD, Condition.OUTSIDE, Condition.STUCK, Condition.TREND, Condition.BASELINE,
+}
+_BASELINE_FIELDS = ("warmup", "allowance", "decision", "floor", "relative_floor", "log_offset",
+                    "follow_drift")
+# Condition-specific fields; giving one to another condition is a mistake worth an error.
+_CONDITION_FIELDS = ("op", "threshold", "low", "high", "window", "direction", *_BASELINE_FIELDS)
+_CONDITION_FIELDS_USED: dict[Condition, tuple[str, ...]] = {
+    Condition.THRESHOLD: ("op", "threshold"),
+    Condition.OUTSIDE: ("low", "high"),
+    Condition.STUCK: ("window",),
+    Condition.TREND: ("window", "direction"),
+    Condition.BASELINE: ("window", "direction", *_BASELINE_FIELDS),
+    Condition.STRAGGLER_RANK: ("threshold",),
+}
+_BASELINE_MAX_WINDOW = 1_000  # the detector sorts its window every step
+ANY_METRIC = "*"
+
+
+class Rule(BaseModel):
+    """One alert rule. ``for`` counts consecutive evaluated steps of one (run, role)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_]*$", max_length=128)
+    severity: Severity
+    condition: Condition
+    metric: str = ANY_METRIC
+    op: Literal[">", ">=", "<", "<=", "abs<"] | None = None
+    threshold: float | None = None
+    low: float | None = None
+    high: float | None = None
+    window: int | None = Field(default=None, ge=2, le=10_000)
+    direction: Literal["up", "down"] | None = None
+    tolerance: float = Field(default=0.0, ge=0.0)
+    # condition "baseline" (see rlmon.service.alerting.baseline); None takes BaselineParams' default
+    warmup: int | None = Field(default=None, ge=8, le=_BASELINE_MAX_WINDOW)
+    allowance: float | None = Field(default=None, ge=0.0)
+    decision: float | None = Field(default=None, gt=0.0)
+    floor: float | None = Field(default=None, ge=0.0)
+    relative_floor: float | None = Field(default=None, ge=0.0)
+    log_offset: float | None = Field(default=None, gt=0.0)
+    follow_drift: bool | None = None
+    for_steps: int = Field(default=1, ge=1, le=100_000, alias="for")
+    resolve_after: int | None = Field(default=None, ge=1, le=100_000)
+    roles: tuple[str, ...] | None = None
+    summary: str = ""
+    # besides notifying: "stop" asks the run to stop, where the config's stop.runs allows it
+    actions: tuple[Literal["stop"], ...] = ()
+
+    @model_validator(mode="after")
+    def _fields_for_condition(self) -> Rule:
+        cond = self.condition
+        for name in ("threshold", "low", "high"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"'{name}' must be a finite number, got {value}")
+        stray = [f for f in _CONDITION_FIELDS if getattr(self, f) is not None
+                 and f not in _CONDITION_FIELDS_USED.get(cond, ())]
+        if stray:
+            raise ValueError(f"'{stray[0]}' does not apply to condition {cond.value!r}")
+        if cond in _NEEDS_METRIC and self.metric == ANY_METRIC:
+            raise ValueError(f"condition {cond.value!r} needs a concrete 'metric'")
+        if cond is Condition.THRESHOLD and (self.op is None or self.threshold is None):
+            raise ValueError("condition 'threshold' needs 'op' and 'threshold'")
+        if cond is Condition.OUTSIDE:
+            if self.low is None or self.high is None:
+                raise ValueError("condition 'outside' needs 'low' and 'high'")
+            if self.low > self.high:
+                raise ValueError(f"'low' ({self.low}) is above 'high' ({self.high})")
+        if cond in (Condition.STUCK, Condition.TREND) and self.window is None:
+            raise ValueError(f"condition {cond.value!r} needs 'window' (>= 2 steps)")
+        if cond is Condition.STRAGGLER_RANK and (self.threshold is None or self.threshold < 1):
+            raise ValueError("condition 'straggler_rank' needs 'threshold' (a factor >= 1)")
+        if cond is Condition.TREND and self.direction is None:
+            raise ValueError("condition 'trend' needs 'direction' (up or down)")
+        if cond is Condition.BASELINE:
+            self._check_baseline()
+        return self
+
+    def _check_baseline(self) -> None:
+        if self.direction is None:
+            raise ValueError("condition 'baseline' needs 'direction' (up or down)")
+        for name in ("allowance", "decision", "floor", "relative_floor", "log_offset"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"'{name}' must be a finite number, got {value}")
+        params = self.baseline
+        if not params.warmup <= params.window <= _BASELINE_MAX_WINDOW:
+            raise ValueError(f"'window' ({params.window}) must be at least 'warmup' "
+                             f"({params.warmup}) and at most {_BASELINE_MAX_WINDOW}")
+        if params.log_offset is not None and self.floor is not None:
+            raise ValueError("'floor' is in the metric's units and does not apply with "
+                             "'log_offset' (use 'relative_floor')")
+
+    @property
+    def baseline(self) -> BaselineParams:
+        """The detector's parameters (condition ``baseline``); unset fields take the defaults."""
+        assert self.direction is not None
+        given = {name: getattr(self, name) for name in ("window", *_BASELINE_FIELDS)}
+        return BaselineParams(self.direction, **{k: v for k, v in given.items() if v is not None})
+
+    @property
+    def resolve_steps(self) -> int:
+        """Consecutive false steps before a firing alert resolves (defaults to ``for``)."""
+        return self.resolve_after if self.resolve_after is not None else self.for_steps
+
+    def describe(self) -> str:
+        """The condition in words, for notifications and docs."""
+        c = self.condition
+        if c is Condition.THRESHOLD:
+            text = f"{self.metric} {self.op} {self.threshold:g}"
+            if self.op == "abs<":
+                text = f"abs({self.metric}) < {self.threshold:g}"
+        elif c is Condition.OUTSIDE:
+            text = f"{self.metric} outside [{self.low:g}, {self.high:g}]"
+        elif c is Condition.STUCK:
+            text = f"{self.metric} unchanged for {self.window} steps"
+        elif c is Condition.TREND:
+            text = f"{self.metric} trending {self.direction} for {self.window} steps"
+        elif c is Condition.BASELINE:
+            p = self.baseline
+            side = "rising above" if p.direction == "up" else "falling below"
+            kind = "baseline" if p.follow_drift else "baseline level"
+            text = (f"{self.metric} {side} its own {p.window}-step {kind} "
+                    f"(CUSUM {p.allowance:g}/{p.decision:g} robust SDs, after {p.warmup} steps)")
+        elif c is Condition.NON_FINITE:
+            text = "a metric is NaN or Inf" if self.metric == ANY_METRIC else f"{self.metric} NaN/Inf"
+        elif c is Condition.OUT_OF_DOMAIN:
+            text = "a value outside its physical domain"
+        elif c is Condition.RANK_MISSING:
+            text = "a step finalized without every expected rank"
+        elif c is Condition.STRAGGLER_RANK:
+            text = f"the same rank slowest, over {self.threshold:g}x the median rank's step time"
+        else:
+            text = "replicated copies disagree"
+        return text + (f" for {self.for_steps} steps" if self.for_steps > 1 else "")
+
+
+class RuleFile(BaseModel):
+    """A user rule file: overrides and additions on top of the default pack."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    include_defaults: bool = True
+    early_warning: bool = True  # with the defaults: also the early-warning (baseline) rules
+    disable: list[str] = Field(default_factory=list)
+    # actions added to rules by name (a default rule's included), e.g. {NonFiniteMetric: [stop]}
+    actions: dict[str, list[Literal["stop"]]] = Field(default_factory=dict)
+    rules: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class RuleError(ValueError):
+    """A rule file is invalid; the message names the rule and the field."""
+
+
+def _rule_from_spec(metric: str, spec: AlertSpec) -> Rule:
+    if spec.comparison is Comparison.OUTSIDE:
+        fields: dict[str, Any] = {
+            "condition": Condition.OUTSIDE, "low": spec.threshold, "high": spec.high,
+        }
+    else:
+        fields = {
+            "condition": Condition.THRESHOLD, "op": spec.comparison.value,
+            "threshold": spec.threshold,
+        }
+    fields.update(name=spec.name, severity=spec.severity, metric=metric, summary=spec.summary)
+    fields["for"] = spec.for_steps
+    return Rule.model_validate(fields)
+
+
+def _rule_from_baseline(spec: BaselineSpec) -> Rule:
+    p = spec.params
+    fields: dict[str, Any] = {
+        "name": spec.name, "severity": Severity.WARNING, "condition": Condition.BASELINE,
+        "metric": spec.metric, "direction": p.direction, "window": p.window, "warmup": p.warmup,
+        "allowance": p.allowance, "decision": p.decision, "relative_floor": p.relative_floor,
+        "follow_drift": p.follow_drift, "for": spec.for_steps,
+        "resolve_after": spec.resolve_after, "summary": spec.summary,
+    }
+    if p.log_offset is not None:
+        fields["log_offset"] = p.log_offset
+    else:
+        fields["floor"] = p.floor
+    return Rule.model_validate(fields)
+
+
+def _straggler_rule(spec: AlertSpec) -> Rule:
+    return Rule.model_validate({
+        "name": spec.name, "severity": spec.severity, "condition": Condition.STRAGGLER_RANK,
+        "metric": catalog.STRAGGLER_METRIC, "threshold": spec.threshold, "for": spec.for_steps,
+        "summary": spec.summary,
+    })
+
+
+def default_rules() -> list[Rule]:
+    """The fixed-threshold pack followed by the early-warning rules."""
+    return fixed_rules() + early_warning_rules()
+
+
+def early_warning_rules() -> list[Rule]:
+    """One baseline rule per entry of the catalog's ``EARLY_WARNINGS`` (severity warning)."""
+    return [_rule_from_baseline(spec) for spec in catalog.EARLY_WARNINGS]
+
+
+def fixed_rules() -> list[Rule]:
+    """DESIGN.md's default pack, in the table's order of concern."""
+    rules = [
+        _rule_from_spec(spec.name, alert) for spec in catalog.metrics() for alert in spec.alerts
+    ]
+    rules += [
+        Rule(name="NonFiniteMetric", severity=Severity.CRITICAL, condition=Condition.NON_FINITE,
+             summary="A metric is NaN or Inf"),
+        Rule(name="RankMissing", severity=Severity.CRITICAL, condition=Condition.RANK_MISSING,
+             summary="A step finalized without every expected rank"),
+        Rule(name="ReplicaMismatch", severity=Severity.CRITICAL,
+             condition=Condition.REPLICA_MISMATCH, summary="Replicated copies disagree"),
+        Rule(name="MetricOutOfDomain", severity=Severity.CRITICAL,
+             condition=Condition.OUT_OF_DOMAIN, summary="A value outside its physical domain"),
+        _straggler_rule(catalog.STRAGGLER_ALERT),
+    ]
+    return rules
+
+
+def _location(loc: Sequence[int | str]) -> str:
+    return ".".join(str(part) for part in loc) or "(rule)"
+
+
+def _parse_rule(index: int, raw: Any, base: Mapping[str, Rule]) -> Rule:
+    """A rule of the file; one that names a rule of the pack without a ``condition`` retunes
+    it: the fields it gives replace the pack rule's, the others are kept."""
+    if not isinstance(raw, dict):
+        raise RuleError(f"rules[{index}]: a rule must be a mapping, got {type(raw).__name__}")
+    label = f"rules[{index}] ({raw.get('name', 'unnamed')})"
+    retuned = base.get(raw.get("name", "")) if "condition" not in raw else None
+    if retuned is not None:
+        raw = {**retuned.model_dump(by_alias=True, exclude_none=True), **raw}
+    try:
+        return Rule.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            (f"{_location(e['loc'])}: " if e["loc"] else "")
+            + e["msg"]
+            + (f" (got {e['input']!r})" if e["type"] != "missing" and e["loc"] else "")
+            for e in exc.errors()
+        )
+        raise RuleError(f"{label}: {problems}") from None
+
+
+def parse_rules(text: str, source: str = "rules") -> list[Rule]:
+    """Parse a rule file on top of the defaults; raise :class:`RuleError` with the rule and field."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RuleError(f"{source}: not valid YAML: {exc}") from None
+    if data is None:
+        data = {}
+    if isinstance(data, list):
+        data = {"rules": data}
+    try:
+        spec = RuleFile.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{_location(e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise RuleError(f"{source}: {problems}") from None
+    base = []
+    if spec.include_defaults:
+        base = default_rules() if spec.early_warning else fixed_rules()
+    by_name = {r.name: r for r in base}
+    user = [_parse_rule(i, raw, by_name) for i, raw in enumerate(spec.rules)]
+    names = [r.name for r in user]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise RuleError(f"{source}: rule {sorted(dup)[0]!r} is defined more than once")
+    known = {r.name for r in base} | set(names)
+    for name in spec.disable:
+        if name not in known:
+            raise RuleError(f"{source}: disable: no rule named {name!r}")
+    for name in spec.actions:
+        if name not in known:
+            raise RuleError(f"{source}: actions: no rule named {name!r}")
+    overridden = set(names)
+    merged = [r for r in base if r.name not in overridden] + user
+    merged = [r.model_copy(update={"actions": tuple(dict.fromkeys(
+        (*r.actions, *spec.actions[r.name])))}) if r.name in spec.actions else r for r in merged]
+    return [r for r in merged if r.name not in set(spec.disable)]
+
+
+def unknown_metrics(rules: Iterable[Rule]) -> list[str]:
+    """Warnings for rules watching a metric the catalog does not define (a typo, or custom)."""
+    return [
+        f"rule {r.name!r}: metric {r.metric!r} is not in the catalog (a custom metric, or a typo?)"
+        for r in rules
+        if r.metric != ANY_METRIC and catalog.lookup(r.metric) is None
+    ]
+
+
+def load_rules(path: str | Path | None) -> list[Rule]:
+    """The default pack, or a rule file on top of it."""
+    if path is None:
+        return default_rules()
+    p = Path(path)
+    return parse_rules(p.read_text(encoding="utf-8"), source=str(p))
+
+
+def rules_to_yaml(rules: Iterable[Rule]) -> str:
+    """Rules as a YAML rule file (``include_defaults: false``), e.g. to start customising."""
+    items = []
+    for rule in rules:
+        item = rule.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+        item.setdefault("for", rule.for_steps)
+        items.append(item)
+    return yaml.safe_dump({"include_defaults": False, "rules": items}, sort_keys=False)

@@ -1,0 +1,188 @@
+"""The sanity layer from seed 000's checklist: values that look like training bugs but are not.
+
+- a DPO loss stuck at ln 2 (the model cannot tell chosen from rejected), and any loss stuck at
+  ln 3 (uniform over three classes);
+- grad_norm NaN under DeepSpeed 0.13.5-0.14.0: a known DeepSpeed bug, annotated so nobody pages
+  on it as a training failure;
+- a collapsing fp16 loss scale (repeated overflows);
+- a relayed key that is not comparable across runs (its framework reduction is lossy, e.g.
+  OpenRLHF ``policy_loss`` under uneven token counts).
+
+It also holds the loss normalization between DeepSpeed and non-DeepSpeed runs: DeepSpeed's
+``engine.backward`` divides the loss by gradient_accumulation_steps, so a DeepSpeed loss of 0.5
+at gas 4 is a plain loss of 2.0. Pure data and arithmetic; no framework import.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from rlmon.service.metrics import catalog, keymaps
+
+__all__ = ["Finding", "LossNormalization", "SanityChecker", "deepspeed_nan_bug", "relay_warnings"]
+
+LN2 = math.log(2.0)
+LN3 = math.log(3.0)
+DS_NAN_BUG = ((0, 13, 5), (0, 14, 0))
+
+
+class Kind(StrEnum):
+    DPO_LOSS_LN2 = "DPOLossAtLn2"
+    LOSS_LN3 = "LossAtLn3"
+    GRAD_NORM_NAN_KNOWN_BUG = "GradNormNaNKnownDeepSpeedBug"
+    LOSS_SCALE_COLLAPSE = "LossScaleCollapse"
+    NOT_COMPARABLE = "RelayedKeyNotComparable"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    kind: Kind
+    severity: str  # "warning" | "info"
+    metric: str
+    step: int | None
+    message: str
+    known_bug: bool = False
+
+
+def _version(text: str) -> tuple[int, int, int]:
+    parts = []
+    for piece in text.split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    while len(parts) < 3:
+        parts.append(0)
+    return (parts[0], parts[1], parts[2])
+
+
+def deepspeed_nan_bug(version: str | None) -> bool:
+    """Whether a DeepSpeed version has the NaN grad_norm bug (0.13.5 to 0.14.0 inclusive)."""
+    if not version:
+        return False
+    v = _version(version)
+    return DS_NAN_BUG[0] <= v <= DS_NAN_BUG[1]
+
+
+def relay_warnings(framework: str, keys: Iterable[str]) -> list[Finding]:
+    """One warning per logged key whose framework reduction makes it incomparable across runs."""
+    out = []
+    for key in keys:
+        row = keymaps.by_key(framework, key)
+        if row is not None and not row.comparable:
+            out.append(Finding(
+                Kind.NOT_COMPARABLE, "warning", keymaps.relay_name(framework, key), None,
+                f"{framework} {key!r} is relayed as {framework} reduced it ({row.reduction.value}) "
+                f"and is not comparable across runs: {row.note}",
+            ))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class LossNormalization:
+    """Run metadata: how this run's logged loss relates to a plain (non-DeepSpeed) loss."""
+
+    deepspeed: bool
+    gradient_accumulation_steps: int = 1
+    scaled_by_gas: bool = False
+    zero_stage: int | None = None
+    deepspeed_version: str | None = None
+
+    @property
+    def factor(self) -> float:
+        """Multiply a logged loss by this to get the comparable (non-DeepSpeed) loss."""
+        return float(self.gradient_accumulation_steps) if self.scaled_by_gas else 1.0
+
+    def comparable(self, loss: float) -> float:
+        return loss * self.factor
+
+    def as_metadata(self) -> dict[str, Any]:
+        return {
+            "deepspeed": self.deepspeed,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+            "loss_scaled_by_gas": self.scaled_by_gas,
+            "comparable_loss_factor": self.factor,
+            "zero_stage": self.zero_stage,
+            "deepspeed_version": self.deepspeed_version,
+            "deepspeed_nan_grad_norm_bug": deepspeed_nan_bug(self.deepspeed_version),
+        }
+
+
+@dataclass
+class SanityChecker:
+    """Feed it each step's values (``observe``); it returns the new findings of that step.
+
+    ``loss_keys`` are the names holding a loss (any form, relayed or canonical); ``dpo`` marks a
+    DPO run, where ln 2 is the chance level. A loss counts as stuck after ``stuck_steps``
+    consecutive steps within ``tol`` of the constant.
+    """
+
+    dpo: bool = False
+    deepspeed_version: str | None = None
+    loss_keys: tuple[str, ...] = (catalog.LOSS, keymaps.relay_name("trl", "loss"))
+    grad_norm_keys: tuple[str, ...] = (catalog.GRAD_NORM,)
+    loss_scale_key: str = catalog.LOSS_SCALE
+    stuck_steps: int = 5
+    tol: float = 2e-3
+    scale_drop: float = 2.0 ** 8  # a fall by this factor within the window is a collapse
+    scale_window: int = 10
+    _runs: dict[tuple[str, float], int] = field(default_factory=dict)
+    _scales: list[float] = field(default_factory=list)
+    _fired: set[tuple[Kind, str]] = field(default_factory=set)
+
+    def _stuck(self, key: str, const: float, value: float) -> bool:
+        run = self._runs.get((key, const), 0)
+        run = run + 1 if math.isfinite(value) and abs(value - const) <= self.tol else 0
+        self._runs[(key, const)] = run
+        return run >= self.stuck_steps
+
+    def _once(self, kind: Kind, metric: str, finding: Finding, out: list[Finding]) -> None:
+        if (kind, metric) not in self._fired:
+            self._fired.add((kind, metric))
+            out.append(finding)
+
+    def observe(self, step: int, values: Mapping[str, float]) -> list[Finding]:
+        out: list[Finding] = []
+        for key in self.loss_keys:
+            v = values.get(key)
+            if v is None:
+                continue
+            if self.dpo and self._stuck(key, LN2, v):
+                self._once(Kind.DPO_LOSS_LN2, key, Finding(
+                    Kind.DPO_LOSS_LN2, "warning", key, step,
+                    f"DPO loss stuck at ln 2 = {LN2:.4f} for {self.stuck_steps} steps: the model "
+                    "cannot tell chosen from rejected; check the learning rate, the data and the "
+                    "reference model"), out)
+            if self._stuck(key, LN3, v):
+                self._once(Kind.LOSS_LN3, key, Finding(
+                    Kind.LOSS_LN3, "warning", key, step,
+                    f"loss stuck at ln 3 = {LN3:.4f} for {self.stuck_steps} steps: the model "
+                    "predicts uniformly over three classes; check preprocessing and labels"), out)
+        for key in self.grad_norm_keys:
+            v = values.get(key)
+            if v is None:
+                continue
+            if v != v and deepspeed_nan_bug(self.deepspeed_version):
+                self._once(Kind.GRAD_NORM_NAN_KNOWN_BUG, key, Finding(
+                    Kind.GRAD_NORM_NAN_KNOWN_BUG, "info", key, step,
+                    f"grad_norm is NaN under DeepSpeed {self.deepspeed_version}: a known bug of "
+                    "0.13.5-0.14.0 (training may be fine); upgrade, or set gradient_clipping",
+                    known_bug=True), out)
+            elif v == v:
+                self._fired.discard((Kind.GRAD_NORM_NAN_KNOWN_BUG, key))
+        scale = values.get(self.loss_scale_key)
+        if scale is not None and math.isfinite(scale) and scale > 0:
+            self._scales.append(scale)
+            del self._scales[:-self.scale_window]
+            peak = max(self._scales)
+            fired = (Kind.LOSS_SCALE_COLLAPSE, self.loss_scale_key)
+            if peak / scale >= self.scale_drop or scale < 1.0:
+                self._once(Kind.LOSS_SCALE_COLLAPSE, self.loss_scale_key, Finding(
+                    Kind.LOSS_SCALE_COLLAPSE, "warning", self.loss_scale_key, step,
+                    f"fp16 loss scale fell from {peak:g} to {scale:g} within "
+                    f"{len(self._scales)} steps: repeated overflows"), out)
+            else:
+                self._fired.discard(fired)  # recovered: a later collapse is news again
+        return out

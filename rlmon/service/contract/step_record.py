@@ -1,0 +1,95 @@
+"""StepRecord: what one (run, role, step) finalizes to."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlmon.service.contract.rank import Rank
+from rlmon.service.contract.timeline import RankTimeline, Straggler
+from rlmon.service.metrics.ranked_forms import Sample
+
+__all__ = ["StepIdentity", "StepKey", "StepRecord", "json_number"]
+
+StepKey = tuple[str, str, int]  # (run, role, step)
+StepIdentity = tuple[str, str, int, int]  # (run, role, attempt, step): unique across reruns
+
+
+def json_number(value: float | None) -> float | None:
+    """JSON has no NaN or Infinity: non-finite values travel as null (see ``nonfinite``)."""
+    if value is None or not math.isfinite(value):
+        return None
+    return value
+
+
+def _nonfinite_name(value: float) -> str:
+    if value != value:
+        return "NaN"
+    return "Infinity" if value > 0 else "-Infinity"
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """The aggregated values of one step of one role of one run.
+
+    ``metrics`` holds every metric that was defined in the step (a mean over zero tokens is left
+    out: absent is not zero); NaN and Inf are kept as floats. ``attempt`` counts the restarts of
+    the (run, role): a new run under an existing name starts attempt 1, 2, ... (0 is the first).
+    ``timelines`` are the ranks' step timelines (not part of the replay line; the history store
+    keeps them apart), ``timelines_cut`` the spans and timelines that did not fit their bounds,
+    ``straggler`` the slowest rank and the span behind it. ``samples`` holds, per ranked metric
+    (the ``top``/``bottom`` forms), its best items, best first (not part of the replay line
+    either: payloads are user text, kept by the history store within its bounds).
+    """
+
+    run: str
+    role: str
+    step: int
+    complete: bool
+    ranks_expected: int
+    ranks_reporting: int
+    missing_ranks: tuple[Rank, ...]
+    metrics: Mapping[str, float]
+    replica_mismatches: tuple[str, ...] = ()
+    first_seen: float | None = None
+    finalized_at: float | None = None
+    time: float | None = field(default=None)
+    attempt: int = 0
+    timelines: tuple[RankTimeline, ...] = ()
+    timelines_cut: int = 0
+    straggler: Straggler | None = None
+    samples: Mapping[str, tuple[Sample, ...]] = field(default_factory=dict)
+
+    @property
+    def key(self) -> StepKey:
+        return (self.run, self.role, self.step)
+
+    @property
+    def identity(self) -> StepIdentity:
+        return (self.run, self.role, self.attempt, self.step)
+
+    def to_json(self) -> dict[str, Any]:
+        """The replay line of DESIGN.md; ``nonfinite`` is added only when some value is NaN/Inf."""
+        line: dict[str, Any] = {
+            "type": "step",
+            "run": self.run,
+            "role": self.role,
+            "step": self.step,
+            "complete": self.complete,
+            "ranks_expected": self.ranks_expected,
+            "ranks_reporting": self.ranks_reporting,
+            "missing_ranks": [rank.as_dict() for rank in self.missing_ranks],
+            "metrics": {name: json_number(v) for name, v in self.metrics.items()},
+        }
+        if len(self.missing_ranks) < self.ranks_expected - self.ranks_reporting:
+            line["missing_ranks_truncated"] = True
+        nonfinite = {n: _nonfinite_name(v) for n, v in self.metrics.items() if not math.isfinite(v)}
+        if nonfinite:
+            line["nonfinite"] = nonfinite
+        if self.replica_mismatches:
+            line["replica_mismatches"] = list(self.replica_mismatches)
+        if self.attempt:
+            line["attempt"] = self.attempt
+        return line

@@ -1,0 +1,3 @@
+"""Export: the Prometheus exporter and its HTTP server, generated Prometheus rules, OTLP spans,
+Perfetto traces.
+"""

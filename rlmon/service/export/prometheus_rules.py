@@ -1,0 +1,239 @@
+"""Prometheus alerting rules generated from the same rule pack the engine evaluates.
+
+Prometheus evaluates on wall-clock time, rlmon on steps, so the translation is approximate and the
+file says so where it matters. rlmon fires at the Nth consecutive bad step, (N-1) step periods
+after the first one (t0 + (N-1)P), so "for N steps" becomes ``for: (N-1) x step period`` (none for
+N = 1); resolving at the Nth good step becomes ``keep_firing_for: (N-1) x step period``.
+Structural rules read the exporter's per-step counts (``rlmon_nonfinite_metrics`` ...) so both
+paths agree on what counts as bad. Early-warning (baseline) rules are left out, and the file says
+why: each keeps a per-run trailing window and a CUSUM score across steps, which a PromQL
+expression over wall-clock ranges cannot reproduce step for step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import yaml
+
+from rlmon.service.alerting.rules import Condition, Rule, default_rules
+from rlmon.service.export import series
+from rlmon.service.generated import Artifact
+from rlmon.service.metrics import catalog
+
+__all__ = [
+    "DEFAULT_STEP_PERIOD",
+    "PROMETHEUSRULE_PATH",
+    "PROMETHEUS_RULES_PATH",
+    "PromRule",
+    "artifacts",
+    "duration",
+    "render",
+    "translate",
+]
+
+DEFAULT_STEP_PERIOD = 60.0
+# kube-prometheus-stack's Prometheus selects PrometheusRules labelled `release: <its release>`
+DEFAULT_RELEASE = "kube-prometheus-stack"
+DEFAULT_EVAL_INTERVAL = "30s"
+PROMETHEUS_RULES_PATH = "dashboards/prometheus-rules.yaml"
+PROMETHEUSRULE_PATH = "dashboards/prometheusrule.yaml"
+GROUP = "rlmon"
+
+_STRUCTURAL = {
+    Condition.NON_FINITE: (series.NONFINITE_METRICS.name + " > 0",
+                           "the exporter counts NaN/Inf values of the latest step per (run, role)"),
+    Condition.OUT_OF_DOMAIN: (series.OUT_OF_DOMAIN_METRICS.name + " > 0",
+                              "the exporter counts values outside the catalog's domains"),
+    Condition.RANK_MISSING: (series.STEP_COMPLETE.name + " == 0", ""),
+    Condition.REPLICA_MISMATCH: (series.REPLICA_MISMATCHES.name + " > 0", ""),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PromRule:
+    """One translated alerting rule and the caveats to print above it."""
+
+    alert: str
+    expr: str
+    for_: str | None
+    keep_firing_for: str | None
+    severity: str
+    summary: str
+    description: str
+    notes: tuple[str, ...]
+
+
+def duration(seconds: float) -> str:
+    """A Prometheus duration (``90s`` -> ``1m30s``), rounded up to whole seconds."""
+    total = max(0, math.ceil(seconds))
+    if total == 0:
+        return "0s"
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    return "".join(f"{v}{u}" for v, u in ((hours, "h"), (minutes, "m"), (secs, "s")) if v)
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _num(value: float | None) -> str:
+    assert value is not None
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
+def _expr(rule: Rule) -> tuple[str, list[str]] | None:
+    notes: list[str] = []
+    if rule.condition in _STRUCTURAL:
+        expr, note = _STRUCTURAL[rule.condition]
+        if rule.metric != "*" and rule.condition in (Condition.NON_FINITE, Condition.OUT_OF_DOMAIN):
+            return None  # per-metric structural rules have no per-metric exporter count
+        return expr, [note] if note else []
+    spec = catalog.lookup(rule.metric)
+    if spec is None:
+        return None  # a user metric has no dedicated family; it lives in rlmon_custom_metric
+    name = spec.prometheus_name
+    if rule.condition is Condition.THRESHOLD:
+        if rule.op == "abs<":
+            expr = f"abs({name}) < {_num(rule.threshold)}"
+        else:
+            expr = f"{name} {rule.op} {_num(rule.threshold)}"
+    elif rule.condition is Condition.OUTSIDE:
+        expr = f"{name} < {_num(rule.low)} or {name} > {_num(rule.high)}"
+    else:
+        # stuck/trend/baseline need per-step history (baseline: also a CUSUM score), which
+        # PromQL ranges only approximate
+        return None
+    return expr, notes
+
+
+def translate(rules: Sequence[Rule], step_period: float) -> tuple[list[PromRule], list[str]]:
+    """Translate what PromQL can express; also returns the names of the rules left out."""
+    out: list[PromRule] = []
+    skipped: list[str] = []
+    for rule in rules:
+        built = _expr(rule)
+        if built is None:
+            skipped.append(rule.name)
+            continue
+        expr, notes = built
+        for_ = keep = None
+        if rule.for_steps > 1:
+            for_ = duration((rule.for_steps - 1) * step_period)
+            notes.insert(0, f"rlmon fires at the {_ordinal(rule.for_steps)} bad step, {for_} after the "
+                         f"first at {step_period:g}s per step (Prometheus counts time, rlmon "
+                         "counts steps)")
+        if rule.resolve_steps > 1:
+            keep = duration((rule.resolve_steps - 1) * step_period)
+            notes.insert(1 if for_ else 0, f"rlmon resolves at the {_ordinal(rule.resolve_steps)} good "
+                         f"step; keep_firing_for: {keep} approximates that")
+        spec = catalog.lookup(rule.metric)
+        check = spec.what_to_check if spec is not None else ""
+        description = "{{ $labels.run }}/{{ $labels.role }}: " + rule.describe()
+        if rule.condition in (Condition.THRESHOLD, Condition.OUTSIDE):
+            description += " (value {{ $value }})"
+        if check:
+            description += ". What to check: " + check
+        out.append(PromRule(rule.name, expr, for_, keep, rule.severity.value,
+                            rule.summary or rule.describe(), description, tuple(notes)))
+    return out, skipped
+
+
+def _rule_dict(rule: PromRule) -> dict[str, object]:
+    item: dict[str, object] = {"alert": rule.alert, "expr": rule.expr}
+    if rule.for_:
+        item["for"] = rule.for_
+    if rule.keep_firing_for:
+        item["keep_firing_for"] = rule.keep_firing_for
+    item["labels"] = {"severity": rule.severity, "source": "rlmon"}
+    item["annotations"] = {"summary": rule.summary, "description": rule.description}
+    return item
+
+
+def _dump(obj: object, indent: int) -> list[str]:
+    text = yaml.safe_dump(obj, sort_keys=False, width=4096, allow_unicode=True)
+    pad = " " * indent
+    return [pad + line for line in text.rstrip("\n").split("\n")]
+
+
+def render(
+    rules: Sequence[Rule] | None = None, *, step_period: float = DEFAULT_STEP_PERIOD,
+    fmt: str = "prometheus", interval: str = DEFAULT_EVAL_INTERVAL,
+    release: str = DEFAULT_RELEASE,
+) -> str:
+    """A Prometheus rule file (``prometheus``) or a prometheus-operator PrometheusRule, the
+    latter labelled ``release: <release>`` (none when empty)."""
+    rules = default_rules() if rules is None else rules
+    translated, skipped = translate(rules, step_period)
+    head = [
+        "# Generated by `rlmon rules export` from rlmon's rule pack; do not edit.",
+        f"# Step period assumed: {step_period:g}s (prometheus_rules.step_period_seconds).",
+        "# Prometheus evaluates wall-clock time while rlmon counts steps, so `for:` is approximate.",
+        "# rlmon fires at the Nth consecutive bad step, (N-1) periods after the first, so",
+        "# `for: (N-1) x period` (no `for:` when N = 1); resolving at the Nth good step likewise",
+        "# becomes `keep_firing_for: (N-1) x period`.",
+        "# A stalled run keeps its last values until the exporter's TTL drops its series.",
+        "# A NaN value compares false in every threshold; NonFiniteMetric covers it.",
+    ]
+    if fmt == "prometheusrule":
+        head.append(
+            f"# Labelled release: {release} (kube-prometheus-stack selects rules by its release "
+            "name; `rlmon rules export --release NAME`)." if release else
+            "# No release label (`--release ''`): set ruleSelectorNilUsesHelmValues: false in "
+            "kube-prometheus-stack, or Prometheus will not load it.")
+    early = {r.name for r in rules if r.condition is Condition.BASELINE}
+    straggler = [r.name for r in rules if r.condition is Condition.STRAGGLER_RANK]
+    other = [name for name in skipped if name not in early and name not in straggler]
+    if other:
+        head.append("# Not expressible in PromQL (evaluated by rlmon only): " + ", ".join(other))
+    if straggler:
+        head += [
+            "# Evaluated by rlmon only: " + ", ".join(straggler) + " (which rank is slowest, and",
+            "# whether it is the same rank step after step, comes from the ranks' timelines,",
+            "# which are not exported)",
+        ]
+    if early:
+        head += [
+            "# Early-warning rules, evaluated by rlmon only (its engine and `rlmon replay`): each",
+            "# compares every step with its run's own trailing baseline and keeps a CUSUM score",
+            "# across steps; PromQL has no per-run step state to reproduce that, so they are left",
+            "# out rather than approximated: " + ", ".join(n for n in skipped if n in early),
+        ]
+    if fmt == "prometheus":
+        lines = [*head, "groups:", f"  - name: {GROUP}", f"    interval: {interval}", "    rules:"]
+        indent = 6
+    elif fmt == "prometheusrule":
+        lines = [
+            *head,
+            "apiVersion: monitoring.coreos.com/v1",
+            "kind: PrometheusRule",
+            "metadata:",
+            "  name: rlmon",
+            "  labels:",
+            "    app.kubernetes.io/name: rlmon",
+            *([f"    release: {yaml.safe_dump(release).splitlines()[0]}"] if release else []),
+            "spec:",
+            "  groups:",
+            f"    - name: {GROUP}",
+            f"      interval: {interval}",
+            "      rules:",
+        ]
+        indent = 8
+    else:
+        raise ValueError(f"unknown format {fmt!r} (prometheus or prometheusrule)")
+    for rule in translated:
+        lines += [" " * indent + "# " + note for note in rule.notes]
+        body = _dump([_rule_dict(rule)], indent)
+        lines += body
+    return "\n".join(lines) + "\n"
+
+
+def artifacts() -> list[Artifact]:
+    return [
+        Artifact(PROMETHEUS_RULES_PATH, lambda: render(fmt="prometheus")),
+        Artifact(PROMETHEUSRULE_PATH, lambda: render(fmt="prometheusrule")),
+    ]

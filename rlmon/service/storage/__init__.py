@@ -1,0 +1,1 @@
+"""Storage: the embedded SQLite history of finalized steps, alerts and worst samples."""

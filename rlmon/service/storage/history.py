@@ -1,0 +1,524 @@
+"""The history store: every finalized step and alert event in embedded SQLite.
+
+It backs replays, reports and plots after (or during) a run; the live exporter keeps only the
+latest step per (run, role), so memory stays bounded by open steps while history goes to disk.
+Writing a step twice (a redelivery after an aggregator restart) keeps one row. The alert engine's
+state per (run, role, alert) is saved with the steps that produced it (one transaction), so a
+restarted service resumes every state machine exactly where it stopped (an early-warning rule's
+trailing window and CUSUM score included).
+
+The notifications a step's transitions owe are committed in that same transaction (``outbound``)
+and leave only once the outbox holds them (:meth:`HistoryStore.handed_over`): a crash between the
+two stores, and the restarted service hands them over again (the outbox ignores a key it has), so
+a transition is never stored without its notification.
+
+Retention (:meth:`HistoryStore.prune`) keeps the newest steps of each (run, role) and drops runs
+quiet for longer than a given age, whole; freed pages are reused, so the file stops growing.
+
+The ranks' step timelines (:mod:`rlmon.service.contract.timeline`) are kept beside their steps, one row
+per step, for ``rlmon trace``; retention keeps fewer of them (they are larger than a step's line).
+So are a step's worst samples (:mod:`rlmon.service.storage.stored_samples`), one row per sample metric, for
+``rlmon samples``: bounded by their form's k and the caller's payload budget, and by retention.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import threading
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rlmon.service.alerting.engine import AlertEvent, AlertState
+from rlmon.service.contract.step_record import StepRecord
+from rlmon.service.contract.stop_decision import StopDecision
+from rlmon.service.contract.timeline import RankTimeline
+from rlmon.service.metrics.ranked_forms import Sample
+from rlmon.service.storage.sqlite_db import open_database
+from rlmon.service.storage.stored_samples import (
+    StepSamples,
+    bound_payloads,
+    items_from_json,
+    items_to_json,
+)
+
+__all__ = ["HistoryStore", "Pruned", "StepTimelines"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS steps (
+    run TEXT NOT NULL, role TEXT NOT NULL, step INTEGER NOT NULL, complete INTEGER NOT NULL,
+    ranks_expected INTEGER NOT NULL, ranks_reporting INTEGER NOT NULL, finalized_at REAL,
+    line TEXT NOT NULL, attempt INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (run, role, attempt, step));
+CREATE TABLE IF NOT EXISTS alerts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, run TEXT NOT NULL, role TEXT NOT NULL,
+    step INTEGER NOT NULL, alert TEXT NOT NULL, severity TEXT NOT NULL, state TEXT NOT NULL,
+    metric TEXT NOT NULL, value REAL, attempt INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (run, role, attempt, step, alert, state));
+CREATE TABLE IF NOT EXISTS alert_state (
+    run TEXT NOT NULL, role TEXT NOT NULL, alert TEXT NOT NULL, true_steps INTEGER NOT NULL,
+    false_steps INTEGER NOT NULL, firing INTEGER NOT NULL, since_step INTEGER,
+    history TEXT NOT NULL, metric TEXT NOT NULL DEFAULT '', score REAL NOT NULL DEFAULT 0,
+    PRIMARY KEY (run, role, alert));
+CREATE TABLE IF NOT EXISTS stream_state (
+    run TEXT NOT NULL, role TEXT NOT NULL, last_step INTEGER NOT NULL, PRIMARY KEY (run, role));
+CREATE TABLE IF NOT EXISTS outbound (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, finalized_at REAL, events TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS timelines (
+    run TEXT NOT NULL, role TEXT NOT NULL, attempt INTEGER NOT NULL, step INTEGER NOT NULL,
+    data TEXT NOT NULL, PRIMARY KEY (run, role, attempt, step));
+CREATE TABLE IF NOT EXISTS samples (
+    run TEXT NOT NULL, role TEXT NOT NULL, attempt INTEGER NOT NULL, step INTEGER NOT NULL,
+    metric TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (run, role, attempt, step, metric));
+CREATE TABLE IF NOT EXISTS stops (
+    run TEXT NOT NULL PRIMARY KEY, decision TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS steps_run_time ON steps (run, finalized_at);
+CREATE INDEX IF NOT EXISTS alerts_stream ON alerts (run, role, attempt, step);
+"""
+
+Outbound = tuple[float | None, Sequence[AlertEvent]]  # (the step's finalization, its transitions)
+
+
+@dataclass(frozen=True, slots=True)
+class Pruned:
+    """What one retention pass removed."""
+
+    steps: int = 0
+    alerts: int = 0
+    runs: tuple[str, ...] = ()
+    timelines: int = 0
+    samples: int = 0  # (step, sample metric) rows
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimelines:
+    """The stored timelines of one step: every rank's, and how many spans or ranks were cut."""
+
+    run: str
+    role: str
+    attempt: int
+    step: int
+    ranks: tuple[RankTimeline, ...]
+    cut: int = 0
+
+
+def _stream_filter(run: str | None, role: str | None) -> tuple[str, list[str]]:
+    if run is None:
+        return "", []
+    if role is None:
+        return " WHERE run = ?", [run]
+    return " WHERE run = ? AND role = ?", [run, role]
+
+
+def _metrics(line: dict[str, Any]) -> dict[str, float]:
+    values = {k: float(v) for k, v in line["metrics"].items() if v is not None}
+    for name, text in line.get("nonfinite", {}).items():
+        values[name] = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[text]
+    return values
+
+
+def _add_attempts(db: sqlite3.Connection) -> None:
+    """Rebuild a store written before runs had attempts: its rows become attempt 0."""
+    for table in ("steps", "alerts"):
+        columns = [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
+        if "attempt" in columns:
+            continue
+        create = _SCHEMA.split("CREATE TABLE IF NOT EXISTS ")[1 if table == "steps" else 2]
+        kept = ", ".join(c for c in columns)
+        db.execute("BEGIN")
+        db.execute(f"ALTER TABLE {table} RENAME TO {table}_old")
+        db.execute("CREATE TABLE " + create.strip().rstrip(";"))
+        db.execute(f"INSERT INTO {table} ({kept}) SELECT {kept} FROM {table}_old")
+        db.execute(f"DROP TABLE {table}_old")
+        db.execute("COMMIT")
+
+
+def _add_score(db: sqlite3.Connection) -> None:
+    """A store written before early-warning rules lacks their CUSUM score: it starts at 0."""
+    columns = [row[1] for row in db.execute("PRAGMA table_info(alert_state)")]
+    if "score" not in columns:
+        db.execute("ALTER TABLE alert_state ADD COLUMN score REAL NOT NULL DEFAULT 0")
+
+
+class HistoryStore:
+    """Append-only store of step lines (the replay contract's JSON) and alert transitions."""
+
+    def __init__(self, path: str | Path = ":memory:", *, sample_payload_bytes: int = 32_768,
+                 ) -> None:
+        """``sample_payload_bytes``: payload text kept per sample metric and step (the rest is
+        cut, counted in ``sample_payloads_cut``)."""
+        self.sample_payload_bytes = sample_payload_bytes
+        self.sample_payloads_cut = 0
+        self._db = open_database(path, _SCHEMA)
+        self._lock = threading.Lock()
+        self.closed = False
+        _add_attempts(self._db)
+        _add_score(self._db)
+
+    def add(
+        self, records: Sequence[StepRecord], events: Iterable[AlertEvent] = (),
+        *, states: Mapping[tuple[str, str, str], AlertState] | None = None,
+        last_steps: Mapping[tuple[str, str], int] | None = None,
+        outbound: Sequence[Outbound] = (),
+        stops: Sequence[StopDecision] = (),
+    ) -> int:
+        """Store steps, alert events, the engine state after them, the notifications they owe
+        (``outbound``) and the stop decisions they took or renewed, in one transaction; returns
+        how many steps were new (not redeliveries)."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            before = self._db.total_changes
+            self._db.executemany(
+                "INSERT OR IGNORE INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (r.run, r.role, r.step, int(r.complete), r.ranks_expected, r.ranks_reporting,
+                     r.finalized_at, json.dumps(r.to_json(), allow_nan=False), r.attempt)
+                    for r in records
+                ],
+            )
+            new = self._db.total_changes - before
+            self._db.executemany(
+                "INSERT OR IGNORE INTO timelines VALUES (?, ?, ?, ?, ?)",
+                [
+                    (r.run, r.role, r.attempt, r.step, json.dumps(
+                        {"cut": r.timelines_cut, "ranks": [t.to_json() for t in r.timelines]},
+                        allow_nan=False, separators=(",", ":")))
+                    for r in records if r.timelines or r.timelines_cut
+                ],
+            )
+            self._db.executemany(
+                "INSERT OR IGNORE INTO samples VALUES (?, ?, ?, ?, ?, ?)",
+                [(r.run, r.role, r.attempt, r.step, metric, self._samples_row(items))
+                 for r in records for metric, items in r.samples.items()],
+            )
+            self._db.executemany(
+                "INSERT OR IGNORE INTO alerts (run, role, step, alert, severity, state, metric, "
+                "value, attempt) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (e.run, e.role, e.step, e.alert, e.severity, e.state, e.metric,
+                     e.value if e.value is not None and math.isfinite(e.value) else None,
+                     e.attempt)
+                    for e in events
+                ],
+            )
+            self._db.executemany(
+                "INSERT OR REPLACE INTO alert_state (run, role, alert, true_steps, false_steps, "
+                "firing, since_step, history, metric, score) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (run, role, alert, st.true_steps, st.false_steps, int(st.firing),
+                     st.since_step, json.dumps([float(v) for v in st.history]),
+                     str(getattr(st, "metric", "")), float(st.score))
+                    for (run, role, alert), st in (states or {}).items()
+                ],
+            )
+            self._db.executemany(
+                "INSERT OR REPLACE INTO stream_state VALUES (?, ?, ?)",
+                [(run, role, step) for (run, role), step in (last_steps or {}).items()],
+            )
+            self._db.executemany(
+                "INSERT INTO outbound (finalized_at, events) VALUES (?, ?)",
+                [(at, json.dumps([asdict(e) for e in batch])) for at, batch in outbound if batch],
+            )
+            self._db.executemany(
+                "INSERT OR REPLACE INTO stops VALUES (?, ?)",
+                [(d.run, json.dumps(d.to_json(), allow_nan=False)) for d in stops],
+            )
+            self._db.execute("COMMIT")
+        return new
+
+    def _samples_row(self, items: Sequence[Sample]) -> str:
+        kept, cut = bound_payloads(items, self.sample_payload_bytes)
+        self.sample_payloads_cut += cut
+        return json.dumps({"items": items_to_json(kept), "cut": cut}, allow_nan=False,
+                          separators=(",", ":"))
+
+    def outbound(self) -> list[tuple[int, float | None, list[AlertEvent]]]:
+        """(id, finalized_at, transitions) of the notifications not yet handed to the outbox."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, finalized_at, events FROM outbound ORDER BY id").fetchall()
+        return [(int(i), at, [AlertEvent(**e) for e in json.loads(text)]) for i, at, text in rows]
+
+    def handed_over(self, ids: Iterable[int]) -> None:
+        """The outbox holds these notifications now."""
+        with self._lock:
+            self._db.executemany("DELETE FROM outbound WHERE id = ?", [(i,) for i in ids])
+
+    def alert_states(
+        self, run: str | None = None, role: str | None = None,
+    ) -> dict[tuple[str, str, str], AlertState]:
+        """The saved alert state machines (see :class:`~rlmon.service.alerting.engine.AlertEngine`), of
+        every stream or of one run or (run, role)."""
+        where, args = _stream_filter(run, role)
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT run, role, alert, true_steps, false_steps, firing, since_step, history, "
+                "metric, score FROM alert_state" + where, args).fetchall()
+        out = {}
+        for run, role, alert, t, f, firing, since, hist, metric, score in rows:
+            state = AlertState(true_steps=int(t), false_steps=int(f), firing=bool(firing),
+                               since_step=since,
+                               history=deque(float(v) for v in json.loads(hist)),
+                               score=float(score))
+            if hasattr(state, "metric"):
+                state.metric = metric
+            out[(run, role, alert)] = state
+        return out
+
+    def last_steps(self, run: str | None = None, role: str | None = None,
+                   ) -> dict[tuple[str, str], int]:
+        """The last evaluated step of every (run, role) (or of one run or stream)."""
+        where, args = _stream_filter(run, role)
+        with self._lock:
+            rows = self._db.execute("SELECT run, role, last_step FROM stream_state" + where,
+                                    args).fetchall()
+        return {(run, role): int(step) for run, role, step in rows}
+
+    def latest_attempts(self, run: str | None = None, role: str | None = None,
+                        ) -> dict[tuple[str, str], int]:
+        """The latest attempt (rerun) stored for every (run, role) that has one."""
+        where, args = _stream_filter(run, role)
+        with self._lock:
+            rows = self._db.execute("SELECT run, role, MAX(attempt) FROM steps" + where
+                                    + " GROUP BY run, role HAVING MAX(attempt) > 0",
+                                    args).fetchall()
+        return {(run, role): int(attempt) for run, role, attempt in rows}
+
+    def has_step(self, run: str, role: str, step: int, attempt: int = 0) -> bool:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT 1 FROM steps WHERE run = ? AND role = ? AND attempt = ? AND step = ?",
+                (run, role, attempt, step),
+            ).fetchone()
+        return row is not None
+
+    def runs(self) -> list[str]:
+        """The runs the store holds steps of, the latest to finalize a step first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT run FROM steps GROUP BY run ORDER BY MAX(finalized_at) DESC").fetchall()
+        return [run for (run,) in rows]
+
+    def steps(self, run: str | None = None, role: str | None = None) -> list[dict[str, Any]]:
+        """Step lines (DESIGN.md replay format) in (run, role, step) order."""
+        query, args = "SELECT line FROM steps", []
+        clauses = []
+        if run is not None:
+            clauses.append("run = ?")
+            args.append(run)
+        if role is not None:
+            clauses.append("role = ?")
+            args.append(role)
+        if clauses:
+            query += " WHERE " + " AND ".join(clauses)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY run, role, attempt, step", args).fetchall()
+        return [json.loads(line) for (line,) in rows]
+
+    def series(self, run: str, role: str, metric: str) -> list[tuple[int, float]]:
+        """(step, value) of one metric over a run, for plots."""
+        out = []
+        for line in self.steps(run, role):
+            value = _metrics(line).get(metric)
+            if value is not None:
+                out.append((int(line["step"]), value))
+        return out
+
+    def timelines(self, run: str, role: str | None = None, first: int = 0,
+                  last: int | None = None) -> list[StepTimelines]:
+        """The stored timelines of a run's steps ``first..last`` (of one role, or every role),
+        of each role's latest attempt, in (role, step) order."""
+        query = ("SELECT role, attempt, step, data FROM timelines t WHERE run = ? AND step >= ? "
+                 "AND attempt = (SELECT MAX(attempt) FROM timelines u WHERE u.run = t.run "
+                 "AND u.role = t.role)")
+        args: list[Any] = [run, first]
+        if last is not None:
+            query += " AND step <= ?"
+            args.append(last)
+        if role is not None:
+            query += " AND role = ?"
+            args.append(role)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY role, step", args).fetchall()
+        out = []
+        for role_, attempt, step, text in rows:
+            data = json.loads(text)
+            out.append(StepTimelines(run, role_, int(attempt), int(step), tuple(
+                RankTimeline.from_json(t) for t in data["ranks"]), int(data["cut"])))
+        return out
+
+    def samples(self, run: str, role: str | None = None, step: int | None = None,
+                metric: str | None = None) -> list[StepSamples]:
+        """The stored samples of a run's latest attempt per role, at ``step`` (default: each
+        role's latest step that has samples), of one metric or all, in (role, metric) order."""
+        latest = ("attempt = (SELECT MAX(attempt) FROM samples u WHERE u.run = t.run AND "
+                  "u.role = t.role)")
+        at = "step = ?" if step is not None else (
+            "step = (SELECT MAX(step) FROM samples v WHERE v.run = t.run AND v.role = t.role "
+            "AND v.attempt = t.attempt" + (" AND v.metric = t.metric" if metric else "") + ")")
+        query = f"SELECT role, attempt, step, metric, data FROM samples t WHERE run = ? AND " \
+                f"{latest} AND {at}"
+        args: list[Any] = [run] + ([step] if step is not None else [])
+        if role is not None:
+            query += " AND role = ?"
+            args.append(role)
+        if metric is not None:
+            query += " AND metric = ?"
+            args.append(metric)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY role, metric", args).fetchall()
+        out = []
+        for role_, attempt, step_, name, text in rows:
+            data = json.loads(text)
+            out.append(StepSamples(run, role_, int(attempt), int(step_), name,
+                                   items_from_json(data["items"]), int(data.get("cut", 0))))
+        return out
+
+    def alerts(self, run: str | None = None) -> list[dict[str, Any]]:
+        query = "SELECT run, role, step, alert, severity, state, metric, value FROM alerts"
+        args: list[Any] = []
+        if run is not None:
+            query += " WHERE run = ?"
+            args.append(run)
+        keys = ("run", "role", "step", "alert", "severity", "state", "metric", "value")
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY id", args).fetchall()
+        return [{"type": "alert", **dict(zip(keys, row, strict=True))} for row in rows]
+
+    def stops(self, run: str | None = None, limit: int | None = None) -> list[StopDecision]:
+        """The stop decisions (of every run, or of one), the most recently taken first."""
+        where, args = _stream_filter(run, None)
+        query = "SELECT decision FROM stops" + where
+        with self._lock:
+            rows = self._db.execute(query, args).fetchall()
+        found = sorted((StopDecision.from_json(json.loads(text)) for (text,) in rows),
+                       key=lambda d: d.at, reverse=True)
+        return found[:limit] if limit is not None else found
+
+    def firing_alerts(self, run: str | None = None) -> list[dict[str, Any]]:
+        """The alerts firing now, each with the transition that made it fire (step, value, the
+        step's finalization time), in (run, role, alert) order."""
+        where = " AND s.run = ?" if run is not None else ""
+        query = (
+            "SELECT s.run, s.role, s.alert, s.since_step, a.severity, a.metric, a.value, "
+            "a.attempt, t.finalized_at FROM alert_state s "
+            "LEFT JOIN alerts a ON a.id = (SELECT MAX(id) FROM alerts b WHERE b.run = s.run "
+            "AND b.role = s.role AND b.alert = s.alert AND b.state = 'firing') "
+            "LEFT JOIN steps t ON t.run = a.run AND t.role = a.role AND t.attempt = a.attempt "
+            "AND t.step = a.step WHERE s.firing = 1" + where + " ORDER BY s.run, s.role, s.alert")
+        with self._lock:
+            rows = self._db.execute(query, [run] if run is not None else []).fetchall()
+        keys = ("run", "role", "alert", "step", "severity", "metric", "value", "attempt", "time")
+        return [{"type": "alert", **dict(zip(keys, row, strict=True)), "state": "firing"}
+                for row in rows]
+
+    def recent_alerts(self, run: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+        """The latest ``limit`` alert transitions (firing and resolved), newest first, each with
+        its step's finalization time."""
+        where = " WHERE a.run = ?" if run is not None else ""
+        query = (
+            "SELECT a.run, a.role, a.step, a.alert, a.severity, a.state, a.metric, a.value, "
+            "a.attempt, t.finalized_at FROM alerts a LEFT JOIN steps t ON t.run = a.run AND "
+            "t.role = a.role AND t.attempt = a.attempt AND t.step = a.step" + where
+            + " ORDER BY a.id DESC LIMIT ?")
+        with self._lock:
+            rows = self._db.execute(query, [*([run] if run is not None else []), limit]).fetchall()
+        keys = ("run", "role", "step", "alert", "severity", "state", "metric", "value",
+                "attempt", "time")
+        return [{"type": "alert", **dict(zip(keys, row, strict=True))} for row in rows]
+
+    def prune(self, keep_steps: int, quiet_before: float | None = None,
+              keep_timelines: int | None = None, keep_samples: int | None = None) -> Pruned:
+        """Keep the newest ``keep_steps`` steps (and their alerts) of each (run, role), and the
+        timelines of its newest ``keep_timelines`` steps (default: as many); drop every run whose
+        last step was finalized before ``quiet_before`` (unix seconds), whole."""
+        keep_timelines = keep_steps if keep_timelines is None else min(keep_timelines, keep_steps)
+        keep_samples = keep_steps if keep_samples is None else min(keep_samples, keep_steps)
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                runs: list[str] = []
+                if quiet_before is not None:
+                    runs = [r for (r,) in self._db.execute(
+                        "SELECT run FROM steps GROUP BY run HAVING MAX(finalized_at) < ?",
+                        (quiet_before,))]
+                steps = alerts = timelines = samples = 0
+                for run in runs:
+                    steps += self._db.execute("DELETE FROM steps WHERE run = ?", (run,)).rowcount
+                    alerts += self._db.execute("DELETE FROM alerts WHERE run = ?",
+                                               (run,)).rowcount
+                    timelines += self._db.execute("DELETE FROM timelines WHERE run = ?",
+                                                  (run,)).rowcount
+                    samples += self._db.execute("DELETE FROM samples WHERE run = ?",
+                                                (run,)).rowcount
+                    self._db.execute("DELETE FROM alert_state WHERE run = ?", (run,))
+                    self._db.execute("DELETE FROM stream_state WHERE run = ?", (run,))
+                    self._db.execute("DELETE FROM stops WHERE run = ?", (run,))
+                crowded = self._db.execute(
+                    "SELECT run, role FROM steps GROUP BY run, role HAVING COUNT(*) > ?",
+                    (keep_steps,)).fetchall()
+                for run, role in crowded:
+                    # the newest step that goes: it and everything older leave
+                    attempt, step = self._db.execute(
+                        "SELECT attempt, step FROM steps WHERE run = ? AND role = ? "
+                        "ORDER BY attempt DESC, step DESC LIMIT 1 OFFSET ?",
+                        (run, role, keep_steps)).fetchone()
+                    older = ("run = ? AND role = ? AND (attempt < ? OR (attempt = ? AND "
+                             "step <= ?))")
+                    args = (run, role, attempt, attempt, step)
+                    steps += self._db.execute(f"DELETE FROM steps WHERE {older}", args).rowcount
+                    alerts += self._db.execute(f"DELETE FROM alerts WHERE {older}",
+                                               args).rowcount
+                crowded = self._db.execute(
+                    "SELECT run, role FROM timelines GROUP BY run, role HAVING COUNT(*) > ?",
+                    (keep_timelines,)).fetchall()
+                for run, role in crowded:
+                    attempt, step = self._db.execute(
+                        "SELECT attempt, step FROM timelines WHERE run = ? AND role = ? "
+                        "ORDER BY attempt DESC, step DESC LIMIT 1 OFFSET ?",
+                        (run, role, keep_timelines)).fetchone()
+                    timelines += self._db.execute(
+                        "DELETE FROM timelines WHERE run = ? AND role = ? AND (attempt < ? OR "
+                        "(attempt = ? AND step <= ?))", (run, role, attempt, attempt, step),
+                    ).rowcount
+                samples += self._keep_newest_samples(keep_samples)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            # fold the write-ahead log into the file and cut it: the freed pages are reused
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return Pruned(steps, alerts, tuple(runs), timelines, samples)
+
+    def _keep_newest_samples(self, keep: int) -> int:
+        """Drop the samples of all but the newest ``keep`` steps of each (run, role)."""
+        removed = 0
+        crowded = self._db.execute(
+            "SELECT run, role FROM samples GROUP BY run, role HAVING COUNT(DISTINCT "
+            "attempt || ':' || step) > ?", (keep,)).fetchall()
+        for run, role in crowded:
+            attempt, step = self._db.execute(
+                "SELECT DISTINCT attempt, step FROM samples WHERE run = ? AND role = ? "
+                "ORDER BY attempt DESC, step DESC LIMIT 1 OFFSET ?", (run, role, keep)).fetchone()
+            removed += self._db.execute(
+                "DELETE FROM samples WHERE run = ? AND role = ? AND (attempt < ? OR "
+                "(attempt = ? AND step <= ?))", (run, role, attempt, attempt, step)).rowcount
+        return removed
+
+    def size_bytes(self) -> int:
+        """Bytes on disk (database and write-ahead log); 0 in memory."""
+        with self._lock:
+            name = self._db.execute("PRAGMA database_list").fetchone()[2]
+        if not name:
+            return 0
+        return sum(p.stat().st_size for p in (Path(name), Path(name + "-wal"))
+                   if p.exists())
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+            self.closed = True

@@ -1,0 +1,120 @@
+"""The `rlmon` command: replay's contract on stdout/stderr and exit codes, catalog, generate."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from rlmon.service.alerting.rules import default_rules
+from tests.support.paths import REPO
+
+ROOT = REPO
+EXAMPLE = ROOT / "rlmon" / "data" / "example_run.jsonl"
+
+
+def rlmon(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rlmon", *args], input=stdin, capture_output=True,
+                          text=True, cwd=ROOT, timeout=120, check=False)
+
+
+def test_replay_json_follows_the_contract(tmp_path: Path) -> None:
+    bad = tmp_path / "run.jsonl"
+    good = EXAMPLE.read_text().splitlines()[:40]
+    bad.write_text("\n".join([good[0], "{oops", *good[1:]]) + "\n")
+    out = rlmon("replay", str(bad), "--json")
+    assert out.returncode == 2
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert {line["type"] for line in lines} <= {"step", "alert"}
+    step = next(line for line in lines if line["type"] == "step")
+    assert set(step) >= {"run", "role", "step", "complete", "ranks_expected", "ranks_reporting",
+                         "missing_ranks", "metrics"}
+    errors = [json.loads(line) for line in out.stderr.splitlines()]
+    assert errors[0] == {"type": "error", "line": 2, "error": errors[0]["error"]}
+    assert "malformed JSON" in errors[0]["error"]
+
+
+def test_demo_replays_the_bundled_run_and_shows_the_stale_rollout() -> None:
+    """The bundled run is the demo's default fault (stale rollout weights from step 3): the
+    trainer/rollout log-prob gap and the worst importance ratio cross their warning lines, and
+    once its warm-up is over the lag rule sees the rollout's policy lag growing a step a step."""
+    out = rlmon("replay", str(EXAMPLE), "--json")
+    assert out.returncode == 0, out.stderr
+    alerts = [json.loads(line) for line in out.stdout.splitlines() if '"alert"' in line]
+    firing = {a["alert"]: a for a in alerts if a["state"] == "firing"}
+    assert set(firing) == {"LogprobMismatch", "ISRatioStale", "PolicyLagGrowing"}
+    assert firing["PolicyLagGrowing"]["step"] > 20  # the early-warning rules' warm-up
+    assert firing["LogprobMismatch"]["value"] > 0.1
+    assert firing["ISRatioStale"]["value"] < 0.1
+    assert {a["severity"] for a in firing.values()} == {"warning"}
+
+
+def test_replay_table_output_and_stdin() -> None:
+    out = rlmon("replay", "-", stdin=EXAMPLE.read_text())
+    assert out.returncode == 0
+    assert "ISRatioStale" in out.stdout
+
+
+def test_catalog_formats() -> None:
+    data = json.loads(rlmon("catalog", "--format", "json").stdout)
+    names = {row["name"] for row in data}
+    assert {"actor/loss", "actor/is_ratio", "rollout/tokens", "perf/step_seconds"} <= names
+    assert "| `actor/is_ratio` |" in rlmon("catalog", "--format", "markdown").stdout
+    assert "actor/is_ratio" in rlmon("catalog").stdout
+
+
+def test_generated_files_are_current() -> None:
+    out = rlmon("generate", "--check")
+    assert out.returncode == 0, out.stderr
+
+
+def test_rules_show_round_trips(tmp_path: Path) -> None:
+    shown = rlmon("rules", "show")
+    assert shown.returncode == 0
+    path = tmp_path / "rules.yaml"
+    path.write_text(shown.stdout)
+    checked = rlmon("rules", "check", str(path))
+    assert checked.returncode == 0
+    assert f"{len(default_rules())} rules OK" in checked.stdout  # early-warning ones included
+    path.write_text("rules: [{name: X}]")
+    assert rlmon("rules", "check", str(path)).returncode == 2
+
+
+def test_table_mode_sends_rejections_to_stderr(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(EXAMPLE.read_text().splitlines()[0] + "\n{oops\n")
+    out = rlmon("replay", str(path))
+    assert out.returncode == 2
+    assert "line 2" in out.stderr
+    assert "line 2" not in out.stdout
+
+
+def test_rules_check_warns_about_metrics_outside_the_catalog(tmp_path: Path) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text("rules: [{name: Typo, severity: warning, condition: threshold, "
+                    "metric: actor/is_ratoi, op: '>', threshold: 2}]\n")
+    out = rlmon("rules", "check", str(path))
+    assert out.returncode == 0
+    assert "'actor/is_ratoi' is not in the catalog" in out.stderr
+
+
+def test_demo_port_check_sees_a_listener_not_a_closed_scrape() -> None:
+    """The demo says 9464 is taken only when something listens there: the TIME_WAIT left by
+    the previous run's scrapes does not stop the exporter (it binds with SO_REUSEADDR)."""
+    import socket
+
+    from rlmon.commands.demo import _port_free
+
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    assert not _port_free(port)  # listening: taken
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = server.accept()
+    accepted.close()  # the server side closes first: its port is left in TIME_WAIT
+    client.close()
+    server.close()
+    assert _port_free(port)
