@@ -3,7 +3,8 @@
 Partials are associative and commutative, so merging a node's ranks first and the nodes' states
 at the root gives the same result as merging every rank at the root
 (``tests/unit/aggregation/test_aggregator_columnar.py``). The root then receives one state per
-node and step instead of one message per rank. A node merger never finalizes: it does not know the world, only its ranks.
+node and step instead of one message per rank. A node merger never finalizes: it does not know
+the world, only its ranks.
 
 Delivery is exactly-once as far as the root can tell: each drained batch carries (node merger id,
 drain seq), so a batch retried after a lost ack is not merged twice; the merger answers a
