@@ -15,13 +15,9 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from rlmon.service.aggregation.assembly import (
-    AddOutcome,
-    AssemblyCounters,
-    StepAssembler,
-    StepState,
-)
+from rlmon.service.aggregation.assembly import AddOutcome, AssemblyCounters, StepAssembler
 from rlmon.service.aggregation.deadline import DeadlinePolicy
+from rlmon.service.aggregation.step_state import StepState
 from rlmon.service.aggregation.stream_tracker import StreamTracker
 from rlmon.service.aggregation.tier_messages import IngestAck, NodeBatch, ReporterKey
 from rlmon.service.aggregation.watermark import WatermarkStore

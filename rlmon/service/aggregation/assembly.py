@@ -1,25 +1,24 @@
 """Step assembly: fold contract records and step messages into open steps and finalize them.
 
 One :class:`StepAssembler` takes parsed reports (replay), step messages (the live aggregator, a
-:class:`~rlmon.actors.reporter.sink.LocalSink`) and node mergers' pre-merged states. A step of (run, role)
-is complete when every rank of its world has sent a final record. It can also be finalized early
-(end of input, a deadline): it then lists its missing ranks. A record for a step that was already
-finalized is late: counted, never folded into another step. Each rejection, late record and
-duplicate is counted once, here.
+:class:`~rlmon.actors.reporter.sink.LocalSink`) and node mergers' pre-merged states
+(:class:`~rlmon.service.aggregation.step_state.StepState`). A step of (run, role) is complete
+when every rank of its world has sent a final record. It can also be finalized early (end of
+input, a deadline): it then lists its missing ranks. A record for a step that was already
+finalized is late (:class:`~rlmon.service.aggregation.finalized_steps.FinalizedSteps` says
+which): counted, never folded into another step. Each rejection, late record and duplicate is
+counted once, here.
 """
 
 from __future__ import annotations
 
-import bisect
 import collections
-import itertools
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
-import numpy as np
-
-from rlmon.service.aggregation.block import StepBlock
+from rlmon.service.aggregation.finalized_steps import FinalizedSteps
+from rlmon.service.aggregation.step_state import Options, StepState
 from rlmon.service.clock import Clock
 from rlmon.service.contract.rank import Rank, World
 from rlmon.service.contract.records import (
@@ -34,30 +33,13 @@ from rlmon.service.contract.records import (
 )
 from rlmon.service.contract.step_message import MessageChecks, Schema, StepMessage
 from rlmon.service.contract.step_record import StepKey, StepRecord
-from rlmon.service.contract.timeline import (
-    MAX_TIMELINE_RANKS,
-    RankTimeline,
-    Timeline,
-    check_rank_timeline,
-    find_straggler,
-)
+from rlmon.service.contract.timeline import RankTimeline, check_rank_timeline
 from rlmon.service.metrics import catalog
-from rlmon.service.metrics.partial import MetricPool, Partial, straggler_ratio
-from rlmon.service.metrics.ranked_forms import Sample
 from rlmon.service.metrics.spec import Form
 from rlmon.service.recent import RecentMap
 
-__all__ = [
-    "MAX_LISTED_MISSING",
-    "AddOutcome",
-    "AssemblyCounters",
-    "FinalizedSteps",
-    "Options",
-    "StepAssembler",
-    "StepState",
-]
+__all__ = ["AddOutcome", "AssemblyCounters", "StepAssembler"]
 
-MAX_LISTED_MISSING = 1024
 MAX_NAMES = 100_000  # metric names whose form is remembered, per generation (see RecentMap)
 MAX_SCHEMAS = 4096  # block schemas known to be checked, per generation
 MAX_OPEN_STEPS = 100_000  # open steps of all streams; a new step beyond it is refused, counted
@@ -80,291 +62,6 @@ class AssemblyCounters:
     steps_incomplete: int = 0
     restarts: int = 0  # new attempts of a (run, role): a rerun under an existing name
     resent: int = 0  # resends (after an aggregator restart) of steps already finalized
-
-
-class FinalizedSteps:
-    """Which steps of one (run, role) are finalized, in bounded memory.
-
-    Everything below ``floor`` is finalized; above it, disjoint ``[start, end)`` intervals, so a
-    run of consecutive steps costs one interval however long it is. A step that never arrived is
-    never taken for finalized. Memory is bounded by ``limit`` intervals: when more separate
-    intervals pile up (a run with thousands of gaps), the oldest is *forgotten*: the span from
-    it up to the next interval joins the forgotten span ``[forgotten_from, forgotten_to)``, where
-    it is no longer known which steps were finalized. A record for a step there is neither late
-    nor a new step: the assembler rejects it (:meth:`forgot`), so no step that was never finalized
-    is counted late, and none is finalized twice.
-    """
-
-    __slots__ = ("_ends", "_starts", "floor", "forgotten_from", "forgotten_to", "limit")
-
-    def __init__(self, floor: int = 0, limit: int = 4096) -> None:
-        self.floor = floor
-        self.limit = limit
-        self.forgotten_from = self.forgotten_to = floor  # empty
-        self._starts: list[int] = []
-        self._ends: list[int] = []
-
-    def __contains__(self, step: int) -> bool:
-        if step < self.floor:
-            return True
-        if self.forgotten_from <= step < self.forgotten_to:
-            return False
-        i = bisect.bisect_right(self._starts, step) - 1
-        return i >= 0 and step < self._ends[i]
-
-    def forgot(self, step: int) -> bool:
-        """Whether ``step`` lies in the forgotten span (finalized or not, no longer known)."""
-        return self.forgotten_from <= step < self.forgotten_to
-
-    def add(self, step: int) -> None:
-        if step in self or self.forgot(step):
-            return
-        starts, ends = self._starts, self._ends
-        i = bisect.bisect_right(starts, step)
-        joins_left = i > 0 and ends[i - 1] == step
-        joins_right = i < len(starts) and starts[i] == step + 1
-        if joins_left and joins_right:
-            ends[i - 1] = ends[i]
-            del starts[i], ends[i]
-        elif joins_left:
-            ends[i - 1] = step + 1
-        elif joins_right:
-            starts[i] = step
-        else:
-            starts.insert(i, step)
-            ends.insert(i, step + 1)
-        while len(starts) > 1 and len(starts) + (
-                self.forgotten_to > self.forgotten_from) > self.limit:
-            # Forget the oldest interval: the span from it to the next one joins the forgotten
-            # span (one span: intervals are never inside it, so any below it go with it).
-            empty = self.forgotten_to <= self.forgotten_from
-            self.forgotten_from = starts[0] if empty else min(self.forgotten_from, starts[0])
-            self.forgotten_to = max(self.forgotten_to, starts[1])
-            k = bisect.bisect_left(starts, self.forgotten_to)
-            del starts[:k], ends[:k]
-        if starts and starts[0] <= self.floor:
-            self.floor = max(self.floor, ends[0])
-            del starts[0], ends[0]
-
-    @property
-    def high(self) -> int:
-        """One past the highest finalized step (``floor`` when nothing lies above it)."""
-        if self._ends:
-            return self._ends[-1]
-        return max(self.floor, self.forgotten_to)
-
-    def intervals(self) -> list[tuple[int, ...]]:
-        """The finalized ``[start, end)`` intervals above ``floor``, in order; a forgotten span
-        comes first as ``(start, end, 0)`` (what :meth:`restore` reads back)."""
-        spans: list[tuple[int, ...]] = []
-        if self.forgotten_to > self.forgotten_from:
-            spans.append((self.forgotten_from, self.forgotten_to, 0))
-        spans.extend(zip(self._starts, self._ends, strict=True))
-        return spans
-
-    @classmethod
-    def restore(cls, floor: int, intervals: Iterable[Iterable[int] | int]) -> FinalizedSteps:
-        """Rebuild from :meth:`intervals` (single steps, as older watermarks stored, also work)."""
-        done = cls(floor)
-        items: list[tuple[int, ...]] = []
-        for item in intervals:
-            span = (item, item + 1) if isinstance(item, int) else tuple(item)
-            if len(span) == 3:
-                done.forgotten_from, done.forgotten_to = span[0], span[1]
-            else:
-                items.append(span)
-        for start, end in sorted(items):
-            if end <= done.high or start < done.forgotten_to:
-                for step in range(start, end):  # covered, or out of order: step by step
-                    done.add(step)
-            elif start <= done.high and done._ends:
-                done._ends[-1] = end
-            elif start <= done.floor:
-                done.floor = end
-            else:
-                done._starts.append(start)
-                done._ends.append(end)
-        return done
-
-
-# What a metric's pool is merged as: (form, replicated axes, mini-batch mean). Every record of a
-# step must agree on it for each metric.
-Options = tuple[Form, frozenset[str] | None, bool]
-
-
-def _plain(form: Form) -> Options:
-    return (form, None, False)
-
-
-@dataclass(slots=True)
-class StepState:
-    """Everything received for one open step. Mergeable, so node mergers can pre-merge.
-
-    Plain metrics of step messages accumulate in ``block`` (numpy, the fast path); everything
-    else in ``pools``. :meth:`seal` folds the block into the pools when the step closes.
-    """
-
-    run: str
-    role: str
-    step: int
-    world: World
-    pools: dict[str, MetricPool] = field(default_factory=dict)
-    block: StepBlock | None = None
-    finals: set[Rank] = field(default_factory=set)
-    reporting: set[Rank] = field(default_factory=set)
-    seen: set[tuple[Rank, int]] = field(default_factory=set)
-    first_seen: float = 0.0
-    last_seen: float = 0.0
-    time: float | None = None
-    # Each rank's timeline, kept per rank (never merged), at most MAX_TIMELINE_RANKS.
-    timelines: dict[Rank, Timeline] = field(default_factory=dict)
-    timelines_cut: int = 0  # timelines beyond that bound, and spans the ranks cut
-
-    @property
-    def complete(self) -> bool:
-        return len(self.finals) >= self.world.size
-
-    def options(self, name: str) -> Options | None:
-        """How ``name`` is merged in this step so far (None: not seen yet)."""
-        pool = self.pools.get(name)
-        if pool is not None:
-            return (pool.form, pool.replicated, pool.minibatch_mean)
-        if self.block is not None:
-            row = self.block.index.get(name)
-            if row is not None:
-                return _plain(self.block.forms[row])
-        return None
-
-    def check(self, world: World, metrics: Iterable[tuple[str, Options]]) -> None:
-        """Raise ContractError if records of ``world`` with ``metrics`` cannot join this step."""
-        if world != self.world:
-            raise ContractError("world", f"{world.as_dict()} disagrees with "
-                                f"{self.world.as_dict()} given by earlier records of step "
-                                f"{self.step}")
-        for name, options in metrics:
-            mine = self.options(name)
-            if mine is not None and mine != options:
-                raise ContractError(
-                    f"metrics.{name}",
-                    f"form {options[0].value!r} / replicated / minibatch_reduce differ from "
-                    f"earlier records of step {self.step} ({mine[0].value!r})",
-                )
-
-    def check_block(self, schema: Schema) -> None:
-        """Raise ContractError if a block of ``schema`` cannot join this step: a name it holds
-        was merged with other options by a partial. Free when the step knows the schema (its
-        names are block rows already), set operations otherwise."""
-        block = self.block
-        if block is not None and (schema.id == block.primary or schema.id in block.maps):
-            return
-        clash = self.pools.keys() & set(schema.names)
-        if clash:
-            forms = dict(zip(schema.names, schema.forms, strict=True))
-            self.check(self.world, [(name, _plain(forms[name])) for name in sorted(clash)])
-
-    def add(self, rank: Rank, minibatch: int, metrics: Mapping[str, Partial]) -> None:
-        pools = self.pools
-        for name, partial in metrics.items():
-            pool = pools.get(name)
-            if pool is None:
-                spec = catalog.lookup(name)
-                pool = pools[name] = MetricPool(
-                    partial.form,
-                    partial.replicated,
-                    partial.minibatch_mean,
-                    per_rank=spec is not None and spec.per_rank_spread,
-                )
-            pool.add(rank, minibatch, partial.state)
-
-    def add_block(self, schema: Schema, values: np.ndarray) -> None:
-        if self.block is None:
-            self.block = StepBlock(schema, values)
-        else:
-            self.block.merge(schema, values)
-
-    def mark(self, rank: Rank, seq: int | None, final: bool, time: float | None) -> None:
-        """Note that ``rank`` reported (its final record when ``final``)."""
-        self.reporting.add(rank)
-        if final:
-            self.finals.add(rank)
-        if seq is not None:
-            self.seen.add((rank, seq))
-        if time is not None:
-            self.time = time if self.time is None else max(self.time, time)
-
-    def keep_timeline(self, rank: Rank, timeline: Timeline) -> None:
-        """Keep ``rank``'s timeline of the step (bounded; what does not fit is counted)."""
-        self.timelines_cut += timeline.cut
-        if rank in self.timelines or len(self.timelines) < MAX_TIMELINE_RANKS:
-            self.timelines[rank] = timeline
-        else:
-            self.timelines_cut += len(timeline.spans)
-
-    def seal(self) -> None:
-        """Fold the columnar block into the pools (when the step closes or leaves a node)."""
-        if self.block is not None:
-            self.block.fold_into(self.pools)
-            self.block = None
-
-    def merge(self, other: StepState) -> None:
-        """Fold a sealed, pre-merged state of the same step (from a node merger) into this one."""
-        for name, pool in other.pools.items():
-            mine = self.pools.get(name)
-            if mine is None:
-                self.pools[name] = pool
-            else:
-                mine.merge(pool)
-        self.finals |= other.finals
-        self.reporting |= other.reporting
-        self.seen |= other.seen
-        self.timelines_cut += other.timelines_cut
-        for rank, timeline in other.timelines.items():
-            self.keep_timeline(rank, replace(timeline, cut=0))  # its cut is counted above
-        if other.time is not None:
-            self.time = other.time if self.time is None else max(self.time, other.time)
-
-    def record(self, finalized_at: float | None = None) -> StepRecord:
-        self.seal()
-        values: dict[str, float] = {}
-        mismatches: list[str] = []
-        samples: dict[str, tuple[Sample, ...]] = {}
-        for name, pool in self.pools.items():
-            result = pool.result()
-            if result.value is not None:
-                values[name] = result.value
-            if result.samples:
-                samples[name] = result.samples
-            if result.replica_mismatch:
-                mismatches.append(name)
-            if name == catalog.STRAGGLER_SOURCE:
-                ratio = straggler_ratio(result.per_rank)
-                if ratio is not None:
-                    values[catalog.STRAGGLER_METRIC] = ratio
-        # Every final record's rank was checked to lie in the world, so counting is exact; only
-        # the first MAX_LISTED_MISSING missing ranks are listed (a huge world must stay cheap).
-        reporting = len(self.finals)
-        missing: tuple[Rank, ...] = ()
-        if reporting < self.world.size:
-            absent = (r for r in self.world.ranks() if r not in self.finals)
-            missing = tuple(itertools.islice(absent, MAX_LISTED_MISSING))
-        return StepRecord(
-            run=self.run,
-            role=self.role,
-            step=self.step,
-            complete=reporting >= self.world.size,
-            ranks_expected=self.world.size,
-            ranks_reporting=reporting,
-            missing_ranks=missing,
-            metrics=values,
-            replica_mismatches=tuple(sorted(mismatches)),
-            first_seen=self.first_seen,
-            finalized_at=finalized_at,
-            time=self.time,
-            timelines=tuple(RankTimeline(r, t) for r, t in sorted(self.timelines.items())),
-            timelines_cut=self.timelines_cut,
-            straggler=find_straggler([RankTimeline(r, t) for r, t in self.timelines.items()]),
-            samples=samples,
-        )
 
 
 class StepAssembler:

@@ -21,7 +21,7 @@ import threading
 import uuid
 from collections.abc import Iterable, Sequence
 
-from rlmon.service.aggregation.assembly import StepState
+from rlmon.service.aggregation.step_state import StepState
 from rlmon.service.aggregation.tier_messages import IngestAck, NodeBatch, ReporterKey
 from rlmon.service.contract.rank import Rank
 from rlmon.service.contract.records import ContractError

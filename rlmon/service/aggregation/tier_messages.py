@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlmon.service.aggregation.assembly import AddOutcome, StepState
+from rlmon.service.aggregation.assembly import AddOutcome
+from rlmon.service.aggregation.step_state import StepState
 from rlmon.service.contract.records import show
 from rlmon.service.contract.stop_decision import StopDecision
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from rlmon.service.aggregation.assembly import FinalizedSteps
+from rlmon.service.aggregation.finalized_steps import FinalizedSteps
 from rlmon.service.contract.rank import Rank
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.contract.timeline import RankTimeline, find_straggler

@@ -211,7 +211,7 @@ def test_finalized_steps_never_take_an_unseen_step_for_finalized() -> None:
 
 
 def test_finalized_steps_memory_is_bounded_with_gaps() -> None:
-    from rlmon.service.aggregation.assembly import FinalizedSteps
+    from rlmon.service.aggregation.finalized_steps import FinalizedSteps
 
     done = FinalizedSteps(limit=100)
     for s in range(0, 10_000, 2):  # every other step: a gap each time
@@ -225,7 +225,7 @@ def test_finalized_steps_memory_is_bounded_with_gaps() -> None:
 def test_huge_world_lists_a_bounded_number_of_missing_ranks() -> None:
     """4M ranks expected, one reporting: the step names at most MAX_LISTED_MISSING of the missing
     ones (what that costs in time is measured by bench/bench_aggregator.py)."""
-    from rlmon.service.aggregation.assembly import MAX_LISTED_MISSING
+    from rlmon.service.aggregation.step_state import MAX_LISTED_MISSING
 
     result = replay(lines(rec(world={"dp": 1 << 20, "cp": 4}, metrics={"m": {"sum": 1.0}})))
     (record, _), = result.steps

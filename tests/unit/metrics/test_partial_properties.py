@@ -12,7 +12,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlmon.service.aggregation.assembly import StepAssembler, StepState
+from rlmon.service.aggregation.assembly import StepAssembler
+from rlmon.service.aggregation.step_state import StepState
 from rlmon.service.contract.rank import Rank, World
 from rlmon.service.contract.records import Report, parse_report
 from rlmon.service.metrics.partial import Partial, combine
