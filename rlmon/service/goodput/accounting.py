@@ -1,0 +1,353 @@
+"""Goodput accounting: each rank's step time split into productive, overhead, idle and wasted.
+
+Every nanosecond of a rank's step ``[start, end)`` lands in exactly one bucket, so the buckets of
+a step add up to its ranks' time (times their GPUs):
+
+- a span's time goes to its activity's bucket (:mod:`rlmon.service.goodput.buckets`); where
+  spans nest, the innermost one that the map classifies wins; a ``step`` container is
+  transparent;
+- time in no span is **idle**, and *why* is derived from the other timelines of the run, not
+  declared: while another rank of the same role was busy the rank waited for the slowest rank
+  of its step (``straggler``); while another role generated, a trainer waited for rollouts
+  (``rollouts``); while another role trained or synced weights, a rollout engine waited for
+  weights (``weights``); while another role did other work, it waited on the pipeline
+  (``pipeline``); while no rank of the run was in a span, ``unattributed`` (driver work, data
+  loading);
+- **wasted** is productive time thrown away: every productive and overhead second of a step
+  that was discarded or rolled back, and of generation the share that went to prompt groups
+  whose rewards all tie (``rollout/frac_reward_zero_std``: no advantage, no gradient) and to
+  completions cut at the length limit (``rollout/clipped_ratio``, counted among the groups
+  with spread: the two are taken as independent).
+
+Times are integer nanoseconds per rank until the last multiplication by GPUs per rank, so a
+bucket is exact to the nanosecond on the un-split data. Pure Python; the service runs it off
+the training path (docs/goodput.md has the cost at 1,024 ranks).
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Any
+
+from rlmon.service.contract.timeline import RankTimeline, Timeline
+from rlmon.service.goodput.buckets import Activity, Bucket, SpanMap
+
+__all__ = [
+    "IDLE_REASONS",
+    "WASTED_REASONS",
+    "GoodputTotals",
+    "Key",
+    "RoleTimelines",
+    "StepGoodput",
+    "StepInput",
+    "account_step",
+    "mfu",
+]
+
+Key = tuple[str, Bucket, str]  # (role, bucket, reason)
+Interval = tuple[int, int]
+
+STRAGGLER, ROLLOUTS, WEIGHTS, PIPELINE, UNATTRIBUTED = (
+    "straggler", "rollouts", "weights", "pipeline", "unattributed")
+IDLE_REASONS = (STRAGGLER, ROLLOUTS, WEIGHTS, PIPELINE, UNATTRIBUTED)
+DISCARDED, NO_SPREAD, TRUNCATED, ROLLED_BACK = (
+    "discarded", "no_reward_spread", "truncated", "rolled_back")
+WASTED_REASONS = (DISCARDED, ROLLED_BACK, NO_SPREAD, TRUNCATED)
+_TRAINING = (Activity.TRAIN, Activity.WEIGHT_SYNC)
+
+
+@dataclass(frozen=True, slots=True)
+class RoleTimelines:
+    """One role's ranks' timelines of one step, and the GPUs each rank holds."""
+
+    role: str
+    timelines: tuple[RankTimeline, ...]
+    gpus_per_rank: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class StepInput:
+    """Everything one step's accounting needs.
+
+    ``roles``: the step's timelines, per role. ``neighbours``: timelines of the adjacent steps
+    (of any role), only to say who was busy while a rank waited: a rollout engine waits for the
+    weights of the trainer's *previous* step. ``discarded``: why the step's work was thrown
+    away ('' when it was not).
+    """
+
+    run: str
+    attempt: int
+    step: int
+    roles: tuple[RoleTimelines, ...]
+    frac_reward_zero_std: float | None = None
+    clipped_ratio: float | None = None
+    discarded: str = ""
+    neighbours: tuple[RoleTimelines, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StepGoodput:
+    """One step's GPU-seconds by (role, bucket, reason), the ranks and GPUs of each role, and
+    the span names the map did not know (counted in ``goodput.unmapped_bucket``)."""
+
+    run: str
+    attempt: int
+    step: int
+    seconds: Mapping[Key, float]
+    ranks: Mapping[str, int] = field(default_factory=dict)
+    gpus: Mapping[str, float] = field(default_factory=dict)  # per role, all its ranks
+    unmapped: tuple[str, ...] = ()
+
+    def total(self, bucket: Bucket | None = None, role: str | None = None) -> float:
+        return sum(v for (r, b, _), v in self.seconds.items()
+                   if (bucket is None or b is bucket) and (role is None or r == role))
+
+    def by_bucket(self) -> dict[Bucket, float]:
+        return {b: self.total(b) for b in Bucket}
+
+    @property
+    def goodput(self) -> float:
+        """Productive over all GPU-seconds (NaN for a step without time)."""
+        total = self.total()
+        return self.total(Bucket.PRODUCTIVE) / total if total > 0 else math.nan
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": self.run, "attempt": self.attempt, "step": self.step,
+                "seconds": [[r, b.value, why, v] for (r, b, why), v in sorted(self.seconds.items())],
+                "ranks": dict(self.ranks), "gpus": dict(self.gpus),
+                "unmapped": list(self.unmapped)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StepGoodput:
+        return cls(str(data["run"]), int(data["attempt"]), int(data["step"]),
+                   {(r, Bucket(b), why): float(v) for r, b, why, v in data["seconds"]},
+                   {k: int(v) for k, v in data["ranks"].items()},
+                   {k: float(v) for k, v in data["gpus"].items()},
+                   tuple(data.get("unmapped", ())))
+
+
+@dataclass(slots=True)
+class GoodputTotals:
+    """GPU-seconds by (role, bucket, reason) added up over steps (a run, or a window of it)."""
+
+    seconds: dict[Key, float] = field(default_factory=dict)
+    steps: int = 0
+
+    def add(self, step: StepGoodput) -> None:
+        for key, value in step.seconds.items():
+            self.seconds[key] = self.seconds.get(key, 0.0) + value
+        self.steps += 1
+
+    def total(self, bucket: Bucket | None = None) -> float:
+        return sum(v for (_, b, _), v in self.seconds.items() if bucket is None or b is bucket)
+
+    def by_bucket(self) -> dict[Bucket, float]:
+        return {b: self.total(b) for b in Bucket}
+
+    def by_reason(self) -> dict[tuple[Bucket, str], float]:
+        out: dict[tuple[Bucket, str], float] = {}
+        for (_, b, why), v in self.seconds.items():
+            out[(b, why)] = out.get((b, why), 0.0) + v
+        return out
+
+    @property
+    def goodput(self) -> float:
+        total = self.total()
+        return self.total(Bucket.PRODUCTIVE) / total if total > 0 else math.nan
+
+
+def mfu(tokens: float, flops_per_token: float, gpu_seconds: float, peak_flops: float) -> float:
+    """Model FLOPs utilisation: the model's FLOPs for ``tokens`` over what the GPUs could have
+    done in ``gpu_seconds`` at their peak (NaN without time)."""
+    capacity = gpu_seconds * peak_flops
+    return tokens * flops_per_token / capacity if capacity > 0 else math.nan
+
+
+# --- intervals -------------------------------------------------------------------------------
+
+
+def _union(intervals: Iterable[Interval]) -> list[Interval]:
+    out: list[Interval] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1] = (out[-1][0], e)
+        else:
+            out.append((s, e))
+    return out
+
+
+def _split(gaps: list[Interval], union: list[Interval]) -> tuple[int, list[Interval]]:
+    """Nanoseconds of ``gaps`` inside ``union`` (sorted, disjoint), and the parts outside."""
+    if not union or not gaps:
+        return 0, gaps
+    starts = [s for s, _ in union]
+    inside = 0
+    outside: list[Interval] = []
+    for a, b in gaps:
+        i = max(bisect_right(starts, a) - 1, 0)
+        cur = a
+        while cur < b and i < len(union):
+            s, e = union[i]
+            if e <= cur:
+                i += 1
+                continue
+            if s >= b:
+                break
+            if s > cur:
+                outside.append((cur, s))
+                cur = s
+            end = min(e, b)
+            inside += end - cur
+            cur = end
+            i += 1
+        if cur < b:
+            outside.append((cur, b))
+    return inside, outside
+
+
+@dataclass(slots=True)
+class _Rank:
+    ns: dict[Activity, int]
+    busy: list[tuple[int, int, Activity]]
+    gaps: list[Interval]
+
+
+def _classify(timeline: Timeline, spans: SpanMap, unmapped: set[str]) -> _Rank:
+    """Split one rank's step into its spans' activities (innermost wins) and its gaps."""
+    lo, hi = timeline.start_ns, timeline.end_ns
+    items = []
+    for span in timeline.spans:
+        activity = spans.activity(span.name)
+        if activity is Activity.STEP:
+            continue
+        if activity is Activity.OTHER:
+            unmapped.add(span.name)
+        s, e = max(span.start_ns, lo), min(span.end_ns, hi)
+        if e > s:
+            items.append((s, e, span.depth, activity))
+    items.sort(key=lambda it: (it[0], it[1]))
+    segments: list[tuple[int, int, Activity]] = []
+    if all(items[i][1] <= items[i + 1][0] for i in range(len(items) - 1)):
+        segments = [(s, e, a) for s, e, _, a in items]  # flat: the common case
+    else:
+        cuts = sorted({p for s, e, _, _ in items for p in (s, e)})
+        for a, b in pairwise(cuts):
+            best: tuple[int, int, Activity] | None = None
+            for s, e, depth, activity in items:
+                if s >= b:
+                    break
+                if e >= b and (best is None or (depth, s) > (best[0], best[1])):
+                    best = (depth, s, activity)
+            if best is None:
+                continue
+            if segments and segments[-1][1] == a and segments[-1][2] is best[2]:
+                segments[-1] = (segments[-1][0], b, best[2])
+            else:
+                segments.append((a, b, best[2]))
+    ns: dict[Activity, int] = {}
+    gaps: list[Interval] = []
+    cur = lo
+    for s, e, activity in segments:
+        ns[activity] = ns.get(activity, 0) + (e - s)
+        if s > cur:
+            gaps.append((cur, s))
+        cur = max(cur, e)
+    if hi > cur:
+        gaps.append((cur, hi))
+    return _Rank(ns, segments, gaps)
+
+
+def _unions(ranks: Iterable[_Rank]) -> tuple[list[Interval], list[Interval], list[Interval]]:
+    """(any busy, generating, training or syncing weights) of a set of ranks."""
+    busy: list[Interval] = []
+    gen: list[Interval] = []
+    train: list[Interval] = []
+    for rank in ranks:
+        for s, e, activity in rank.busy:
+            busy.append((s, e))
+            if activity is Activity.GENERATE:
+                gen.append((s, e))
+            elif activity in _TRAINING:
+                train.append((s, e))
+    return _union(busy), _union(gen), _union(train)
+
+
+def account_step(data: StepInput, spans: SpanMap) -> StepGoodput:
+    """The step's GPU-seconds by (role, bucket, reason); see the module docstring."""
+    unmapped: set[str] = set()
+    ranks = {rt.role: [_classify(t.timeline, spans, unmapped) for t in rt.timelines]
+             for rt in data.roles}
+    context: dict[str, list[_Rank]] = {role: list(rs) for role, rs in ranks.items()}
+    for rt in data.neighbours:
+        context.setdefault(rt.role, []).extend(
+            _classify(t.timeline, spans, set()) for t in rt.timelines)
+    per_role = {role: _unions(rs) for role, rs in context.items()}
+    own = {role: _unions(rs)[0] for role, rs in ranks.items()}
+    seconds: dict[Key, float] = {}
+    counts: dict[str, int] = {}
+    gpus: dict[str, float] = {}
+    zero_std = _fraction(data.frac_reward_zero_std)
+    clipped = _fraction(data.clipped_ratio)
+    for rt in data.roles:
+        role = rt.role
+        others = [per_role[r] for r in per_role if r != role]
+        other_busy = _union(i for u in others for i in u[0])
+        other_gen = _union(i for u in others for i in u[1])
+        other_train = _union(i for u in others for i in u[2])
+        generates = any(Activity.GENERATE in r.ns for r in ranks[role])
+        ns: dict[tuple[Bucket, str], int] = {}
+
+        def put(bucket: Bucket, why: str, value: int, into: dict[tuple[Bucket, str], int] = ns,
+                ) -> None:
+            if value:
+                into[(bucket, why)] = into.get((bucket, why), 0) + value
+
+        for rank in ranks[role]:
+            for activity, value in rank.ns.items():
+                bucket = spans.bucket(activity)
+                assert bucket is not None
+                put(bucket, activity.value, value)
+            waited, rest = _split(rank.gaps, own[role])
+            put(Bucket.IDLE, STRAGGLER, waited)
+            first, second = (other_train, WEIGHTS) if generates else (other_gen, ROLLOUTS)
+            waited, rest = _split(rest, first)
+            put(Bucket.IDLE, second, waited)
+            waited, rest = _split(rest, other_busy)
+            put(Bucket.IDLE, PIPELINE, waited)
+            put(Bucket.IDLE, UNATTRIBUTED, sum(b - a for a, b in rest))
+        g = rt.gpus_per_rank * 1e-9
+        out = {(role, b, why): value * g for (b, why), value in ns.items()}
+        if data.discarded:
+            for (b, why), value in ns.items():
+                if b in (Bucket.PRODUCTIVE, Bucket.OVERHEAD):
+                    del out[(role, b, why)]
+                    key = (role, Bucket.WASTED, DISCARDED)
+                    out[key] = out.get(key, 0.0) + value * g
+        else:
+            gen = ns.get((Bucket.PRODUCTIVE, Activity.GENERATE.value), 0) * g
+            lost_spread = gen * zero_std
+            lost_cut = gen * (1.0 - zero_std) * clipped
+            if lost_spread:
+                out[(role, Bucket.WASTED, NO_SPREAD)] = lost_spread
+            if lost_cut:
+                out[(role, Bucket.WASTED, TRUNCATED)] = lost_cut
+            if gen:
+                out[(role, Bucket.PRODUCTIVE, Activity.GENERATE.value)] = (
+                    gen - lost_spread - lost_cut)
+        seconds.update(out)
+        counts[role] = len(rt.timelines)
+        gpus[role] = len(rt.timelines) * rt.gpus_per_rank
+    return StepGoodput(data.run, data.attempt, data.step, seconds, counts, gpus,
+                       tuple(sorted(unmapped)))
+
+
+def _fraction(value: float | None) -> float:
+    if value is None or not math.isfinite(value):
+        return 0.0
+    return min(max(value, 0.0), 1.0)
+
