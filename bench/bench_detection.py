@@ -17,7 +17,7 @@ figures printed are for held-out seeds (6000-6023) unless ``--seeds tuning``.
 
 Prints, per fault kind and onset, the share of runs caught and the steps from onset to the first
 right alert (0 = at the onset step), and false alarms per 1,000 healthy steps. ``--plot PATH``
-draws the README figure. ``--sensitivity 0.5,0.75,1`` prints the trade-off instead: every
+draws the figure of docs/early-warning.md. ``--sensitivity 0.5,0.75,1`` prints the trade-off instead: every
 early-warning rule's decision threshold scaled by each factor, and what it buys in speed and costs in
 false alarms.
 """
@@ -607,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", choices=("held-out", "tuning"), default="held-out")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
-    parser.add_argument("--plot", metavar="PATH", help="write the README figure (PNG)")
+    parser.add_argument("--plot", metavar="PATH", help="write the figure of docs/early-warning.md (PNG)")
     parser.add_argument("--sensitivity", metavar="F,F,...",
                         help="print the speed / false-alarm trade-off at these decision scales")
     parser.add_argument("--bound", type=int, metavar="FALSE_ALARMS", nargs="?", const=0,

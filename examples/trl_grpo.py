@@ -1,4 +1,4 @@
-"""The README's TRL snippet as a script: GRPO with rlmon on a tiny model made here, on the CPU.
+"""The TRL snippet of docs/integrations.md as a script: GRPO with rlmon on a tiny model made here, on the CPU.
 
     python examples/trl_grpo.py [--steps 4] [--run trl-tiny] [--zero-reward]
 

@@ -1,6 +1,6 @@
 """Rollouts with ``vllm.LLM`` (the offline engine RL frameworks use) reported to rlmon.
 
-The README's vLLM snippet as a script: a tiny model made on the spot (no downloads), one batch
+The vLLM snippet of docs/integrations.md as a script: a tiny model made on the spot (no downloads), one batch
 of rollouts per trainer step, and vLLM's own token counter beside what rlmon was sent.
 
     python examples/vllm_offline.py [--steps 3] [--run vllm-offline]
@@ -33,7 +33,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as folder:
         tiny = build_tiny_model(folder)
-        # --- the README's lines -------------------------------------------------------------
+        # --- the docs' lines ----------------------------------------------------------------
         llm = LLM(tiny.model, tokenizer=tiny.tokenizer, disable_log_stats=False, **ENGINE_KWARGS)
         rlmon_vllm.attach(llm, run=args.run)
         # -----------------------------------------------------------------------------------

@@ -76,7 +76,7 @@ def deliver_alerts(
         missing = [d for d in destinations if d not in dispatcher.notifiers]
         if missing:
             print(f"rlmon replay: {', '.join(missing)} not configured (set its URL or key: see "
-                  "the README, 'Alert routing')", file=err)
+                  "docs/alerting.md and docs/configuration.md)", file=err)
             outbox.close()
             return 2
         for record, step_events in result.steps:

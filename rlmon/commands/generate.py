@@ -12,7 +12,7 @@ __all__ = ["register"]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("generate", help="write (or --check) the generated README table, dashboards, rules")
+    p = sub.add_parser("generate", help="write (or --check) the generated docs tables, dashboards, rules")
     p.add_argument("--root", default=".", help="project root (default: current directory)")
     p.add_argument("--check", action="store_true", help="exit 1 when a generated file is stale")
     p.set_defaults(func=_run)

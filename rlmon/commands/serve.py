@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "config)")
     p.add_argument("--host", default=None,
                    help="exporter bind address (default: exporter.host of the config, 127.0.0.1; "
-                   "0.0.0.0 serves every interface, unauthenticated: see the README)")
+                   "0.0.0.0 serves every interface, unauthenticated: see docs/deploy.md)")
     p.add_argument("--service-resource", default=None, metavar="NAME",
                    help="run the service actor on the node offering this custom Ray resource "
                    "(the rlmon pod, which joins the cluster with ray start --resources)")

@@ -1,4 +1,4 @@
-"""Generated files that are checked in: the README metric table, dashboards, rule files.
+"""Generated files that are checked in: the docs' metric tables, dashboards, rule files.
 
 Each producer module exposes ``artifacts() -> list[Artifact]``. ``rlmon generate`` writes them all;
 ``rlmon generate --check`` (and a test) fails when a checked-in copy is stale.
@@ -59,7 +59,7 @@ class Artifact:
 
 
 def artifacts() -> list[Artifact]:
-    return [Artifact("README.md", catalog_markdown, block="catalog")]
+    return [Artifact("docs/metrics.md", catalog_markdown, block="catalog")]
 
 
 def all_artifacts() -> list[Artifact]:

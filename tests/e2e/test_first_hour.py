@@ -203,13 +203,13 @@ def test_a_rerun_under_the_same_name_is_recorded_as_a_new_attempt(tmp_path: Path
     service.close()
 
 
-def test_readme_documents_every_environment_variable() -> None:
+def test_docs_document_every_environment_variable() -> None:
     import re
 
     used = set()
     for path in [*(ROOT / "rlmon").rglob("*.py"), *(ROOT / "examples").glob("*.py")]:
         used |= set(re.findall(r"RLMON_[A-Z][A-Z_]*[A-Z]", path.read_text()))
-    table = (ROOT / "README.md").read_text().split("**Environment variables.**", 1)[1]
+    table = (ROOT / "docs" / "configuration.md").read_text().split("## Environment variables", 1)[1]
     table = table.split("\n\n", 2)[1]
     assert used - {"RLMON_NOTIFIERS__SLACK"}, "found no variable at all"
     assert sorted(v for v in used if f"`{v}`" not in table and "__" not in v) == []

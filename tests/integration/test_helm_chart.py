@@ -289,10 +289,10 @@ def test_notes_explain_release_label_and_secrets() -> None:
 def test_the_config_value_is_checked_against_the_settings_model() -> None:
     """``config`` becomes the pod's rlmon config: Helm refuses what ``rlmon serve`` would refuse
     (the schema is generated from the settings model), before anything crash-loops."""
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("```yaml\n# rlmon.yaml", 1)[1].split("```", 1)[0]
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    block = page.split("```yaml\n# rlmon.yaml", 1)[1].split("```", 1)[0]
     example = yaml.safe_load("# rlmon.yaml" + block)
-    assert example["notifiers"] and example["retention"]  # the README's full example
+    assert example["notifiers"] and example["retention"]  # the docs' full example
     objects = render({"config": example})  # accepted, and it is the pod's config
     (cm,) = [o for o in of_kind(objects, "ConfigMap") if o["metadata"]["name"].endswith("-config")]
     assert yaml.safe_load(cm["data"]["config.yaml"])["retention"] == example["retention"]

@@ -92,7 +92,7 @@ def test_deepspeed_scales_the_loss_by_gas_and_the_comparable_view_undoes_it(engi
     probe = rl_ds.EngineProbe(engine, reporter=hub.reporter("ds", "actor"), algorithm="sft")
     assert probe.normalization.gradient_accumulation_steps == GAS
     assert probe.normalization.zero_stage == 0
-    forward = float(loss.item())  # the README's usage: the loss as the user computed it
+    forward = float(loss.item())  # docs/integrations.md's usage: the loss as the user computed it
     snap = probe.record(1, loss=loss.item())
     rec = hub.step("actor", 1).metrics
     assert snap.global_steps == 1 and snap.skipped_steps == 0 and snap.loss_scale is None

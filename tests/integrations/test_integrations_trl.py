@@ -110,10 +110,10 @@ def test_only_the_main_process_reports(hub: Hub) -> None:
     assert hub.records(finalize=True) == []
 
 
-def test_the_readme_snippet_does_not_shadow_trl_and_is_the_example() -> None:
+def test_the_docs_snippet_does_not_shadow_trl_and_is_the_example() -> None:
 
     root = REPO
-    block = (root / "README.md").read_text(encoding="utf-8").split("\n# TRL (", 1)[1]
+    block = (root / "docs" / "integrations.md").read_text(encoding="utf-8").split("\n# TRL (", 1)[1]
     lines = [ln.split("#")[0].strip() for ln in block.split("\n\n", 1)[0].splitlines()[1:]]
     namespace: dict[str, object] = {}
     for line in lines:

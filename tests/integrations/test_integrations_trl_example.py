@@ -1,6 +1,7 @@
-"""examples/trl_grpo.py, the README's TRL snippet, run as a user runs it (a subprocess, rlmon on
-a local Ray it starts), with a reward of zero: every step must reach rlmon's aggregator, and the
-service's ``NoLearningSignal`` alert must print on the console of the script that started it."""
+"""examples/trl_grpo.py, the TRL snippet of docs/integrations.md, run as a user runs it (a
+subprocess, rlmon on a local Ray it starts), with a reward of zero: every step must reach rlmon's
+aggregator, and the service's ``NoLearningSignal`` alert must print on the console of the script
+that started it."""
 
 from __future__ import annotations
 

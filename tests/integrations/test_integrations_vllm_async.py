@@ -64,7 +64,7 @@ def test_async_llm_through_ray_counts_every_token(ray_cluster: Any, ray_namespac
     ray = ray_cluster
     service = ensure_runtime(ray_namespace, RuntimeOptions(state_dir=str(tmp_path), port=0))
     run = f"vllm-async-{uuid.uuid4().hex[:8]}"
-    monkeypatch.setenv("RLMON_RUN", run)  # what the plugin reads: the README's setup
+    monkeypatch.setenv("RLMON_RUN", run)  # what the plugin reads: docs/integrations.md's setup
     monkeypatch.setenv("RLMON_NAMESPACE", ray_namespace)
     monkeypatch.delenv("RLMON_SINK_JSONL", raising=False)
     tiny = tiny_model_module()

@@ -1,9 +1,10 @@
 """Shared by ``tests/test_frameworks_*.py``: the GPU frameworks' own functions on CPU tensors.
 
 OpenRLHF, SkyRL and verl need GPUs to train, but their loss and metric modules run on CPU
-tensors once the package is installed without its GPU dependencies (``make test-extras``; README,
-"Test environments"). These helpers import those modules, and keep the ledger of every value
-compared: rlmon's against the framework's own and against the float64 truth on the un-split data.
+tensors once the package is installed without its GPU dependencies (``make test-extras``;
+docs/integrations.md, "Checked against the frameworks' own functions"). These helpers import
+those modules, and keep the ledger of every value compared: rlmon's against the framework's own
+and against the float64 truth on the un-split data.
 
 Skipped in the main venv (no torch), required in the extras venv (``RLMON_REQUIRE_EXTRAS=1``),
 like :func:`extras.optional_import`.
@@ -88,7 +89,7 @@ class Ledger:
     ``relayed`` keys where the framework's reduction is the canonical one) and/or equal to the
     truth; ``differs_*`` asserts a documented deviation (by more than ``gap``, relative), so a
     framework that changes its reduction fails the test. With ``RLMON_FRAMEWORKS_LEDGER=path``
-    every comparison is appended to that file as a JSON line (the counts in the README).
+    every comparison is appended to that file as a JSON line (the counts in docs/integrations.md).
     """
 
     framework: str

@@ -371,7 +371,7 @@ class RlmonCollector(Collector):
 
 
 def exported_families() -> list[tuple[str, str]]:
-    """(name, help) of every family a scrape can show, catalog first (for the README)."""
+    """(name, help) of every family a scrape can show, catalog first (for docs/metrics.md)."""
     out = [(spec.prometheus_name, spec.help) for spec in catalog.metrics()]
     others = (series.CUSTOM_METRIC, *series.STREAM_STATE, series.ALERT_FIRING, series.RUN_INFO,
               *series.SELF_MONITORING)

@@ -1,4 +1,4 @@
-"""The README's list of exported Prometheus families, rendered from the exporter and the catalog."""
+"""The list of exported Prometheus families in docs/metrics.md, from the exporter and the catalog."""
 
 from __future__ import annotations
 
@@ -28,4 +28,4 @@ def exported_metrics_markdown() -> str:
 
 
 def artifacts() -> list[Artifact]:
-    return [Artifact("README.md", exported_metrics_markdown, block="exported-metrics")]
+    return [Artifact("docs/metrics.md", exported_metrics_markdown, block="exported-metrics")]

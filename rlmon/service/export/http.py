@@ -86,7 +86,7 @@ def serve_metrics(
     host: str = "127.0.0.1", health: Health | None = None,
 ) -> MetricsServer:
     """Start serving on a daemon thread; returns at once. Loopback unless ``host`` says otherwise:
-    /metrics and /healthz carry no authentication (see the README on exposing them)."""
+    /metrics and /healthz carry no authentication (docs/deploy.md, "Exposing /metrics")."""
     registry = (
         build_registry(state_or_registry)
         if isinstance(state_or_registry, MetricsState) else state_or_registry

@@ -3,8 +3,8 @@
 The catalog names each training metric's family; this module names the rest: per (run, role)
 stream state, alerts, run metadata and rlmon's own health (``rlmon_partials_*`` and the like).
 Each :class:`Series` carries its exposition name, kind, help and labels; the exporter builds its
-families from them, the README's list of exported families and the self-monitoring dashboard
-read them from here, so a rename is one edit.
+families from them; the list of exported families in docs/metrics.md and the self-monitoring
+dashboard read them from here, so a rename is one edit.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The one list of canonical metrics (DESIGN.md, "Canonical metrics").
 
 Every other place that needs a metric name, form, unit, domain, threshold or panel reads it from
-here: the partial merge, the exporter, the rule pack, the dashboards and the README table.
+here: the partial merge, the exporter, the rule pack, the dashboards and the table of docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -403,7 +403,7 @@ STRAGGLER_ALERT = AlertSpec(
 # (rlmon.service.alerting.baseline), for the failures that are slow before they are fatal. Parameters were
 # tuned on bench/bench_detection.py's tuning seeds 0-299 (at most one false-alarm episode per rule
 # in their ~850,000 healthy steps, two for the gradient norm; then the fastest gradual detection)
-# and are judged on its held-out seeds 6000-6023; the figures are in the README.
+# and are judged on its held-out seeds 6000-6023; the figures are in docs/early-warning.md.
 EARLY_WARNINGS: tuple[BaselineSpec, ...] = (
     # entropy is positive and its noise scales with its level: judged on a log scale
     BaselineSpec("EntropySliding", ENTROPY,

@@ -1,4 +1,4 @@
-"""Renderings of the catalog for people: the README table and a JSON dump."""
+"""Renderings of the catalog for people: the table of docs/metrics.md and a JSON dump."""
 
 from __future__ import annotations
 

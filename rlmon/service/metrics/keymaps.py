@@ -509,8 +509,9 @@ def unchecked_cells() -> dict[tuple[str, str], list[KeyMapping]]:
 
 
 def matrix_markdown() -> str:
-    """The README table: canonical metrics x frameworks, marked exact / recomputed / relayed;
-    ``*`` marks a claim no test checks against the framework (:func:`unchecked_markdown`)."""
+    """The key matrix of docs/integrations.md: canonical metrics x frameworks, marked exact /
+    recomputed / relayed; ``*`` marks a claim no test checks against the framework
+    (:func:`unchecked_markdown`)."""
     matrix = fidelity_matrix()
     unchecked = unchecked_cells()
     lines = ["| metric | " + " | ".join(FRAMEWORKS) + " |",
@@ -536,8 +537,8 @@ def unchecked_markdown() -> str:
 
 
 def artifacts() -> list[Any]:
-    """The README's framework table, kept fresh by ``rlmon generate``."""
+    """The framework tables of docs/integrations.md, kept fresh by ``rlmon generate``."""
     from rlmon.service.generated import Artifact
 
-    return [Artifact("README.md", matrix_markdown, block="frameworks"),
-            Artifact("README.md", unchecked_markdown, block="frameworks-unchecked")]
+    return [Artifact("docs/integrations.md", matrix_markdown, block="frameworks"),
+            Artifact("docs/integrations.md", unchecked_markdown, block="frameworks-unchecked")]

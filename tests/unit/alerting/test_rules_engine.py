@@ -140,7 +140,7 @@ rules:
 
 
 def test_a_rule_named_like_a_default_without_a_condition_retunes_it() -> None:
-    """The README's `decision: 8`: the fields given replace the default's, the rest stay."""
+    """docs/early-warning.md's `decision: 8`: the fields given replace the default's, the rest stay."""
     defaults = {r.name: r for r in default_rules()}
     rules = {r.name: r for r in parse_rules("""
 rules:

@@ -1,6 +1,6 @@
 """``rlmon dashboards push`` through grafana-client against a loopback Grafana API receiver.
 
-No Grafana server can run here (no package, binary or container engine; see the README), so this
+No Grafana server can run here (no package, binary or container engine; see docs/deploy.md), so this
 is the one mock in the suite: a small http.server on 127.0.0.1 that implements the parts of
 Grafana's HTTP API a push uses, with Grafana's request and response shapes
 (``GET /api/frontend/settings`` version probe, ``GET /api/folders/:uid`` with 404 for a missing

@@ -61,7 +61,7 @@ def test_matrix_marks_best_fidelity() -> None:
     assert table.count("\n") == 2 + len(matrix)
 
 
-def test_readme_framework_table_is_fresh() -> None:
+def test_docs_framework_table_is_fresh() -> None:
 
     root = REPO
     mine = [a for a in all_artifacts() if a.block == "frameworks"]
