@@ -48,15 +48,11 @@ def test_a_broken_link_or_a_page_left_out_fails_the_build(tmp_path: Path) -> Non
     shutil.copy(REPO / "mkdocs.yml", tmp_path / "mkdocs.yml")
     with (tmp_path / "docs" / "demo.md").open("a", encoding="utf-8") as page:
         page.write("\nSee [a page](no-such-page.md) and [a section](design.md#no-such-section).\n")
-    built = _mkdocs_build(tmp_path / "mkdocs.yml", tmp_path / "site")
-    assert built.returncode != 0
-    assert "no-such-page.md" in built.stderr and "#no-such-section" in built.stderr
-
-    shutil.copy(DOCS / "demo.md", tmp_path / "docs" / "demo.md")
     (tmp_path / "docs" / "orphan.md").write_text("# Not in the nav\n", encoding="utf-8")
     built = _mkdocs_build(tmp_path / "mkdocs.yml", tmp_path / "site")
     assert built.returncode != 0
-    assert "orphan.md" in built.stderr
+    for named in ("no-such-page.md", "#no-such-section", "orphan.md"):
+        assert named in built.stderr, built.stderr
 
 
 def test_the_readme_is_a_front_page_that_reaches_every_page() -> None:
