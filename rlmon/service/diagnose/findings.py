@@ -1,0 +1,273 @@
+"""Findings: the alert rules and the sanity layer over a logged run, each with its context.
+
+The rules are the service's (the default pack with its early-warning rules, or a team's own
+pack, as ``rlmon replay --rules`` backtests it), run by the same engine in step order, so a
+finding is what the service would have sent at that step. Each finding says where its condition
+began (a ``for N`` rule fires N evaluated steps after), the value it fired on, how the value was
+reduced by the framework that logged it, what the related metrics did in the steps around the
+onset (the gradient norm and learning rate before a NaN, the KL and entropy around a clip-ratio
+jump) and what to check.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rlmon.service.alerting import sanity
+from rlmon.service.alerting.engine import AlertEngine, AlertEvent, evaluate_in_order
+from rlmon.service.alerting.rules import Rule, default_rules
+from rlmon.service.contract.step_record import StepRecord, json_number
+from rlmon.service.diagnose.logged_run import LoggedRun
+from rlmon.service.diagnose.mapping import KeyMap, KeyStatus, map_keys, rlmon_key_map
+from rlmon.service.metrics import catalog as c
+
+__all__ = ["Diagnosis", "Finding", "Related", "diagnose", "to_records"]
+
+ROLE = "trainer"  # a logged run is one stream, as the TRL integration reports it
+_BEFORE = 3  # steps of context before the onset
+
+# What to look at around each alert's onset, besides its own metric.
+_RELATED: dict[str, tuple[str, ...]] = {
+    "NonFiniteMetric": (c.GRAD_NORM, c.LR, c.LOSS, c.LOSS_SCALE, c.REWARD),
+    "ClipRatioHigh": (c.KL, c.ENTROPY, c.APPROX_KL, c.LR),
+    "ClipRatioClimbing": (c.KL, c.ENTROPY, c.APPROX_KL, c.LR),
+    "EntropyCollapse": (c.KL, c.REWARD, c.CLIP_RATIO, c.RESPONSE_LENGTH, c.LR),
+    "EntropySliding": (c.KL, c.REWARD, c.CLIP_RATIO, c.RESPONSE_LENGTH, c.LR),
+    "KLDivergence": (c.ENTROPY, c.REWARD, c.CLIP_RATIO, c.LR),
+    "KLClimbing": (c.ENTROPY, c.REWARD, c.CLIP_RATIO, c.LR),
+    "GradNormHigh": (c.LR, c.LOSS, c.LOSS_SCALE, c.CLIP_RATIO),
+    "GradNormBlowingUp": (c.LR, c.LOSS, c.LOSS_SCALE, c.CLIP_RATIO),
+    "NoLearningSignal": (c.REWARD, c.REWARD_STD, c.RESPONSE_LENGTH, c.ENTROPY),
+    "LearningSignalFading": (c.REWARD, c.REWARD_STD, c.RESPONSE_LENGTH, c.ENTROPY),
+    "RewardStuck": (c.REWARD_STD, c.FRAC_REWARD_ZERO_STD, c.RESPONSE_LENGTH),
+    "RewardCollapsing": (c.REWARD_STD, c.ENTROPY, c.KL, c.RESPONSE_LENGTH),
+    "CompletionsTruncated": (c.RESPONSE_LENGTH, c.REWARD, c.ENTROPY),
+    "ResponseLengthRunaway": (c.CLIPPED_RATIO, c.REWARD, c.ENTROPY),
+}
+_DEFAULT_RELATED = (c.GRAD_NORM, c.LR)
+_TIES = "Every completion of a group scored alike: check the reward function (a constant, an " \
+        "answer parser that fails on every output) and the prompts' difficulty."
+
+
+@dataclass(frozen=True, slots=True)
+class Related:
+    """A related metric's values over the steps around an onset."""
+
+    metric: str
+    key: str  # as logged
+    values: tuple[tuple[int, float], ...]
+
+    def describe(self) -> str:
+        shown = ", ".join(f"{step}: {_fmt(v)}" for step, v in self.values)
+        first, last = self.values[0][1], self.values[-1][1]
+        trend = ""
+        if math.isfinite(first) and math.isfinite(last) and len(self.values) > 1:
+            if first and abs(last / first) >= 2:
+                trend = f" (x{last / first:.3g})"
+            elif last and abs(first / last) >= 2:
+                trend = f" (/{first / last:.3g})"
+        return f"{self.key}: {shown}{trend}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"metric": self.metric, "key": self.key,
+                "values": [[s, json_number(v)] for s, v in self.values]}
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """An alert transition (or a sanity finding) with what explains it."""
+
+    run: str
+    role: str
+    step: int
+    alert: str
+    severity: str
+    state: str  # firing | resolved | found (sanity)
+    metric: str
+    key: str  # the metric as the run logged it
+    value: float | None
+    since: int | None = None  # the first step its condition held
+    condition: str = ""
+    what_to_check: str = ""
+    value_is: str = ""  # the key's reduction and fidelity
+    lossy: bool = False
+    related: tuple[Related, ...] = ()
+    detail: str = ""
+    source: str = "rules"  # rules | sanity
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": "finding", "run": self.run, "role": self.role, "step": self.step,
+            "alert": self.alert, "severity": self.severity, "state": self.state,
+            "metric": self.metric, "key": self.key, "value": json_number(self.value),
+            "nonfinite": None if self.value is None or math.isfinite(self.value)
+            else _fmt(self.value),
+            "since": self.since, "condition": self.condition, "value_is": self.value_is,
+            "lossy": self.lossy, "detail": self.detail, "what_to_check": self.what_to_check,
+            "related": [r.to_json() for r in self.related], "source": self.source,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    run: LoggedRun
+    keymap: KeyMap
+    findings: tuple[Finding, ...]
+    steps: tuple[tuple[StepRecord, tuple[AlertEvent, ...]], ...] = ()
+    lossy_keys: tuple[str, ...] = ()  # the sanity layer's word on each lossy relayed key
+    no_known_keys: bool = False
+
+    def worst(self) -> str | None:
+        severities = {f.severity for f in self.findings if f.state != "resolved"}
+        return next((s for s in ("critical", "warning") if s in severities), None)
+
+    def to_json(self) -> dict[str, Any]:
+        run = self.run
+        return {
+            "type": "source", "source": run.source, "format": run.format, "run": run.name,
+            "steps": run.steps, "framework": self.keymap.framework,
+            "framework_how": self.keymap.how,
+            "keys": [k.to_json() for k in self.keymap.keys], "notes": list(run.notes),
+            "lossy_keys": list(self.lossy_keys), "findings": len(self.findings),
+        }
+
+
+def _fmt(value: float) -> str:
+    if value != value:
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    return f"{value:.4g}"
+
+
+def to_records(run: LoggedRun, keymap: KeyMap) -> list[StepRecord]:
+    """The run's steps as step records under the mapped names (one stream per run)."""
+    if run.records:
+        return list(run.records)
+    names = {info.key: info.name for info in keymap.keys if info.name}
+    return [
+        StepRecord(run=run.name, role=ROLE, step=step, complete=True, ranks_expected=1,
+                   ranks_reporting=1, missing_ranks=(),
+                   metrics={names[k]: v for k, v in values.items() if k in names})
+        for step, values in run.rows.items()
+    ]
+
+
+def _stream(steps: Sequence[tuple[StepRecord, Any]], run: str, role: str) -> list[StepRecord]:
+    return [r for r, _ in steps if r.run == run and r.role == role]
+
+
+def _since(stream: list[StepRecord], event: AlertEvent, rule: Rule | None) -> int | None:
+    """The first step of the run of steps (holding the metric) the rule needed to fire."""
+    if rule is None or event.state != "firing":
+        return None
+    need = rule.for_steps
+    holding = [r.step for r in stream if r.step <= event.step
+               and (not event.metric or event.metric in r.metrics)]
+    return holding[-need] if len(holding) >= need else event.step
+
+
+def _related(stream: list[StepRecord], event: AlertEvent, since: int | None,
+             keymap: KeyMap) -> tuple[Related, ...]:
+    onset = since if since is not None else event.step
+    index = next((i for i, r in enumerate(stream) if r.step >= onset), 0)
+    end = next((i for i, r in enumerate(stream) if r.step > event.step), len(stream))
+    window = stream[max(0, index - _BEFORE):max(end, index + 1)]
+    keys = {info.name: info.key for info in keymap.keys if info.name}
+    out = []
+    metrics = (event.metric, *_RELATED.get(event.alert, _DEFAULT_RELATED))
+    for metric in dict.fromkeys(m for m in metrics if m):
+        values = tuple((r.step, r.metrics[metric]) for r in window if metric in r.metrics)
+        if values:
+            out.append(Related(metric, keys.get(metric, metric), values))
+    return tuple(out)
+
+
+def _detail(stream: list[StepRecord], event: AlertEvent) -> str:
+    if event.alert != "NonFiniteMetric" or event.state != "firing":
+        return ""
+    record = next(r for r in stream if r.step == event.step)
+    bad = sorted(n for n, v in record.metrics.items() if not math.isfinite(v))
+    earlier = [r for r in stream if r.step < event.step]
+    text = f"non-finite at step {event.step}: {', '.join(bad)}"
+    if earlier:
+        text += f"; every metric was finite at step {earlier[-1].step}"
+    return text
+
+
+def _hint(event: AlertEvent, related: tuple[Related, ...]) -> str:
+    """What to check, from the catalog, sharpened by the context where it tells more."""
+    hint = event.what_to_check
+    if event.alert == "NonFiniteMetric":
+        grad = next((r for r in related if r.metric == c.GRAD_NORM), None)
+        before = [v for s, v in grad.values if s < event.step] if grad else []
+        if before and math.isfinite(before[-1]):
+            rising = len(before) > 1 and before[-1] > 2 * before[0]
+            hint = (f"The gradient norm before it was {_fmt(before[-1])}"
+                    + (" and rising: an explosion; lower the learning rate, clip gradients, "
+                       "check the loss scale." if rising else
+                       ", not exploding: look for a NaN input instead (a reward, an advantage "
+                       "over a group of one, a log of zero)."))
+        else:
+            hint = ("A value became NaN or Inf: check the rewards and advantages fed to the "
+                    "loss, the learning rate and the loss scale.")
+    elif event.alert in ("NoLearningSignal", "LearningSignalFading") and not hint:
+        hint = _TIES
+    return hint
+
+
+def diagnose(run: LoggedRun, rules: Sequence[Rule] | None = None,
+             framework: str | None = None) -> Diagnosis:
+    """Map the run's keys, evaluate the rules and the sanity layer step by step."""
+    keys = run.keys
+    keymap = rlmon_key_map(keys) if run.records else map_keys(keys, framework, run.framework)
+    rules = default_rules() if rules is None else list(rules)
+    by_rule = {r.name: r for r in rules}
+    records = to_records(run, keymap)
+    steps = evaluate_in_order(AlertEngine(rules), records)
+    names = keymap.by_name()
+    findings: list[Finding] = []
+    streams: dict[tuple[str, str], list[StepRecord]] = {}
+    for _, events in steps:
+        for event in events:
+            stream = streams.get((event.run, event.role))
+            if stream is None:
+                stream = streams[(event.run, event.role)] = _stream(steps, event.run, event.role)
+            since = _since(stream, event, by_rule.get(event.alert))
+            related = _related(stream, event, since, keymap) if event.state == "firing" else ()
+            info = names.get(event.metric)
+            findings.append(Finding(
+                event.run, event.role, event.step, event.alert, event.severity, event.state,
+                event.metric, info.key if info else event.metric, event.value, since,
+                event.condition, _hint(event, related) if event.state == "firing" else "",
+                info.describe() if info else "", bool(info and info.lossy), related,
+                _detail(stream, event) or event.detail))
+    findings.extend(_sanity(records, keymap))
+    findings.sort(key=lambda f: (f.run, f.role, f.step, f.source != "rules"))
+    lossy = tuple(w.message for w in sanity.relay_warnings(
+        keymap.framework, [i.key.removeprefix("train/") for i in keymap.keys])) \
+        if keymap.framework else ()
+    known = any(info.status in (KeyStatus.CANONICAL, KeyStatus.RELAYED) for info in keymap.keys)
+    return Diagnosis(run, keymap, tuple(findings),
+                     tuple((r, tuple(e)) for r, e in steps), lossy, not known)
+
+
+def _sanity(records: list[StepRecord], keymap: KeyMap) -> list[Finding]:
+    names = keymap.by_name()
+    checkers: dict[tuple[str, str], sanity.SanityChecker] = {}
+    out = []
+    for record in sorted(records, key=lambda r: r.identity):
+        checker = checkers.setdefault((record.run, record.role), sanity.SanityChecker())
+        for found in checker.observe(record.step, record.metrics):
+            info = names.get(found.metric)
+            out.append(Finding(
+                record.run, record.role, record.step, found.kind.value, found.severity,
+                "found", found.metric, info.key if info else found.metric,
+                record.metrics.get(found.metric), what_to_check=found.message,
+                value_is=info.describe() if info else "", lossy=bool(info and info.lossy),
+                source="sanity"))
+    return out
+

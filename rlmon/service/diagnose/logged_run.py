@@ -1,0 +1,91 @@
+"""What a reader hands on: one run's logged values per step, as the writer wrote them."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from rlmon.service.contract.step_record import StepRecord
+
+__all__ = ["LogError", "LoggedRun", "ReadProblem", "run_name", "to_float"]
+
+_NAME_BAD = re.compile(r"[^A-Za-z0-9_.:-]+")
+
+
+class LogError(Exception):
+    """A file cannot be read as the log it should be; the message says what was expected."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class ReadProblem:
+    """A file (or part of one) that could not be read; what could be read is still diagnosed."""
+
+    path: str
+    message: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"type": "error", "file": self.path, "error": self.message}
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedRun:
+    """One run's values: ``rows[step][key]`` as logged (NaN and Inf kept as floats).
+
+    ``framework`` is set when the writer itself says which framework wrote it (verl's file
+    logger); ``records`` holds steps rlmon aggregated itself (its own files), whose names are
+    canonical already. ``notes`` says how the format spells things the reader had to interpret.
+    """
+
+    source: str
+    format: str
+    name: str
+    rows: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
+    framework: str | None = None
+    records: tuple[StepRecord, ...] = ()
+    problems: tuple[ReadProblem, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def steps(self) -> int:
+        return len(self.records) if self.records else len(self.rows)
+
+    @property
+    def keys(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for values in self.rows.values():
+            seen.update(dict.fromkeys(values))
+        for record in self.records:
+            seen.update(dict.fromkeys(record.metrics))
+        return list(seen)
+
+
+def run_name(text: str) -> str:
+    """A contract-valid run name (``[A-Za-z0-9_.:-]``, at most 128 characters) from a label."""
+    name = _NAME_BAD.sub("-", text).strip("-") or "run"
+    return name[-128:]
+
+
+def to_float(value: object) -> float | None:
+    """A logged scalar as a float; None for what is not a number (text, a table, a bool)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        special = {"nan": math.nan, "inf": math.inf, "infinity": math.inf,
+                   "-inf": -math.inf, "-infinity": -math.inf}
+        if text.lower() in special:
+            return special[text.lower()]
+        try:
+            return float(text)
+        except ValueError:
+            return None
+    return None

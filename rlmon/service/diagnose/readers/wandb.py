@@ -1,0 +1,173 @@
+"""W&B runs: an offline run directory (``wandb/offline-run-*``) and history exports.
+
+An offline run's ``run-<id>.wandb`` file is W&B's transaction log: LevelDB log framing (32 KiB
+blocks of checksummed chunks) around serialized ``wandb.proto.wandb_internal_pb2.Record``
+messages. The W&B SDK no longer ships a Python reader for the framing (its Go core reads it), so
+the framing is read here and each record is parsed with W&B's own protobuf classes; history
+items carry their value as JSON (``NaN`` and ``Infinity`` included).
+
+The step of a row is the trainer's when the row names it (``train/global_step``, as the Hugging
+Face callback logs it, or ``global_step``), else W&B's ``_step``. A history export is the same
+rows as JSON lines or CSV (an empty cell or a null is a key not logged at that step).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import struct
+import zlib
+from collections import defaultdict
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from rlmon.service.diagnose.logged_run import (
+    LogError,
+    LoggedRun,
+    ReadProblem,
+    run_name,
+    to_float,
+)
+from rlmon.service.diagnose.readers.json_lines import objects
+
+__all__ = ["STEP_KEYS", "read_wandb_csv", "read_wandb_jsonl", "read_wandb_run", "run_files"]
+
+STEP_KEYS = ("train/global_step", "global_step", "trainer/global_step", "_step")
+_HEADER = struct.Struct("<4sHB")  # ident, magic, version
+_CHUNK = struct.Struct("<IHB")  # checksum (crc32 of type byte and data), length, type
+_IDENT, _MAGIC, _VERSION = b":W&B", 0xBEE1, 0
+_BLOCK = 32768
+_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
+
+
+def run_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob("run-*.wandb"))
+
+
+def _payloads(data: bytes, path: str, problems: list[ReadProblem]) -> Iterator[bytes]:
+    """The records' bytes, reassembled from their chunks; damage stops the scan, reported."""
+    if len(data) < _HEADER.size or _HEADER.unpack_from(data) != (_IDENT, _MAGIC, _VERSION):
+        raise LogError(path, "not a W&B transaction log (expected the ':W&B' header)")
+    offset, pending = _HEADER.size, b""
+    while offset < len(data):
+        room = _BLOCK - offset % _BLOCK
+        if room < _CHUNK.size:  # the block's trailer
+            offset += room
+            continue
+        if offset + _CHUNK.size > len(data):
+            problems.append(ReadProblem(path, f"truncated at byte {offset} (a partial chunk "
+                                        "header); the records before it are diagnosed"))
+            return
+        checksum, length, kind = _CHUNK.unpack_from(data, offset)
+        if kind == 0 and length == 0:  # zero padding after the last record
+            return
+        body = data[offset + _CHUNK.size:offset + _CHUNK.size + length]
+        if len(body) < length:
+            problems.append(ReadProblem(path, f"truncated at byte {offset} (a record cut "
+                                        "short); the records before it are diagnosed"))
+            return
+        if zlib.crc32(body, zlib.crc32(bytes([kind]))) != checksum or kind not in (
+                _FULL, _FIRST, _MIDDLE, _LAST):
+            problems.append(ReadProblem(path, f"corrupt record at byte {offset} (checksum or "
+                                        "type); the records before it are diagnosed"))
+            return
+        offset += _CHUNK.size + length
+        if kind in (_FULL, _FIRST):
+            pending = b""
+        pending += body
+        if kind in (_FULL, _LAST):
+            yield pending
+            pending = b""
+
+
+def _row(items: Mapping[str, Any]) -> tuple[int | None, dict[str, float]]:
+    values = {k: v for k, v in ((k, to_float(v)) for k, v in items.items()) if v is not None}
+    step = next((values[k] for k in STEP_KEYS if k in values and values[k] == values[k]), None)
+    return (None if step is None else int(step)), values
+
+
+def read_wandb_run(path: Path) -> LoggedRun:
+    """An offline run directory or its ``run-*.wandb`` file."""
+    from wandb.proto import wandb_internal_pb2
+
+    files = run_files(path) if path.is_dir() else [path]
+    if not files:
+        raise LogError(str(path), "no W&B run file (run-<id>.wandb) in this directory")
+    problems: list[ReadProblem] = []
+    rows: dict[int, dict[str, float]] = defaultdict(dict)
+    name = path.name
+    for file in files:
+        try:
+            data = file.read_bytes()
+        except OSError as exc:
+            raise LogError(str(file), f"cannot read: {exc.strerror or exc}") from None
+        for payload in _payloads(data, str(file), problems):
+            record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
+            try:
+                record.ParseFromString(payload)
+            except Exception as exc:  # protobuf's DecodeError: name it, go on
+                problems.append(ReadProblem(str(file), f"a record is not a W&B Record: {exc}"))
+                continue
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                name = record.run.display_name or record.run.run_id or name
+            elif kind == "history":
+                items = {"/".join(i.nested_key) if i.nested_key else i.key: json.loads(i.value_json)
+                         for i in record.history.item if i.value_json}
+                step, values = _row(items)
+                rows[record.history.step.num if step is None else step].update(values)
+    if not rows and not problems:
+        raise LogError(str(path), "the W&B run holds no history rows (nothing was logged)")
+    return LoggedRun(str(path), "wandb-offline", run_name(name), dict(sorted(rows.items())),
+                     problems=tuple(problems))
+
+
+def read_wandb_jsonl(path: Path) -> LoggedRun:
+    problems: list[ReadProblem] = []
+    rows: dict[int, dict[str, float]] = defaultdict(dict)
+    for number, obj in objects(path, problems):
+        step, values = _row(_flat(obj))
+        if step is None:
+            problems.append(ReadProblem(f"{path}:{number}", "a history row without a step ("
+                                        + ", ".join(STEP_KEYS) + ")"))
+            continue
+        rows[step].update(values)
+    return LoggedRun(str(path), "wandb-history-jsonl", run_name(path.stem),
+                     dict(sorted(rows.items())), problems=tuple(problems))
+
+
+def read_wandb_csv(path: Path) -> LoggedRun:
+    problems: list[ReadProblem] = []
+    rows: dict[int, dict[str, float]] = defaultdict(dict)
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            fields = reader.fieldnames or []
+            if not any(k in fields for k in STEP_KEYS):
+                raise LogError(str(path), "expected a W&B history export: a CSV header with a "
+                               "step column (" + ", ".join(STEP_KEYS) + ")")
+            for number, row in enumerate(reader, start=2):
+                if None in row or any(v is None for v in row.values()):
+                    problems.append(ReadProblem(f"{path}:{number}", "the row has "
+                                                "another number of cells than the header"))
+                    continue
+                step, values = _row({k: v for k, v in row.items() if v != ""})
+                if step is None:
+                    problems.append(ReadProblem(f"{path}:{number}", "no step in this row"))
+                    continue
+                rows[step].update(values)
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise LogError(str(path), f"cannot read as CSV: {exc}") from None
+    return LoggedRun(str(path), "wandb-history-csv", run_name(path.stem),
+                     dict(sorted(rows.items())), problems=tuple(problems))
+
+
+def _flat(obj: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in obj.items():
+        if isinstance(value, dict) and not value.get("_type"):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
