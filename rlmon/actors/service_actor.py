@@ -66,15 +66,18 @@ def service_actor_class() -> Any:
             self, config: str | None, state_dir: str | None, port: int | None,
             host: str | None, shards: int, rules: str | None = None, creator: str = "",
         ) -> None:
-            """``port`` None: the config's ``exporter.port``; a taken port gives way to a free
-            one, said in :meth:`layout`. ``creator`` names the process that started it."""
+            """``port`` None: the config's ``exporter.port``. Only the default port gives way
+            to a free one when taken (said in :meth:`layout`); a port asked for (here, by
+            RLMON_PORT or in the config) that is taken is an error naming it. ``creator``
+            names the process that started it."""
             settings = load_config(config)
+            asked = port is not None or "port" in settings.exporter.model_fields_set
             wanted = port if port is not None else settings.exporter.port
             self.console = ConsoleBuffer()  # printed by the process that started the service
             self.core = ServiceCore(
                 settings, state_dir=state_dir, port=wanted, host=host,
-                rules=load_rules(rules) if rules is not None else None, port_fallback=True,
-                transports={"console": self.console})
+                rules=load_rules(rules) if rules is not None else None,
+                port_fallback=not asked, transports={"console": self.console})
             self.shards, self.creator, self.state_dir = shards, creator, state_dir
             self.started = time.time()
 

@@ -83,7 +83,7 @@ def run_serve(args: argparse.Namespace, stop: threading.Event | None = None) -> 
         print(f"rlmon serve: {exc}", file=sys.stderr)
         return 2
     install_redaction(settings.secret_values())
-    port, host = exporter_address(args, settings)
+    host = exporter_address(args, settings)[1]
 
     import ray
 
@@ -95,7 +95,9 @@ def run_serve(args: argparse.Namespace, stop: threading.Event | None = None) -> 
     ray.init(**init)
     opts = RuntimeOptions(
         config=_absolute(args.config), rules=_absolute(args.rules),
-        state_dir=_absolute(args.state_dir), port=port, host=host, shards=args.shards,
+        # no --port: the service takes the config's (or RLMON_PORT), and only the default
+        # gives way to a free port when taken
+        state_dir=_absolute(args.state_dir), port=args.port, host=host, shards=args.shards,
         detached=args.detached, deadline_s=args.deadline,
         service_resource=args.service_resource or None,
     )

@@ -245,6 +245,22 @@ class ExporterConfig(_Section):
     max_series: int = Field(default=10_000, ge=1)
     run_ttl_seconds: float = Field(default=900.0, gt=0.0)  # no step for this long: dead
     finished_run_ttl_seconds: float = Field(default=120.0, ge=0.0)
+    # the run page and its /api/ (not /metrics, /healthz) answer only requests carrying this
+    # token (docs/page.md); from RLMON_EXPORTER__TOKEN or a file, never the YAML file itself
+    token: SecretStr | None = None
+    token_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _resolve_token(self) -> ExporterConfig:
+        value = self.token.get_secret_value() if self.token is not None else ""
+        if not value and self.token_file is not None:
+            try:
+                value = Path(self.token_file).read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise ValueError(f"token_file: cannot read {self.token_file}: "
+                                 f"{exc.strerror}") from None
+        object.__setattr__(self, "token", SecretStr(value) if value else None)
+        return self
 
 
 class RetentionConfig(_Section):
@@ -341,7 +357,8 @@ class Settings(BaseSettings):
 
     def secret_values(self) -> list[str]:
         n = self.notifiers
-        found = [n.slack.webhook_url, n.pagerduty.routing_key, n.webhook.url, n.webhook.token]
+        found = [n.slack.webhook_url, n.pagerduty.routing_key, n.webhook.url, n.webhook.token,
+                 self.exporter.token]
         return [s.get_secret_value() for s in found if s is not None]
 
     def redactor(self) -> Redactor:
@@ -364,6 +381,10 @@ _SECRET_KEYS = set(SECRET_ENV)
 
 
 def _reject_file_secrets(data: dict[str, Any], source: str) -> None:
+    exporter = data.get("exporter")
+    if isinstance(exporter, dict) and exporter.get("token"):
+        raise ConfigError(f"{source}: exporter.token: secrets are not read from the config file; "
+                          "set RLMON_EXPORTER__TOKEN or exporter.token_file")
     notifiers = data.get("notifiers") or {}
     if not isinstance(notifiers, dict):
         return

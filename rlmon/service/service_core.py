@@ -151,15 +151,47 @@ class ServiceCore:
         self.server: MetricsServer | None = None
         self.wanted_port = port
         self.host = host or exp.host
+        self._web_reader: HistoryStore | None = None
         if port is not None:
+            web = self._web_app(state)
             try:
-                self.server = serve_metrics(self.metrics, port, self.host, health=self.healthy)
+                self.server = serve_metrics(self.metrics, port, self.host, health=self.healthy,
+                                            web=web)
             except OSError as exc:
                 if not port_fallback:
-                    raise
+                    self.close(0.0)
+                    raise OSError(exc.errno, f"rlmon: the requested port {port} on {self.host} "
+                                  f"is taken ({exc.strerror}); free it or ask for another "
+                                  "(--port, RLMON_PORT, exporter.port; 0 takes any free "
+                                  "port)") from exc
                 _log.warning("rlmon: port %s on %s is taken (%s); serving /metrics on a free "
                              "port", port, self.host, exc)
-                self.server = serve_metrics(self.metrics, 0, self.host, health=self.healthy)
+                self.server = serve_metrics(self.metrics, 0, self.host, health=self.healthy,
+                                            web=web)
+
+    def _web_app(self, state: Path | None) -> Any:
+        """The run page (rlmon.service.web): it reads the history store through its own
+        read-only connection, never under the lock the alert path writes with (an in-memory
+        store, in tests, has only the one connection)."""
+        import ipaddress
+
+        from rlmon.service.web.api import WebApi
+        from rlmon.service.web.server import WebApp
+
+        reader = self.history
+        if state is not None:
+            reader = self._web_reader = HistoryStore(state / "history.sqlite", read_only=True)
+        token = self.settings.exporter.token
+        try:
+            loopback = ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            loopback = self.host == "localhost"
+        if not loopback and token is None:
+            _log.warning("rlmon: the run page and /api/ on %s are open to whoever reaches it "
+                         "(worst samples included): set exporter.token_file or "
+                         "RLMON_EXPORTER__TOKEN (docs/page.md)", self.host)
+        return WebApp(WebApi(reader, self.engine.rules),
+                      token.get_secret_value() if token is not None else None)
 
     @classmethod
     def from_config(
@@ -467,5 +499,8 @@ class ServiceCore:
         if self.server is not None:
             self.server.close()
             self.server = None
+        if self._web_reader is not None:
+            self._web_reader.close()
+            self._web_reader = None
         self.history.close()
         return drained

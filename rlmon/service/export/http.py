@@ -1,4 +1,5 @@
-"""Serve the exporter: ``/metrics`` (Prometheus text or OpenMetrics) and ``/healthz``.
+"""Serve the exporter: ``/metrics`` (Prometheus text or OpenMetrics) and ``/healthz``, and
+beside them, when given, the run page's app (``/``, ``/static/``, ``/api/``: docs/page.md).
 
 A threaded WSGI server of the standard library around client_python's WSGI app; the caller picks
 the address (``0.0.0.0`` in a pod, ``127.0.0.1`` in tests).
@@ -20,6 +21,7 @@ from rlmon.service.export.exporter import MetricsState, RlmonCollector
 __all__ = ["MetricsServer", "build_registry", "serve_metrics"]
 
 Health = Callable[[], "bool | tuple[bool, str]"]
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
@@ -40,7 +42,8 @@ def build_registry(state: MetricsState, process: bool = True) -> CollectorRegist
     return registry
 
 
-def _app(registry: CollectorRegistry, health: Health | None) -> Callable[..., Iterable[bytes]]:
+def _app(registry: CollectorRegistry, health: Health | None,
+         web: WsgiApp | None = None) -> Callable[..., Iterable[bytes]]:
     metrics = make_wsgi_app(registry)
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -54,6 +57,8 @@ def _app(registry: CollectorRegistry, health: Health | None) -> Callable[..., It
             return [(reason if ok else f"unhealthy: {reason}").encode() + b"\n"]
         if path in ("/metrics", "/metrics/"):
             return metrics(environ, start_response)
+        if web is not None:
+            return web(environ, start_response)
         start_response("404 Not Found", [("Content-Type", "text/plain")])
         return [b"rlmon exporter: see /metrics and /healthz\n"]
 
@@ -83,15 +88,17 @@ class MetricsServer:
 
 def serve_metrics(
     state_or_registry: MetricsState | CollectorRegistry, port: int = 9400,
-    host: str = "127.0.0.1", health: Health | None = None,
+    host: str = "127.0.0.1", health: Health | None = None, web: WsgiApp | None = None,
 ) -> MetricsServer:
     """Start serving on a daemon thread; returns at once. Loopback unless ``host`` says otherwise:
-    /metrics and /healthz carry no authentication (docs/deploy.md, "Exposing /metrics")."""
+    /metrics and /healthz carry no authentication (docs/deploy.md, "Exposing /metrics");
+    ``web`` answers every other path (the run page, with its own optional token)."""
     registry = (
         build_registry(state_or_registry)
         if isinstance(state_or_registry, MetricsState) else state_or_registry
     )
-    server = make_server(host, port, _app(registry, health), _ThreadingServer, _QuietHandler)
+    server = make_server(host, port, _app(registry, health, web), _ThreadingServer,
+                         _QuietHandler)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
                               daemon=True, name="rlmon-metrics")
     thread.start()

@@ -148,16 +148,28 @@ class HistoryStore:
     """Append-only store of step lines (the replay contract's JSON) and alert transitions."""
 
     def __init__(self, path: str | Path = ":memory:", *, sample_payload_bytes: int = 32_768,
-                 ) -> None:
+                 read_only: bool = False) -> None:
         """``sample_payload_bytes``: payload text kept per sample metric and step (the rest is
-        cut, counted in ``sample_payloads_cut``)."""
+        cut, counted in ``sample_payloads_cut``). ``read_only``: a reader's own connection to
+        a store another connection writes (the web page's: in WAL mode it never blocks the
+        writer); the file must exist."""
         self.sample_payload_bytes = sample_payload_bytes
         self.sample_payloads_cut = 0
-        self._db = open_database(path, _SCHEMA)
         self._lock = threading.Lock()
         self.closed = False
+        if read_only:
+            self._db = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True,
+                                       check_same_thread=False, isolation_level=None)
+            return
+        self._db = open_database(path, _SCHEMA)
         _add_attempts(self._db)
         _add_score(self._db)
+
+    def read(self, query: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """The rows of one read query (for readers with their own questions, such as the web
+        page's curves)."""
+        with self._lock:
+            return self._db.execute(query, args).fetchall()
 
     def add(
         self, records: Sequence[StepRecord], events: Iterable[AlertEvent] = (),

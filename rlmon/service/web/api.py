@@ -1,0 +1,343 @@
+"""The JSON API under ``/api/`` that the run page uses and scripts can use (docs/page.md).
+
+Every answer is read from the history store through the reader's own connection (read-only when
+the store is a file), so a slow request never holds the lock the alert path writes under.
+
+- ``GET /api/runs``: every (run, role) with its state, last step, ranks reporting, firing alerts
+- ``GET /api/curves?run=R&role=A[&from=S&to=S&points=N]``: the key curves, downsampled, with the
+  alert transitions in the range
+- ``GET /api/alerts[?run=R&firing=1&limit=N]``: what ``rlmon alerts --json`` prints
+- ``GET /api/alert?run=R&role=A&alert=NAME[&step=S]``: one alert: its condition, the values
+  around its onset, what to check, its worst samples and the onset step's timeline per rank
+- ``GET /api/trace?run=R[&role=A&from=S&to=S]``: the Perfetto trace of those steps (a download)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rlmon.service.alerting.rules import Rule
+from rlmon.service.metrics import catalog
+from rlmon.service.storage.history import HistoryStore
+from rlmon.service.storage.stored_samples import items_to_json
+from rlmon.service.web.curves import ColumnCache, downsample
+
+__all__ = ["PANELS", "ApiError", "Panel", "WebApi", "alerts_json"]
+
+StreamStates = Callable[[], Mapping[tuple[str, str], str]]
+Goodput = Callable[[], Mapping[tuple[str, str], float]]
+
+
+@dataclass(frozen=True, slots=True)
+class Panel:
+    """One chart of the run page: a title and the catalog metrics drawn in it."""
+
+    title: str
+    metrics: tuple[str, ...]
+
+
+PANELS: tuple[Panel, ...] = (
+    Panel("IS ratio and its extremes",
+          (catalog.IS_RATIO, catalog.IS_RATIO_MIN, catalog.IS_RATIO_MAX)),
+    Panel("log-prob mismatch", (catalog.LOGP_DIFF, catalog.LOGP_DIFF_MAX)),
+    Panel("KL to the reference", (catalog.KL,)),
+    Panel("entropy", (catalog.ENTROPY,)),
+    Panel("clip ratio", (catalog.CLIP_RATIO,)),
+    Panel("reward", (catalog.REWARD,)),
+    Panel("grad norm", (catalog.GRAD_NORM,)),
+    Panel("response length", (catalog.RESPONSE_LENGTH,)),
+    Panel("policy lag", (catalog.POLICY_LAG,)),
+    Panel("step time", (catalog.STEP_SECONDS,)),
+)
+_KEY_METRICS = tuple(m for p in PANELS for m in p.metrics)
+_MAX_OTHER = 12  # a role without any key metric shows up to this many of its own
+_AROUND = 20  # steps either side of an alert's onset
+
+
+class ApiError(Exception):
+    """A request the API refuses: ``status`` and a message naming the parameter."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _number(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
+
+
+def _int_param(params: Mapping[str, str], name: str, default: int | None = None,
+               low: int = 0, high: int = 2**62) -> int | None:
+    text = params.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ApiError(400, f"{name}: not an integer: {text!r}") from None
+    if not low <= value <= high:
+        raise ApiError(400, f"{name}: {value} is outside [{low}, {high}]")
+    return value
+
+
+def _required(params: Mapping[str, str], name: str) -> str:
+    value = params.get(name)
+    if not value:
+        raise ApiError(400, f"missing parameter {name!r}")
+    return value
+
+
+def alerts_json(store: HistoryStore, run: str | None = None, firing_only: bool = False,
+                limit: int = 20) -> dict[str, list[dict[str, Any]]]:
+    """The firing alerts, recent transitions and stop decisions: ``rlmon alerts --json``."""
+    found: dict[str, list[dict[str, Any]]] = {"firing": store.firing_alerts(run)}
+    if not firing_only:
+        found["recent"] = store.recent_alerts(run, max(limit, 0))
+    found["stops"] = [d.to_json() for d in store.stops(run)]
+    return found
+
+
+class WebApi:
+    """Answers the API's requests from one history store (see the module docstring)."""
+
+    def __init__(self, store: HistoryStore, rules: Sequence[Rule] = (), *,
+                 states: StreamStates | None = None, goodput: Goodput | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        """``store``: a reader's own (read-only) store. ``rules``: the engine's, for the
+        conditions in words. ``states``: the liveness state per (run, role) once the service
+        keeps one; ``goodput``: the productive fraction per (run, role) once it is measured."""
+        self.store = store
+        self.rules = {r.name: r for r in rules}
+        self.states = states
+        self.goodput = goodput
+        self.clock = clock
+        self.columns = ColumnCache(store)
+
+    def handle(self, path: str, params: Mapping[str, str]) -> tuple[str, bytes]:
+        """(content type, body) of ``GET path``; raises :class:`ApiError`."""
+        if path == "/api/trace":
+            return "application/octet-stream", self.trace(params)
+        handlers: dict[str, Callable[[Mapping[str, str]], Any]] = {
+            "/api/runs": self.runs, "/api/curves": self.curves, "/api/alerts": self.alerts,
+            "/api/alert": self.alert,
+        }
+        handler = handlers.get(path.rstrip("/"))
+        if handler is None:
+            raise ApiError(404, f"no such endpoint: {path} (see {', '.join(handlers)}, "
+                                "/api/trace)")
+        return "application/json", json.dumps(handler(params), allow_nan=False).encode()
+
+    # --- runs ----------------------------------------------------------------------------------
+
+    def runs(self, params: Mapping[str, str]) -> dict[str, Any]:
+        rows = self.store.read(
+            "SELECT s.run, s.role, s.attempt, COUNT(*), MIN(s.step), MAX(s.step), "
+            "MAX(s.finalized_at) FROM steps s WHERE s.attempt = (SELECT MAX(attempt) FROM steps "
+            "u WHERE u.run = s.run AND u.role = s.role) GROUP BY s.run, s.role, s.attempt")
+        firing: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for a in self.store.firing_alerts():
+            firing.setdefault((a["run"], a["role"]), []).append(
+                {"alert": a["alert"], "severity": a["severity"], "step": a["step"],
+                 "metric": a["metric"]})
+        states = dict(self.states()) if self.states is not None else {}
+        goodput = dict(self.goodput()) if self.goodput is not None else {}
+        now = self.clock()
+        out = []
+        for run, role, attempt, count, first, last, last_time in rows:
+            (reporting, expected, complete), = self.store.read(
+                "SELECT ranks_reporting, ranks_expected, complete FROM steps WHERE run = ? AND "
+                "role = ? AND attempt = ? AND step = ?", (run, role, attempt, last))
+            out.append({
+                "run": run, "role": role, "attempt": attempt, "steps": count,
+                "first_step": first, "last_step": last, "last_time": last_time,
+                "age_seconds": None if last_time is None else max(now - last_time, 0.0),
+                "ranks_reporting": reporting, "ranks_expected": expected,
+                "complete": bool(complete),
+                "state": states.get((run, role), "unknown"),
+                "goodput": goodput.get((run, role)),
+                "firing": firing.get((run, role), []),
+            })
+        out.sort(key=lambda r: (-(r["last_time"] or 0.0), r["run"], r["role"]))
+        (latest,), = self.store.read("SELECT COALESCE(MAX(id), 0) FROM alerts")
+        return {"runs": out, "alerts_seen": latest, "states_known": self.states is not None,
+                "now": now}
+
+    # --- curves --------------------------------------------------------------------------------
+
+    def _attempt(self, run: str, role: str, params: Mapping[str, str]) -> int:
+        asked = _int_param(params, "attempt")
+        if asked is not None:
+            return asked
+        (attempt,), = self.store.read(
+            "SELECT MAX(attempt) FROM steps WHERE run = ? AND role = ?", (run, role))
+        if attempt is None:
+            raise ApiError(404, f"no steps of run {run!r} role {role!r} in the history store")
+        return int(attempt)
+
+    def _roles(self, run: str) -> list[str]:
+        return [r for (r,) in self.store.read(
+            "SELECT DISTINCT role FROM steps WHERE run = ? ORDER BY role", (run,))]
+
+    def _panels(self, run: str, role: str, attempt: int) -> list[Panel]:
+        """The key panels of the metrics this role reports (its last step's names); a role with
+        none of them gets one panel per metric it has."""
+        names = {n for (n,) in self.store.read(
+            "SELECT j.key FROM steps s, json_each(s.line, '$.metrics') j WHERE s.run = ? AND "
+            "s.role = ? AND s.attempt = ? AND s.step = (SELECT MAX(step) FROM steps WHERE run = "
+            "? AND role = ? AND attempt = ?)", (run, role, attempt, run, role, attempt))}
+        (nonfinite,), = self.store.read(
+            "SELECT json_extract(line, '$.nonfinite') FROM steps WHERE run = ? AND role = ? AND "
+            "attempt = ? ORDER BY step DESC LIMIT 1", (run, role, attempt))
+        names |= set(json.loads(nonfinite or "{}"))
+        panels = [Panel(p.title, tuple(m for m in p.metrics if m in names)) for p in PANELS]
+        panels = [p for p in panels if p.metrics]
+        if panels:
+            return panels
+        return [Panel(n, (n,)) for n in sorted(names)[:_MAX_OTHER]]
+
+    def curves(self, params: Mapping[str, str]) -> dict[str, Any]:
+        run = _required(params, "run")
+        roles = self._roles(run)
+        if not roles:
+            raise ApiError(404, f"no steps of run {run!r} in the history store")
+        role = params.get("role") or ("actor" if "actor" in roles else roles[0])
+        attempt = self._attempt(run, role, params)
+        first = _int_param(params, "from")
+        last = _int_param(params, "to")
+        buckets = _int_param(params, "points", 800, 1, 100_000)
+        assert buckets is not None
+        panels = self._panels(run, role, attempt)
+        metrics = tuple(dict.fromkeys(m for p in panels for m in p.metrics))
+        cols = self.columns.get(run, role, attempt, metrics)
+        total_first = int(cols.steps[0]) if len(cols.steps) else None
+        total_last = int(cols.steps[-1]) if len(cols.steps) else None
+        shown = cols.window(first, last)
+        out_panels = []
+        for panel in panels:
+            series = [shown.values[m] for m in panel.metrics]
+            keep = downsample(shown.steps, series, buckets)
+            out_panels.append({
+                "title": panel.title,
+                "unit": catalog.get(panel.metrics[0]).unit.value
+                if catalog.lookup(panel.metrics[0]) else "",
+                "metrics": list(panel.metrics),
+                "help": [catalog.get(m).help if catalog.lookup(m) else "" for m in panel.metrics],
+                "x": shown.steps[keep].tolist(),
+                "y": [[_number(v) for v in s[keep].tolist()] for s in series],
+            })
+        lo = first if first is not None else total_first
+        hi = last if last is not None else total_last
+        return {
+            "run": run, "role": role, "attempt": attempt, "roles": roles,
+            "first_step": total_first, "last_step": total_last, "steps": len(cols.steps),
+            "from": lo, "to": hi, "shown_steps": len(shown.steps), "points": buckets,
+            "panels": out_panels,
+            "alerts": self._transitions(run, role, attempt, lo, hi),
+        }
+
+    def _transitions(self, run: str, role: str, attempt: int, lo: int | None,
+                     hi: int | None) -> list[dict[str, Any]]:
+        if lo is None or hi is None:
+            return []
+        rows = self.store.read(
+            "SELECT step, alert, severity, state, metric, value FROM alerts WHERE run = ? AND "
+            "role = ? AND attempt = ? AND step BETWEEN ? AND ? ORDER BY id",
+            (run, role, attempt, lo, hi))
+        keys = ("step", "alert", "severity", "state", "metric", "value")
+        return [dict(zip(keys, row, strict=True)) for row in rows]
+
+    # --- alerts --------------------------------------------------------------------------------
+
+    def alerts(self, params: Mapping[str, str]) -> dict[str, list[dict[str, Any]]]:
+        limit = _int_param(params, "limit", 20, 0, 100_000)
+        assert limit is not None
+        return alerts_json(self.store, params.get("run") or None,
+                           params.get("firing", "") in ("1", "true"), limit)
+
+    def alert(self, params: Mapping[str, str]) -> dict[str, Any]:
+        run, role, name = (_required(params, k) for k in ("run", "role", "alert"))
+        step = _int_param(params, "step")
+        query = ("SELECT step, severity, metric, value, attempt FROM alerts WHERE run = ? AND "
+                 "role = ? AND alert = ? AND state = 'firing'")
+        args: list[Any] = [run, role, name]
+        if step is not None:
+            query += " AND step = ?"
+            args.append(step)
+        rows = self.store.read(query + " ORDER BY id DESC LIMIT 1", args)
+        if not rows:
+            at = f" at step {step}" if step is not None else ""
+            raise ApiError(404, f"alert {name!r} of run {run!r} role {role!r} never fired{at}")
+        onset, severity, metric, value, attempt = rows[0]
+        resolved = self.store.read(
+            "SELECT MIN(step) FROM alerts WHERE run = ? AND role = ? AND attempt = ? AND "
+            "alert = ? AND state = 'resolved' AND step > ?", (run, role, attempt, name, onset))
+        resolved_step = resolved[0][0] if resolved else None
+        rule = self.rules.get(name)
+        spec = catalog.lookup(metric) if metric else None
+        around = None
+        if metric:
+            cols = self.columns.get(run, role, attempt, (metric,))
+            near = cols.window(onset - _AROUND, onset + _AROUND)
+            around = {"metric": metric, "x": near.steps.tolist(),
+                      "y": [_number(v) for v in near.values[metric].tolist()]}
+        return {
+            "run": run, "role": role, "attempt": attempt, "alert": name, "severity": severity,
+            "metric": metric, "value": value, "onset": onset, "resolved": resolved_step,
+            "firing": resolved_step is None,
+            "condition": rule.describe() if rule is not None else "",
+            "summary": rule.summary if rule is not None else "",
+            "what_to_check": spec.what_to_check if spec is not None else "",
+            "help": spec.help if spec is not None else "",
+            "around": around,
+            "samples": self._samples(run, role, onset, metric),
+            "timeline": self._timeline(run, role, onset),
+            "trace": f"/api/trace?run={_q(run)}&role={_q(role)}&from={onset}&to={onset}",
+        }
+
+    def _samples(self, run: str, role: str, step: int, metric: str) -> list[dict[str, Any]]:
+        """The worst samples stored at ``step``: the alert metric's sample metric first (all of
+        the step's sample metrics when it has none stored)."""
+        wanted = catalog.samples_for(metric) if metric else None
+        found = self.store.samples(run, role, step, wanted) if wanted else []
+        if not found:
+            found = self.store.samples(run, role, step)
+        return [{"metric": s.metric, "step": s.step, "cut": s.cut,
+                 "items": items_to_json(s.items)} for s in found]
+
+    def _timeline(self, run: str, role: str, step: int) -> dict[str, Any] | None:
+        stored = self.store.timelines(run, role, step, step)
+        if not stored:
+            return None
+        t = stored[0]
+        return {"step": t.step, "cut": t.cut, "ranks": [r.to_json() for r in t.ranks]}
+
+    def trace(self, params: Mapping[str, str]) -> bytes:
+        from rlmon.service.export.perfetto import TraceInput, build_trace
+
+        run = _required(params, "run")
+        role = params.get("role") or None
+        first = _int_param(params, "from", 0)
+        last = _int_param(params, "to")
+        assert first is not None
+        timelines = self.store.timelines(run, role, first, last)
+        if not timelines:
+            raise ApiError(404, f"no timelines of run {run!r} in steps {first}:"
+                                f"{'' if last is None else last}")
+        steps = [json.loads(line) for (line,) in self.store.read(
+            "SELECT line FROM steps WHERE run = ? AND step BETWEEN ? AND ?"
+            + (" AND role = ?" if role else "") + " ORDER BY role, attempt, step",
+            [run, first, last if last is not None else 2**62, *([role] if role else [])])]
+        alerts = [a for a in self.store.alerts(run)
+                  if first <= a["step"] <= (last if last is not None else a["step"])]
+        return build_trace(TraceInput(timelines, alerts, steps))
+
+
+def _q(text: str) -> str:
+    from urllib.parse import quote
+
+    return quote(text, safe="")

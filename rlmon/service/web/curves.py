@@ -1,0 +1,126 @@
+"""A run's curves from the history store, downsampled on the server so a long run loads fast.
+
+Each (run, role, attempt)'s columns are read once (SQLite pulls the wanted metrics out of the
+step lines) and cached; later requests read only the steps added since. Downsampling keeps, per
+step bucket and per series, the first, last, lowest and highest point (the M4 scheme): a spike
+or a collapse inside a bucket is never averaged away.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlmon.service.storage.history import HistoryStore
+
+__all__ = ["ColumnCache", "Columns", "downsample"]
+
+
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """Steps (sorted) and one float column per metric (NaN where the step lacks it)."""
+
+    steps: np.ndarray
+    values: dict[str, np.ndarray]
+    count: int  # rows read, to notice a step that arrived out of order
+
+    def window(self, first: int | None, last: int | None) -> Columns:
+        lo = 0 if first is None else int(np.searchsorted(self.steps, first, "left"))
+        hi = len(self.steps) if last is None else int(np.searchsorted(self.steps, last, "right"))
+        return Columns(self.steps[lo:hi], {k: v[lo:hi] for k, v in self.values.items()},
+                       hi - lo)
+
+
+def _path(metric: str) -> str:
+    return '$.metrics."' + metric.replace('"', "") + '"'
+
+
+def _read(store: HistoryStore, key: tuple[str, str, int], metrics: Sequence[str],
+          after: int | None) -> Columns:
+    run, role, attempt = key
+    cols = "".join(f", json_extract(line, '{_path(m)}')" for m in metrics)
+    query = f"SELECT step{cols} FROM steps WHERE run = ? AND role = ? AND attempt = ?"
+    args: list[object] = [run, role, attempt]
+    if after is not None:
+        query += " AND step > ?"
+        args.append(after)
+    rows = store.read(query + " ORDER BY step", args)
+    if not rows:
+        return Columns(np.zeros(0, np.int64), {m: np.zeros(0) for m in metrics}, 0)
+    table = np.array(rows, dtype=object)
+    steps = table[:, 0].astype(np.int64)
+    values = {}
+    for i, metric in enumerate(metrics, 1):
+        column = table[:, i]
+        column[column == None] = np.nan  # noqa: E711 (elementwise)
+        values[metric] = column.astype(np.float64)
+    return Columns(steps, values, len(rows))
+
+
+class ColumnCache:
+    """Cached columns per (run, role, attempt, metrics), the least recently used leaving first."""
+
+    def __init__(self, store: HistoryStore, capacity: int = 16) -> None:
+        self._store = store
+        self._capacity = capacity
+        self._cache: OrderedDict[tuple[object, ...], Columns] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, run: str, role: str, attempt: int, metrics: Sequence[str]) -> Columns:
+        key = (run, role, attempt, tuple(metrics))
+        with self._lock:
+            known = self._cache.get(key)
+        stream = (run, role, attempt)
+        if known is not None and len(known.steps):
+            last = int(known.steps[-1])
+            # a step finalized late, below the cached last one: read the whole stream again
+            (count,), = self._store.read(
+                "SELECT COUNT(*) FROM steps WHERE run = ? AND role = ? AND attempt = ? AND "
+                "step <= ?", (run, role, attempt, last))
+            if count == known.count:
+                new = _read(self._store, stream, metrics, last)
+                if new.count:
+                    known = Columns(np.concatenate([known.steps, new.steps]), {
+                        m: np.concatenate([known.values[m], new.values[m]]) for m in metrics},
+                        known.count + new.count)
+            else:
+                known = None
+        if known is None or not len(known.steps):
+            known = _read(self._store, stream, metrics, None)
+        with self._lock:
+            self._cache[key] = known
+            self._cache.move_to_end(key)
+            while len(self._cache) > self._capacity:
+                self._cache.popitem(last=False)
+        return known
+
+
+def downsample(steps: np.ndarray, series: Sequence[np.ndarray], buckets: int) -> np.ndarray:
+    """Indices to keep so that each of ``buckets`` equal step ranges keeps, for every series,
+    its first, last, lowest and highest finite point; all indices when there are few."""
+    n = len(steps)
+    if n <= 4 * buckets or buckets < 1:
+        return np.arange(n)
+    span = int(steps[-1]) - int(steps[0]) + 1
+    bucket = ((steps - steps[0]) * buckets) // span
+    keep = np.zeros(n, dtype=bool)
+    for values in series:
+        finite = np.isfinite(values)
+        if not finite.any():
+            continue
+        idx = np.flatnonzero(finite)
+        b = bucket[idx]
+        starts = np.r_[0, np.flatnonzero(np.diff(b)) + 1]
+        ends = np.r_[starts[1:], len(idx)] - 1
+        keep[idx[starts]] = True
+        keep[idx[ends]] = True
+        v = values[idx]
+        low = np.lexsort((v, b))  # within each bucket, by value
+        keep[idx[low[starts]]] = True
+        high = np.lexsort((-v, b))
+        keep[idx[high[starts]]] = True
+    return np.flatnonzero(keep)

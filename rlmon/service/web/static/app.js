@@ -1,0 +1,430 @@
+// rlmon's run page: the runs, a run's key curves (uPlot), an alert. Reads /api/ (docs/page.md);
+// polls for new steps and alerts. No build step: plain browser JavaScript.
+"use strict";
+
+const QUERY = new URLSearchParams(location.search);
+const POLL_MS = Math.max(Number(QUERY.get("poll") || 2000), 200);
+const COLORS = ["#1f5fbf", "#c62828", "#2e7d32", "#8e24aa", "#e08600", "#00838f"];
+const STEP_INCRS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6];
+const view = document.getElementById("view");
+const statusEl = document.getElementById("status");
+const page = { kind: null, key: null, run: null, charts: [], alertsSeen: null, busy: false };
+
+async function api(name, params) {
+  const qs = new URLSearchParams();
+  for (const [k, v] of Object.entries(params || {})) {
+    if (v !== undefined && v !== null && v !== "") qs.set(k, v);
+  }
+  const resp = await fetch("api/" + name + (qs.toString() ? "?" + qs : ""),
+                           { credentials: "same-origin" });
+  const body = await resp.json().catch(() => ({ error: resp.statusText }));
+  if (!resp.ok) throw new Error(body.error || resp.statusText);
+  return body;
+}
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null) continue;
+    if (k === "class") node.className = v;
+    else if (k.startsWith("data-")) node.setAttribute(k, v);
+    else if (k === "text") node.textContent = v;
+    else node.setAttribute(k, v);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function fmt(value) {
+  if (value === null || value === undefined) return "n/a";
+  if (typeof value !== "number") return String(value);
+  if (value !== 0 && (Math.abs(value) >= 1e5 || Math.abs(value) < 1e-3)) return value.toExponential(3);
+  return Number(value.toPrecision(4)).toString();
+}
+
+function age(seconds) {
+  if (seconds === null || seconds === undefined) return "n/a";
+  if (seconds < 90) return Math.round(seconds) + " s ago";
+  if (seconds < 5400) return Math.round(seconds / 60) + " min ago";
+  if (seconds < 172800) return Math.round(seconds / 3600) + " h ago";
+  return Math.round(seconds / 86400) + " d ago";
+}
+
+function runLink(run, role, text) {
+  return el("a", { href: "#/run/" + encodeURIComponent(run) + "?role=" + encodeURIComponent(role) },
+            text || run);
+}
+
+function alertHref(run, role, alert, step) {
+  return "#/alert/" + [run, role, alert, step].map(encodeURIComponent).join("/");
+}
+
+function setStatus(ok, text) {
+  statusEl.className = ok ? "live" : "down";
+  statusEl.textContent = text;
+}
+
+function showError(err) {
+  view.replaceChildren(el("p", { class: "error" }, "rlmon: " + err.message));
+}
+
+// --- routing ----------------------------------------------------------------------------------
+
+function parseHash() {
+  const hash = location.hash.replace(/^#\/?/, "");
+  const [path, query] = hash.split("?");
+  const parts = path.split("/").filter((p) => p !== "").map(decodeURIComponent);
+  const params = new URLSearchParams(query || "");
+  if (parts[0] === "run" && parts.length >= 2) {
+    return { kind: "run", run: parts[1], role: params.get("role") || "",
+             from: params.get("from") || "", to: params.get("to") || "" };
+  }
+  if (parts[0] === "alert" && parts.length >= 4) {
+    return { kind: "alert", run: parts[1], role: parts[2], alert: parts[3], step: parts[4] || "" };
+  }
+  return { kind: "runs" };
+}
+
+async function route() {
+  const where = parseHash();
+  for (const chart of page.charts) chart.destroy();
+  page.charts = [];
+  page.kind = where.kind;
+  page.run = null;
+  try {
+    if (where.kind === "run") await showRun(where);
+    else if (where.kind === "alert") await showAlert(where);
+    else await showRuns();
+  } catch (err) {
+    showError(err);
+  }
+}
+
+// --- runs -------------------------------------------------------------------------------------
+
+function runsTable(data) {
+  const head = el("tr", {}, ["run", "role", "state", "last step", "last step at", "ranks reporting",
+                             "firing alerts", "goodput"].map((h) => el("th", {}, h)));
+  const rows = data.runs.map((r) => el("tr", { "data-run": r.run, "data-role": r.role },
+    el("td", {}, runLink(r.run, r.role)),
+    el("td", {}, r.role + (r.attempt ? " (attempt " + r.attempt + ")" : "")),
+    el("td", {}, el("span", { class: "badge " + r.state,
+                              title: data.states_known ? "" :
+                                "this service keeps no liveness state: see the last step's age" },
+                    r.state)),
+    el("td", { class: "num last-step" }, r.last_step),
+    el("td", {}, age(r.age_seconds)),
+    el("td", { class: "num" }, r.ranks_reporting + " / " + r.ranks_expected),
+    el("td", {}, r.firing.length ? r.firing.map((a) => el("a", {
+        class: "badge " + a.severity, href: alertHref(r.run, r.role, a.alert, a.step) },
+        a.alert)) : el("span", { class: "muted" }, "none")),
+    el("td", { class: "num" }, r.goodput === null ? "n/a" : (100 * r.goodput).toFixed(1) + " %")));
+  return el("table", { id: "runs" }, el("thead", {}, head), el("tbody", {}, rows));
+}
+
+async function showRuns() {
+  const data = await api("runs");
+  page.alertsSeen = data.alerts_seen;
+  const body = data.runs.length ? runsTable(data)
+    : el("p", { class: "muted" }, "no steps in the history store yet");
+  view.replaceChildren(el("h1", {}, "runs"), body);
+}
+
+// --- a run ------------------------------------------------------------------------------------
+
+function markerPlugin(panelEl, state) {
+  // draws each alert transition as a vertical line; the panel of the alert's metric names it
+  return {
+    hooks: {
+      draw: [(u) => {
+        const ctx = u.ctx;
+        const drawn = { onsets: [], resolves: [] };
+        ctx.save();
+        ctx.lineWidth = 1.5 * devicePixelRatio;
+        for (const t of state.alerts) {
+          const x = Math.round(u.valToPos(t.step, "x", true));
+          if (x < u.bbox.left - 1 || x > u.bbox.left + u.bbox.width + 1) continue;
+          const firing = t.state === "firing";
+          ctx.strokeStyle = firing ? (t.severity === "critical" ? "#c62828" : "#e08600") : "#2e7d32";
+          ctx.setLineDash(firing ? [6, 4] : [2, 4]);
+          ctx.beginPath();
+          ctx.moveTo(x, u.bbox.top);
+          ctx.lineTo(x, u.bbox.top + u.bbox.height);
+          ctx.stroke();
+          (firing ? drawn.onsets : drawn.resolves).push(t.step);
+          if (state.metrics.includes(t.metric)) {
+            ctx.setLineDash([]);
+            ctx.fillStyle = ctx.strokeStyle;
+            ctx.font = (11 * devicePixelRatio) + "px sans-serif";
+            ctx.fillText((firing ? "" : "resolved ") + t.alert, x + 4, u.bbox.top + 12 * devicePixelRatio);
+          }
+        }
+        ctx.restore();
+        const uniq = (a) => [...new Set(a)].sort((p, q) => p - q).join(",");
+        panelEl.dataset.onsets = uniq(drawn.onsets);
+        panelEl.dataset.resolves = uniq(drawn.resolves);
+      }],
+    },
+  };
+}
+
+function chartData(panel) {
+  return [panel.x, ...panel.y];
+}
+
+function countPoints(panelEl, data) {
+  panelEl.dataset.points = String(data[0].length);
+  panelEl.dataset.seriesPoints = data.slice(1).map((s) => s.filter((v) => v !== null).length).join(",");
+}
+
+function makeChart(panel, alerts, width, onZoom) {
+  const panelEl = el("div", { class: "panel", "data-title": panel.title,
+                              "data-metrics": panel.metrics.join(",") });
+  const state = { alerts, metrics: panel.metrics };
+  const data = chartData(panel);
+  const few = data[0].length <= 60;
+  const opts = {
+    title: panel.title + (panel.unit && panel.unit !== "none" && panel.unit !== "" ? " (" + panel.unit + ")" : ""),
+    width, height: 200,
+    scales: { x: { time: false } },
+    legend: { live: true },
+    cursor: { sync: { key: "rlmon-steps" }, drag: { x: true, y: false, setScale: false } },
+    series: [{ label: "step" }, ...panel.metrics.map((m, i) => ({
+      label: m, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true,
+      points: { show: few, size: 4 } }))],
+    axes: [{ label: "step", size: 40, incrs: STEP_INCRS }, { size: 64 }],
+    plugins: [markerPlugin(panelEl, state)],
+    hooks: { setSelect: [(u) => {
+      if (u.select.width < 3) return;
+      const lo = Math.floor(u.posToVal(u.select.left, "x"));
+      const hi = Math.ceil(u.posToVal(u.select.left + u.select.width, "x"));
+      u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
+      onZoom(lo, hi);
+    }] },
+  };
+  countPoints(panelEl, data);
+  const chart = new uPlot(opts, data, panelEl);
+  chart.rlmon = { panelEl, state, panel };
+  const help = panel.help.filter((h) => h).join(" / ");
+  panelEl.append(el("div", { class: "marks muted", title: help }, help));
+  return chart;
+}
+
+function chartWidth() {
+  const columns = Math.max(1, Math.floor((view.clientWidth + 12) / 532));
+  return Math.floor((view.clientWidth - 12 * (columns - 1)) / columns) - 12;
+}
+
+async function showRun(where) {
+  const data = await api("curves", { run: where.run, role: where.role, from: where.from,
+                                     to: where.to });
+  page.run = { where, data, lastShown: data.to, zoomed: where.from !== "" || where.to !== "" };
+  const base = "#/run/" + encodeURIComponent(data.run);
+  const tabs = el("div", { class: "tabs" }, data.roles.map((r) => el("a", {
+    href: base + "?role=" + encodeURIComponent(r), class: r === data.role ? "active" : null }, r)));
+  const from = el("input", { type: "number", id: "zoom-from", value: data.from ?? "" });
+  const to = el("input", { type: "number", id: "zoom-to", value: data.to ?? "" });
+  const zoomTo = (lo, hi) => {
+    location.hash = base + "?role=" + encodeURIComponent(data.role) + "&from=" + lo + "&to=" + hi;
+  };
+  const apply = el("button", { id: "zoom-apply" }, "zoom");
+  apply.onclick = () => zoomTo(from.value, to.value);
+  const reset = el("a", { href: base + "?role=" + encodeURIComponent(data.role), id: "zoom-reset" },
+                   "all steps");
+  const shown = el("span", { class: "muted", id: "shown" });
+  const toolbar = el("div", { class: "toolbar" }, "steps", from, "to", to, apply, reset, shown);
+  const alertList = el("div", { id: "alert-list" });
+  const grid = el("div", { class: "grid", id: "panels" });
+  view.replaceChildren(el("h1", {}, "run ", el("span", { id: "run-name" }, data.run)), tabs, toolbar,
+                       alertList, grid);
+  if (!data.panels.length) grid.append(el("p", { class: "muted" }, "no metrics in this role"));
+  const width = chartWidth();
+  for (const panel of data.panels) {
+    const chart = makeChart(panel, data.alerts, width, zoomTo);
+    grid.append(chart.rlmon.panelEl);
+    page.charts.push(chart);
+  }
+  renderRunInfo();
+}
+
+function renderRunInfo() {
+  const { data } = page.run;
+  const shown = document.getElementById("shown");
+  shown.textContent = "steps " + fmt(data.from) + " to " + fmt(data.to) + " (" + data.shown_steps +
+    " of " + data.steps + " steps; last step " + data.last_step + ")";
+  shown.dataset.lastStep = data.last_step;
+  const onsets = data.alerts.filter((a) => a.state === "firing");
+  document.getElementById("alert-list").replaceChildren(onsets.length ? el("div", {},
+    "alerts: ", onsets.map((a) => el("a", { class: "badge " + a.severity, "data-step": a.step,
+                                          href: alertHref(data.run, data.role, a.alert, a.step) },
+                                     a.alert + " at step " + a.step))) :
+    el("span", { class: "muted" }, "no alert fired in these steps"));
+}
+
+async function refreshRun(stream) {
+  // new steps of the shown (run, role): append them (the page shows every step, not a zoom)
+  const run = page.run;
+  if (!run || run.zoomed || stream.last_step <= run.lastShown) return;
+  const fresh = await api("curves", { run: run.data.run, role: run.data.role,
+                                      from: run.lastShown + 1 });
+  if (page.run !== run) return;
+  const titles = (d) => d.panels.map((p) => p.title).join("|");
+  const tooMany = page.charts.some((c) => c.data[0].length + fresh.shown_steps > 4 * 2 * run.data.points);
+  if (titles(fresh) !== titles(run.data) || tooMany) { await route(); return; }
+  run.data.alerts.push(...fresh.alerts);
+  fresh.panels.forEach((p, i) => {
+    const chart = page.charts[i];
+    const data = chart.data.map((col, j) => col.concat(j === 0 ? p.x : p.y[j - 1]));
+    chart.rlmon.state.alerts = run.data.alerts;
+    countPoints(chart.rlmon.panelEl, data);
+    chart.setData(data);
+  });
+  Object.assign(run.data, { to: fresh.to, last_step: fresh.last_step, steps: fresh.steps,
+                            shown_steps: run.data.shown_steps + fresh.shown_steps });
+  run.lastShown = fresh.to;
+  renderRunInfo();
+}
+
+// --- an alert ---------------------------------------------------------------------------------
+
+function facts(pairs) {
+  return el("dl", { class: "facts" }, pairs.filter(([, v]) => v !== "" && v !== null &&
+    v !== undefined).flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+}
+
+function samplesTable(samples) {
+  if (!samples.length) return el("p", { class: "muted", id: "samples" }, "no samples stored at this step");
+  const rows = [];
+  for (const s of samples) {
+    s.items.forEach((item, n) => rows.push(el("tr", { class: "sample", "data-metric": s.metric },
+      el("td", { class: "num" }, n + 1), el("td", {}, s.metric), el("td", { class: "num" }, fmt(item.score)),
+      el("td", {}, item.id), el("td", {}, el("pre", { class: "payload" }, item.payload)))));
+  }
+  return el("table", { id: "samples" }, el("thead", {}, el("tr", {},
+    ["#", "metric", "score", "id", "payload"].map((h) => el("th", {}, h)))), el("tbody", {}, rows));
+}
+
+const SVG = "http://www.w3.org/2000/svg";
+function svg(tag, attrs, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function spanColor(name) {
+  let h = 0;
+  for (const c of name) h = (h * 31 + c.charCodeAt(0)) % 360;
+  return "hsl(" + h + ",55%,62%)";
+}
+
+function timelineView(timeline) {
+  // one row per rank: its step, and its spans by depth (the Perfetto trace has them all)
+  const ranks = timeline.ranks;
+  const start = Math.min(...ranks.map((r) => r.start));
+  const end = Math.max(...ranks.map((r) => r.end));
+  const labelW = 150, width = Math.max(chartWidth(), 600), rowH = 26;
+  const scale = (ns) => labelW + (width - labelW - 10) * (ns - start) / Math.max(end - start, 1);
+  const root = svg("svg", { width, height: rowH * ranks.length + 24, id: "timeline-svg" });
+  ranks.forEach((r, i) => {
+    const y = i * rowH + 4;
+    const label = Object.entries(r.rank).filter(([a, n]) => n || a === "dp" || a === "cp")
+      .map(([a, n]) => a + "=" + n).join(" ");
+    root.append(svg("text", { x: 4, y: y + 15 }, label));
+    const bar = svg("rect", { x: scale(r.start), y: y + 2, width: Math.max(scale(r.end) - scale(r.start), 1),
+                              height: rowH - 8, fill: "#eef1f5", class: "rank-step" });
+    bar.append(svg("title", {}, "step: " + ((r.end - r.start) / 1e6).toFixed(1) + " ms"));
+    root.append(bar);
+    for (const [name, s, e, depth] of r.spans) {
+      const rect = svg("rect", { x: scale(s), y: y + 4 + 3 * depth, width: Math.max(scale(e) - scale(s), 1),
+                                 height: rowH - 12 - 3 * depth, fill: spanColor(name), class: "span",
+                                 "data-name": name });
+      rect.append(svg("title", {}, name + ": " + ((e - s) / 1e6).toFixed(1) + " ms"));
+      root.append(rect);
+    }
+  });
+  let x = labelW;
+  const names = [...new Set(ranks.flatMap((r) => r.spans.map((s) => s[0])))];
+  root.append(svg("text", { x, y: rowH * ranks.length + 18 },
+                  "0 to " + ((end - start) / 1e6).toFixed(1) + " ms:"));
+  x += 110;
+  for (const name of names) {
+    root.append(svg("rect", { x, y: rowH * ranks.length + 9, width: 10, height: 10, fill: spanColor(name) }));
+    root.append(svg("text", { x: x + 14, y: rowH * ranks.length + 18 }, name));
+    x += 24 + 7 * name.length;
+  }
+  return root;
+}
+
+async function showAlert(where) {
+  const a = await api("alert", { run: where.run, role: where.role, alert: where.alert, step: where.step });
+  const state = a.firing ? el("span", { class: "badge firing" }, "firing since step " + a.onset)
+    : el("span", { class: "badge resolved" }, "fired at step " + a.onset + ", resolved at step " + a.resolved);
+  const parts = [
+    el("h1", {}, a.alert + " ", el("span", { class: "badge " + a.severity }, a.severity), " ", state),
+    el("p", {}, runLink(a.run, a.role, "run " + a.run + " / " + a.role)),
+    facts([["condition", a.condition], ["summary", a.summary], ["metric", a.metric],
+           ["value at onset", fmt(a.value)], ["what it measures", a.help],
+           ["what to check", a.what_to_check]]),
+  ];
+  const around = el("div", { class: "panel", id: "around" });
+  parts.push(el("h2", {}, "values around the onset"), around);
+  parts.push(el("h2", {}, "worst samples at step " + a.onset), samplesTable(a.samples));
+  const tl = el("div", { class: "timeline", id: "timeline" });
+  parts.push(el("h2", {}, "step " + a.onset + " per rank ",
+                el("a", { href: "api/" + a.trace.replace(/^\/api\//, ""), id: "perfetto",
+                          download: a.run + "-step" + a.onset + ".pftrace" }, "Perfetto trace"),
+                el("span", { class: "muted" }, " (open at ui.perfetto.dev)")), tl);
+  view.replaceChildren(...parts);
+  if (a.timeline) tl.append(timelineView(a.timeline));
+  else tl.append(el("p", { class: "muted" }, "no timeline stored for this step"));
+  if (a.around && a.around.x.length) {
+    const chart = makeChart({ title: a.metric, unit: "", metrics: [a.metric], help: [],
+                              x: a.around.x, y: [a.around.y] },
+                            [{ step: a.onset, alert: a.alert, state: "firing", severity: a.severity, metric: a.metric },
+                             ...(a.resolved !== null ? [{ step: a.resolved, alert: a.alert, state: "resolved",
+                                                          severity: a.severity, metric: a.metric }] : [])],
+                            Math.min(chartWidth(), 900), () => {});
+    around.replaceWith(chart.rlmon.panelEl);
+    chart.rlmon.panelEl.id = "around";
+    page.charts.push(chart);
+  } else {
+    around.append(el("p", { class: "muted" }, "no values of " + (a.metric || "a metric") + " stored"));
+  }
+}
+
+// --- live -------------------------------------------------------------------------------------
+
+async function poll() {
+  if (page.busy) return;
+  page.busy = true;
+  try {
+    const data = await api("runs");
+    setStatus(true, "live, updated " + new Date().toLocaleTimeString());
+    const changed = page.alertsSeen !== null && data.alerts_seen !== page.alertsSeen;
+    if (page.kind === "runs") {
+      const table = document.getElementById("runs");
+      const fresh = data.runs.length ? runsTable(data) : null;
+      if (fresh && table) table.replaceWith(fresh);
+      else if (fresh) view.replaceChildren(el("h1", {}, "runs"), fresh);
+    } else if (page.kind === "run" && page.run) {
+      const shown = page.run.data;
+      const stream = data.runs.find((r) => r.run === shown.run && r.role === shown.role);
+      if (stream) await refreshRun(stream);
+    } else if (page.kind === "alert" && changed) {
+      await route();
+    }
+    page.alertsSeen = data.alerts_seen;
+  } catch (err) {
+    setStatus(false, "service unreachable: " + err.message);
+  } finally {
+    page.busy = false;
+  }
+}
+
+window.addEventListener("hashchange", route);
+route().then(() => setStatus(true, "live"));
+setInterval(poll, POLL_MS);
