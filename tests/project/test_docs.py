@@ -81,3 +81,22 @@ def test_every_repository_path_the_pages_name_exists() -> None:
             if not (REPO / path).exists():
                 missing.append(f"{page.name}: {path}")
     assert missing == []
+
+
+def test_lists_and_tables_start_after_a_blank_line() -> None:
+    """GitHub starts a list right under a paragraph line; MkDocs' Markdown reads it as the
+    paragraph's text, so the README's links and the site would show different pages."""
+    starts = re.compile(r"^(- |\* |\d+\. |\|)")
+    glued = []
+    for page in [REPO / "README.md", *sorted(DOCS.glob("*.md"))]:
+        lines = page.read_text(encoding="utf-8").splitlines()
+        fenced = False
+        for i, line in enumerate(lines[1:], start=1):
+            if line.startswith("```"):
+                fenced = not fenced
+            prev = lines[i - 1]
+            if fenced or not starts.match(line) or not prev.strip():
+                continue
+            if not starts.match(prev) and not prev.startswith(("  ", "<!--")):
+                glued.append(f"{page.name}:{i + 1}: {line[:40]}")
+    assert glued == []
