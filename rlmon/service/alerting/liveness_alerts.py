@@ -1,0 +1,84 @@
+"""Liveness views into alert transitions: the time-based rules of the pack (docs/liveness.md).
+
+Each (run, role, alert) keeps the engine's :class:`AlertState`, saved in the history store like
+every other alert's, so a restarted service that is told again that a run is stalled finds the
+alert already firing and pages nothing twice. A stalled run that resumes resolves; a run that
+finishes resolves whatever fired and never pages for having stopped.
+"""
+
+from __future__ import annotations
+
+from rlmon.service.alerting.engine import AlertEngine, AlertEvent, AlertState
+from rlmon.service.alerting.rules import LIVENESS_CONDITIONS, Condition, Rule
+from rlmon.service.liveness.run_state import LivenessView, RunState, describe
+from rlmon.service.metrics import catalog
+
+__all__ = ["liveness_events", "liveness_firing"]
+
+_WHAT_TO_CHECK: dict[str, str] = {
+    spec.condition: spec.what_to_check for spec in catalog.LIVENESS_ALERTS}
+
+
+def _holds(condition: Condition, view: LivenessView, firing: bool) -> bool:
+    state = view.state
+    if condition is Condition.RUN_STALLED:
+        # a stalled run whose processes then die stays stalled (RunDied fires beside it)
+        return state is RunState.STALLED or (state is RunState.DEAD and firing)
+    if condition is Condition.RUN_DIED:
+        return state is RunState.DEAD
+    if condition is Condition.STAGE_STUCK:
+        return view.stuck is not None and state not in (RunState.DEAD, RunState.FINISHED)
+    return state is RunState.SLOW  # STEP_TIME_REGRESSION
+
+
+def _value(condition: Condition, view: LivenessView) -> float | None:
+    if condition is Condition.STAGE_STUCK and view.stuck is not None:
+        return view.at - view.stuck.since
+    if condition is Condition.STEP_TIME_REGRESSION:
+        return view.slow_ratio
+    return view.idle_seconds
+
+
+def _rules(engine: AlertEngine, role: str) -> list[Rule]:
+    return [r for r in engine.rules if r.condition in LIVENESS_CONDITIONS
+            and (r.roles is None or role in r.roles)]
+
+
+def liveness_events(engine: AlertEngine, view: LivenessView) -> list[AlertEvent]:
+    """The transitions ``view`` makes in the engine's liveness alert states (which it updates)."""
+    events = []
+    stream = (view.run, view.role)
+    attempt = engine.attempts.get(stream, 0)
+    step = view.last_step if view.last_step is not None else 0
+    for rule in _rules(engine, view.role):
+        key = (view.run, view.role, rule.name)
+        state = engine.states.get(key)
+        if state is None:
+            state = engine.states[key] = AlertState()
+        holds = _holds(rule.condition, view, state.firing)
+        if holds == state.firing:
+            continue
+        state.firing = holds
+        state.true_steps, state.false_steps = (1, 0) if holds else (0, 1)
+        if holds:
+            state.since_step = step
+        resolved = "" if holds else (" (the run finished)" if view.state is RunState.FINISHED
+                                     else " (progress resumed)")
+        events.append(AlertEvent(
+            run=view.run, role=view.role, step=step, alert=rule.name,
+            severity=rule.severity.value, state="firing" if holds else "resolved", metric="",
+            value=_value(rule.condition, view), summary=(rule.summary or rule.describe())
+            + resolved, condition=rule.describe(),
+            what_to_check=_WHAT_TO_CHECK.get(rule.condition.value, ""), attempt=attempt,
+            detail=describe(view) if holds else ""))
+    return events
+
+
+def liveness_firing(engine: AlertEngine, run: str, role: str) -> dict[str, str]:
+    """The liveness alerts of (run, role) firing now: alert -> severity (for /metrics)."""
+    out = {}
+    for rule in _rules(engine, role):
+        state = engine.states.get((run, role, rule.name))
+        if state is not None and state.firing:
+            out[rule.name] = rule.severity.value
+    return out

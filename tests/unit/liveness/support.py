@@ -1,0 +1,41 @@
+"""Simulated time and message builders for the liveness tests."""
+
+from __future__ import annotations
+
+from rlmon.service.contract.heartbeat import Heartbeat, OpenSpan, RankBeat
+from rlmon.service.contract.rank import Rank, World
+from rlmon.service.contract.step_message import StepMessage, columns_from_states
+from rlmon.service.metrics.spec import Form
+
+T0 = 1_700_000_000.0
+
+
+class SimClock:
+    """A clock the test moves; ``wall`` is unix seconds, the call is a monotonic reading."""
+
+    def __init__(self, start: float = T0) -> None:
+        self.wall_now = start
+
+    def __call__(self) -> float:
+        return self.wall_now - T0 + 1000.0
+
+    def wall(self) -> float:
+        return self.wall_now
+
+    def advance(self, seconds: float) -> None:
+        self.wall_now += seconds
+
+
+def step_message(run: str, step: int, dp: int = 0, world: int = 1, seq: int | None = None,
+                 heartbeat: Heartbeat | None = None, role: str = "actor") -> StepMessage:
+    cols = columns_from_states({"actor/loss": (Form.MEAN, (1.0, 2.0))})
+    return StepMessage(run, role, step, Rank(dp=dp), World(dp=world),
+                       seq if seq is not None else step + 1, 0.0, cols, heartbeat=heartbeat)
+
+
+def beat(run: str, dp: int, world: int, spans: tuple[tuple[str, float], ...] = (),
+         last_step: int | None = None, at: float = T0, closing: bool = False,
+         role: str = "actor") -> Heartbeat:
+    return Heartbeat(run, role, World(dp=world),
+                     (RankBeat(Rank(dp=dp), tuple(OpenSpan(n, s) for n, s in spans), last_step),),
+                     at, closing)

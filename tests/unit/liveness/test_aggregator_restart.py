@@ -1,0 +1,55 @@
+"""A restarted aggregator keeps what it knew of each rank (issue 23, defect b): a step of a run
+with a dead rank finalizes at its usual deadline, not after the 60 s start-up deadline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlmon.service.aggregation.aggregator import AggregatorCore
+from rlmon.service.aggregation.watermark import WatermarkStore
+from tests.unit.liveness.support import SimClock, step_message
+
+
+def _core(path: Path, clock: SimClock) -> AggregatorCore:
+    return AggregatorCore(store=WatermarkStore(path), clock=clock, wall_clock=clock.wall)
+
+
+def _finalize_seconds(core: AggregatorCore, clock: SimClock, step: int) -> float:
+    """Seconds of simulated time until ``step`` finalizes (ticking every 0.1 s)."""
+    waited = 0.0
+    while not any(r.step == step for r in core.pending_records(10_000)):
+        clock.advance(0.1)
+        waited += 0.1
+        core.tick()
+        assert waited < 120, "never finalized"
+    core.delivered(core.pending_records(10_000))
+    return waited
+
+
+def _scenario(path: Path, restart: bool) -> float:
+    """Two ranks, one step a second; rank 1 dies at step 10; the aggregator restarts (or not)
+    after step 12; returns how long step 13 waited."""
+    clock = SimClock()
+    core = _core(path, clock)
+    for step in range(10):
+        core.ingest([step_message("r", step, 0, 2), step_message("r", step, 1, 2)])
+        core.tick()
+        core.delivered(core.pending_records(10_000))
+        clock.advance(1.0)
+    for step in range(10, 13):  # rank 1 died: steps finalize at the deadline without it
+        core.ingest([step_message("r", step, 0, 2)])
+        assert _finalize_seconds(core, clock, step) < 20
+    clock.advance(1.0)
+    core.tick()
+    if restart:
+        core = _core(path, clock)
+    core.ingest([step_message("r", 13, 0, 2)])
+    return _finalize_seconds(core, clock, 13)
+
+
+def test_a_step_with_a_dead_rank_finalizes_at_its_deadline_after_a_restart(
+        tmp_path: Path) -> None:
+    kept = _scenario(tmp_path / "a.sqlite", restart=False)
+    restarted = _scenario(tmp_path / "b.sqlite", restart=True)
+    assert restarted <= kept + 1.0, f"step 13 waited {restarted:.1f}s after a restart, " \
+        f"{kept:.1f}s without one"

@@ -1,0 +1,139 @@
+"""Liveness end to end in process: an aggregator core on simulated time, its views through the
+service into alerts, the history store and /metrics; restarts neither forget nor page twice."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from rlmon.service.aggregation.aggregator import AggregatorCore
+from rlmon.service.aggregation.watermark import WatermarkStore
+from rlmon.service.config import Settings
+from rlmon.service.export.http import build_registry
+from rlmon.service.service_core import ServiceCore
+from tests.unit.liveness.support import SimClock, beat, step_message
+
+
+def _settings() -> Settings:
+    return Settings.model_validate({"notifiers": {"console": {"enabled": False}},
+                                    "exporter": {"run_ttl_seconds": 60}})
+
+
+class Cluster:
+    """An aggregator core and a service on one simulated clock; runs of two ranks."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp, self.clock = tmp, SimClock()
+        self.core = self._core()
+        self.service = self._service()
+        self.events: list[tuple[float, str, str, str]] = []  # (time, run, alert, state)
+        self.steps: dict[str, int] = {}
+
+    def _core(self) -> AggregatorCore:
+        return AggregatorCore(store=WatermarkStore(self.tmp / "w.sqlite"), clock=self.clock,
+                              wall_clock=self.clock.wall)
+
+    def _service(self) -> ServiceCore:
+        return ServiceCore(_settings(), state_dir=self.tmp / "state", clock=self.clock)
+
+    def restart_service(self) -> None:
+        self.service.close(0.0)
+        self.service = self._service()
+
+    def restart_aggregator(self) -> None:
+        self.core = self._core()
+
+    def tick(self) -> None:
+        self.core.tick()
+        records = self.core.pending_records(10_000)
+        if records:
+            self.service.publish(records)
+            self.core.delivered(records)
+        for e in self.service.liveness(self.core.take_views()):
+            self.events.append((self.clock.wall(), e.run, e.alert, e.state))
+
+    def run(self, seconds: float, runs: dict[str, dict[str, object]]) -> None:
+        """Advance ``seconds`` in 1 s ticks; per run: step (bool), beat (bool), span (name)."""
+        for _ in range(int(seconds)):
+            self.clock.advance(1.0)
+            now = self.clock.wall()
+            for run, how in runs.items():
+                if how.get("step"):
+                    n = self.steps.get(run, 0)
+                    self.core.ingest([step_message(run, n, dp, 2, seq=n + 1) for dp in (0, 1)])
+                    self.steps[run] = n + 1
+                if how.get("beat", True):
+                    span = how.get("span")
+                    for dp in (0, 1):
+                        spans = ((str(span), float(how.get("since", now))),) if span else ()
+                        self.core.heartbeat([beat(run, dp, 2, spans, at=now,
+                                                  closing=bool(how.get("close")))])
+            self.tick()
+
+    def scrape(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        text = generate_latest(build_registry(self.service.metrics, process=False)).decode()
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for f in text_string_to_metric_families(text) for s in f.samples}
+
+    def fired(self, run: str) -> list[tuple[str, str]]:
+        return [(alert, state) for _, r, alert, state in self.events if r == run]
+
+
+def test_hang_death_and_clean_finish_page_once_each(tmp_path: Path) -> None:
+    c = Cluster(tmp_path)
+    steady = {"step": True}
+    c.run(30, {"hung": steady, "killed": steady, "done": steady})
+    stopped = c.clock.wall()
+    c.run(150, {"hung": {"span": "generate", "since": stopped},
+                "killed": {"beat": False}, "done": {"close": True}})
+    assert c.fired("hung") == [("RunStalled", "firing")]
+    assert c.fired("killed") == [("RunDied", "firing")]
+    assert c.fired("done") == []
+    stall_at = next(t for t, r, a, _ in c.events if r == "hung")
+    assert 90 < stall_at - stopped <= 93
+    died_at = next(t for t, r, a, _ in c.events if r == "killed")
+    assert 30 <= died_at - stopped <= 33
+    firing = {(a["run"], a["alert"]) for a in c.service.history.firing_alerts()}
+    assert {("hung", "RunStalled"), ("killed", "RunDied")} <= firing
+    text = next(e for e in c.service.events if e.alert == "RunStalled").detail
+    assert "generate" in text and "GPU-hours" in text and "2 ranks" in text
+    # nothing vanishes: past the exporter's run TTL the stalled and dead runs are still shown
+    c.run(120, {"hung": {"span": "generate", "since": stopped}, "killed": {"beat": False},
+                "done": {"close": True}})
+    got = c.scrape()
+    key = ("rlmon_run_state", (("role", "actor"), ("run", "hung"), ("state", "stalled")))
+    assert got[key] == 1.0
+    assert got[("rlmon_run_state", (("role", "actor"), ("run", "killed"), ("state", "dead")))] == 1
+    assert ("rlmon_step", (("role", "actor"), ("run", "hung"))) in got
+    assert got[("rlmon_alert_firing", (("alert", "RunStalled"), ("role", "actor"), ("run", "hung"),
+                                       ("severity", "critical")))] == 1
+    assert ("rlmon_last_step_timestamp_seconds", (("role", "actor"), ("run", "hung"))) in got
+    c.service.close(0.0)
+
+
+def test_restarts_neither_forget_a_stall_nor_page_it_twice_and_resuming_resolves(
+        tmp_path: Path) -> None:
+    c = Cluster(tmp_path)
+    c.run(30, {"r": {"step": True}})
+    c.run(100, {"r": {"span": "train"}})
+    assert c.fired("r") == [("RunStalled", "firing")]
+    c.restart_service()
+    c.restart_aggregator()
+    c.run(30, {"r": {"span": "train"}})
+    assert c.fired("r") == [("RunStalled", "firing")]  # not paged again
+    assert any(a["alert"] == "RunStalled" for a in c.service.history.firing_alerts("r"))
+    c.run(5, {"r": {"step": True}})
+    assert c.fired("r") == [("RunStalled", "firing"), ("RunStalled", "resolved")]
+    c.service.close(0.0)
+
+
+def test_a_service_restart_mid_stall_still_pages_once(tmp_path: Path) -> None:
+    c = Cluster(tmp_path)
+    c.run(30, {"r": {"step": True}})
+    c.run(60, {"r": {"span": "train"}})  # not yet stalled
+    c.restart_service()
+    c.run(40, {"r": {"span": "train"}})
+    assert c.fired("r") == [("RunStalled", "firing")]
+    c.service.close(0.0)
