@@ -187,10 +187,10 @@ def test_a_rerun_under_the_same_name_is_recorded_as_a_new_attempt(tmp_path: Path
     assert exported["rlmon_partials_late_total"] == 0
     # A resend from a reporter of this attempt, after its step finalized, is late: counted,
     # exported, not a third attempt.
-    old = second._retained or second._pending
+    old = second._delivery._retained or second._delivery._pending
     assert not old
     late = core.ingest([StepMessage("rerun", "actor", 1, first.rank, first.world, 99,
-                                    0.0, started=second._started)])
+                                    0.0, started=second._delivery.started)])
     assert (late.late, late.accepted) == (1, 0)
     service.publish([], 0, core.stats())
     assert _scrape(service)["rlmon_partials_late_total"] == 1

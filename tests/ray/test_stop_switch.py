@@ -192,7 +192,7 @@ def test_a_stop_reaches_the_reporter_through_the_aggregator(tmp_path: Path,
         assert other.flush(10) and not other.should_stop()  # another run is not stopped
         # a Reporter started after the decision (the run resumed once someone looked) runs on
         later = Reporter("exp-1", "actor", rank={}, world={}, sink=path, step_seconds=False)
-        later._started = core.stops_for(["exp-1"])["exp-1"].at + 1.0  # clocks are not exact
+        later._delivery.started = core.stops_for(["exp-1"])["exp-1"].at + 1.0  # clocks are not exact
         later.record(catalog.REWARD, sum=1.0, count=1)
         later.end_step(10)
         assert later.flush(10) and not later.should_stop()
@@ -219,8 +219,8 @@ def test_should_stop_answers_while_the_sender_is_stuck() -> None:
         rep.end_step(0)
         assert entered.wait(10)
         assert rep.should_stop() is False  # the sender thread is inside send()
-        decision = StopDecision("exp-1", "actor", 0, "A", "why", "*", rep._started + 1)
-        rep._retain([], type("Ack", (), {"stops": {"exp-1": decision}})())
+        decision = StopDecision("exp-1", "actor", 0, "A", "why", "*", rep._delivery.started + 1)
+        rep._delivery._retain([], type("Ack", (), {"stops": {"exp-1": decision}})())
         assert rep.should_stop() and rep.stop_decision == decision
     finally:
         release.set()

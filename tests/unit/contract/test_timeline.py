@@ -12,6 +12,7 @@ import pytest
 
 from rlmon.actors.reporter import Reporter
 from rlmon.actors.reporter import facade as reporter_module
+from rlmon.actors.reporter import packer as packer_module
 from rlmon.actors.reporter.sink import LocalSink
 from rlmon.service.aggregation.assembly import StepAssembler
 from rlmon.service.aggregation.node_merge import NodeMerger
@@ -77,7 +78,7 @@ def test_reporter_ships_nested_spans_with_attributes_in_the_step_message(
     (msg,) = sent
     tl = msg.timeline
     assert tl is not None
-    offset = reporter_module._WALL_OFFSET_NS
+    offset = packer_module._WALL_OFFSET_NS
     assert (tl.start_ns - offset, tl.end_ns - offset) == (0, 6 * S)  # the whole step
     assert [(s.name, s.start_ns - offset, s.end_ns - offset, s.depth) for s in tl.spans] == [
         ("generate", 1 * S, 3 * S, 0), ("backward", 4 * S, 5 * S, 1), ("train", 3 * S, 5 * S, 0)]

@@ -11,6 +11,7 @@ import pytest
 
 from rlmon.actors.reporter import Reporter
 from rlmon.actors.reporter import facade as reporter_module
+from rlmon.actors.reporter import packer as packer_module
 from rlmon.actors.reporter.sink import LocalSink
 from rlmon.cli import main
 from rlmon.commands.trace import parse_steps
@@ -64,7 +65,7 @@ def test_trace_opens_as_drawn(state_dir: Path, tmp_path: Path,
     assert main(["trace", "grpo", "--state-dir", str(state_dir), "-o", str(out)]) == 0
     assert "ui.perfetto.dev" in capsys.readouterr().out
     view = read_trace(out.read_bytes())
-    offset = reporter_module._WALL_OFFSET_NS
+    offset = packer_module._WALL_OFFSET_NS
     # one process per (role, host), one thread per rank
     host = next(iter(view.processes.values())).split(" @ ")[1]
     assert sorted(view.processes.values()) == sorted(

@@ -225,7 +225,7 @@ def test_a_value_too_large_for_a_float_is_dropped_and_the_sender_lives_on() -> N
     assert "OverflowError" in rep.last_error
     assert [r.step for r in sink.records] == [1]
     assert sink.records[0].metrics["actor/loss"] == 1.5
-    assert rep._thread.is_alive()
+    assert rep._delivery.alive
     rep.close()
 
 

@@ -1,0 +1,333 @@
+"""The delivery protocol of a Reporter's step messages, run on its sender thread.
+
+* Closed steps queue, then are packed (by the packer this is given) and sent in order, at most
+  ``max_batch`` a call. Each message gets the next sequence number, so the aggregator knows a
+  resend for a duplicate; ``started`` (when the Reporter was created) tells a rerun of the run
+  from a late resend.
+* A send that raises keeps the batch and retries it, backing off from 0.05 s to 2 s. Closed and
+  packed steps together stay within ``max_pending``; beyond it the oldest is dropped, counted in
+  ``dropped`` and that count travels in every later message.
+* An acknowledgement naming the aggregator's incarnation and its per-stream floors makes the
+  acknowledged messages of steps not yet final retained; when the incarnation changes (the
+  aggregator restarted and lost its open steps) they are sent again, marked ``resend``. While
+  messages are retained the aggregator is probed every half second, so a restart is noticed
+  with nothing new to send; ``flush`` waits for one fresh answer.
+* A sink that raises :class:`~rlmon.actors.reporter.sink.SinkClosed` (Ray is gone for good)
+  ends the protocol: everything held counts as dropped, said once in the log.
+* Acknowledgements also carry what the aggregator refused (counted in ``refused_messages``) and
+  the service's stop decision for the run.
+
+Nothing here waits on the training thread: it only appends to the queue (:meth:`put`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Generic, Protocol, TypeVar
+
+from rlmon.actors.reporter.sink import ReportSink, SinkClosed
+from rlmon.actors.reporter.tally import Tally
+from rlmon.service.contract.step_message import StepMessage
+from rlmon.service.contract.stop_decision import StopDecision
+
+__all__ = ["Delivery", "Stamp"]
+
+log = logging.getLogger(__name__)
+
+PROBE_S = 0.5  # how often a reporter holding retained messages asks the aggregator who it is
+_PROBE_RETRY_S = 0.2  # after a probe that failed
+_BACKOFF_S = (0.05, 2.0)  # a failed send is retried after the first, doubling up to the second
+
+
+class _Stepped(Protocol):
+    @property
+    def step(self) -> int: ...
+
+
+Raw = TypeVar("Raw", bound=_Stepped)
+
+
+@dataclass(frozen=True, slots=True)
+class Stamp:
+    """What the delivery protocol writes into a message as it is packed."""
+
+    seq: int  # increases per message of one reporter: a resend is known as a duplicate
+    dropped: int  # messages given up on so far
+    started: float  # when the reporter was created (unix seconds)
+
+
+class _Probes:
+    """Incarnation probes: when the next is due; ``flush`` asks for one and waits until one
+    that started after it asked has answered."""
+
+    __slots__ = ("asked", "done", "next_at")
+
+    def __init__(self) -> None:
+        self.next_at = 0.0  # monotonic time of the next probe (while messages are retained)
+        self.asked = 0
+        self.done = 0
+
+
+class Delivery(Generic[Raw]):
+    """Sends what :meth:`put` queues, packed by ``pack``, to ``sink`` on a thread of its own.
+
+    ``run`` and ``role`` name the stream (its floor in an ack, its stop decision, the log).
+    """
+
+    def __init__(
+        self,
+        sink: ReportSink,
+        pack: Callable[[Raw, Stamp], StepMessage],
+        tally: Tally,
+        *,
+        run: str,
+        role: str,
+        started: float,
+        max_pending: int = 1024,
+        max_batch: int = 64,
+    ) -> None:
+        self.sink = sink
+        self.pack = pack
+        self.tally = tally
+        self.run, self.role = run, role
+        self.started = started
+        self.max_pending, self.max_batch = max_pending, max_batch
+        self.dropped = 0
+        self.sent = 0
+        self.resent = 0
+        self.refused_messages = 0  # step messages the aggregator refused (its reason: last_error)
+        # The service's latest stop decision for this run, from an ack: written on the sender
+        # thread, read on the training thread.
+        self.stop_decision: StopDecision | None = None
+        self._cond = threading.Condition()
+        self._raw: deque[Raw] = deque()  # not packed
+        self._packing = 0  # taken from _raw, not yet in _pending
+        self._pending: deque[StepMessage] = deque()  # packed, sent or not, not acknowledged
+        self._retained: deque[StepMessage] = deque()  # acknowledged, step not finalized yet
+        self._seq = 0
+        self._incarnation: str | None = None
+        self._probes = _Probes()
+        self._closed = False
+        self._gone = False  # the sink said Ray is gone for good: nothing more can be sent
+        self._thread = threading.Thread(target=self._send_loop, name="rlmon-reporter", daemon=True)
+        self._thread.start()
+
+    # -- the training thread's side -------------------------------------------------------------
+
+    def put(self, raw: Raw) -> None:
+        """Queue a closed step; returns at once (the oldest is dropped beyond the bound)."""
+        with self._cond:
+            self._raw.append(raw)
+            self._trim()
+            self._cond.notify()
+
+    @property
+    def pending(self) -> int:
+        """Steps not yet acknowledged."""
+        return len(self._pending) + len(self._raw) + self._packing
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def alive(self) -> bool:
+        """Whether the sender thread runs."""
+        return self._thread.is_alive()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every message was acknowledged; False if ``timeout`` passed first or
+        nothing can be sent any more. With messages retained, also wait for a fresh probe."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        probes = self._probes
+        with self._cond:
+            target = probes.done
+            if self._retained:
+                probes.asked += 1
+                target = probes.asked
+                probes.next_at = 0.0
+            self._cond.notify_all()
+            while not self._gone and (self._pending or self._raw or self._packing or (
+                    self._retained and probes.done < target)):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left if left is not None else 0.5)
+        return not self._gone
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Flush for up to ``timeout`` seconds, then stop; what is still unsent counts as
+        dropped. Closing twice is harmless."""
+        if self._closed:
+            return
+        self.flush(timeout)
+        with self._cond:
+            self._closed = True
+            self.dropped += len(self._pending) + len(self._raw)
+            self._pending.clear()
+            self._raw.clear()
+            self._cond.notify_all()
+        self._thread.join(timeout=5.0)
+
+    # -- the sender thread ----------------------------------------------------------------------
+
+    def _trim(self) -> None:
+        while len(self._raw) + len(self._pending) > self.max_pending:
+            if self._pending:
+                self._pending.popleft()
+            else:
+                self._raw.popleft()
+            self.dropped += 1
+
+    def _probe_due(self) -> float | None:
+        """Seconds until the next incarnation probe (0: now), or None when none is needed."""
+        if not self._retained:
+            return None
+        return max(0.0, self._probes.next_at - time.monotonic())
+
+    def _probe(self, asked: int) -> None:
+        """Ask the aggregator who it is, so retained messages reach a restarted one.
+
+        Without this a reporter that has nothing new to send would never learn of a restart, and
+        the steps it had sent but that were still open would finalize without it.
+        """
+        probe = getattr(self.sink, "probe", None)
+        try:
+            ack = probe(self.run, self.role) if probe is not None else self.sink.send([])
+        except Exception as exc:  # unreachable: try again later; flush() keeps waiting
+            if isinstance(exc, SinkClosed):
+                self._give_up(exc)
+                return
+            with self._cond:
+                self.tally.last_error = f"{type(exc).__name__}: {exc}"
+                self._probes.next_at = time.monotonic() + _PROBE_RETRY_S
+            return
+        with self._cond:
+            self._probes.next_at = time.monotonic() + PROBE_S
+            if ack is not None:
+                self._retain([], ack)
+            self._probes.done = max(self._probes.done, asked)
+            self._cond.notify_all()
+
+    def _pack_all(self, raws: list[Raw]) -> list[StepMessage]:
+        """Pack closed steps in order; one that cannot be packed is dropped and counted."""
+        packed = []
+        for raw in raws:
+            try:
+                packed.append(self.pack(raw, Stamp(self._seq + 1, self.dropped, self.started)))
+            except Exception as exc:  # not a number, too large for a float, a bad count
+                self.tally.last_error = f"step {raw.step}: {type(exc).__name__}: {exc}"
+                self.dropped += 1
+                continue
+            self._seq += 1
+        return packed
+
+    def _send_loop(self) -> None:
+        backoff = _BACKOFF_S[0]
+        while True:
+            probe_asked: int | None = None
+            with self._cond:
+                while not self._pending and not self._raw and not self._closed:
+                    due = self._probe_due()
+                    if due == 0.0:
+                        probe_asked = self._probes.asked
+                        break
+                    self._cond.wait(due)
+                if probe_asked is None and not self._pending and not self._raw and self._closed:
+                    return
+            if probe_asked is not None:
+                self._probe(probe_asked)
+                if self._gone:
+                    return
+                continue
+            with self._cond:
+                raw = list(self._raw)
+                self._raw.clear()
+                self._packing = len(raw)  # neither raw nor pending while packed: flush waits
+            packed = self._pack_all(raw)
+            with self._cond:
+                self._pending.extend(packed)
+                self._packing = 0
+                self._trim()
+                if not self._pending:
+                    self._cond.notify_all()  # a flush waiting on what was dropped returns now
+                    continue
+                batch = [self._pending[i] for i in range(min(self.max_batch, len(self._pending)))]
+            try:
+                ack = self.sink.send(batch)
+            except Exception as exc:  # the aggregator is slow, restarting or gone: keep and retry
+                self.tally.last_error = f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, SinkClosed):
+                    self._give_up(exc)
+                    return
+                with self._cond:
+                    if self._closed:
+                        return
+                    self._cond.wait(backoff)
+                backoff = min(backoff * 2, _BACKOFF_S[1])
+                continue
+            backoff = _BACKOFF_S[0]
+            last = batch[-1].seq
+            with self._cond:
+                while self._pending and self._pending[0].seq <= last:
+                    self._pending.popleft()
+                self.sent += len(batch)
+                self._refused_by_aggregator(ack)
+                self._retain(batch, ack)
+                self._cond.notify_all()
+
+    def _give_up(self, exc: Exception) -> None:
+        """Ray is gone for good: count what can no longer be sent, say it once, stop."""
+        with self._cond:
+            lost = len(self._pending) + len(self._raw)
+            self.dropped += lost
+            self._pending.clear()
+            self._raw.clear()
+            self._retained.clear()
+            self._gone = True
+            self._cond.notify_all()
+        log.warning("rlmon: %s/%s: %s; %d step message(s) not sent (counted as dropped)",
+                    self.run, self.role, exc, lost)
+
+    def _refused_by_aggregator(self, ack: Any) -> None:
+        """What the aggregator refused of a sent batch: counted and said, like a local refusal."""
+        rejected = getattr(ack, "rejected", 0)
+        if rejected:
+            errors = getattr(ack, "errors", None) or ["(no reason given)"]
+            self.refused_messages += rejected
+            self.tally.last_error = f"refused by the aggregator: {errors[0]}"
+            reason = errors[0].split(": ", 1)[-1]  # without its "run/role step N: " origin
+            self.tally.say_once(
+                reason, "rlmon: %s/%s: the aggregator refused %d step message(s): %s",
+                self.run, self.role, rejected, errors[0])
+
+    def _retain(self, batch: list[StepMessage], ack: Any) -> None:
+        """Keep acknowledged messages of open steps; resend them to a restarted aggregator.
+        Take the run's stop decision from the ack when it applies to this Reporter."""
+        decision = (getattr(ack, "stops", None) or {}).get(self.run)
+        if decision is not None and decision != self.stop_decision and decision.applies_to(
+                self.started):
+            if self.stop_decision is None:
+                log.warning("rlmon: %s/%s: the service asks this run to stop: %s", self.run,
+                            self.role, decision.reason)
+            self.stop_decision = decision
+        incarnation = getattr(ack, "incarnation", None)
+        floors = getattr(ack, "floors", None)
+        if not incarnation or floors is None:
+            return
+        if self._incarnation is not None and incarnation != self._incarnation:
+            # The aggregator restarted: the open steps it held are gone; rebuild them.
+            self.resent += len(self._retained)
+            self._pending.extendleft(replace(m, resend=True) for m in reversed(self._retained))
+            self._retained.clear()
+        self._incarnation = incarnation
+        self._retained.extend(batch)
+        floor = floors.get((self.run, self.role), 0)
+        self._retained = deque(m for m in self._retained if m.step >= floor)
+        while len(self._retained) > self.max_pending:
+            self._retained.popleft()
