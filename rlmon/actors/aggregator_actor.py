@@ -11,10 +11,12 @@ rebuilt from the reporters' resends.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from rlmon.service.aggregation.aggregator import AggregatorCore, AggregatorServer
+from rlmon.service.aggregation.aggregator_stats import AggregatorStats
 from rlmon.service.aggregation.deadline import DeadlinePolicy
 from rlmon.service.aggregation.tier_messages import IngestAck, NodeBatch
 from rlmon.service.aggregation.watermark import WatermarkStore
@@ -45,7 +47,7 @@ def aggregator_actor_class() -> Any:
             self._service: Any = None
             self.server = AggregatorServer(core, self._publish, shard, tick_s)
 
-        def _publish(self, records: list[Any], shard: int, stats: dict[str, Any],
+        def _publish(self, records: list[Any], shard: int, stats: AggregatorStats,
                      ) -> dict[str, StopDecision]:
             if self._service is None:
                 self._service = ray.get_actor(self.service_name, namespace=self.namespace)
@@ -66,8 +68,8 @@ def aggregator_actor_class() -> Any:
         def merge_batch(self, batch: NodeBatch) -> IngestAck:
             return self.server.merge_batch(batch)
 
-        def stats(self) -> dict[str, Any]:
-            return {**self.server.core.stats(), "delivery_errors": self.server.delivery_errors}
+        def stats(self) -> AggregatorStats:
+            return replace(self.server.core.stats(), delivery_errors=self.server.delivery_errors)
 
         def flush(self, timeout: float = 5.0) -> bool:
             """Deliver every finalized record now (without finalizing open steps)."""

@@ -7,6 +7,7 @@ import logging
 import time
 from typing import Any
 
+from rlmon.service.aggregation.aggregator_stats import AggregatorStats
 from rlmon.service.alerting.engine import AlertEvent
 from rlmon.service.alerting.notify.console import ConsoleBuffer
 from rlmon.service.alerting.rules import load_rules
@@ -98,7 +99,7 @@ def service_actor_class() -> Any:
 
         def publish(
             self, records: list[StepRecord], shard: int = 0,
-            stats: dict[str, Any] | None = None,
+            stats: AggregatorStats | None = None,
         ) -> dict[str, StopDecision]:
             """Publish an aggregator's finalized steps; answer with the stop decisions of their
             runs (the aggregator passes them on to the runs' Reporters)."""

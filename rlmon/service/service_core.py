@@ -26,8 +26,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from rlmon.service.aggregation.aggregator_stats import AggregatorStats
 from rlmon.service.aggregation.stream_tracker import Expired, Stream, StreamTracker
 from rlmon.service.alerting.engine import AlertEngine, AlertEvent, AlertState
+from rlmon.service.alerting.liveness_alerts import liveness_events, liveness_firing
 from rlmon.service.alerting.notify.factory import build_dispatcher, open_outbox, outbox_path
 from rlmon.service.alerting.notify.render import summary_line
 from rlmon.service.alerting.rules import Rule, default_rules, load_rules, unknown_metrics
@@ -39,6 +41,9 @@ from rlmon.service.crash_points import crash_point
 from rlmon.service.export.exporter import IngestCounters, MetricsState, RunInfo
 from rlmon.service.export.http import MetricsServer, serve_metrics
 from rlmon.service.export.otlp import OtlpExport
+from rlmon.service.liveness.run_state import LivenessView, RunState
+from rlmon.service.goodput.alert_costs import AlertCosts
+from rlmon.service.goodput.ledger import GoodputLedger
 from rlmon.service.metrics import catalog, keymaps
 from rlmon.service.redact import install_redaction
 from rlmon.service.storage.history import HistoryStore
@@ -115,6 +120,10 @@ class ServiceCore:
             clock=clock,
         )
         self.metrics.dispatch = self.dispatcher.stats
+        # where the GPU-hours go (goodput by bucket) and what each alert has cost since onset
+        self.goodput = GoodputLedger(self.settings.goodput)
+        self.costs = AlertCosts(self.goodput.price, self.goodput.run_gpus)
+        self.metrics.goodput = self.goodput.snapshot
         # The sanity layer looks at each (run, role)'s steps for values that look like training
         # bugs but have known causes; findings are logged, kept and counted, not paged.
         self.sanity: dict[tuple[str, str], SanityChecker] = {}
@@ -123,7 +132,7 @@ class ServiceCore:
         self.findings: deque[Finding] = deque(maxlen=1_000)
         self.finding_counts: Counter[str] = Counter()
         self.metrics.sanity = lambda: dict(self.finding_counts)
-        self._shard_stats: dict[int, Mapping[str, Any]] = {}
+        self._shard_stats: dict[int, AggregatorStats] = {}
         self.metrics.ingest = self._ingest_counters
         self.metrics.removed = self._removed_counts
         self.events: deque[AlertEvent] = deque(maxlen=10_000)
@@ -131,6 +140,7 @@ class ServiceCore:
         if self.settings.otlp.enabled:  # the step timelines' spans, to an OTLP/HTTP collector
             self.otlp = OtlpExport(self.settings.otlp)
         self.redeliveries = 0
+        self._finished_runs: dict[str, float] = {}  # run -> unix time it said finish_run
         # The stop switch (rlmon.service.contract.stop_decision): the rules that carry the stop action, the
         # decisions taken (restored from the history store) and how many, by alert.
         self._stoppers = {r.name for r in self.engine.rules if STOP in r.actions}
@@ -207,13 +217,13 @@ class ServiceCore:
     def _ingest_counters(self) -> IngestCounters:
         stats = list(self._shard_stats.values())
         return IngestCounters(
-            ingested=sum(int(s.get("partials", 0)) for s in stats),
-            rejected=sum(int(s.get("rejected", 0)) for s in stats),
-            late=sum(int(s.get("late", 0)) for s in stats),
-            dropped=sum(int(s.get("reporter_dropped", 0)) for s in stats),
-            refused=sum(int(s.get("reporter_refused", 0)) for s in stats),
-            restarts=sum(int(s.get("restarts", 0)) for s in stats),
-            resent=sum(int(s.get("resent", 0)) for s in stats),
+            ingested=sum(s.partials for s in stats),
+            rejected=sum(s.rejected for s in stats),
+            late=sum(s.late for s in stats),
+            dropped=sum(s.reporter_dropped for s in stats),
+            refused=sum(s.reporter_refused for s in stats),
+            restarts=sum(s.restarts for s in stats),
+            resent=sum(s.resent for s in stats),
             redelivered=self.redeliveries,
         )
 
@@ -221,8 +231,8 @@ class ServiceCore:
         """What expiry and retention removed, here and in every aggregator shard."""
         out = {("service", kind): n for kind, n in self.removed.items()}
         for stats in list(self._shard_stats.values()):
-            for kind, n in dict(stats.get("removed") or {}).items():
-                out[("aggregator", kind)] = out.get(("aggregator", kind), 0) + int(n)
+            for kind, n in stats.removed.items():
+                out[("aggregator", kind)] = out.get(("aggregator", kind), 0) + n
         return out
 
     @property
@@ -241,7 +251,7 @@ class ServiceCore:
 
     def publish(
         self, records: Sequence[StepRecord], shard: int = 0,
-        stats: Mapping[str, Any] | None = None,
+        stats: AggregatorStats | None = None,
     ) -> list[AlertEvent]:
         """Export, evaluate, store and notify finalized steps; returns the alert transitions."""
         events: list[AlertEvent] = []
@@ -249,7 +259,9 @@ class ServiceCore:
         batches: list[tuple[float | None, list[AlertEvent]]] = []
         with self._lock:
             if stats is not None:
-                self._shard_stats[shard] = dict(stats)
+                if not isinstance(stats, AggregatorStats):
+                    raise TypeError(f"stats must be an AggregatorStats, got {type(stats).__name__}")
+                self._shard_stats[shard] = stats
             fresh = []
             for record in sorted(records, key=lambda r: r.identity):
                 if self.history.has_step(*record.key, record.attempt):
@@ -266,7 +278,10 @@ class ServiceCore:
             now = self._clock()
             for record in fresh:
                 self._remember((record.run, record.role), now)
-                mine = self._decide_stops(record, self.engine.evaluate(record), now, decided)
+                self.goodput.add(record)
+                mine = self.costs.stamp(record, self.engine.evaluate(record),
+                                        self._stream_states(record))
+                mine = self._decide_stops(record, mine, now, decided)
                 if record.samples:
                     mine = self._with_samples(record, mine)
                 streams.add((record.run, record.role))
@@ -294,7 +309,7 @@ class ServiceCore:
 
     def receive(
         self, records: Sequence[StepRecord], shard: int = 0,
-        stats: Mapping[str, Any] | None = None,
+        stats: AggregatorStats | None = None,
     ) -> dict[str, StopDecision]:
         """What an aggregator calls: :meth:`publish`, answered with the stop decisions of the
         published records' runs (the aggregator passes them on to the runs' Reporters)."""
@@ -396,6 +411,8 @@ class ServiceCore:
         for run in expired.runs:
             self.run_info.pop(run, None)
             self._relayed.pop(run, None)
+        self.goodput.forget(expired.runs)
+        self.costs.forget(expired.streams)
         self.removed["streams_forgotten"] += len(expired.streams)
         self.removed["runs_forgotten"] += len(expired.runs)
 
@@ -412,6 +429,13 @@ class ServiceCore:
         self.removed["history_steps"] += pruned.steps
         self.removed["history_alerts"] += pruned.alerts
         self.removed["history_runs"] += len(pruned.runs)
+
+    def _stream_states(self, record: StepRecord) -> list[tuple[str, AlertState]]:
+        """(alert, state) of the record's stream, for the alert costs' onsets."""
+        states = self.engine.states
+        return [(rule.name, states[(record.run, record.role, rule.name)])
+                for rule in self.engine.rules
+                if (record.run, record.role, rule.name) in states]
 
     def _states_of(self, streams: set[tuple[str, str]]) -> dict[tuple[str, str, str], AlertState]:
         states = self.engine.states
@@ -446,11 +470,44 @@ class ServiceCore:
                 if r == run:
                     checker.dpo, checker.deepspeed_version = self._sanity_args(meta)
 
+    def liveness(self, views: Sequence[LivenessView], shard: int = 0) -> list[AlertEvent]:
+        """An aggregator's liveness views (its timer's state changes and periodic refresh):
+        shown on /metrics, turned into the time-based alerts (RunStalled, RunDied, StageStuck,
+        StepTimeRegression), stored and notified like any other transition."""
+        events: list[AlertEvent] = []
+        batches: list[tuple[float | None, list[AlertEvent]]] = []
+        with self._lock:
+            now = self._clock()
+            streams = set()
+            for view in views:
+                stream = (view.run, view.role)
+                finished = self._finished_runs.get(view.run)
+                if finished is not None and view.state is not RunState.FINISHED and (
+                        view.last_step_at is None or view.last_step_at <= finished):
+                    view = replace(view, state=RunState.FINISHED)  # finish_run said so
+                self._remember(stream, now)
+                mine = liveness_events(self.engine, view)
+                self.metrics.set_liveness(view, liveness_firing(self.engine, *stream))
+                streams.add(stream)
+                if mine:
+                    events.extend(mine)
+                    batches.append((view.at, mine))
+            if events:
+                self.history.add([], events, states=self._states_of(streams), outbound=batches)
+                self.events.extend(events)
+        if batches:
+            self._hand_over()
+        return events
+
     def finish_run(self, run: str) -> None:
         """The run ended: its series leave the exporter after the finished-run TTL."""
         with self._lock:
+            self._finished_runs[run] = time.time()  # liveness views are on unix time
+            while len(self._finished_runs) > _MAX_STOPS:
+                del self._finished_runs[next(iter(self._finished_runs))]
             self._tracker.finish(run, self._clock())
             self.metrics.finish_run(run)
+            self.goodput.finish(run)
 
     @staticmethod
     def _sanity_args(info: RunInfo | None) -> tuple[bool, str | None]:

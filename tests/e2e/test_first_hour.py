@@ -194,12 +194,12 @@ def test_a_rerun_under_the_same_name_is_recorded_as_a_new_attempt(tmp_path: Path
     assert (late.late, late.accepted) == (1, 0)
     service.publish([], 0, core.stats())
     assert _scrape(service)["rlmon_partials_late_total"] == 1
-    assert core.stats()["restarts"] == 1
+    assert core.stats().restarts == 1
     # A resumed run continues at a later step: the same attempt, no restart.
     _run(core, service, range(4, 6), tied=0.0)
     steps = service.history.steps("rerun")
     assert [(s["step"], s.get("attempt", 0)) for s in steps][-3:] == [(3, 1), (4, 1), (5, 1)]
-    assert core.stats()["restarts"] == 1
+    assert core.stats().restarts == 1
     service.close()
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from rlmon.service.aggregation.aggregator_stats import AggregatorStats
 from rlmon.service.config import load_config
 from rlmon.service.dashboards import DASHBOARDS, model
 from rlmon.service.dashboards.promql import metric_names
@@ -54,7 +55,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, set[s
     core = ServiceCore(settings, state_dir=state, port=0, host="127.0.0.1")
     try:
         core.publish([record for record, _ in result.steps],
-                     stats={"partials": result.counters.partials, "late": result.counters.late})
+                     stats=AggregatorStats(partials=result.counters.partials,
+                                          late=result.counters.late))
         # after publish: MetricsState drops the info of a run that has no live stream yet
         run = result.steps[0][0].run
         core.metrics.set_run_info(run, RunInfo(framework="example", algorithm="grpo", dp=2, cp=2))

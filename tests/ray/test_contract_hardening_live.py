@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from rlmon.actors.aggregator_actor import AggregatorServer
 from rlmon.service.aggregation.aggregator import AggregatorCore
+from rlmon.service.aggregation.aggregator_stats import AggregatorStats
 from rlmon.service.aggregation.assembly import AddOutcome
 from rlmon.service.aggregation.node_merge import NodeMerger
 from rlmon.service.contract.rank import Rank, World
@@ -133,7 +134,7 @@ def test_aggregator_rejects_a_bad_message_whole_counts_it_and_keeps_the_good_one
 def test_the_good_message_beside_a_bad_one_is_delivered(bad: Any, field: str) -> None:
     published: list[StepRecord] = []
 
-    def publish(records: list[StepRecord], shard: int, stats: dict[str, Any]) -> None:
+    def publish(records: list[StepRecord], shard: int, stats: AggregatorStats) -> None:
         published.extend(records)
 
     server = AggregatorServer(AggregatorCore(), publish, tick_s=0.01)

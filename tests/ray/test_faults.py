@@ -52,12 +52,12 @@ def test_aggregator_killed_mid_run_loses_and_double_counts_nothing(
     step(4, reps[:1])  # step 4 is half open when the aggregator dies
     assert all(rep.flush(PATIENCE) for rep in reps)
     agg = ray.get_actor(aggregator_name(0), namespace=ray_namespace)
-    before = ray.get(agg.stats.remote())["incarnation"]
+    before = ray.get(agg.stats.remote()).incarnation
     ray.kill(agg, no_restart=False)  # Ray restarts it (max_restarts=-1)
 
     def restarted() -> bool:
         try:
-            return bool(ray.get(agg.stats.remote(), timeout=5)["incarnation"] != before)
+            return bool(ray.get(agg.stats.remote(), timeout=5).incarnation != before)
         except Exception:  # unavailable while it restarts
             return False
 

@@ -12,9 +12,8 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import asdict
-from typing import Any
 
+from rlmon.service.aggregation.aggregator_stats import AggregatorStats
 from rlmon.service.aggregation.assembly import AddOutcome, AssemblyCounters, StepAssembler
 from rlmon.service.aggregation.deadline import DeadlinePolicy
 from rlmon.service.aggregation.step_state import StepState
@@ -184,16 +183,12 @@ class AggregatorCore:
                 except ContractError as exc:
                     ack.refuse(msg, exc, self.max_errors)
                     continue
-                ack.tally(outcome)
-                if outcome == AddOutcome.ACCEPTED:
-                    self._heard(key, [msg.rank], opened, record)
-                elif outcome == AddOutcome.LATE:
+                self._book(ack, done, key, [msg.rank], opened, outcome, record)
+                if outcome == AddOutcome.LATE:
                     self._say_late(msg)
                 if msg.dropped or msg.refused:
                     self._reporter_counts((msg.run, msg.role, tuple(msg.rank)), msg.dropped,
                                           msg.refused)
-                if record is not None:
-                    done.append(record)
                 ack.floors.setdefault((msg.run, msg.role), 0)
             self._commit(done)
             for run, role in ack.floors:
@@ -286,11 +281,8 @@ class AggregatorCore:
                 except ContractError as exc:
                     ack.refuse(state, exc, self.max_errors)
                     continue
-                ack.tally(outcome)
-                if outcome == AddOutcome.ACCEPTED:
-                    self._heard((state.run, state.role, state.step), state.finals, opened, record)
-                if record is not None:
-                    done.append(record)
+                self._book(ack, done, (state.run, state.role, state.step), state.finals, opened,
+                           outcome, record)
             self._commit(done)
             self._floors(ack, batch.states)
         ack.finalized = len(done)
@@ -304,6 +296,18 @@ class AggregatorCore:
             finalized = self.assembler.finalized.get((state.run, state.role))
             ack.floors[(state.run, state.role)] = finalized.floor if finalized else 0
         ack.stops = self._stops_of(run for run, _ in ack.floors)
+
+    def _book(self, ack: IngestAck, done: list[StepRecord], key: StepKey,
+              ranks: Collection[Rank], opened: bool, outcome: str,
+              record: StepRecord | None) -> None:
+        """The bookkeeping of one message or state that was not refused (``ingest`` and
+        ``merge_batch`` alike): count its outcome in the ack, tell the deadline policy who was
+        heard, collect the record it finalized."""
+        ack.tally(outcome)
+        if outcome == AddOutcome.ACCEPTED:
+            self._heard(key, ranks, opened, record)
+        if record is not None:
+            done.append(record)
 
     def _heard(self, key: StepKey, ranks: Collection[Rank], opened: bool,
                record: StepRecord | None) -> None:
@@ -379,36 +383,33 @@ class AggregatorCore:
             if self.store is not None:
                 self.store.delivered(records)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> AggregatorStats:
         with self.lock:
             lat = sorted(self.assembler.finalize_latency)
-            return {
-                **asdict(self.assembler.counters),
-                "open_steps": len(self.assembler.open),
-                "incarnation": self.incarnation,
-                "undelivered": len(self.undelivered),
-                "held_out_of_order": self.held,
-                "reporter_dropped": (sum(d for d, _ in self.reporter_counts.values())
-                                     + self._counts_forgotten[0]),
-                "reporter_refused": (sum(r for _, r in self.reporter_counts.values())
-                                     + self._counts_forgotten[1]),
-                "finalize_latency_p50": lat[len(lat) // 2] if lat else None,
-                "streams": len(self.streams),
-                "removed": {  # what left memory or the store, by kind (never refused data)
-                    "streams_forgotten": self.streams_forgotten,
-                    "streams_pruned": self.streams_pruned,
-                    "names_forgotten": self.assembler.forms.forgotten,
-                },
-            }
+            c = self.assembler.counters
+            return AggregatorStats(
+                accepted=c.accepted, rejected=c.rejected, duplicates=c.duplicates, late=c.late,
+                partials=c.partials, steps_finalized=c.steps_finalized,
+                steps_incomplete=c.steps_incomplete, restarts=c.restarts, resent=c.resent,
+                open_steps=len(self.assembler.open),
+                incarnation=self.incarnation,
+                undelivered=len(self.undelivered),
+                held_out_of_order=self.held,
+                reporter_dropped=(sum(d for d, _ in self.reporter_counts.values())
+                                  + self._counts_forgotten[0]),
+                reporter_refused=(sum(r for _, r in self.reporter_counts.values())
+                                  + self._counts_forgotten[1]),
+                finalize_latency_p50=lat[len(lat) // 2] if lat else None,
+                streams=len(self.streams),
+                streams_forgotten=self.streams_forgotten,
+                streams_pruned=self.streams_pruned,
+                names_forgotten=self.assembler.forms.forgotten,
+            )
 
 
 # How finalized records reach the service: (records, shard, aggregator stats) -> the service's
 # stop decisions for the records' runs (or None); raises to retry.
-Publish = Callable[[list[StepRecord], int, dict[str, Any]], Mapping[str, StopDecision] | None]
-
-# Counters that can change while no step finalizes; a change is published on its own.
-_SAID_WITHOUT_A_STEP = ("late", "rejected", "duplicates", "restarts", "resent",
-                        "reporter_dropped")
+Publish = Callable[[list[StepRecord], int, AggregatorStats], Mapping[str, StopDecision] | None]
 
 
 class AggregatorServer:
@@ -421,7 +422,7 @@ class AggregatorServer:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self.delivery_errors = 0
-        self._published_stats: dict[str, Any] | None = None
+        self._published_stats: tuple[int, ...] | None = None
         self._delivering = threading.Lock()  # the loop and close() never publish the same records
         self._thread = threading.Thread(target=self._loop, daemon=True, name="rlmon-aggregator")
         self._thread.start()
@@ -446,7 +447,7 @@ class AggregatorServer:
     def _deliver(self) -> bool:
         records = self.core.pending_records()
         stats = self.core.stats()
-        counts = {k: stats[k] for k in _SAID_WITHOUT_A_STEP}
+        counts = stats.said_without_a_step()
         if not records and counts == self._published_stats:
             return True
         try:

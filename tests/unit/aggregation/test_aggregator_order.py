@@ -39,7 +39,7 @@ def test_a_step_finalized_late_at_its_deadline_is_evaluated_before_later_steps()
     core.ingest([_msg(4, 0)])  # rank 1's step 4 is lost
     core.ingest([_msg(5, 0), _msg(5, 1)])  # step 5 completes while step 4 is open
     assert core.pending_records() == []  # step 5 is held behind the open step 4
-    assert core.stats()["held_out_of_order"] == 1
+    assert core.stats().held_out_of_order == 1
     now[0] += 10
     assert core.tick() == 1
     assert [(r.step, r.complete) for r in core.pending_records()] == [(4, False), (5, True)]
@@ -47,7 +47,7 @@ def test_a_step_finalized_late_at_its_deadline_is_evaluated_before_later_steps()
     assert ("RankMissing", "firing", 4) in events
     assert ("RankMissing", "resolved", 5) in events
     assert engine.skipped_out_of_order == 0
-    assert core.stats()["held_out_of_order"] == 0
+    assert core.stats().held_out_of_order == 0
 
 
 def test_holding_back_is_per_run_and_role() -> None:

@@ -63,9 +63,9 @@ def test_an_hour_of_new_runs_and_names_keeps_memory_and_store_flat(tmp_path: Pat
     assert late[0] < early[0] * 1.25 + 0.25, samples  # traced MiB
     assert late[4] <= early[4] * 1.25 + 65536, samples  # bytes on disk
     stats = core.stats()
-    assert stats["removed"]["streams_forgotten"] > 300
-    assert stats["removed"]["streams_pruned"] > 250
-    assert stats["removed"]["names_forgotten"] > 10_000
+    assert stats.streams_forgotten > 300
+    assert stats.streams_pruned > 250
+    assert stats.names_forgotten > 10_000
 
 
 def test_a_stream_back_after_leaving_memory_is_read_back_from_the_store(tmp_path: Path) -> None:

@@ -116,5 +116,5 @@ def test_reporter_drop_and_refusal_counts_cross_the_tier() -> None:
     for _ in range(2):
         root.merge_batch(batch)
     stats = root.stats()
-    assert (stats["reporter_dropped"], stats["reporter_refused"]) == (2, 5 + 1)
+    assert (stats.reporter_dropped, stats.reporter_refused) == (2, 5 + 1)
     assert merger.next_batch() is None  # nothing new: no empty batch

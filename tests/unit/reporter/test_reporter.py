@@ -268,7 +268,7 @@ def test_refused_statistics_reach_the_aggregator_count() -> None:
         rep.record("actor/entropy", sum=3.0, count=2.0)
         rep.end_step(step)
     assert rep.flush(5)
-    assert core.stats()["reporter_refused"] == 2 == rep.rejected
+    assert core.stats().reporter_refused == 2 == rep.rejected
     rep.close()
 
 
