@@ -29,7 +29,6 @@ from typing import Any
 from rlmon.service.aggregation.aggregator_stats import AggregatorStats
 from rlmon.service.aggregation.stream_tracker import Expired, Stream, StreamTracker
 from rlmon.service.alerting.engine import AlertEngine, AlertEvent, AlertState
-from rlmon.service.alerting.liveness_alerts import liveness_events, liveness_firing
 from rlmon.service.alerting.notify.factory import build_dispatcher, open_outbox, outbox_path
 from rlmon.service.alerting.notify.render import summary_line
 from rlmon.service.alerting.rules import Rule, default_rules, load_rules, unknown_metrics
@@ -41,9 +40,6 @@ from rlmon.service.crash_points import crash_point
 from rlmon.service.export.exporter import IngestCounters, MetricsState, RunInfo
 from rlmon.service.export.http import MetricsServer, serve_metrics
 from rlmon.service.export.otlp import OtlpExport
-from rlmon.service.liveness.run_state import LivenessView, RunState
-from rlmon.service.goodput.alert_costs import AlertCosts
-from rlmon.service.goodput.ledger import GoodputLedger
 from rlmon.service.metrics import catalog, keymaps
 from rlmon.service.redact import install_redaction
 from rlmon.service.storage.history import HistoryStore
@@ -120,10 +116,6 @@ class ServiceCore:
             clock=clock,
         )
         self.metrics.dispatch = self.dispatcher.stats
-        # where the GPU-hours go (goodput by bucket) and what each alert has cost since onset
-        self.goodput = GoodputLedger(self.settings.goodput)
-        self.costs = AlertCosts(self.goodput.price, self.goodput.run_gpus)
-        self.metrics.goodput = self.goodput.snapshot
         # The sanity layer looks at each (run, role)'s steps for values that look like training
         # bugs but have known causes; findings are logged, kept and counted, not paged.
         self.sanity: dict[tuple[str, str], SanityChecker] = {}
@@ -140,7 +132,6 @@ class ServiceCore:
         if self.settings.otlp.enabled:  # the step timelines' spans, to an OTLP/HTTP collector
             self.otlp = OtlpExport(self.settings.otlp)
         self.redeliveries = 0
-        self._finished_runs: dict[str, float] = {}  # run -> unix time it said finish_run
         # The stop switch (rlmon.service.contract.stop_decision): the rules that carry the stop action, the
         # decisions taken (restored from the history store) and how many, by alert.
         self._stoppers = {r.name for r in self.engine.rules if STOP in r.actions}
@@ -278,10 +269,7 @@ class ServiceCore:
             now = self._clock()
             for record in fresh:
                 self._remember((record.run, record.role), now)
-                self.goodput.add(record)
-                mine = self.costs.stamp(record, self.engine.evaluate(record),
-                                        self._stream_states(record))
-                mine = self._decide_stops(record, mine, now, decided)
+                mine = self._decide_stops(record, self.engine.evaluate(record), now, decided)
                 if record.samples:
                     mine = self._with_samples(record, mine)
                 streams.add((record.run, record.role))
@@ -411,8 +399,6 @@ class ServiceCore:
         for run in expired.runs:
             self.run_info.pop(run, None)
             self._relayed.pop(run, None)
-        self.goodput.forget(expired.runs)
-        self.costs.forget(expired.streams)
         self.removed["streams_forgotten"] += len(expired.streams)
         self.removed["runs_forgotten"] += len(expired.runs)
 
@@ -429,13 +415,6 @@ class ServiceCore:
         self.removed["history_steps"] += pruned.steps
         self.removed["history_alerts"] += pruned.alerts
         self.removed["history_runs"] += len(pruned.runs)
-
-    def _stream_states(self, record: StepRecord) -> list[tuple[str, AlertState]]:
-        """(alert, state) of the record's stream, for the alert costs' onsets."""
-        states = self.engine.states
-        return [(rule.name, states[(record.run, record.role, rule.name)])
-                for rule in self.engine.rules
-                if (record.run, record.role, rule.name) in states]
 
     def _states_of(self, streams: set[tuple[str, str]]) -> dict[tuple[str, str, str], AlertState]:
         states = self.engine.states
@@ -470,44 +449,11 @@ class ServiceCore:
                 if r == run:
                     checker.dpo, checker.deepspeed_version = self._sanity_args(meta)
 
-    def liveness(self, views: Sequence[LivenessView], shard: int = 0) -> list[AlertEvent]:
-        """An aggregator's liveness views (its timer's state changes and periodic refresh):
-        shown on /metrics, turned into the time-based alerts (RunStalled, RunDied, StageStuck,
-        StepTimeRegression), stored and notified like any other transition."""
-        events: list[AlertEvent] = []
-        batches: list[tuple[float | None, list[AlertEvent]]] = []
-        with self._lock:
-            now = self._clock()
-            streams = set()
-            for view in views:
-                stream = (view.run, view.role)
-                finished = self._finished_runs.get(view.run)
-                if finished is not None and view.state is not RunState.FINISHED and (
-                        view.last_step_at is None or view.last_step_at <= finished):
-                    view = replace(view, state=RunState.FINISHED)  # finish_run said so
-                self._remember(stream, now)
-                mine = liveness_events(self.engine, view)
-                self.metrics.set_liveness(view, liveness_firing(self.engine, *stream))
-                streams.add(stream)
-                if mine:
-                    events.extend(mine)
-                    batches.append((view.at, mine))
-            if events:
-                self.history.add([], events, states=self._states_of(streams), outbound=batches)
-                self.events.extend(events)
-        if batches:
-            self._hand_over()
-        return events
-
     def finish_run(self, run: str) -> None:
         """The run ended: its series leave the exporter after the finished-run TTL."""
         with self._lock:
-            self._finished_runs[run] = time.time()  # liveness views are on unix time
-            while len(self._finished_runs) > _MAX_STOPS:
-                del self._finished_runs[next(iter(self._finished_runs))]
             self._tracker.finish(run, self._clock())
             self.metrics.finish_run(run)
-            self.goodput.finish(run)
 
     @staticmethod
     def _sanity_args(info: RunInfo | None) -> tuple[bool, str | None]:
