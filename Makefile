@@ -15,13 +15,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/rlmon demo
 
-# Debian's prometheus and alertmanager for the integration tests (root on CI; skipped quietly when
-# they are already there).
+# Debian's prometheus, alertmanager and chromium (the run page's browser tests) for the integration
+# tests (root on CI; skipped quietly when they are already there).
 system-deps:
-	@if ! command -v promtool >/dev/null || ! command -v prometheus-alertmanager >/dev/null; then \
+	@if ! command -v promtool >/dev/null || ! command -v prometheus-alertmanager >/dev/null || ! command -v chromium >/dev/null; then \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null; \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager chromium >/dev/null; \
 	fi
 
 lint: $(STAMP)

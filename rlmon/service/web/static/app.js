@@ -425,6 +425,7 @@ async function poll() {
   }
 }
 
+window.rlmonCharts = () => page.charts;  // the uPlot instances shown (for tests and scripts)
 window.addEventListener("hashchange", route);
 route().then(() => setStatus(true, "live"));
 setInterval(poll, POLL_MS);

@@ -1,0 +1,199 @@
+"""The run page in a real browser: Debian's headless Chromium, driven by Playwright, loads the page
+from a service fed the bundled example run (the demo's GRPO run) and is checked by what it
+renders: the runs table, the points each panel draws, the alert markers on the canvas, the alert
+page's worst samples and timeline, a step published while the page is open, and a screenshot
+that is not blank. With RLMON_UPDATE_SCREENSHOT=1 the run page's screenshot is written to
+docs/run-page.png.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rlmon.service.contract.step_record import StepRecord
+from rlmon.service.service_core import ServiceCore
+from tests.support.web_support import browser, example_records, fed_service, need_chromium
+
+pytestmark = pytest.mark.integration
+
+RUN = "grpo-demo-0"
+DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "run-page.png"
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Any]:
+    with browser(need_chromium()) as b:
+        yield b
+
+
+@pytest.fixture
+def records() -> list[StepRecord]:
+    return example_records()
+
+
+@pytest.fixture
+def service(tmp_path: Path, records: list[StepRecord]) -> Iterator[ServiceCore]:
+    core = fed_service(tmp_path, records)
+    yield core
+    core.close(0.0)
+
+
+@pytest.fixture
+def page(chromium: Any, service: ServiceCore) -> Iterator[Any]:
+    context = chromium.new_context(viewport={"width": 1400, "height": 1000})
+    tab = context.new_page()
+    errors: list[str] = []
+    tab.on("pageerror", lambda exc: errors.append(str(exc)))
+    tab.base = f"http://127.0.0.1:{service.port}/?poll=250"
+    yield tab
+    context.close()
+    assert not errors, f"the page raised: {errors}"
+
+
+def panels(tab: Any) -> list[dict[str, Any]]:
+    return list(tab.eval_on_selector_all("#panels .panel", """els => els.map(e => ({
+        title: e.dataset.title, metrics: e.dataset.metrics.split(","),
+        points: Number(e.dataset.points), series: e.dataset.seriesPoints,
+        onsets: e.dataset.onsets, resolves: e.dataset.resolves}))"""))
+
+
+def api(service: ServiceCore, path: str) -> Any:
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{service.port}{path}", timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def pixels(png: bytes) -> np.ndarray:
+    from matplotlib import image
+
+    return np.asarray(image.imread(io.BytesIO(png), format="png"))
+
+
+def test_runs_table_lists_every_stream_of_the_run(page: Any) -> None:
+    page.goto(page.base)
+    page.wait_for_selector("#runs tbody tr")
+    rows = page.eval_on_selector_all("#runs tbody tr", """rows => rows.map(r => [
+        r.dataset.run, r.dataset.role, r.querySelector('.last-step').textContent,
+        r.cells[5].textContent, r.cells[6].textContent])""")
+    assert sorted(rows) == [
+        [RUN, "actor", "29", "4 / 4", "ISRatioStaleLogprobMismatch"],
+        [RUN, "reward", "29", "1 / 1", "none"],
+        [RUN, "rollout", "29", "1 / 1", "PolicyLagGrowing"],
+    ]
+
+
+def test_run_page_draws_every_point_and_the_alert_onsets(page: Any, service: ServiceCore) -> None:
+    page.goto(page.base)
+    page.click("#runs tr[data-role=actor] a[href^='#/run/']")
+    page.wait_for_selector("#panels .panel[data-onsets]")
+    expected = api(service, f"/api/curves?run={RUN}&role=actor")
+    shown = panels(page)
+    assert [p["title"] for p in shown] == [p["title"] for p in expected["panels"]]
+    for drawn, want in zip(shown, expected["panels"], strict=True):
+        assert drawn["points"] == len(want["x"]) == 30
+        assert drawn["series"] == ",".join(
+            str(sum(v is not None for v in ys)) for ys in want["y"])
+        assert drawn["onsets"] == "6,10"  # LogprobMismatch, ISRatioStale: in every panel
+    # the markers are on the canvas, at the onset steps' pixels, in the warning colour
+    found = page.evaluate("""() => {
+        const u = window.rlmonCharts()[0];
+        const ctx = u.ctx, out = {};
+        for (const step of [6, 10, 20]) {
+            const x = Math.round(u.valToPos(step, 'x', true));
+            let hits = 0;
+            for (let y = u.bbox.top; y < u.bbox.top + u.bbox.height; y += 2) {
+                const [r, g, b] = ctx.getImageData(x, y, 1, 1).data;
+                if (r > 200 && g > 100 && g < 170 && b < 60) hits++;
+            }
+            out[step] = hits;
+        }
+        return out;
+    }""")
+    assert found["6"] > 10 and found["10"] > 10 and found["20"] == 0
+
+
+def test_zoom_and_role_tabs(page: Any) -> None:
+    page.goto(page.base + f"#/run/{RUN}?role=actor")
+    page.wait_for_selector("#panels .panel[data-points]")
+    page.fill("#zoom-from", "5")
+    page.fill("#zoom-to", "15")
+    page.click("#zoom-apply")
+    page.wait_for_function("() => document.querySelector('#panels .panel')?.dataset.points === '11'")
+    assert {p["points"] for p in panels(page)} == {11}
+    assert {p["onsets"] for p in panels(page)} == {"6,10"}
+    page.click(".tabs a:text('rollout')")
+    page.wait_for_function("() => [...document.querySelectorAll('#panels .panel')].some("
+                           "p => p.dataset.metrics === 'rollout/policy_lag')")
+    lag = next(p for p in panels(page) if p["metrics"] == ["rollout/policy_lag"])
+    assert lag["points"] == 30 and lag["onsets"] == "24"
+
+
+def test_alert_page_lists_the_worst_samples_and_the_timeline(page: Any,
+                                                            service: ServiceCore) -> None:
+    page.goto(page.base)
+    page.click("#runs tr[data-role=actor] a:text('ISRatioStale')")
+    page.wait_for_selector("#samples tr.sample")
+    stored = service.history.samples(RUN, "actor", 10, "actor/is_ratio_lowest")[0]
+    rows = page.eval_on_selector_all("#samples tr.sample", """rows => rows.map(r =>
+        [r.cells[3].textContent, r.cells[4].textContent])""")
+    assert rows == [[ident, payload] for _score, ident, payload in stored.items]
+    text = page.inner_text("main")
+    assert "actor/is_ratio_min < 0.1" in text and "Some tokens come from a stale policy" in text
+    assert page.eval_on_selector_all("#timeline rect.rank-step", "r => r.length") == 4
+    names = set(page.eval_on_selector_all("#timeline rect.span", "r => r.map(e => e.dataset.name)"))
+    assert names == {"generate", "train", "backward"}
+    href = page.get_attribute("#perfetto", "href")
+    with page.expect_download() as download:
+        page.click("#perfetto")
+    assert b"backward" in Path(download.value.path()).read_bytes()
+    assert href.startswith("api/trace?")
+    assert page.get_attribute("#around", "data-onsets") == "10"
+
+
+def test_new_steps_and_alerts_appear_without_a_reload(page: Any, service: ServiceCore,
+                                                      records: list[StepRecord]) -> None:
+    page.goto(page.base + f"#/run/{RUN}?role=actor")
+    page.wait_for_selector("#panels .panel[data-points='30']")
+    template = next(r for r in records if r.role == "actor" and r.step == 29)
+    page.evaluate("() => { window.notReloaded = true; }")
+    # three steps of collapsed entropy fire EntropyCollapse (and the early warning before it)
+    collapsed = {**template.metrics, "actor/entropy": 0.001}
+    service.publish([replace(template, step=s, metrics=collapsed) for s in (30, 31, 32)])
+    page.wait_for_function("() => document.querySelector('#shown').dataset.lastStep === '32'")
+    page.wait_for_function("() => [...document.querySelectorAll('#panels .panel')].every("
+                           "p => p.dataset.points === '33')")
+    entropy = next(p for p in panels(page) if p["metrics"] == ["actor/entropy"])
+    fired = sorted({a["step"] for a in service.history.alerts(RUN)
+                    if a["role"] == "actor" and a["state"] == "firing"})
+    assert 32 in fired and entropy["onsets"] == ",".join(map(str, fired))
+    assert "EntropyCollapse at step 32" in page.inner_text("#alert-list")
+    assert page.evaluate("() => window.notReloaded") is True
+    page.goto(page.base)
+    page.wait_for_selector("#runs tr[data-role=actor]")
+    service.publish([replace(template, step=33)])
+    page.wait_for_function("() => document.querySelector('#runs tr[data-role=actor] .last-step')"
+                           ".textContent === '33'")
+
+
+def test_screenshot_of_the_run_page_is_not_blank(page: Any, tmp_path: Path) -> None:
+    page.goto(page.base + f"#/run/{RUN}?role=actor")
+    page.wait_for_selector("#panels .panel[data-onsets]")
+    png = page.screenshot(full_page=True)
+    image = pixels(png)[..., :3]
+    assert image.shape[0] > 900 and image.shape[1] == 1400
+    assert image.std() > 0.05  # mostly white with curves, axes and text
+    colours = {tuple(c) for c in (image[::7, ::7] * 255).astype(int).reshape(-1, 3)}
+    assert len(colours) > 50
+    (tmp_path / "run-page.png").write_bytes(png)
+    if os.environ.get("RLMON_UPDATE_SCREENSHOT") == "1":
+        DOCS_SCREENSHOT.write_bytes(png)

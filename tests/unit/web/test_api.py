@@ -1,0 +1,247 @@
+"""The run page's JSON API (rlmon.service.web), over HTTP against a service fed the example run."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rlmon.cli import main
+from rlmon.service.contract.step_record import StepRecord
+from rlmon.service.service_core import ServiceCore
+from rlmon.service.web.api import PANELS
+from rlmon.service.web.curves import downsample
+from tests.support.web_support import example_records, fed_service
+
+
+@pytest.fixture(scope="module")
+def records() -> list[StepRecord]:
+    return example_records()
+
+
+@pytest.fixture
+def service(tmp_path: Path, records: list[StepRecord]) -> Iterator[ServiceCore]:
+    core = fed_service(tmp_path, records)
+    yield core
+    core.close(0.0)
+
+
+def get(core: ServiceCore, path: str, headers: dict[str, str] | None = None,
+        ) -> tuple[int, Any, dict[str, str]]:
+    request = urllib.request.Request(f"http://127.0.0.1:{core.port}{path}", headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            body = resp.read()
+            status, head = resp.status, dict(resp.headers)
+    except urllib.error.HTTPError as exc:
+        body, status, head = exc.read(), exc.code, dict(exc.headers)
+    kind = head.get("Content-Type", "")
+    return status, json.loads(body) if kind.startswith("application/json") else body, head
+
+
+def test_runs_lists_every_stream_with_its_last_step_ranks_and_firing_alerts(
+        service: ServiceCore) -> None:
+    status, body, _ = get(service, "/api/runs")
+    assert status == 200
+    streams = {(r["run"], r["role"]): r for r in body["runs"]}
+    assert set(streams) == {("grpo-demo-0", role) for role in ("actor", "reward", "rollout")}
+    actor = streams["grpo-demo-0", "actor"]
+    assert (actor["first_step"], actor["last_step"], actor["steps"]) == (0, 29, 30)
+    assert (actor["ranks_reporting"], actor["ranks_expected"]) == (4, 4)
+    assert {a["alert"]: a["step"] for a in actor["firing"]} == {
+        "LogprobMismatch": 6, "ISRatioStale": 10}
+    assert actor["state"] == "unknown" and actor["age_seconds"] >= 0.0
+    assert body["alerts_seen"] == len(service.history.alerts())
+
+
+def test_curves_hold_every_step_of_a_short_run_and_the_alert_transitions(
+        service: ServiceCore) -> None:
+    status, body, _ = get(service, "/api/curves?run=grpo-demo-0&role=actor")
+    assert status == 200
+    assert body["roles"] == ["actor", "reward", "rollout"]
+    titles = [p["title"] for p in body["panels"]]
+    assert titles == [p.title for p in PANELS if set(p.metrics) & {
+        "actor/is_ratio", "actor/logp_diff", "actor/kl", "actor/entropy", "actor/clip_ratio",
+        "actor/grad_norm", "perf/step_seconds"}]
+    lines = service.history.steps("grpo-demo-0", "actor")
+    for panel in body["panels"]:
+        assert panel["x"] == list(range(30))
+        for metric, ys in zip(panel["metrics"], panel["y"], strict=True):
+            assert ys == [line["metrics"].get(metric) for line in lines]
+    onsets = {(a["alert"], a["step"]) for a in body["alerts"] if a["state"] == "firing"}
+    assert onsets == {("LogprobMismatch", 6), ("ISRatioStale", 10)}
+
+
+def test_curves_zoom_to_a_step_range(service: ServiceCore) -> None:
+    _, body, _ = get(service, "/api/curves?run=grpo-demo-0&role=actor&from=8&to=12")
+    assert (body["from"], body["to"], body["shown_steps"]) == (8, 12, 5)
+    assert all(p["x"] == [8, 9, 10, 11, 12] for p in body["panels"])
+    assert [a["step"] for a in body["alerts"]] == [10]
+
+
+def test_a_role_without_key_metrics_gets_a_panel_per_metric(service: ServiceCore) -> None:
+    _, body, _ = get(service, "/api/curves?run=grpo-demo-0&role=reward")
+    names = {m for p in body["panels"] for m in p["metrics"]}
+    last = service.history.steps("grpo-demo-0", "reward")[-1]["metrics"]
+    assert names and names <= set(last)
+
+
+def test_curves_read_new_and_late_steps_after_the_first_request(
+        service: ServiceCore, records: list[StepRecord]) -> None:
+    get(service, "/api/curves?run=grpo-demo-0&role=actor")
+    template = next(r for r in records if r.role == "actor" and r.step == 29)
+    service.publish([replace(template, step=30, metrics={**template.metrics,
+                                                          "actor/kl": 9.5})])
+    _, body, _ = get(service, "/api/curves?run=grpo-demo-0&role=actor")
+    kl = next(p for p in body["panels"] if p["metrics"] == ["actor/kl"])
+    assert kl["x"][-1] == 30 and kl["y"][0][-1] == 9.5
+    # a step below the cached last one (finalized late) is read too
+    service.publish([replace(template, step=40), replace(template, step=35)])
+    get(service, "/api/curves?run=grpo-demo-0&role=actor")
+    service.publish([replace(template, step=33)])
+    _, body, _ = get(service, "/api/curves?run=grpo-demo-0&role=actor")
+    assert body["panels"][0]["x"][-4:] == [30, 33, 35, 40]
+
+
+def test_alerts_are_what_rlmon_alerts_json_prints(
+        service: ServiceCore, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for query, flags in (("", []), ("?run=grpo-demo-0&firing=1", ["--run", "grpo-demo-0",
+                                                                     "--firing"]),
+                         ("?limit=2", ["--limit", "2"])):
+        _, body, _ = get(service, "/api/alerts" + query)
+        assert main(["alerts", "--json", "--state-dir", str(tmp_path), *flags]) == 0
+        assert body == json.loads(capsys.readouterr().out)
+
+
+def test_an_alert_has_its_condition_values_samples_and_timeline(
+        service: ServiceCore) -> None:
+    status, a, _ = get(service, "/api/alert?run=grpo-demo-0&role=actor&alert=ISRatioStale")
+    assert status == 200
+    assert (a["onset"], a["severity"], a["metric"]) == (10, "warning", "actor/is_ratio_min")
+    assert a["condition"] == "actor/is_ratio_min < 0.1"
+    assert a["what_to_check"].startswith("Some tokens come from a stale policy")
+    assert a["around"]["x"] == list(range(0, 30))
+    line = service.history.steps("grpo-demo-0", "actor")[10]
+    assert a["around"]["y"][10] == line["metrics"]["actor/is_ratio_min"] == a["value"]
+    stored = service.history.samples("grpo-demo-0", "actor", 10, "actor/is_ratio_lowest")
+    assert [(s["metric"], len(s["items"])) for s in a["samples"]] == [
+        ("actor/is_ratio_lowest", len(stored[0].items))]
+    assert a["samples"][0]["items"][0]["id"] == stored[0].items[0][1]
+    ranks = a["timeline"]["ranks"]
+    assert a["timeline"]["step"] == 10 and len(ranks) == 4
+    assert [s[0] for s in ranks[0]["spans"]] == ["generate", "train", "backward"]
+    status, trace, head = get(service, a["trace"])
+    assert status == 200 and b"generate" in trace and b"backward" in trace
+    assert "attachment" in head["Content-Disposition"]
+
+
+def test_bad_requests_name_the_parameter(service: ServiceCore) -> None:
+    assert get(service, "/api/curves")[:2] == (400, {"error": "missing parameter 'run'"})
+    status, body, _ = get(service, "/api/curves?run=grpo-demo-0&from=ten")
+    assert status == 400 and body["error"] == "from: not an integer: 'ten'"
+    status, body, _ = get(service, "/api/curves?run=nosuch")
+    assert status == 404 and "nosuch" in body["error"]
+    status, body, _ = get(service, "/api/alert?run=grpo-demo-0&role=actor&alert=KLDivergence")
+    assert status == 404 and "never fired" in body["error"]
+    assert get(service, "/api/nothing")[0] == 404
+
+
+def test_the_page_and_its_assets_are_served_from_the_package(service: ServiceCore) -> None:
+    status, html, head = get(service, "/")
+    assert status == 200 and head["Content-Type"].startswith("text/html")
+    for asset in (b"static/uPlot.iife.min.js", b"static/app.js", b"static/style.css"):
+        assert asset in html
+        assert get(service, "/" + asset.decode())[0] == 200
+    assert get(service, "/static/../api.py")[0] == 404
+    assert get(service, "/static/uPlot.LICENSE.txt")[1].startswith(b"The MIT License")
+    assert get(service, "/metrics")[0] == 200
+
+
+def test_the_api_answers_while_the_alert_path_holds_the_store(service: ServiceCore) -> None:
+    """The page reads through its own connection: a writer holding the store's lock (the alert
+    path, mid-commit) does not hold it up."""
+    with service.history._lock:
+        status, body, _ = get(service, "/api/curves?run=grpo-demo-0&role=actor")
+    assert status == 200 and body["steps"] == 30
+
+
+def test_a_token_guards_the_page_but_not_metrics(tmp_path: Path, records: list[StepRecord],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "token").write_text("s3cret\n")
+    core = fed_service(tmp_path / "state", records[:3],
+                       exporter={"token_file": str(tmp_path / "token")})
+    try:
+        assert get(core, "/api/runs")[0] == 401
+        assert get(core, "/")[0] == 401
+        assert get(core, "/api/runs", {"Authorization": "Bearer wrong"})[0] == 401
+        assert get(core, "/api/runs", {"Authorization": "Bearer s3cret"})[0] == 200
+        assert get(core, "/metrics")[0] == 200 and get(core, "/healthz")[0] == 200
+        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
+        with opener.open(f"http://127.0.0.1:{core.port}/?token=s3cret", timeout=10) as resp:
+            assert resp.status == 200 and b"app.js" in resp.read()
+        with opener.open(f"http://127.0.0.1:{core.port}/api/runs", timeout=10) as resp:
+            assert json.loads(resp.read())["runs"]
+        assert "s3cret" in core.settings.secret_values()
+    finally:
+        core.close(0.0)
+
+
+def test_the_token_is_not_read_from_the_config_file(tmp_path: Path) -> None:
+    from rlmon.service.config import ConfigError, load_config
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("exporter: {token: s3cret}\n")
+    with pytest.raises(ConfigError, match=r"exporter\.token: secrets are not read") as info:
+        load_config(cfg)
+    assert "s3cret" not in str(info.value)
+
+
+def test_an_asked_port_that_is_taken_is_an_error_naming_it(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(OSError, match=f"the requested port {port} on 127.0.0.1 is taken"):
+            ServiceCore(state_dir=tmp_path / "a", port=port, host="127.0.0.1")
+        fallback = ServiceCore(state_dir=tmp_path / "b", port=port, host="127.0.0.1",
+                               port_fallback=True)
+        try:
+            assert fallback.port not in (None, port)
+        finally:
+            fallback.close(0.0)
+
+
+# --- downsampling ---------------------------------------------------------------------------------
+
+def test_downsampling_keeps_each_buckets_extremes_and_ends() -> None:
+    rng = np.random.default_rng(7)
+    steps = np.arange(100_000)
+    values = rng.normal(size=100_000)
+    values[31_337] = 50.0  # a spike
+    values[77_777] = -50.0
+    values[500:520] = np.nan  # missing steps
+    keep = downsample(steps, [values], 800)
+    assert len(keep) <= 4 * 800
+    assert {0, 99_999, 31_337, 77_777} <= set(keep.tolist())
+    kept = values[keep]
+    bucket = (steps * 800) // 100_000
+    for b in (0, 123, 799):
+        inside = np.flatnonzero(bucket == b)
+        chosen = [i for i in keep if bucket[i] == b]
+        finite = values[inside][np.isfinite(values[inside])]
+        assert max(values[chosen]) == finite.max() and min(values[chosen]) == finite.min()
+    assert not np.isnan(kept).any()
+
+
+def test_downsampling_keeps_everything_when_few() -> None:
+    steps = np.arange(50)
+    assert downsample(steps, [np.sin(steps)], 800).tolist() == list(range(50))
+    assert len(downsample(np.arange(3200), [np.zeros(3200)], 800)) == 3200  # 4 per bucket
