@@ -27,6 +27,7 @@ __all__ = [
     "DESTINATIONS",
     "ConfigError",
     "ExporterConfig",
+    "GoodputConfig",
     "NotifiersConfig",
     "OutboxConfig",
     "PagerDutyConfig",
@@ -318,6 +319,42 @@ class OtlpConfig(_Section):
     timeout_seconds: float = Field(default=10.0, gt=0.0)
 
 
+class GoodputConfig(_Section):
+    """Goodput accounting and alert cost (docs/goodput.md)."""
+
+    # span name -> activity, added to (or overriding) the default map: generate, train,
+    # inference, weight_sync, checkpoint, evaluation, logging, step (a container), other
+    spans: dict[str, str] = Field(default_factory=dict)
+    # where time in a span the map does not know goes
+    unmapped_bucket: Literal["productive", "overhead"] = "productive"
+    # GPUs per rank by role ("*": every other role); without an entry, 1 (the hardware probe
+    # says whether a rank has a GPU; it cannot count a tensor-parallel engine's)
+    gpus_per_rank: dict[str, float] = Field(default_factory=dict)
+    price_per_gpu_hour: float | None = Field(default=None, ge=0.0)  # money in alert costs
+    currency: str = "USD"
+    # MFU: the model's FLOPs per token (e.g. 6 x parameters for a training step) and one GPU's
+    # peak FLOP/s; the tokens are the step's rollout/tokens
+    model_flops_per_token: float | None = Field(default=None, gt=0.0)
+    peak_flops_per_gpu: float | None = Field(default=None, gt=0.0)
+    # a step is accounted once the run is this many steps past it (every role has reported it
+    # and its neighbours by then), or when the run finishes
+    hold_steps: int = Field(default=2, ge=0, le=64)
+
+    @model_validator(mode="after")
+    def _check(self) -> GoodputConfig:
+        from rlmon.service.goodput.buckets import Activity
+
+        known = {a.value for a in Activity}
+        for name, activity in self.spans.items():
+            if activity not in known:
+                raise ValueError(f"spans.{name}: unknown activity {activity!r} (one of "
+                                 f"{', '.join(sorted(known))})")
+        for role, gpus in self.gpus_per_rank.items():
+            if not gpus >= 0:
+                raise ValueError(f"gpus_per_rank.{role}: must be >= 0, got {gpus!r}")
+        return self
+
+
 class PrometheusRulesConfig(_Section):
     step_period_seconds: float = Field(default=60.0, gt=0.0)  # a trainer step, roughly
     evaluation_interval: str = Field(default="30s", pattern=r"^[0-9]+(ms|s|m|h)$")
@@ -342,6 +379,7 @@ class Settings(BaseSettings):
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     otlp: OtlpConfig = Field(default_factory=OtlpConfig)
     stop: StopConfig = Field(default_factory=StopConfig)
+    goodput: GoodputConfig = Field(default_factory=GoodputConfig)
 
     @classmethod
     def settings_customise_sources(

@@ -40,6 +40,8 @@ from rlmon.service.crash_points import crash_point
 from rlmon.service.export.exporter import IngestCounters, MetricsState, RunInfo
 from rlmon.service.export.http import MetricsServer, serve_metrics
 from rlmon.service.export.otlp import OtlpExport
+from rlmon.service.goodput.alert_costs import AlertCosts
+from rlmon.service.goodput.ledger import GoodputLedger
 from rlmon.service.metrics import catalog, keymaps
 from rlmon.service.redact import install_redaction
 from rlmon.service.storage.history import HistoryStore
@@ -116,6 +118,10 @@ class ServiceCore:
             clock=clock,
         )
         self.metrics.dispatch = self.dispatcher.stats
+        # where the GPU-hours go (goodput by bucket) and what each alert has cost since onset
+        self.goodput = GoodputLedger(self.settings.goodput)
+        self.costs = AlertCosts(self.goodput.price, self.goodput.run_gpus)
+        self.metrics.goodput = self.goodput.snapshot
         # The sanity layer looks at each (run, role)'s steps for values that look like training
         # bugs but have known causes; findings are logged, kept and counted, not paged.
         self.sanity: dict[tuple[str, str], SanityChecker] = {}
@@ -267,9 +273,13 @@ class ServiceCore:
             streams: set[tuple[str, str]] = set()
             decided: dict[str, StopDecision] = {}
             now = self._clock()
+            for record in fresh:  # first: an alert's cost counts the GPUs of every role
+                self.goodput.add(record)
             for record in fresh:
                 self._remember((record.run, record.role), now)
-                mine = self._decide_stops(record, self.engine.evaluate(record), now, decided)
+                mine = self.costs.stamp(record, self.engine.evaluate(record),
+                                        self._stream_states(record))
+                mine = self._decide_stops(record, mine, now, decided)
                 if record.samples:
                     mine = self._with_samples(record, mine)
                 streams.add((record.run, record.role))
@@ -399,6 +409,8 @@ class ServiceCore:
         for run in expired.runs:
             self.run_info.pop(run, None)
             self._relayed.pop(run, None)
+        self.goodput.forget(expired.runs)
+        self.costs.forget(expired.streams)
         self.removed["streams_forgotten"] += len(expired.streams)
         self.removed["runs_forgotten"] += len(expired.runs)
 
@@ -415,6 +427,13 @@ class ServiceCore:
         self.removed["history_steps"] += pruned.steps
         self.removed["history_alerts"] += pruned.alerts
         self.removed["history_runs"] += len(pruned.runs)
+
+    def _stream_states(self, record: StepRecord) -> list[tuple[str, AlertState]]:
+        """(alert, state) of the record's stream, for the alert costs' onsets."""
+        states = self.engine.states
+        return [(rule.name, states[(record.run, record.role, rule.name)])
+                for rule in self.engine.rules
+                if (record.run, record.role, rule.name) in states]
 
     def _states_of(self, streams: set[tuple[str, str]]) -> dict[tuple[str, str, str], AlertState]:
         states = self.engine.states
@@ -454,6 +473,7 @@ class ServiceCore:
         with self._lock:
             self._tracker.finish(run, self._clock())
             self.metrics.finish_run(run)
+            self.goodput.finish(run)
 
     @staticmethod
     def _sanity_args(info: RunInfo | None) -> tuple[bool, str | None]:

@@ -49,6 +49,13 @@ class AlertEvent:
     # .samples) that the step holds: its first few items, payloads cut (rlmon.service.storage.stored_samples)
     samples_metric: str = ""
     samples: tuple[tuple[float, str, str], ...] = ()
+    # set by the service: what the condition has cost since its onset (unix seconds), on the
+    # run's GPUs (rlmon.service.goodput.cost); cost_note says it in words
+    onset: float | None = None
+    gpus: float = 0.0
+    gpu_hours: float | None = None
+    money: float | None = None
+    cost_note: str = ""
 
     @property
     def dedup_key(self) -> str:

@@ -145,6 +145,9 @@ class MetricsState:
         self.stops: Callable[[], Mapping[str, int]] | None = None  # stop requests by alert
         # (component, kind) -> count of state removed by expiry and retention
         self.removed: Callable[[], Mapping[tuple[str, str], int]] | None = None
+        # run -> (GPU-seconds by (role, bucket, reason), goodput, MFU or None)
+        self.goodput: Callable[[], Mapping[str, tuple[Mapping[Any, float], float,
+                                                     float | None]]] | None = None
         self.last_scrape_seconds = 0.0
 
     # --- writers ---------------------------------------------------------------------------------
@@ -324,8 +327,25 @@ class RlmonCollector(Collector):
         for run, meta in sorted(snap.info.items()):
             info.add_metric([lab(run)], {k: lab(v) for k, v in meta.labels().items()})
         yield info
+        yield from self._goodput(lab)
         yield from self._self_metrics(snap)
         state.last_scrape_seconds = time.perf_counter() - started
+
+    def _goodput(self, lab: Callable[[object], str]) -> Iterator[Metric]:
+        seconds = series.GOODPUT_SECONDS.family()
+        ratio = series.GOODPUT_RATIO.family()
+        utilisation = series.MFU.family()
+        runs = self.state.goodput() if self.state.goodput is not None else {}
+        for run, (by_key, goodput, mfu) in sorted(runs.items()):
+            for (role, bucket, reason), value in sorted(by_key.items()):
+                seconds.add_metric([lab(run), lab(role), str(bucket), reason], value)
+            if math.isfinite(goodput):
+                ratio.add_metric([lab(run)], goodput)
+            if mfu is not None and math.isfinite(mfu):
+                utilisation.add_metric([lab(run)], mfu)
+        yield seconds
+        yield ratio
+        yield utilisation
 
     def _self_metrics(self, snap: _Snapshot) -> Iterator[Metric]:
         state = self.state
@@ -374,7 +394,7 @@ def exported_families() -> list[tuple[str, str]]:
     """(name, help) of every family a scrape can show, catalog first (for docs/metrics.md)."""
     out = [(spec.prometheus_name, spec.help) for spec in catalog.metrics()]
     others = (series.CUSTOM_METRIC, *series.STREAM_STATE, series.ALERT_FIRING, series.RUN_INFO,
-              *series.SELF_MONITORING)
+              *series.GOODPUT, *series.SELF_MONITORING)
     return out + [(declared.name, declared.help) for declared in others]
 
 

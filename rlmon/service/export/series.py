@@ -17,6 +17,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 __all__ = [
     "ALERT_FIRING",
     "CUSTOM_METRIC",
+    "GOODPUT",
+    "GOODPUT_RATIO",
+    "GOODPUT_SECONDS",
+    "MFU",
     "NONFINITE_METRICS",
     "NOTIFICATIONS",
     "OUTBOX_PENDING",
@@ -107,6 +111,21 @@ RUN_INFO = Series("rlmon_run_info", "info",
                   "Run metadata: framework and version, algorithm, loss reduction, dp/cp/tp/pp, "
                   "gradient accumulation, ZeRO stage, DeepSpeed version, dpo (set by "
                   "`Reporter.set_run_info`).", ("run",))
+
+# Where the GPU-hours go (docs/goodput.md): the step timelines' time by bucket.
+GOODPUT_SECONDS = Series("rlmon_goodput_gpu_seconds_total", "counter",
+                         "GPU-seconds of the run's accounted steps by `bucket` (productive, "
+                         "overhead, idle, wasted) and `reason` (the span activity, why a rank "
+                         "waited, or why work was wasted), per role.",
+                         (*_RUN_ROLE, "bucket", "reason"))
+GOODPUT_RATIO = Series("rlmon_goodput_ratio", "gauge",
+                       "Productive GPU-seconds over all GPU-seconds of the run's accounted steps.",
+                       ("run",))
+MFU = Series("rlmon_goodput_mfu", "gauge",
+             "Model FLOPs utilisation of the run so far (rollout tokens x the configured FLOPs "
+             "per token over its GPU-seconds x the configured peak); only when both are "
+             "configured.", ("run",))
+GOODPUT = (GOODPUT_SECONDS, GOODPUT_RATIO, MFU)
 
 # rlmon's own health.
 PARTIALS_INGESTED = Series("rlmon_partials_ingested_total", "counter",

@@ -33,9 +33,11 @@ class AlertCost:
     currency: str = ""
 
     def describe(self, state: str = "firing") -> str:
-        """``firing for 40 min: 128 GPUs, 85.3 GPU-hours (USD 213)``."""
+        """``firing for 40 min: 128 GPUs, 85.3 GPU-hours (USD 213.25)``; a resolved alert's
+        says ``lasted 40 min: ...``."""
         gpus = f"{self.gpus:g} GPU" + ("" if self.gpus == 1 else "s")
-        text = f"{state} for {format_duration(self.seconds)}: {gpus}, {self.gpu_hours:.3g} GPU-hours"
+        how = "firing for" if state == "firing" else "lasted"
+        text = f"{how} {format_duration(self.seconds)}: {gpus}, {self.gpu_hours:.3g} GPU-hours"
         if self.money is not None:
             text += f" ({self.currency} {self.money:,.2f})"
         return text

@@ -137,6 +137,18 @@ def _add_attempts(db: sqlite3.Connection) -> None:
         db.execute("COMMIT")
 
 
+_COST_COLUMNS = (("onset", "REAL"), ("gpus", "REAL"), ("gpu_hours", "REAL"), ("money", "REAL"),
+                 ("cost_note", "TEXT NOT NULL DEFAULT ''"))
+
+
+def _add_cost(db: sqlite3.Connection) -> None:
+    """A store written before alerts carried their cost lacks its columns: they start empty."""
+    columns = [row[1] for row in db.execute("PRAGMA table_info(alerts)")]
+    for name, kind in _COST_COLUMNS:
+        if name not in columns:
+            db.execute(f"ALTER TABLE alerts ADD COLUMN {name} {kind}")
+
+
 def _add_score(db: sqlite3.Connection) -> None:
     """A store written before early-warning rules lacks their CUSUM score: it starts at 0."""
     columns = [row[1] for row in db.execute("PRAGMA table_info(alert_state)")]
@@ -164,6 +176,7 @@ class HistoryStore:
         self._db = open_database(path, _SCHEMA)
         _add_attempts(self._db)
         _add_score(self._db)
+        _add_cost(self._db)
 
     def read(self, query: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """The rows of one read query (for readers with their own questions, such as the web
@@ -209,11 +222,13 @@ class HistoryStore:
             )
             self._db.executemany(
                 "INSERT OR IGNORE INTO alerts (run, role, step, alert, severity, state, metric, "
-                "value, attempt) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "value, attempt, onset, gpus, gpu_hours, money, cost_note) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (e.run, e.role, e.step, e.alert, e.severity, e.state, e.metric,
                      e.value if e.value is not None and math.isfinite(e.value) else None,
-                     e.attempt)
+                     e.attempt, e.onset, e.gpus if e.cost_note else None, e.gpu_hours, e.money,
+                     e.cost_note)
                     for e in events
                 ],
             )
@@ -390,13 +405,19 @@ class HistoryStore:
                                    items_from_json(data["items"]), int(data.get("cut", 0))))
         return out
 
-    def alerts(self, run: str | None = None) -> list[dict[str, Any]]:
-        query = "SELECT run, role, step, alert, severity, state, metric, value FROM alerts"
+    def alerts(self, run: str | None = None, *, cost: bool = False) -> list[dict[str, Any]]:
+        """Alert lines (the replay contract's) in the order they happened; with ``cost``, each
+        also says its attempt and what its condition had cost (``onset``, ``gpus``,
+        ``gpu_hours``, ``money``, ``cost_note``; None where unknown)."""
+        keys: tuple[str, ...] = ("run", "role", "step", "alert", "severity", "state", "metric",
+                                 "value")
+        if cost:
+            keys += ("attempt", *(name for name, _ in _COST_COLUMNS))
+        query = f"SELECT {', '.join(keys)} FROM alerts"
         args: list[Any] = []
         if run is not None:
             query += " WHERE run = ?"
             args.append(run)
-        keys = ("run", "role", "step", "alert", "severity", "state", "metric", "value")
         with self._lock:
             rows = self._db.execute(query + " ORDER BY id", args).fetchall()
         return [{"type": "alert", **dict(zip(keys, row, strict=True))} for row in rows]

@@ -13,8 +13,8 @@ from typing import Any
 from rlmon.service.alerting.engine import AlertEvent
 from rlmon.service.storage.stored_samples import command_for, items_to_json
 
-__all__ = ["format_value", "pagerduty_body", "samples_json", "slack_body", "summary_line",
-           "webhook_body"]
+__all__ = ["cost_json", "format_value", "pagerduty_body", "samples_json", "slack_body",
+           "summary_line", "webhook_body"]
 
 _EMOJI = {("critical", "firing"): ":rotating_light:", ("warning", "firing"): ":warning:"}
 
@@ -37,7 +37,14 @@ def summary_line(event: AlertEvent) -> str:
     cond = f" ({event.condition})" if event.condition else ""
     detail = f": {event.detail}" if event.detail else ""
     stop = " [the run was asked to stop]" if event.stop else ""
-    return f"[{state}] {event.alert} on {where}{metric}{cond}{detail}{stop}"
+    cost = f" [{event.cost_note}]" if event.cost_note else ""
+    return f"[{state}] {event.alert} on {where}{metric}{cond}{detail}{cost}{stop}"
+
+
+def cost_json(event: AlertEvent) -> dict[str, Any]:
+    """What the condition has cost since its onset (rlmon.service.goodput.cost)."""
+    return {"onset": event.onset, "gpus": event.gpus, "gpu_hours": event.gpu_hours,
+            "money": event.money, "text": event.cost_note}
 
 
 def samples_json(event: AlertEvent, state_dir: str | None = None) -> dict[str, Any] | None:
@@ -95,6 +102,8 @@ def slack_body(events: Sequence[AlertEvent], dashboard: str | None, username: st
             )
         if event.detail:
             lines.append(_mrkdwn(event.detail))
+        if event.cost_note:
+            lines.append(f":money_with_wings: Cost so far: {_mrkdwn(event.cost_note)}")
         if event.stop:
             lines.append(f":octagonal_sign: *{_mrkdwn(event.stop)}*")
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)}})
@@ -134,6 +143,8 @@ def pagerduty_body(
         details["what_to_check"] = event.what_to_check
     if event.detail:
         details["detail"] = event.detail
+    if event.cost_note:
+        details["cost"] = cost_json(event)
     if event.stop:
         details["stop"] = event.stop
     samples = samples_json(event, state_dir)
@@ -170,6 +181,8 @@ def webhook_body(events: Sequence[AlertEvent], dashboard: str | None,
         samples = samples_json(event, state_dir)
         if samples is not None:
             line["worst_samples"] = samples
+        if event.cost_note:
+            line["cost"] = cost_json(event)
         alerts.append(line)
     body: dict[str, Any] = {
         "version": 1, "source": "rlmon", "run": first.run, "role": first.role,

@@ -1,0 +1,198 @@
+"""The service's live goodput: finalized steps of every role joined per (run, attempt, step),
+accounted once the run has moved past them, added to per-run counters for the exporter.
+
+A step's roles finalize separately (the rollout engine's step, the reward worker's, the
+trainer's), and why a rank waited is read from the other roles' timelines of the same step and of
+its neighbours; the tied-groups fraction often arrives with another role than the generation
+it splits. So a step waits in :class:`GoodputLedger` until the run is ``hold_steps`` steps past
+it (or finishes), then :func:`~rlmon.service.goodput.accounting.account_step` runs on what
+arrived. Memory is bounded by the held steps of the runs in memory.
+
+GPUs per rank come from the config (``goodput.gpus_per_rank``: a role, then ``*``), else 1;
+:meth:`GoodputLedger.run_gpus` is what every alert's cost multiplies by
+(:mod:`rlmon.service.goodput.cost`).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from rlmon.service.config import GoodputConfig
+from rlmon.service.contract.step_record import StepRecord
+from rlmon.service.goodput.accounting import (
+    Key,
+    RoleTimelines,
+    StepGoodput,
+    StepInput,
+    account_step,
+    mfu,
+)
+from rlmon.service.goodput.buckets import Bucket, SpanMap
+from rlmon.service.goodput.cost import Price
+from rlmon.service.metrics import catalog
+
+__all__ = ["GoodputLedger", "RunGoodput", "discard_reason", "gpus_per_rank", "span_map"]
+
+_MAX_HELD = 64  # steps held per run; beyond, the oldest is accounted with what it has
+
+
+def span_map(config: GoodputConfig) -> SpanMap:
+    return SpanMap(config.spans, Bucket(config.unmapped_bucket))
+
+
+def gpus_per_rank(config: GoodputConfig, role: str) -> float:
+    table = config.gpus_per_rank
+    return float(table.get(role, table.get("*", 1.0)))
+
+
+def discard_reason(metrics: Mapping[str, float], skipped_before: float | None) -> str:
+    """Why a step's work was thrown away: DeepSpeed skipped its optimizer step (the running
+    count ``actor/skipped_steps`` went up); '' otherwise."""
+    skipped = metrics.get(catalog.SKIPPED_STEPS)
+    if (skipped is not None and skipped_before is not None and math.isfinite(skipped)
+            and skipped > skipped_before):
+        return "the optimizer step was skipped (actor/skipped_steps rose)"
+    return ""
+
+
+@dataclass(slots=True)
+class _Held:
+    roles: dict[str, RoleTimelines] = field(default_factory=dict)
+    zero_std: float | None = None
+    clipped: float | None = None
+    discarded: str = ""
+    tokens: float = 0.0
+
+
+@dataclass(slots=True)
+class RunGoodput:
+    """A run's counters: GPU-seconds by (role, bucket, reason), steps accounted, tokens (MFU)."""
+
+    seconds: dict[Key, float] = field(default_factory=dict)
+    steps: int = 0
+    tokens: float = 0.0
+
+    def total(self, bucket: Bucket | None = None) -> float:
+        return sum(v for (_, b, _), v in self.seconds.items() if bucket is None or b is bucket)
+
+    @property
+    def goodput(self) -> float:
+        total = self.total()
+        return self.total(Bucket.PRODUCTIVE) / total if total > 0 else math.nan
+
+
+class GoodputLedger:
+    """Live goodput per run (thread-safe; the exporter reads :meth:`snapshot`)."""
+
+    def __init__(self, config: GoodputConfig | None = None) -> None:
+        self.config = config or GoodputConfig()
+        self.spans = span_map(self.config)
+        self.price = Price(self.config.price_per_gpu_hour, self.config.currency)
+        self._lock = threading.Lock()
+        self._held: dict[str, dict[tuple[int, int], _Held]] = {}
+        self._last: dict[str, tuple[int, int]] = {}  # newest (attempt, step) seen per run
+        self._done: dict[str, dict[tuple[int, int], tuple[RoleTimelines, ...]]] = {}
+        self._skipped: dict[tuple[str, str], float] = {}
+        self._ranks: dict[tuple[str, str], float] = {}  # (run, role) -> GPUs (ranks x per rank)
+        self.runs: dict[str, RunGoodput] = {}
+
+    def add(self, record: StepRecord) -> list[StepGoodput]:
+        """Hold ``record``'s step; return the steps this lets go (accounted)."""
+        run, role = record.run, record.role
+        key = (record.attempt, record.step)
+        with self._lock:
+            self._ranks[(run, role)] = record.ranks_expected * gpus_per_rank(self.config, role)
+            held = self._held.setdefault(run, {}).setdefault(key, _Held())
+            metrics = record.metrics
+            if catalog.FRAC_REWARD_ZERO_STD in metrics:
+                held.zero_std = metrics[catalog.FRAC_REWARD_ZERO_STD]
+            if catalog.CLIPPED_RATIO in metrics:
+                held.clipped = metrics[catalog.CLIPPED_RATIO]
+            tokens = metrics.get(catalog.TOKENS)
+            if tokens is not None and math.isfinite(tokens):
+                held.tokens += tokens
+            why = discard_reason(metrics, self._skipped.get((run, role)))
+            held.discarded = held.discarded or why
+            skipped = metrics.get(catalog.SKIPPED_STEPS)
+            if skipped is not None and math.isfinite(skipped):
+                self._skipped[(run, role)] = skipped
+            if record.timelines:
+                held.roles[role] = RoleTimelines(role, record.timelines,
+                                                 gpus_per_rank(self.config, role))
+            last = self._last.get(run)
+            if last is None or key > last:
+                self._last[run] = key
+            return self._release(run, final=False)
+
+    def finish(self, run: str) -> list[StepGoodput]:
+        """The run ended: account every step it still holds."""
+        with self._lock:
+            return self._release(run, final=True)
+
+    def forget(self, runs: Iterable[str]) -> None:
+        """Runs that left memory: drop their held steps and counters."""
+        with self._lock:
+            for run in runs:
+                self._held.pop(run, None)
+                self._last.pop(run, None)
+                self._done.pop(run, None)
+                self.runs.pop(run, None)
+                for key in [k for k in self._ranks if k[0] == run]:
+                    self._ranks.pop(key, None)
+                    self._skipped.pop(key, None)
+
+    def _release(self, run: str, final: bool) -> list[StepGoodput]:
+        held = self._held.get(run, {})
+        last = self._last.get(run, (0, 0))
+        ready = sorted(k for k in held if final or k[0] < last[0]
+                       or k[1] + self.config.hold_steps <= last[1])
+        while len(held) - len(ready) > _MAX_HELD:
+            ready.append(min(k for k in held if k not in ready))
+        out = []
+        done = self._done.setdefault(run, {})
+        for key in sorted(ready):
+            step = held.pop(key)
+            if not step.roles:
+                continue
+            attempt, n = key
+            neighbours = [*done.get((attempt, n - 1), ()),
+                          *(held[(attempt, n + 1)].roles.values()
+                            if (attempt, n + 1) in held else ())]
+            result = account_step(StepInput(
+                run, attempt, n, tuple(step.roles.values()), step.zero_std, step.clipped,
+                step.discarded, tuple(neighbours)), self.spans)
+            done[key] = tuple(step.roles.values())
+            while len(done) > 2:
+                del done[min(done)]
+            totals = self.runs.setdefault(run, RunGoodput())
+            for k, v in result.seconds.items():
+                totals.seconds[k] = totals.seconds.get(k, 0.0) + v
+            totals.steps += 1
+            totals.tokens += step.tokens
+            out.append(result)
+        if not held:
+            self._held.pop(run, None)
+        return out
+
+    def run_gpus(self, run: str) -> float:
+        """The run's GPUs: every role's expected ranks times its GPUs per rank."""
+        with self._lock:
+            return sum(g for (r, _), g in self._ranks.items() if r == run)
+
+    def mfu(self, run: str) -> float | None:
+        """The run's MFU so far, when the config gives the FLOPs per token and the peak."""
+        cfg = self.config
+        totals = self.runs.get(run)
+        if totals is None or cfg.model_flops_per_token is None or cfg.peak_flops_per_gpu is None:
+            return None
+        return mfu(totals.tokens, cfg.model_flops_per_token, totals.total(),
+                   cfg.peak_flops_per_gpu)
+
+    def snapshot(self) -> dict[str, tuple[dict[Key, float], float, float | None]]:
+        """run -> (GPU-seconds by (role, bucket, reason), goodput, MFU or None)."""
+        with self._lock:
+            return {run: (dict(t.seconds), t.goodput, self.mfu(run))
+                    for run, t in self.runs.items()}

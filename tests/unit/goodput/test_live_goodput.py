@@ -1,0 +1,144 @@
+"""Goodput and alert cost through the service: the steps of every role joined and accounted once
+the run is past them, exported as counters equal to the pure accounting, and every alert
+transition (notification body, history row) saying what its condition has cost since onset."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from rlmon.service.alerting.engine import AlertEvent
+from rlmon.service.alerting.notify.render import (
+    pagerduty_body,
+    slack_body,
+    summary_line,
+    webhook_body,
+)
+from rlmon.service.config import Settings
+from rlmon.service.contract.step_record import StepRecord
+from rlmon.service.export.http import build_registry
+from rlmon.service.export.series import GOODPUT_RATIO, GOODPUT_SECONDS, MFU
+from rlmon.service.goodput.accounting import account_step
+from rlmon.service.goodput.buckets import Bucket, SpanMap
+from rlmon.service.goodput.cost import Price, alert_cost
+from rlmon.service.goodput.ledger import GoodputLedger
+from rlmon.service.metrics import catalog
+from rlmon.service.service_core import ServiceCore
+from tests.support.goodput_scenario import CLIPPED, FRAC_ZERO_STD, step_input
+
+STEP_NS = 1_000_003_000
+
+
+def records(step: int, *, skipped: float = 0.0) -> list[StepRecord]:
+    """The scenario's step as the aggregator finalizes it: one record per role."""
+    data = step_input(step)
+    end = max(t.timeline.end_ns for r in data.roles for t in r.timelines) * 1e-9
+    metrics = {
+        "rollout": {catalog.CLIPPED_RATIO: CLIPPED, catalog.TOKENS: 1_000.0},
+        "reward": {catalog.FRAC_REWARD_ZERO_STD: FRAC_ZERO_STD},
+        "actor": {catalog.SKIPPED_STEPS: skipped, catalog.IS_RATIO_MIN: 0.05},
+    }
+    return [StepRecord("synthetic", rt.role, step, True, len(rt.timelines), len(rt.timelines),
+                       (), metrics[rt.role], finalized_at=end, timelines=rt.timelines)
+            for rt in data.roles]
+
+
+def settings(**goodput: object) -> Settings:
+    return Settings.model_validate({
+        "notifiers": {"console": {"enabled": False}},
+        "goodput": {"gpus_per_rank": {"rollout": 2}, **goodput}})
+
+
+def scrape(core: ServiceCore) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = generate_latest(build_registry(core.metrics, process=False)).decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_counters_equal_the_accounting_of_the_joined_steps() -> None:
+    core = ServiceCore(settings(model_flops_per_token=6e9, peak_flops_per_gpu=1e12))
+    try:
+        for n in range(5, 9):  # step 6: the optimizer step was skipped (DeepSpeed overflow)
+            core.publish(records(n, skipped=1.0 if n >= 6 else 0.0))
+        # held until the run is two steps past: 5 and 6 are accounted
+        assert core.goodput.runs["synthetic"].steps == 2
+        core.finish_run("synthetic")
+        assert core.goodput.runs["synthetic"].steps == 4
+        spans = SpanMap()
+        want: dict[tuple[str, Bucket, str], float] = {}
+        for n in range(5, 9):
+            got = account_step(step_input(n, "skipped" if n == 6 else ""), spans)
+            for key, value in got.seconds.items():
+                want[key] = want.get(key, 0.0) + value
+        series = scrape(core)
+        exported = {(dict(k)["role"], Bucket(dict(k)["bucket"]), dict(k)["reason"]): v
+                    for (name, k), v in series.items() if name == GOODPUT_SECONDS.name}
+        # a step's neighbours only move idle between reasons, never between buckets
+        for bucket in Bucket:
+            assert sum(v for k, v in exported.items() if k[1] is bucket) == pytest.approx(
+                sum(v for k, v in want.items() if k[1] is bucket), abs=1e-6), bucket
+        assert exported[("actor", Bucket.WASTED, "discarded")] == pytest.approx(
+            want[("actor", Bucket.WASTED, "discarded")], abs=1e-6)
+        productive = sum(v for k, v in want.items() if k[1] is Bucket.PRODUCTIVE)
+        ratio = series[(GOODPUT_RATIO.name, (("run", "synthetic"),))]
+        assert ratio == pytest.approx(productive / sum(want.values()))
+        total = sum(want.values())
+        assert series[(MFU.name, (("run", "synthetic"),))] == pytest.approx(
+            4 * 1_000 * 6e9 / (total * 1e12))
+    finally:
+        core.close()
+
+
+def test_alert_cost_since_onset_in_events_history_and_bodies(tmp_path: Path) -> None:
+    core = ServiceCore(settings(price_per_gpu_hour=2.5), state_dir=tmp_path)
+    try:
+        fired: list[AlertEvent] = []
+        for n in range(5, 8):
+            fired += [e for e in core.publish(records(n)) if e.alert == "ISRatioStale"]
+        (firing,) = fired
+        gpus = 2 * 2 + 1 + 4  # two rollout engines of 2 GPUs, a reward worker, 4 trainers
+        onset = step_input(5).roles[0].timelines[0].timeline.start_ns * 1e-9
+        assert firing.onset == pytest.approx(onset)
+        want = alert_cost(onset, onset + STEP_NS * 1e-9, gpus, Price(2.5))
+        assert firing.gpus == gpus
+        assert firing.gpu_hours == pytest.approx(want.gpu_hours)
+        assert firing.money == pytest.approx(want.gpu_hours * 2.5)
+        assert firing.cost_note.startswith(f"firing for 1 s: {gpus} GPUs, ")
+        assert firing.cost_note in summary_line(firing)
+        # the resolve says the whole incident's cost, from the same onset
+        late = records(9)
+        for r in late:
+            object.__setattr__(r, "metrics", {**r.metrics, catalog.IS_RATIO_MIN: 0.9})
+        (resolved,) = [e for e in core.publish(late) if e.alert == "ISRatioStale"]
+        assert resolved.state == "resolved" and resolved.onset == firing.onset
+        assert resolved.gpu_hours == pytest.approx(gpus * 5 * STEP_NS * 1e-9 / 3600)
+        assert resolved.cost_note.startswith("lasted 5 s")
+        rows = [a for a in core.history.alerts("synthetic", cost=True)
+                if a["alert"] == "ISRatioStale"]
+        assert [(a["state"], a["gpu_hours"]) for a in rows] == [
+            ("firing", pytest.approx(firing.gpu_hours)),
+            ("resolved", pytest.approx(resolved.gpu_hours))]
+        assert rows[1]["cost_note"] == resolved.cost_note and rows[1]["money"] > rows[0]["money"]
+        text = json.dumps(slack_body([firing], None, "rlmon"))
+        assert "Cost so far: firing for 1 s" in text and "USD" in text
+        details = pagerduty_body(firing, {}, "g", None)["payload"]["custom_details"]
+        assert details["cost"]["gpu_hours"] == pytest.approx(firing.gpu_hours)
+        assert webhook_body([resolved], None)["alerts"][0]["cost"]["text"] == resolved.cost_note
+    finally:
+        core.close()
+
+
+def test_ledger_holds_two_steps_and_forgets() -> None:
+    ledger = GoodputLedger()
+    for n in range(200):
+        for r in records(5):
+            ledger.add(StepRecord(r.run, r.role, n, True, r.ranks_expected, r.ranks_reporting,
+                                  (), {}, timelines=r.timelines))
+    assert ledger.runs["synthetic"].steps == 198
+    assert ledger.run_gpus("synthetic") == 2 + 1 + 4  # 1 GPU per rank without config
+    ledger.forget(["synthetic"])
+    assert ledger.snapshot() == {} and ledger.run_gpus("synthetic") == 0
