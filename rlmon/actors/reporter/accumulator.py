@@ -52,8 +52,8 @@ class RawStep:
     acc: Accumulator
     wall: float  # unix seconds at end_step
     tensors: StepTensors | None
-    batches: list[Mapping[str, Any]]
-    picks: list[DevicePick]
+    batches: Sequence[Mapping[str, Any]]
+    picks: Sequence[DevicePick]
     timeline: RawTimeline | None
 
 
