@@ -1,4 +1,6 @@
-"""``rlmon replay FILE``: steps and alerts of a recorded run (DESIGN.md, the replay contract).
+"""``rlmon replay FILE``: steps and alerts of a recorded run.
+
+Its output lines follow docs/design.md, "The replay contract".
 
 With ``--rules FILE`` it also backtests that rule file: per rule, the steps it would have fired
 and resolved (on stderr as ``{"type": "backtest", ...}`` lines with ``--json``, so stdout stays

@@ -1,4 +1,4 @@
-"""Replay a partial-report file (DESIGN.md contract) into steps and alerts, offline.
+"""Replay a partial-report file (docs/contract.md) into steps and alerts, offline.
 
 Records are folded in arrival order; steps complete as their last expected rank reports, and the
 rest finalize at end of input. Alerts are then evaluated per (run, role) in increasing step order.

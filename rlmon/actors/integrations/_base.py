@@ -170,7 +170,7 @@ def _partial_json(partial: Any) -> dict[str, Any]:
 
 
 class JsonlSink:
-    """A Reporter sink appending contract lines (DESIGN.md, JSON Lines v1) to a file.
+    """A Reporter sink appending contract lines (docs/contract.md, JSON Lines v1) to a file.
 
     For processes that cannot reach the aggregator (a vLLM engine under test, an offline run):
     ``rlmon replay FILE`` reads the result. Selected with ``RLMON_SINK_JSONL=path``.

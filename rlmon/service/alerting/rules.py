@@ -1,10 +1,10 @@
 """Alert rules as data: a pydantic model for YAML rule files, and the default pack.
 
-The default pack is DESIGN.md's table ("Default alert rules"): the threshold rules come from the
-AlertSpecs in the catalog; the structural ones (non-finite values, physical domains, missing ranks,
-replica disagreement) apply to every metric and are declared here. The early-warning rules (issue
-16) follow: each compares a metric with its run's own baseline (:mod:`rlmon.service.alerting.baseline`),
-declared in the catalog's ``EARLY_WARNINGS``.
+The default pack is the table of docs/design.md ("Default alert rules"): the threshold rules
+come from the AlertSpecs in the catalog; the structural ones (non-finite values, physical
+domains, missing ranks, replica disagreement) apply to every metric and are declared here. The
+early-warning rules (issue 16) follow: each compares a metric with its run's own baseline
+(:mod:`rlmon.service.alerting.baseline`), declared in the catalog's ``EARLY_WARNINGS``.
 """
 
 from __future__ import annotations
@@ -256,7 +256,7 @@ def early_warning_rules() -> list[Rule]:
 
 
 def fixed_rules() -> list[Rule]:
-    """DESIGN.md's default pack, in the table's order of concern."""
+    """The default pack (docs/design.md, "Default alert rules"), in the table's order of concern."""
     rules = [
         _rule_from_spec(spec.name, alert) for spec in catalog.metrics() for alert in spec.alerts
     ]

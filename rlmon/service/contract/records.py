@@ -1,4 +1,4 @@
-"""The partial-report contract (DESIGN.md, JSON Lines version 1): parsing with exact errors.
+"""The partial-report contract (docs/contract.md, JSON Lines version 1): parsing with exact errors.
 
 A record is accepted or rejected as a whole. Errors name the field and the offending value so a
 user can fix the producer; the caller counts them and goes on with the next record.

@@ -71,7 +71,8 @@ class StepRecord:
         return (self.run, self.role, self.attempt, self.step)
 
     def to_json(self) -> dict[str, Any]:
-        """The replay line of DESIGN.md; ``nonfinite`` is added only when some value is NaN/Inf."""
+        """The replay line (docs/design.md, "The replay contract"); ``nonfinite`` is added only
+        when some value is NaN/Inf."""
         line: dict[str, Any] = {
             "type": "step",
             "run": self.run,

@@ -20,7 +20,7 @@ __all__ = ["SCRAPE_BUDGET_SECONDS", "UID", "build"]
 
 UID = "rlmon-self"
 INSTANCE = 'instance=~"$instance"'
-# DESIGN.md's budget: a scrape of 10,000 series in < 100 ms
+# the budget (docs/design.md, "Budgets"): a scrape of 10,000 series in < 100 ms
 SCRAPE_BUDGET_SECONDS = 0.1
 _ZERO_OK = [Band(None, "green"), Band(1, "red")]
 
@@ -90,7 +90,7 @@ def build() -> db.Dashboard:
         .with_row(db.Row("Exporter"))
         .with_panel(timeseries_panel(
             "Scrape duration", "Time the previous scrape took to build; the budget line is "
-            "DESIGN.md's 100 ms for 10,000 series.",
+            "docs/design.md's 100 ms for 10,000 series.",
             [query(select(series.SCRAPE_SECONDS.name, INSTANCE), "{{instance}}")], unit="s",
             bands=[Band(None, "green"), Band(SCRAPE_BUDGET_SECONDS, "red")], span=8))
         .with_panel(timeseries_panel(

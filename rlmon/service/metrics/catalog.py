@@ -1,4 +1,4 @@
-"""The one list of canonical metrics (DESIGN.md, "Canonical metrics").
+"""The one list of canonical metrics (docs/design.md, "Canonical metrics").
 
 Every other place that needs a metric name, form, unit, domain, threshold or panel reads it from
 here: the partial merge, the exporter, the rule pack, the dashboards and the table of docs/metrics.md.

@@ -1,6 +1,6 @@
 """The statistic forms, each defined once: state layout, JSON keys, merge, domain, finalization.
 
-A rank ships a metric as the mergeable state of one form (DESIGN.md, "Ship sufficient
+A rank ships a metric as the mergeable state of one form (docs/design.md, "Ship sufficient
 statistics, reduce once"). Everything that handles states derives from :data:`FORMS`: the scalar
 merge and finalization (:mod:`rlmon.service.metrics.partial`), the contract parser and the domain checks
 (:mod:`rlmon.service.contract.records`), the columnar block and its numpy merge

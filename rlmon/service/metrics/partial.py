@@ -1,9 +1,9 @@
 """Partial statistics and their merge: the heart of exact cross-rank reduction.
 
-A rank ships sufficient statistics (DESIGN.md, "Ship sufficient statistics, reduce once"); only
-:func:`MetricPool.result` divides, once, over everything received. Every state merge here is
-associative and commutative, so any split over ranks and micro-batches, any collector tree and
-any arrival order give the same value.
+A rank ships sufficient statistics (docs/design.md, "Ship sufficient statistics, reduce
+once"); only :func:`MetricPool.result` divides, once, over everything received. Every state
+merge here is associative and commutative, so any split over ranks and micro-batches, any
+collector tree and any arrival order give the same value.
 
 Worked example (``{"sum", "count"}``): rank 0 sends (200, 100), rank 1 sends (300, 300). The pool
 holds (500, 400) and the result is 1.25; the mean of the rank means would be 1.5.

@@ -26,7 +26,7 @@ __all__ = [
 
 
 class Form(StrEnum):
-    """How a rank ships a metric, and so how partials merge (DESIGN.md, the partial-report contract)."""
+    """How a rank ships a metric, and so how partials merge (docs/contract.md)."""
 
     MEAN = "mean"  # {"sum", "count"}: Σsum / Σcount
     SUM = "sum"  # {"sum"}: Σsum

@@ -331,7 +331,7 @@ class HistoryStore:
         return [run for (run,) in rows]
 
     def steps(self, run: str | None = None, role: str | None = None) -> list[dict[str, Any]]:
-        """Step lines (DESIGN.md replay format) in (run, role, step) order."""
+        """Step lines (docs/design.md, "The replay contract") in (run, role, step) order."""
         query, args = "SELECT line FROM steps", []
         clauses = []
         if run is not None:
