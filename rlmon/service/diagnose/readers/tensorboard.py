@@ -79,7 +79,8 @@ def read_tensorboard(directory: Path, files: list[Path] | None = None) -> Logged
                 str(path), f"not a complete TensorBoard event file: {damage}; the events "
                 "before it are diagnosed"))
     if not read:
-        raise LogError(str(directory), "expected TensorBoard event records, read none ("
+        raise LogError(str(files[0] if len(files) == 1 else directory),
+                       "expected TensorBoard event records, read none ("
                        + "; ".join(damages or [p.message for p in problems]
                                    or [f"{len(files)} empty event files"]) + ")")
     return LoggedRun(str(directory), "tensorboard", run_name(directory.name),

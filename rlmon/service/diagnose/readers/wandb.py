@@ -87,6 +87,32 @@ def _row(items: Mapping[str, Any]) -> tuple[int | None, dict[str, float]]:
     return (None if step is None else int(step)), values
 
 
+def _by_step(logged: list[tuple[int | None, int, dict[str, float]]],
+             ) -> dict[int, dict[str, float]]:
+    """Rows by the trainer's step. Where the run logs one (``train/global_step``), a row without
+    it (TRL's profiling timers, logged straight to W&B during the step) belongs to the next row
+    that has it; W&B's own ``_step`` counts log calls, not trainer steps."""
+    trainer = any(k in values for _, _, values in logged for k in STEP_KEYS[:-1])
+    rows: dict[int, dict[str, float]] = defaultdict(dict)
+    pending: list[dict[str, float]] = []
+    for step, w_step, values in logged:
+        if not trainer:
+            rows[w_step if step is None else step].update(values)
+            continue
+        if step is None or not any(k in values for k in STEP_KEYS[:-1]):
+            pending.append(values)
+            continue
+        for early in pending:
+            rows[step].update(early)
+        pending.clear()
+        rows[step].update(values)
+    if pending and rows:
+        last = max(rows)
+        for early in pending:
+            rows[last].update(early)
+    return dict(sorted(rows.items()))
+
+
 def read_wandb_run(path: Path) -> LoggedRun:
     """An offline run directory or its ``run-*.wandb`` file."""
     from wandb.proto import wandb_internal_pb2
@@ -95,7 +121,7 @@ def read_wandb_run(path: Path) -> LoggedRun:
     if not files:
         raise LogError(str(path), "no W&B run file (run-<id>.wandb) in this directory")
     problems: list[ReadProblem] = []
-    rows: dict[int, dict[str, float]] = defaultdict(dict)
+    logged: list[tuple[int | None, int, dict[str, float]]] = []
     name = path.name
     for file in files:
         try:
@@ -116,10 +142,10 @@ def read_wandb_run(path: Path) -> LoggedRun:
                 items = {"/".join(i.nested_key) if i.nested_key else i.key: json.loads(i.value_json)
                          for i in record.history.item if i.value_json}
                 step, values = _row(items)
-                rows[record.history.step.num if step is None else step].update(values)
-    if not rows and not problems:
+                logged.append((step, record.history.step.num, values))
+    if not logged and not problems:
         raise LogError(str(path), "the W&B run holds no history rows (nothing was logged)")
-    return LoggedRun(str(path), "wandb-offline", run_name(name), dict(sorted(rows.items())),
+    return LoggedRun(str(path), "wandb-offline", run_name(name), _by_step(logged),
                      problems=tuple(problems))
 
 
