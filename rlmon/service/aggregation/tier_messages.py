@@ -25,14 +25,23 @@ class IngestAck:
     decisions for the runs of the batch (run -> decision; :mod:`rlmon.service.contract.stop_decision`).
     """
 
+    #: Messages or states folded in.
     accepted: int = 0
+    #: Already folded in before (a retry or a resend): not folded in again.
     duplicates: int = 0
+    #: For a step already finalized: counted, not folded in.
     late: int = 0
+    #: Refused by the contract's checks (each error in ``errors``).
     rejected: int = 0
+    #: Steps the batch finalized.
     finalized: int = 0
+    #: ``run/role step N: error`` of the first rejections (at most the aggregator's max_errors).
     errors: list[str] = field(default_factory=list)
+    #: The answering aggregator's identity: a change means it restarted and lost its open steps.
     incarnation: str = ""
+    #: (run, role) -> the step below which everything is finalized.
     floors: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: run -> the service's stop decision for it.
     stops: dict[str, StopDecision] = field(default_factory=dict)
 
     def refuse(self, item: object, error: Exception, max_errors: int) -> None:
@@ -62,11 +71,17 @@ class NodeBatch:
     batch, by (run, role, rank), as their messages said them.
     """
 
+    #: The sealed, pre-merged states of the steps the node merger drained.
     states: list[StepState]
+    #: (node merger id, drain seq); None: merged without the retry check.
     source: tuple[str, int] | None = None
+    #: Messages the node merger rejected since its previous batch.
     rejected: int = 0
+    #: Messages it took as late since its previous batch.
     late: int = 0
+    #: Messages it took as duplicates since its previous batch.
     duplicates: int = 0
+    #: (run, role, rank) -> the Reporter's running (dropped, refused) counts that changed.
     reporters: dict[ReporterKey, tuple[int, int]] = field(default_factory=dict)
 
 

@@ -44,22 +44,40 @@ class StepRecord:
     either: payloads are user text, kept by the history store within its bounds).
     """
 
+    #: The run's name, as the Reporters said it.
     run: str
+    #: The role within the run (``actor``, ``rollout``, ...).
     role: str
+    #: The training step.
     step: int
+    #: Whether every rank of the world sent its final record (else finalized by a deadline or
+    #: at the end of input, with ``missing_ranks``).
     complete: bool
+    #: The world's size: how many ranks were expected.
     ranks_expected: int
+    #: How many ranks sent their final record.
     ranks_reporting: int
+    #: The ranks that did not (the first ``MAX_LISTED_MISSING`` of them).
     missing_ranks: tuple[Rank, ...]
+    #: Metric name -> value, merged over every rank once; NaN and Inf kept as floats.
     metrics: Mapping[str, float]
+    #: Metrics whose replicated copies (e.g. over CP) disagreed beyond the tolerance.
     replica_mismatches: tuple[str, ...] = ()
+    #: Monotonic seconds when the step's first record arrived (the assembler's clock).
     first_seen: float | None = None
+    #: Unix seconds when the step was finalized (the history store's retention reads it).
     finalized_at: float | None = None
+    #: The latest unix time the ranks' records carried (when the step happened).
     time: float | None = field(default=None)
+    #: 0 for the first attempt of (run, role), 1, 2, ... for reruns under the same name.
     attempt: int = 0
+    #: Each rank's timeline of the step, by rank (bounded per step).
     timelines: tuple[RankTimeline, ...] = ()
+    #: Timeline spans and timelines that did not fit their bounds (counted, not kept).
     timelines_cut: int = 0
+    #: The slowest rank and the span behind it (None: no timelines).
     straggler: Straggler | None = None
+    #: Per ranked metric (``top``/``bottom`` forms), its best items, best first.
     samples: Mapping[str, tuple[Sample, ...]] = field(default_factory=dict)
 
     @property

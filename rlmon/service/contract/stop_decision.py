@@ -29,12 +29,19 @@ class StopDecision:
     """The service asked ``run`` to stop: which alert, at which step, why, and when (unix
     seconds, the service's clock; renewed while the alert holds)."""
 
+    #: The run asked to stop.
     run: str
+    #: The role whose step fired the alert.
     role: str
+    #: The step that fired it (or last renewed the decision).
     step: int
+    #: The alert rule's name.
     alert: str
-    reason: str  # the alert's line: what fired, the value and the condition
-    allowed_by: str  # the config's run glob that lets the rule stop this run
+    #: The alert's line: what fired, the value and the condition.
+    reason: str
+    #: The config's run glob (``stop.runs``) that lets the rule stop this run.
+    allowed_by: str
+    #: Unix seconds (the service's clock) when the decision was taken or last renewed.
     at: float
 
     def applies_to(self, started: float) -> bool:
