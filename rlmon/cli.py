@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "rlmon.commands.dashboards",
     "rlmon.commands.serve",
     "rlmon.commands.trace",
+    "rlmon.commands.report",
     "rlmon.commands.diagnose",
 )
 

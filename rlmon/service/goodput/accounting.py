@@ -45,6 +45,7 @@ __all__ = [
     "StepGoodput",
     "StepInput",
     "account_step",
+    "busy_seconds",
     "mfu",
 ]
 
@@ -76,7 +77,8 @@ class StepInput:
     ``roles``: the step's timelines, per role. ``neighbours``: timelines of the adjacent steps
     (of any role), only to say who was busy while a rank waited: a rollout engine waits for the
     weights of the trainer's *previous* step. ``discarded``: why the step's work was thrown
-    away ('' when it was not).
+    away ('' when it was not); ``rolled_back``: a later attempt of the run ran the step again
+    (its work counts as wasted ``rolled_back`` rather than ``discarded``).
     """
 
     run: str
@@ -87,6 +89,7 @@ class StepInput:
     clipped_ratio: float | None = None
     discarded: str = ""
     neighbours: tuple[RoleTimelines, ...] = ()
+    rolled_back: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +265,11 @@ def _classify(timeline: Timeline, spans: SpanMap, unmapped: set[str]) -> _Rank:
     return _Rank(ns, segments, gaps)
 
 
+def busy_seconds(timeline: Timeline, spans: SpanMap) -> float:
+    """Seconds of the rank's step in classified spans (a ``step`` container is not work)."""
+    return sum(_classify(timeline, spans, set()).ns.values()) * 1e-9
+
+
 def _unions(ranks: Iterable[_Rank]) -> tuple[list[Interval], list[Interval], list[Interval]]:
     """(any busy, generating, training or syncing weights) of a set of ranks."""
     busy: list[Interval] = []
@@ -322,11 +330,11 @@ def account_step(data: StepInput, spans: SpanMap) -> StepGoodput:
             put(Bucket.IDLE, UNATTRIBUTED, sum(b - a for a, b in rest))
         g = rt.gpus_per_rank * 1e-9
         out = {(role, b, why): value * g for (b, why), value in ns.items()}
-        if data.discarded:
+        if data.discarded or data.rolled_back:
             for (b, why), value in ns.items():
                 if b in (Bucket.PRODUCTIVE, Bucket.OVERHEAD):
                     del out[(role, b, why)]
-                    key = (role, Bucket.WASTED, DISCARDED)
+                    key = (role, Bucket.WASTED, ROLLED_BACK if data.rolled_back else DISCARDED)
                     out[key] = out.get(key, 0.0) + value * g
         else:
             gen = ns.get((Bucket.PRODUCTIVE, Activity.GENERATE.value), 0) * g

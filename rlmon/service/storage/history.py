@@ -356,12 +356,14 @@ class HistoryStore:
         return out
 
     def timelines(self, run: str, role: str | None = None, first: int = 0,
-                  last: int | None = None) -> list[StepTimelines]:
+                  last: int | None = None, *, every_attempt: bool = False,
+                  ) -> list[StepTimelines]:
         """The stored timelines of a run's steps ``first..last`` (of one role, or every role),
-        of each role's latest attempt, in (role, step) order."""
-        query = ("SELECT role, attempt, step, data FROM timelines t WHERE run = ? AND step >= ? "
-                 "AND attempt = (SELECT MAX(attempt) FROM timelines u WHERE u.run = t.run "
-                 "AND u.role = t.role)")
+        of each role's latest attempt (or of every attempt), in (role, attempt, step) order."""
+        query = ("SELECT role, attempt, step, data FROM timelines t WHERE run = ? AND step >= ?"
+                 + ("" if every_attempt else
+                    " AND attempt = (SELECT MAX(attempt) FROM timelines u WHERE u.run = t.run "
+                    "AND u.role = t.role)"))
         args: list[Any] = [run, first]
         if last is not None:
             query += " AND step <= ?"
@@ -370,7 +372,7 @@ class HistoryStore:
             query += " AND role = ?"
             args.append(role)
         with self._lock:
-            rows = self._db.execute(query + " ORDER BY role, step", args).fetchall()
+            rows = self._db.execute(query + " ORDER BY role, attempt, step", args).fetchall()
         out = []
         for role_, attempt, step, text in rows:
             data = json.loads(text)
@@ -379,11 +381,12 @@ class HistoryStore:
         return out
 
     def samples(self, run: str, role: str | None = None, step: int | None = None,
-                metric: str | None = None) -> list[StepSamples]:
-        """The stored samples of a run's latest attempt per role, at ``step`` (default: each
-        role's latest step that has samples), of one metric or all, in (role, metric) order."""
+                metric: str | None = None, attempt: int | None = None) -> list[StepSamples]:
+        """The stored samples of a run's latest attempt per role (or of ``attempt``), at
+        ``step`` (default: each role's latest step that has samples), of one metric or all, in
+        (role, metric) order."""
         latest = ("attempt = (SELECT MAX(attempt) FROM samples u WHERE u.run = t.run AND "
-                  "u.role = t.role)")
+                  "u.role = t.role)") if attempt is None else f"attempt = {int(attempt)}"
         at = "step = ?" if step is not None else (
             "step = (SELECT MAX(step) FROM samples v WHERE v.run = t.run AND v.role = t.role "
             "AND v.attempt = t.attempt" + (" AND v.metric = t.metric" if metric else "") + ")")

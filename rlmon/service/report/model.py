@@ -1,0 +1,317 @@
+"""The run report: a run's health in one place, built offline from the history store.
+
+:func:`build_report` reads the store (no service, no Ray) and returns a :class:`RunReport`:
+the steps and attempts of each role, every alert with its onset, resolve and cost, goodput by
+bucket over the run and step by step (the same accounting the live service runs, on every
+role's timelines at once), the slowest ranks and stages, the worst samples behind each alert,
+and the key curves with alert markers. :mod:`rlmon.service.report.text` and
+:mod:`rlmon.service.report.html` render it; ``to_json`` is ``rlmon report --json``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from statistics import median
+from typing import Any
+
+from rlmon.service.config import GoodputConfig
+from rlmon.service.goodput.accounting import (
+    GoodputTotals,
+    RoleTimelines,
+    StepGoodput,
+    StepInput,
+    account_step,
+    busy_seconds,
+    mfu,
+)
+from rlmon.service.goodput.buckets import Bucket, SpanMap
+from rlmon.service.goodput.ledger import discard_reason, gpus_per_rank, span_map
+from rlmon.service.metrics import catalog
+from rlmon.service.storage.history import HistoryStore, StepTimelines
+from rlmon.service.storage.stored_samples import items_to_json
+
+__all__ = ["KEY_METRICS", "AlertEntry", "Curve", "RoleSummary", "RunReport", "build_report"]
+
+# The curves every report draws when the run has them (then the alerts' own metrics).
+KEY_METRICS = (
+    catalog.IS_RATIO, catalog.LOGP_DIFF, catalog.KL, catalog.ENTROPY, catalog.CLIP_RATIO,
+    catalog.REWARD, catalog.FRAC_REWARD_ZERO_STD, catalog.STEP_SECONDS,
+)
+_SAMPLES_SHOWN = 5
+_TOP = 10
+
+
+@dataclass(frozen=True, slots=True)
+class RoleSummary:
+    role: str
+    steps: int
+    first: int
+    last: int
+    incomplete: int  # steps finalized without every expected rank
+    attempts: int
+    ranks: int  # expected ranks of the latest step
+
+
+@dataclass(frozen=True, slots=True)
+class AlertEntry:
+    """One incident: an alert from firing to resolve (None: still firing at the end)."""
+
+    role: str
+    alert: str
+    severity: str
+    metric: str
+    attempt: int
+    fired_step: int
+    value: float | None
+    resolved_step: int | None
+    onset: float | None  # unix seconds: the first step the condition held
+    gpus: float | None
+    gpu_hours: float | None
+    money: float | None
+    cost_note: str
+    samples_metric: str = ""
+    samples: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Curve:
+    """One metric of one role over the steps, and the alert transitions on that role."""
+
+    role: str
+    metric: str
+    points: tuple[tuple[int, float], ...]
+    markers: tuple[tuple[int, str, str], ...]  # (step, alert, firing|resolved)
+
+
+@dataclass(frozen=True, slots=True)
+class RunReport:
+    run: str
+    generated_at: float
+    roles: tuple[RoleSummary, ...]
+    alerts: tuple[AlertEntry, ...]
+    goodput: Mapping[str, float]  # bucket -> GPU-seconds, over the run
+    goodput_reasons: tuple[tuple[str, str, float], ...]  # (bucket, reason, GPU-seconds)
+    goodput_ratio: float
+    gpu_hours: float
+    steps_accounted: int
+    goodput_steps: tuple[tuple[int, int, Mapping[str, float]], ...]  # (attempt, step, buckets)
+    unmapped_spans: tuple[str, ...]
+    slowest_ranks: tuple[dict[str, Any], ...]
+    slowest_stages: tuple[dict[str, Any], ...]
+    curves: tuple[Curve, ...]
+    mfu: float | None = None
+    price_per_gpu_hour: float | None = None
+    currency: str = "USD"
+    notes: tuple[str, ...] = field(default=())
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["curves"] = [{"role": c.role, "metric": c.metric,
+                           "points": [list(p) for p in c.points],
+                           "markers": [list(m) for m in c.markers]} for c in self.curves]
+        data["goodput_steps"] = [{"attempt": a, "step": s, "seconds": dict(b)}
+                                 for a, s, b in self.goodput_steps]
+        return _finite(data)
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN: non-finite numbers become None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _roles(lines: Sequence[Mapping[str, Any]]) -> tuple[RoleSummary, ...]:
+    by_role: dict[str, list[Mapping[str, Any]]] = {}
+    for line in lines:
+        by_role.setdefault(line["role"], []).append(line)
+    out = []
+    for role, items in sorted(by_role.items()):
+        steps = [int(i["step"]) for i in items]
+        out.append(RoleSummary(
+            role, len(items), min(steps), max(steps),
+            sum(1 for i in items if not i["complete"]),
+            1 + max(int(i.get("attempt", 0)) for i in items),
+            int(items[-1]["ranks_expected"])))
+    return tuple(out)
+
+
+def _alerts(store: HistoryStore, run: str) -> tuple[AlertEntry, ...]:
+    open_: dict[tuple[str, str, int], dict[str, Any]] = {}
+    done: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
+    for row in store.alerts(run, cost=True):
+        key = (row["role"], row["alert"], int(row["attempt"] or 0))
+        if row["state"] == "firing":
+            if key in open_:
+                done.append((open_.pop(key), None))
+            open_[key] = row
+        elif key in open_:
+            done.append((open_.pop(key), row))
+    done.extend((row, None) for row in open_.values())
+    out = []
+    for fired, resolved in sorted(done, key=lambda p: (p[0]["step"], p[0]["alert"])):
+        latest = resolved or fired  # the resolve carries the whole incident's cost
+        name = catalog.samples_for(fired["metric"]) if fired["metric"] else None
+        samples: tuple[dict[str, Any], ...] = ()
+        if name:
+            stored = store.samples(run, fired["role"], fired["step"], name,
+                                   int(fired["attempt"] or 0))
+            if stored:
+                samples = tuple(items_to_json(stored[0].items[:_SAMPLES_SHOWN]))
+        out.append(AlertEntry(
+            fired["role"], fired["alert"], fired["severity"], fired["metric"],
+            int(fired["attempt"] or 0), int(fired["step"]), fired["value"],
+            int(resolved["step"]) if resolved else None, fired["onset"], latest["gpus"],
+            latest["gpu_hours"], latest["money"], latest["cost_note"] or "",
+            name or "" if samples else "", samples))
+    return tuple(out)
+
+
+def _fractions(lines: Sequence[Mapping[str, Any]]) -> dict[tuple[int, int], dict[str, float]]:
+    out: dict[tuple[int, int], dict[str, float]] = {}
+    for line in lines:
+        metrics = {k: float(v) for k, v in line["metrics"].items() if v is not None}
+        out.setdefault((int(line.get("attempt", 0)), int(line["step"])), {}).update(metrics)
+    return out
+
+
+def _discards(lines: Sequence[Mapping[str, Any]]) -> dict[tuple[int, int], str]:
+    """(attempt, step) -> why its work was thrown away (a skipped optimizer step)."""
+    out: dict[tuple[int, int], str] = {}
+    before: dict[tuple[str, int], float] = {}
+    for line in lines:  # (role, attempt, step) order
+        metrics = {k: float(v) for k, v in line["metrics"].items() if v is not None}
+        key = (line["role"], int(line.get("attempt", 0)))
+        why = discard_reason(metrics, before.get(key))
+        if why:
+            out[(key[1], int(line["step"]))] = why
+        if catalog.SKIPPED_STEPS in metrics:
+            before[key] = metrics[catalog.SKIPPED_STEPS]
+    return out
+
+
+def _goodput(store: HistoryStore, run: str, lines: Sequence[Mapping[str, Any]],
+             config: GoodputConfig) -> tuple[list[StepGoodput], list[StepTimelines]]:
+    spans = span_map(config)
+    stored = store.timelines(run, every_attempt=True)
+    by_step: dict[tuple[int, int], list[RoleTimelines]] = {}
+    for st in stored:
+        by_step.setdefault((st.attempt, st.step), []).append(
+            RoleTimelines(st.role, st.ranks, gpus_per_rank(config, st.role)))
+    values = _fractions(lines)
+    discarded = _discards(lines)
+    restarts: dict[int, int] = {}  # attempt -> the first step of the next attempt
+    for attempt, step in sorted(by_step):
+        if attempt > 0:
+            restarts[attempt - 1] = min(restarts.get(attempt - 1, step), step)
+    out = []
+    for (attempt, step), roles in sorted(by_step.items()):
+        metrics = values.get((attempt, step), {})
+        neighbours = [*by_step.get((attempt, step - 1), ()), *by_step.get((attempt, step + 1), ())]
+        out.append(account_step(StepInput(
+            run, attempt, step, tuple(roles), metrics.get(catalog.FRAC_REWARD_ZERO_STD),
+            metrics.get(catalog.CLIPPED_RATIO), discarded.get((attempt, step), ""),
+            tuple(neighbours), rolled_back=step >= restarts.get(attempt, math.inf)), spans))
+    return out, stored
+
+
+def _slowest(stored: Sequence[StepTimelines], spans: SpanMap,
+             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The ranks most often the slowest of their role's step (by time in classified spans: a
+    ``step`` container is not work) and the spans that took the most time per rank."""
+    ranks: dict[tuple[str, tuple[int, ...]], list[float]] = {}
+    stages: dict[tuple[str, str], list[float]] = {}
+    for st in stored:
+        busy = [busy_seconds(rt.timeline, spans) for rt in st.ranks]
+        typical = median(busy) if len(busy) > 1 else 0.0
+        if typical > 0:
+            slow = max(range(len(busy)), key=lambda i: (busy[i], -i))
+            ranks.setdefault((st.role, tuple(st.ranks[slow].rank)), []).append(
+                busy[slow] / typical)
+        per_name: dict[str, float] = {}
+        for rt in st.ranks:
+            for span in rt.timeline.spans:
+                per_name[span.name] = per_name.get(span.name, 0.0) + span.seconds
+        for name, seconds in per_name.items():
+            stages.setdefault((st.role, name), []).append(seconds / max(len(st.ranks), 1))
+    top_ranks = sorted(ranks.items(), key=lambda kv: (-len(kv[1]), -median(kv[1])))[:_TOP]
+    slow_ranks = [{"role": role, "rank": dict(zip(("dp", "cp", "tp", "pp"), rank, strict=True)),
+                   "times_slowest": len(r), "median_ratio": median(r), "max_ratio": max(r)}
+                  for (role, rank), r in top_ranks]
+    top_stages = sorted(stages.items(), key=lambda kv: -sum(kv[1]))[:_TOP]
+    slow_stages = [{"role": role, "span": name, "steps": len(v), "mean_seconds": sum(v) / len(v),
+                    "max_seconds": max(v), "total_seconds": sum(v)}
+                   for (role, name), v in top_stages]
+    return slow_ranks, slow_stages
+
+
+def _curves(lines: Sequence[Mapping[str, Any]], alerts: Sequence[AlertEntry]) -> list[Curve]:
+    wanted = list(KEY_METRICS) + [a.metric for a in alerts
+                                  if a.metric and a.metric not in KEY_METRICS]
+    latest: dict[str, int] = {}
+    for line in lines:
+        latest[line["role"]] = max(latest.get(line["role"], 0), int(line.get("attempt", 0)))
+    series: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    for line in lines:
+        if int(line.get("attempt", 0)) != latest[line["role"]]:
+            continue
+        for name in wanted:
+            value = line["metrics"].get(name)
+            if value is not None:
+                series.setdefault((line["role"], name), []).append((int(line["step"]), value))
+    out = []
+    for name in dict.fromkeys(wanted):
+        for (role, metric), points in sorted(series.items()):
+            if metric != name or len(points) < 1:
+                continue
+            markers = [(a.fired_step, a.alert, "firing") for a in alerts if a.role == role]
+            markers += [(a.resolved_step, a.alert, "resolved") for a in alerts
+                        if a.role == role and a.resolved_step is not None]
+            out.append(Curve(role, metric, tuple(points), tuple(sorted(markers))))
+    return out
+
+
+def build_report(store: HistoryStore, run: str, config: GoodputConfig | None = None,
+                 now: float | None = None) -> RunReport:
+    """The report of ``run`` from ``store`` (``config``: GPUs per rank, the span map, price,
+    MFU inputs; the defaults otherwise)."""
+    config = config or GoodputConfig()
+    lines = store.steps(run)
+    alerts = _alerts(store, run)
+    steps, stored = _goodput(store, run, lines, config)
+    totals = GoodputTotals()
+    for s in steps:
+        totals.add(s)
+    reasons = tuple(sorted(((b.value, why, v) for (b, why), v in totals.by_reason().items()),
+                           key=lambda r: (list(Bucket).index(Bucket(r[0])), -r[2])))
+    slow_ranks, slow_stages = _slowest(stored, span_map(config))
+    tokens = sum(float(line["metrics"].get(catalog.TOKENS) or 0.0) for line in lines)
+    utilisation = None
+    if config.model_flops_per_token is not None and config.peak_flops_per_gpu is not None:
+        utilisation = mfu(tokens, config.model_flops_per_token, totals.total(),
+                          config.peak_flops_per_gpu)
+    notes = []
+    unmapped = tuple(sorted({n for s in steps for n in s.unmapped}))
+    if unmapped:
+        notes.append(f"spans not in the map, counted as {config.unmapped_bucket}: "
+                     + ", ".join(unmapped) + " (goodput.spans in the config classifies them)")
+    if not config.gpus_per_rank:
+        notes.append("GPUs per rank: 1 for every role (set goodput.gpus_per_rank in the config "
+                     "for tensor-parallel engines or CPU-only workers)")
+    if not stored:
+        notes.append("the store keeps no timelines of this run: no goodput")
+    return RunReport(
+        run, time.time() if now is None else now, _roles(lines), alerts,
+        {b.value: v for b, v in totals.by_bucket().items()}, reasons, totals.goodput,
+        totals.total() / 3_600.0, totals.steps,
+        tuple((s.attempt, s.step, {b.value: v for b, v in s.by_bucket().items()})
+              for s in steps),
+        unmapped, tuple(slow_ranks), tuple(slow_stages), tuple(_curves(lines, alerts)),
+        utilisation, config.price_per_gpu_hour, config.currency, tuple(notes))

@@ -1,0 +1,63 @@
+"""The run report as terminal text: a few aligned sections, widest facts first."""
+
+from __future__ import annotations
+
+import math
+
+from rlmon.service.report.model import RunReport
+
+__all__ = ["render_text"]
+
+
+def _num(value: float | None, digits: int = 4) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    return f"{value:.{digits}g}"
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:5.1f} %" if whole > 0 else "  n/a"
+
+
+def render_text(report: RunReport) -> str:
+    out = [f"rlmon report: run {report.run}", ""]
+    out.append("Steps")
+    for r in report.roles:
+        out.append(f"  {r.role:<10} {r.steps:>6} steps ({r.first}..{r.last}), {r.ranks} ranks, "
+                   f"{r.incomplete} incomplete, {r.attempts} attempt(s)")
+    total = sum(report.goodput.values())
+    out += ["", f"Goodput {_num(report.goodput_ratio, 3)} over {report.steps_accounted} steps, "
+            f"{report.gpu_hours:.4g} GPU-hours"
+            + (f", MFU {_num(report.mfu, 3)}" if report.mfu is not None else "")]
+    for bucket, seconds in report.goodput.items():
+        out.append(f"  {bucket:<10} {seconds:>12.4g} GPU-s  {_pct(seconds, total)}")
+    for bucket, why, seconds in report.goodput_reasons:
+        out.append(f"    {bucket + '/' + why:<28} {seconds:>12.4g} GPU-s  {_pct(seconds, total)}")
+    out += ["", f"Alerts ({len(report.alerts)})"]
+    for a in report.alerts:
+        until = f"resolved at step {a.resolved_step}" if a.resolved_step is not None else (
+            "still firing")
+        cost = a.cost_note or "cost unknown"
+        out.append(f"  {a.alert} [{a.severity}] {a.role} step {a.fired_step} "
+                   f"({a.metric} = {_num(a.value)}), {until}; {cost}")
+        for item in a.samples:
+            text = " ".join(str(item["payload"]).split())[:80]
+            out.append(f"      {a.samples_metric} {item['id']} {_num(item['score'])}: {text}")
+    out += ["", "Slowest ranks (times the slowest of a step)"]
+    for rank in report.slowest_ranks:
+        where = " ".join(f"{k}={v}" for k, v in rank["rank"].items())
+        out.append(f"  {rank['role']:<10} {where:<22} {rank['times_slowest']:>5} steps, median "
+                   f"{rank['median_ratio']:.3g}x the median rank, max {rank['max_ratio']:.3g}x")
+    out += ["", "Slowest stages (seconds per rank and step)"]
+    for s in report.slowest_stages:
+        out.append(f"  {s['role']:<10} {s['span']:<28} mean {s['mean_seconds']:.4g} s, max "
+                   f"{s['max_seconds']:.4g} s over {s['steps']} steps")
+    out += ["", "Curves"]
+    for c in report.curves:
+        values = [v for _, v in c.points]
+        out.append(f"  {c.role}/{c.metric}: {len(values)} steps, first {_num(values[0])}, last "
+                   f"{_num(values[-1])}, min {_num(min(values))}, max {_num(max(values))}"
+                   + (f"; {len(c.markers)} alert marker(s)" if c.markers else ""))
+    if report.notes:
+        out += ["", "Notes"] + [f"  {n}" for n in report.notes]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,176 @@
+"""``rlmon report``: built offline from a history store the service wrote (the synthetic
+scenario's steps, an alert with its cost and worst samples, a restart that rolled steps back),
+its goodput equal to the accounting of the same timelines, and rendered as text, JSON and one
+self-contained HTML file checked for its sections, one image per curve and no external URL."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from rlmon.cli import main
+from rlmon.service.config import GoodputConfig, Settings
+from rlmon.service.contract.step_record import StepRecord
+from rlmon.service.goodput.accounting import account_step
+from rlmon.service.goodput.buckets import Bucket, SpanMap
+from rlmon.service.metrics import catalog
+from rlmon.service.report.html import render_html
+from rlmon.service.report.model import build_report
+from rlmon.service.report.text import render_text
+from rlmon.service.service_core import ServiceCore
+from rlmon.service.storage.history import HistoryStore
+from tests.support.goodput_scenario import CLIPPED, FRAC_ZERO_STD, step_input
+
+RUN = "synthetic"
+WORST = catalog.samples_for(catalog.IS_RATIO_MIN) or ""
+GOODPUT = GoodputConfig(gpus_per_rank={"rollout": 2.0})  # the scenario's engines hold 2 GPUs
+
+
+def _records(step: int, attempt: int = 0, bad: bool = False) -> list[StepRecord]:
+    data = step_input(step)
+    end = max(t.timeline.end_ns for r in data.roles for t in r.timelines) * 1e-9
+    out = []
+    for rt in data.roles:
+        metrics = {"rollout": {catalog.CLIPPED_RATIO: CLIPPED},
+                   "reward": {catalog.FRAC_REWARD_ZERO_STD: FRAC_ZERO_STD,
+                              catalog.REWARD: 0.1 * step},
+                   "actor": {catalog.IS_RATIO_MIN: 0.05 if bad else 0.9,
+                             catalog.IS_RATIO: 1.0}}[rt.role]
+        samples = {WORST: ((0.05, f"seq-{step}", "a response the trainer finds unlikely"),)} if (
+            rt.role == "actor") else {}
+        out.append(StepRecord(RUN, rt.role, step, True, len(rt.timelines), len(rt.timelines),
+                              (), metrics, finalized_at=end, attempt=attempt,
+                              timelines=rt.timelines, samples=samples))
+    return out
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    state = tmp_path_factory.mktemp("state")
+    core = ServiceCore(Settings.model_validate({"notifiers": {"console": {"enabled": False}},
+                                                "goodput": GOODPUT.model_dump()}),
+                       state_dir=state)
+    try:
+        for n in range(5, 11):  # ISRatioStale fires at 7, resolves at 9
+            core.publish(_records(n, bad=n in (7, 8)))
+        for n in range(9, 12):  # a restart from step 9: attempt 0's steps 9 and 10 rolled back
+            core.publish(_records(n, attempt=1))
+    finally:
+        core.close()
+    return state
+
+
+def _expected() -> dict[Bucket, float]:
+    spans = SpanMap()
+    out = dict.fromkeys(Bucket, 0.0)
+    for attempt, steps in ((0, range(5, 11)), (1, range(9, 12))):
+        for n in steps:
+            data = replace(step_input(n), attempt=attempt, rolled_back=attempt == 0 and n >= 9)
+            for bucket, value in account_step(data, spans).by_bucket().items():
+                out[bucket] += value
+    return out
+
+
+def test_report_model(store_path: Path) -> None:
+    store = HistoryStore(store_path / "history.sqlite")
+    try:
+        report = build_report(store, RUN, GOODPUT, now=0.0)
+    finally:
+        store.close()
+    assert {r.role: (r.steps, r.attempts) for r in report.roles} == {
+        "actor": (9, 2), "reward": (9, 2), "rollout": (9, 2)}
+    assert report.steps_accounted == 9
+    want = _expected()
+    for bucket in Bucket:
+        assert report.goodput[bucket.value] == pytest.approx(want[bucket], abs=1e-6), bucket
+    reasons = {(b, why): v for b, why, v in report.goodput_reasons}
+    assert reasons[("wasted", "rolled_back")] > 0 and reasons[("wasted", "no_reward_spread")] > 0
+    assert report.goodput_ratio == pytest.approx(want[Bucket.PRODUCTIVE] / sum(want.values()))
+    (alert,) = [a for a in report.alerts if a.alert == "ISRatioStale"]
+    assert (alert.role, alert.fired_step, alert.resolved_step) == ("actor", 7, 9)
+    # the resolve's cost: the run's 9 GPUs from the start of step 7 to the end of step 9
+    assert alert.gpu_hours == pytest.approx(9 * 3 * 1.000003 / 3600)
+    assert alert.cost_note.startswith("lasted 3 s: 9 GPUs")
+    assert alert.samples_metric == WORST and alert.samples[0]["id"] == "seq-7"
+    assert {(c.role, c.metric) for c in report.curves} >= {
+        ("actor", catalog.IS_RATIO), ("reward", catalog.REWARD), ("actor", catalog.IS_RATIO_MIN)}
+    stale = next(c for c in report.curves if c.metric == catalog.IS_RATIO_MIN)
+    assert [s for s, _ in stale.points] == [9, 10, 11]  # the latest attempt's curve
+    slowest = {(r["role"], r["rank"]["dp"]): r["times_slowest"] for r in report.slowest_ranks}
+    assert slowest == {("actor", 3): 9, ("rollout", 0): 9}  # the straggler, the slower engine
+    assert report.slowest_stages[0]["span"] in {"train", "generate"}
+    assert "my_thing" in report.unmapped_spans
+    assert not any("GPUs per rank" in n for n in report.notes)
+    text = json.dumps(report.to_json(), allow_nan=False)
+    assert json.loads(text)["alerts"][0]["alert"] == "ISRatioStale"
+    rendered = render_text(report)
+    for heading in ("Steps", "Goodput", "Alerts (1)", "Slowest ranks", "Slowest stages",
+                    "Curves"):
+        assert heading in rendered
+    assert "lasted 3 s: 9 GPUs" in rendered and "wasted/rolled_back" in rendered
+
+
+class _Page(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: list[str] = []
+        self.figures: list[str] = []
+        self.images: list[str] = []
+        self.links: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if a.get("id"):
+            self.ids.append(str(a["id"]))
+        if tag == "figure":
+            self.figures.append(str(a.get("class")))
+        if tag == "img":
+            self.images.append(str(a.get("src")))
+        for key in ("href", "src"):
+            if a.get(key) and not str(a[key]).startswith("data:"):
+                self.links.append(str(a[key]))
+
+
+def test_html_is_one_self_contained_file(store_path: Path, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "report.html"
+    code = main(["report", RUN, "--state-dir", str(store_path), "--html", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "Goodput" in printed and f"report written to {out}" in printed
+    page_text = out.read_text(encoding="utf-8")
+    page = _Page()
+    page.feed(page_text)
+    assert page.ids == ["steps", "alerts", "goodput", "slowest", "curves", "notes"]
+    store = HistoryStore(store_path / "history.sqlite")
+    try:
+        curves = build_report(store, RUN).curves
+    finally:
+        store.close()
+    assert page.figures.count("curve") == len(curves) and page.figures.count("goodput") == 1
+    assert all(src.startswith("data:image/png;base64,") for src in page.images)
+    assert page.links == [] and "http://" not in page_text and "https://" not in page_text
+    assert "ISRatioStale" in page_text and "seq-7" in page_text and "rolled_back" in page_text
+
+
+def test_json_and_missing_run(store_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", RUN, "--state-dir", str(store_path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["run"] == RUN and not math.isnan(data["goodput_ratio"])
+    assert main(["report", "nope", "--state-dir", str(store_path)]) == 1
+    assert "no run 'nope'" in capsys.readouterr().err
+
+
+def test_render_html_entry_point_on_an_empty_run() -> None:
+    store = HistoryStore()
+    try:
+        report = build_report(store, "empty")
+    finally:
+        store.close()
+    page = render_html(report)
+    assert "No alert fired" in page and "no goodput" in page
