@@ -20,7 +20,7 @@ from typing import IO
 
 from rich.markup import escape as esc
 
-from rlmon.service.alerting.rules import RuleError, load_rules, unknown_metrics
+from rlmon.commands.support.rule_files import read_rules
 from rlmon.service.diagnose.findings import Diagnosis, Finding, diagnose
 from rlmon.service.diagnose.formats import read_paths
 from rlmon.service.diagnose.logged_run import ReadProblem
@@ -65,13 +65,9 @@ def _no_known_keys(d: Diagnosis) -> ReadProblem:
 
 
 def run_diagnose(args: argparse.Namespace) -> int:
-    try:
-        rules = load_rules(args.rules)
-    except (RuleError, OSError) as exc:
-        print(f"rlmon diagnose: {exc}", file=sys.stderr)
+    rules = read_rules(args.rules, "diagnose")
+    if rules is None:
         return EXIT_INPUT
-    for warning in unknown_metrics(rules) if args.rules else ():
-        print(f"rlmon diagnose: warning: {warning}", file=sys.stderr)
     runs, problems = read_paths(args.paths)
     diagnoses = [diagnose(run, rules, args.framework) for run in runs]
     for run in runs:
@@ -125,13 +121,12 @@ def _colour(severity: str) -> str:
 def _print_terminal(diagnoses: Sequence[Diagnosis], problems: Sequence[ReadProblem]) -> None:
     from rich.console import Console
 
-    console = Console(width=None if sys.stdout.isatty() else 120, highlight=False)
-    errors = Console(stderr=True, width=None if sys.stderr.isatty() else 120, highlight=False)
+    console = Console(highlight=False, soft_wrap=not sys.stdout.isatty())
 
     def plain(text: str) -> None:
         console.print(text, markup=False)
     for problem in problems:
-        errors.print(f"[red]cannot read[/red] {esc(problem.path)}: {esc(problem.message)}")
+        print(f"cannot read {problem.path}: {problem.message}", file=sys.stderr)
     for d in diagnoses:
         run, km = d.run, d.keymap
         fw = f"{km.framework} ({km.how})" if km.framework else km.how

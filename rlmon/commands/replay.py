@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+from rlmon.commands.support.rule_files import read_rules
 from rlmon.service.alerting.backtest import RuleBacktest, backtest
 from rlmon.service.alerting.notify.render import format_value
-from rlmon.service.alerting.rules import RuleError, load_rules, unknown_metrics
 from rlmon.service.metrics import catalog
 from rlmon.service.replay import ReplayResult, replay
 
@@ -138,13 +138,9 @@ def print_table(result: ReplayResult) -> None:
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    try:
-        rules = load_rules(args.rules)
-    except (RuleError, OSError) as exc:
-        print(f"rlmon replay: {exc}", file=sys.stderr)
+    rules = read_rules(args.rules, "replay")
+    if rules is None:
         return 2
-    for warning in unknown_metrics(rules) if args.rules else ():
-        print(f"rlmon replay: warning: {warning}", file=sys.stderr)
     try:
         result = replay(_lines(args.file), rules)
     except OSError as exc:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlmon.service.alerting.rules import RuleError, load_rules, rules_to_yaml, unknown_metrics
+from rlmon.commands.support.rule_files import read_rules
+from rlmon.service.alerting.rules import rules_to_yaml
 
 __all__ = ["register"]
 
@@ -33,22 +34,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _show(args: argparse.Namespace) -> int:
-    try:
-        print(rules_to_yaml(load_rules(args.rules)), end="")
-    except (RuleError, OSError) as exc:
-        print(f"rlmon rules: {exc}", file=sys.stderr)
+    rules = read_rules(args.rules, "rules")
+    if rules is None:
         return 2
+    print(rules_to_yaml(rules), end="")
     return 0
 
 
 def _check(args: argparse.Namespace) -> int:
-    try:
-        rules = load_rules(args.file)
-    except (RuleError, OSError) as exc:
-        print(f"rlmon rules: {exc}", file=sys.stderr)
+    rules = read_rules(args.file, "rules")
+    if rules is None:
         return 2
-    for warning in unknown_metrics(rules):
-        print(f"warning: {warning}", file=sys.stderr)
     print(f"{args.file}: {len(rules)} rules OK")
     return 0
 
@@ -61,9 +57,11 @@ def _export(args: argparse.Namespace) -> int:
 
     try:
         settings = load_config(args.config, only=("prometheus_rules",))
-        rules = load_rules(args.rules)
-    except (ConfigError, RuleError, OSError) as exc:
+    except (ConfigError, OSError) as exc:
         print(f"rlmon rules: {exc}", file=sys.stderr)
+        return 2
+    rules = read_rules(args.rules, "rules")
+    if rules is None:
         return 2
     cfg = settings.prometheus_rules
     period = args.step_period if args.step_period is not None else cfg.step_period_seconds
