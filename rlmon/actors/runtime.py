@@ -387,6 +387,10 @@ class RaySink:
     Ray. A failed call (the actor restarting or gone) raises, the Reporter keeps the messages,
     and the next call looks the actor up again. :class:`RuntimeGone` means Ray was shut down
     for good in this process.
+
+    It lives here rather than beside the sink protocol and the Ray-free sinks
+    (:mod:`rlmon.actors.reporter.sink`) because it imports Ray and drives this runtime; the
+    Reporter imports it only when no sink is given.
     """
 
     def __init__(

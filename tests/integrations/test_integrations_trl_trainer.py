@@ -226,8 +226,8 @@ class _Tee:
 
 def test_zero_reward_fires_no_learning_signal(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from rlmon.actors.integrations._base import JsonlSink
     from rlmon.actors.reporter import Reporter
+    from rlmon.actors.reporter.sink import JsonlSink
     from rlmon.cli import main
     from rlmon.service.alerting.engine import AlertEngine
     from rlmon.service.alerting.rules import default_rules

@@ -7,12 +7,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from rlmon.actors.reporter.sink import JsonlSink
+from rlmon.actors.reporter.tensor_stats import is_torch
 from rlmon.service.metrics import catalog, keymaps
 from rlmon.service.metrics.forms import FORMS
-from rlmon.service.metrics.partial import ALL_AXES
 
-__all__ = ["ReporterLike", "make_reporter", "record_mismatch_samples", "relay", "scalar",
-           "send_run_info"]
+__all__ = ["ReporterLike", "as_float64", "make_reporter", "record_mismatch_samples", "relay",
+           "scalar", "send_run_info"]
 
 
 class ReporterLike(Protocol):
@@ -32,6 +33,14 @@ class ReporterLike(Protocol):
     def flush(self, timeout: float | None = None) -> bool: ...
 
     def close(self) -> None: ...
+
+
+def as_float64(x: Any) -> np.ndarray:
+    """A torch tensor (any device) or array-like as a float64 numpy array on the host: no
+    precision lost to float32 in the statistics computed from it."""
+    if is_torch(x):
+        x = x.detach().double().cpu().numpy()
+    return np.asarray(x, dtype=np.float64)
 
 
 def record_mismatch_samples(reporter: ReporterLike, log_ratio: Any, mask: Any, *, k: int = 8,
@@ -147,55 +156,6 @@ def relay(
             reporter.record(name, value=value)
         published[key] = name
     return published
-
-
-def _partial_json(partial: Any) -> dict[str, Any]:
-    import math as _math
-
-    def num(x: float) -> Any:
-        if _math.isfinite(x):
-            return x
-        return "NaN" if x != x else ("Infinity" if x > 0 else "-Infinity")
-
-    spec = FORMS[partial.form]
-    if spec.ranked is not None:  # {"k": .., "top": [[score, id, payload], ...]}, JSON-ready
-        return spec.as_keys(partial.state)
-    out: dict[str, Any] = {key: num(v) for key, v in spec.as_keys(partial.state).items()}
-    if partial.replicated is not None and not (
-            spec.replicated_by_default and partial.replicated == ALL_AXES):
-        out["replicated"] = sorted(partial.replicated)
-    if partial.minibatch_mean:
-        out["minibatch_reduce"] = "mean"
-    return out
-
-
-class JsonlSink:
-    """A Reporter sink appending contract lines (docs/contract.md, JSON Lines v1) to a file.
-
-    For processes that cannot reach the aggregator (a vLLM engine under test, an offline run):
-    ``rlmon replay FILE`` reads the result. Selected with ``RLMON_SINK_JSONL=path``.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def send(self, messages: Any) -> None:
-        import json
-
-        lines = []
-        for msg in messages:
-            for rep in msg.reports():
-                line: dict[str, Any] = {
-                    "run": rep.run, "role": rep.role, "step": rep.step,
-                    "rank": rep.rank.as_dict(), "world": rep.world.as_dict(),
-                    "final": rep.final, "minibatch": rep.minibatch,
-                    "metrics": {n: _partial_json(p) for n, p in rep.metrics.items()},
-                }
-                if rep.seq is not None:
-                    line["seq"] = rep.seq
-                lines.append(json.dumps(line) + "\n")
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.writelines(lines)
 
 
 def env_reporter(run: str, role: str, **kw: Any) -> ReporterLike:

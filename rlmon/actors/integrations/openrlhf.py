@@ -33,6 +33,7 @@ import numpy as np
 
 from rlmon.actors.integrations._base import (
     ReporterLike,
+    as_float64,
     make_reporter,
     record_mismatch_samples,
     relay,
@@ -43,12 +44,6 @@ __all__ = ["RlmonLogger", "WorkerPath", "attach", "importance_stats"]
 
 FRAMEWORK = "openrlhf"
 IS_MODES = ("tis", "icepop", "seq-mask-tis")
-
-
-def _np(x: Any) -> np.ndarray:
-    if type(x).__module__.startswith("torch"):
-        x = x.detach().double().cpu().numpy()  # float64: no precision lost to float32
-    return np.asarray(x, dtype=np.float64)
 
 
 def importance_stats(
@@ -71,7 +66,7 @@ def importance_stats(
     """
     if mode not in IS_MODES:
         raise ValueError(f"mode must be one of {IS_MODES}, got {mode!r}")
-    old, roll, m = _np(old_logp), _np(rollout_logp), _np(mask) > 0
+    old, roll, m = as_float64(old_logp), as_float64(rollout_logp), as_float64(mask) > 0
     if old.shape != roll.shape or old.shape != m.shape:
         raise ValueError(f"shapes differ: old {old.shape}, rollout {roll.shape}, mask {m.shape}")
     log_ratio = old - roll

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from rlmon.actors.integrations._base import ReporterLike, make_reporter, relay
+from rlmon.actors.integrations._base import ReporterLike, as_float64, make_reporter, relay
 from rlmon.service.metrics import catalog, keymaps
 
 __all__ = ["LOSS_REDUCTIONS", "RlmonTracking", "WorkerPath", "loss_partial", "loss_units",
@@ -39,12 +39,6 @@ FRAMEWORK = "skyrl"
 LOSS_REDUCTIONS = ("token_mean", "token_mean_legacy", "sequence_mean", "seq_mean_token_sum_norm")
 POLICY_LOSS = keymaps.relay_name(FRAMEWORK, "policy/policy_loss")
 CP = ["cp"]
-
-
-def _np(x: Any) -> np.ndarray:
-    if type(x).__module__.startswith("torch"):
-        x = x.detach().double().cpu().numpy()  # float64: no precision lost to float32
-    return np.atleast_2d(np.asarray(x, dtype=np.float64))
 
 
 def loss_partial(
@@ -62,7 +56,7 @@ def loss_partial(
     means; seq_mean_token_sum_norm divides token sums by ``max_seq_len`` and averages over
     sequences; token_mean_legacy averages token means of consecutive ``micro_batch_size`` chunks.
     """
-    loss, mask = _np(per_token_loss), _np(loss_mask)
+    loss, mask = np.atleast_2d(as_float64(per_token_loss)), np.atleast_2d(as_float64(loss_mask))
     masked = loss * mask
     if loss_reduction == "token_mean":
         return float(masked.sum()), float(mask.sum())

@@ -1,8 +1,12 @@
 """The worker-side client (no Ray import): what a training process calls and what travels from it.
 
-The :class:`Reporter` facade runs on the training thread; its sender thread packs each step and
-delivers it to a sink; beside them, batched tensor statistics, worst-sample capture, hardware
-sampling and rank detection.
+On the training thread, :class:`Reporter` (``facade``) records sufficient statistics into a
+step's accumulator (``accumulator``) and closes the step; on its sender thread, ``packer``
+builds the step's StepMessage and ``delivery`` sends it (sequence numbers, retain until
+acknowledged, incarnation probes, giving up), counting refusals in a ``tally``. ``sink`` holds
+the sink protocol, the in-process and file sinks and the registry of open Reporters. Beside
+them: batched tensor statistics (``tensor_stats``), worst-sample capture (``sample_capture``),
+hardware sampling (``hardware``) and rank detection (``detect``).
 """
 
 from rlmon.actors.reporter.facade import Reporter

@@ -1,26 +1,33 @@
-"""Where a Reporter's step messages go, and the Reporters still open in this process.
+"""Where a Reporter's step messages go: the sink protocol and the sinks without Ray; and the
+Reporters still open in this process.
 
-A sink takes a batch of :class:`~rlmon.service.contract.step_message.StepMessage` s and returns once they are
-accepted (or raises to be retried later). The runtime's Ray sink lives in
-:mod:`rlmon.actors.runtime`; :class:`LocalSink` runs the same assembler in-process. The registry
-of open senders lets the runtime's exit hook flush every Reporter without importing the Reporter.
+A sink takes a batch of :class:`~rlmon.service.contract.step_message.StepMessage` s and returns
+once they are accepted (or raises to be retried later). :class:`LocalSink` runs the aggregator's
+step assembler in-process; :class:`JsonlSink` appends contract lines to a file. The Ray sink,
+:class:`rlmon.actors.runtime.RaySink`, lives with the runtime it starts and finds. The registry of
+open senders lets the runtime's exit hook flush every Reporter without importing the Reporter.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from rlmon.service.aggregation.assembly import StepAssembler
 from rlmon.service.aggregation.tier_messages import IngestAck
 from rlmon.service.contract.records import ContractError
 from rlmon.service.contract.step_message import StepMessage
 from rlmon.service.contract.step_record import StepRecord
+from rlmon.service.metrics.forms import FORMS
+from rlmon.service.metrics.partial import ALL_AXES, Partial
 
-__all__ = ["LocalSink", "ReportSink", "SinkClosed", "close_open_senders", "track_sender"]
+__all__ = ["JsonlSink", "LocalSink", "ReportSink", "SinkClosed", "close_open_senders",
+           "track_sender"]
 
 
 class ReportSink(Protocol):
@@ -78,6 +85,55 @@ class LocalSink:
             done = self.assembler.finalize_all()
             self.records.extend(done)
             return list(done)
+
+
+class JsonlSink:
+    """A Reporter sink appending contract lines (docs/contract.md, JSON Lines v1) to a file.
+
+    For processes that cannot reach the aggregator (a vLLM engine under test, an offline run):
+    ``rlmon replay FILE`` reads the result. The integrations select it with
+    ``RLMON_SINK_JSONL=path``.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def send(self, messages: Sequence[StepMessage]) -> None:
+        lines = []
+        for msg in messages:
+            for rep in msg.reports():
+                line: dict[str, Any] = {
+                    "run": rep.run, "role": rep.role, "step": rep.step,
+                    "rank": rep.rank.as_dict(), "world": rep.world.as_dict(),
+                    "final": rep.final, "minibatch": rep.minibatch,
+                    "metrics": {n: _partial_json(p) for n, p in rep.metrics.items()},
+                }
+                if rep.seq is not None:
+                    line["seq"] = rep.seq
+                lines.append(json.dumps(line) + "\n")
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.writelines(lines)
+
+
+def _partial_json(partial: Partial) -> dict[str, Any]:
+    """A partial as the contract's metric object (non-finite numbers as the contract spells
+    them)."""
+
+    def num(x: float) -> Any:
+        if math.isfinite(x):
+            return x
+        return "NaN" if x != x else ("Infinity" if x > 0 else "-Infinity")
+
+    spec = FORMS[partial.form]
+    if spec.ranked is not None:  # {"k": .., "top": [[score, id, payload], ...]}, JSON-ready
+        return spec.as_keys(partial.state)
+    out: dict[str, Any] = {key: num(v) for key, v in spec.as_keys(partial.state).items()}
+    if partial.replicated is not None and not (
+            spec.replicated_by_default and partial.replicated == ALL_AXES):
+        out["replicated"] = sorted(partial.replicated)
+    if partial.minibatch_mean:
+        out["minibatch_reduce"] = "mean"
+    return out
 
 
 class _Sender(Protocol):

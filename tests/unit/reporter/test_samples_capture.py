@@ -164,7 +164,7 @@ def test_a_ranked_statistic_in_record_many() -> None:
 def test_the_jsonl_sink_writes_ranked_partials_that_replay_reads(tmp_path: object) -> None:
     from pathlib import Path
 
-    from rlmon.actors.integrations._base import JsonlSink
+    from rlmon.actors.reporter.sink import JsonlSink
     from rlmon.service.replay import replay
 
     path = Path(str(tmp_path)) / "run.jsonl"
