@@ -121,13 +121,12 @@ def _colour(severity: str) -> str:
 def _print_terminal(diagnoses: Sequence[Diagnosis], problems: Sequence[ReadProblem]) -> None:
     from rich.console import Console
 
-    console = Console(width=None if sys.stdout.isatty() else 120, highlight=False)
-    errors = Console(stderr=True, width=None if sys.stderr.isatty() else 120, highlight=False)
+    console = Console(highlight=False, soft_wrap=not sys.stdout.isatty())
 
     def plain(text: str) -> None:
         console.print(text, markup=False)
     for problem in problems:
-        errors.print(f"[red]cannot read[/red] {esc(problem.path)}: {esc(problem.message)}")
+        print(f"cannot read {problem.path}: {problem.message}", file=sys.stderr)
     for d in diagnoses:
         run, km = d.run, d.keymap
         fw = f"{km.framework} ({km.how})" if km.framework else km.how

@@ -106,11 +106,15 @@ def _row(framework: str, key: str) -> keymaps.KeyMapping | None:
 
 
 def detect_framework(keys: Iterable[str]) -> tuple[str | None, tuple[tuple[str, int], ...]]:
-    """The framework whose key map names the most keys (None when none names any, or two tie)."""
+    """The framework whose key map names the most keys (None when none names any, or two tie).
+
+    A framework needs one key of its own that is not also a catalog name: verl logs
+    ``actor/entropy``, but so does a loop that reports rlmon's canonical names."""
     keys = list(keys)
     scores = sorted(((fw, sum(_row(fw, k) is not None for k in keys))
                      for fw in keymaps.FRAMEWORKS), key=lambda s: -s[1])
-    scores = [s for s in scores if s[1]]
+    scores = [(fw, n) for fw, n in scores if n and any(
+        _row(fw, k) is not None and catalog.lookup(k) is None for k in keys)]
     if not scores or (len(scores) > 1 and scores[0][1] == scores[1][1]):
         return None, tuple(scores)
     return scores[0][0], tuple(scores)
