@@ -41,3 +41,23 @@ def test_importing_every_core_module_loads_no_ray() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_worker_side_client_loads_no_ray() -> None:
+    """rlmon.actors.reporter runs in every training process: importing any of its modules (and
+    creating a Reporter with a Ray-free sink) loads no Ray; only the default sink does."""
+    modules = sorted(
+        "rlmon.actors.reporter." + p.stem
+        for p in (PACKAGE / "actors" / "reporter").glob("*.py") if p.name != "__init__.py")
+    code = ("import sys\n" + "".join(f"import {m}\n" for m in modules)
+            + "from rlmon.actors.reporter import Reporter\n"
+            + "from rlmon.actors.reporter.sink import LocalSink\n"
+            + "rep = Reporter('r', 'actor', rank={}, world={}, sink=LocalSink())\n"
+            + "rep.record('actor/loss', sum=1.0, count=1.0)\n"
+            + "rep.end_step(0)\n"
+            + "assert rep.flush(10)\n"
+            + "rep.close()\n"
+            + "assert 'ray' not in sys.modules, sorted(m for m in sys.modules if 'ray' in m)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
