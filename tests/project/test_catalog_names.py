@@ -25,15 +25,16 @@ def name_literals(source: str, *, framework_rows: bool = False) -> list[tuple[in
     parts included.
 
     With ``framework_rows`` (the key maps), a row's framework key, the second argument of
-    ``_m(framework, key, canonical, ...)``, is not ours: it names the framework's own metric and
-    stays a literal where it happens to spell a canonical name (verl logs ``actor/entropy``).
+    ``_row(framework, key, canonical=..., ...)``, is not ours: it names the framework's own
+    metric and stays a literal where it happens to spell a canonical name (verl logs
+    ``actor/entropy``).
     """
     tree = ast.parse(source)
     exempt: set[int] = set()
     if framework_rows:
         exempt = {id(node.args[1]) for node in ast.walk(tree)
                   if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                  and node.func.id == "_m" and len(node.args) > 1}
+                  and node.func.id == "_row" and len(node.args) > 1}
     return sorted((node.lineno, node.value) for node in ast.walk(tree)
                   if isinstance(node, ast.Constant) and isinstance(node.value, str)
                   and node.value in catalog.CATALOG and id(node) not in exempt)
@@ -72,7 +73,7 @@ partials = {"rollout/reward": {"sum": 1.0, "count": 1.0}}
 label = f"{prefix}" "actor/entropy"
 rep.record("actor/loss_typo", value=1.0)
 spec = catalog.get("perf/step_seconds")
-row = _m("verl", "actor/grad_norm", "actor/lr")
+row = _row("verl", "actor/grad_norm", canonical="actor/lr")
 '''
     found = [(4, "actor/kl"), (5, "rollout/reward"), (6, "actor/entropy"),
              (8, "perf/step_seconds"), (9, "actor/grad_norm"), (9, "actor/lr")]
