@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from rlmon.actors.reporter.accumulator import (
     MEAN,
     PY_NUMBER,
+    Accumulator,
     RawSpan,
     RawStep,
     RawTimeline,
@@ -70,9 +71,6 @@ if TYPE_CHECKING:
     from rlmon.actors.runtime import RuntimeOptions
 
 __all__ = ["Reporter"]
-
-_MEAN = MEAN  # a module global: enum attribute access is slow on the hot path
-_PY_NUMBER = PY_NUMBER
 
 
 class _StepClock:
@@ -158,7 +156,7 @@ class Reporter:
         self.transfers = 0  # device-to-host copies made for tensor statistics
         self._tally = Tally(self.run, self.role)
         self._names: set[str] = set()  # metric names already validated
-        self._acc: dict[Any, list[Any]] = {}  # this step's partials (accumulator module)
+        self._acc: Accumulator = {}  # this step's partials
         self._batches: list[Mapping[str, Any]] = []  # this step's record_many mappings
         self._tensors = HeldTensors()
         self._tensor_names = _TensorNames()
@@ -265,16 +263,16 @@ class Reporter:
         if count is not None and sum is not None and sqsum is None and replicated is None \
                 and minibatch_reduce is None:
             # The common case, inlined: a token/sample-weighted mean.
-            if count.__class__ in _PY_NUMBER and not 0 <= count < math.inf:
+            if count.__class__ in PY_NUMBER and not 0 <= count < math.inf:
                 check_count(name, count)
             entry = self._acc.get(name)
             if entry is None:
                 if name not in self._names:
                     check_metric_name(name)
                     self._names.add(name)
-                self._acc[name] = [_MEAN, (sum, count), None, False, 0]
+                self._acc[name] = [MEAN, (sum, count), None, False, 0]
                 return
-            if entry[0] is _MEAN:
+            if entry[0] is MEAN:
                 old = entry[1]
                 entry[1] = (old[0] + sum, old[1] + count)
                 return
@@ -434,8 +432,8 @@ class Reporter:
                 clock.spans.append((name, start, end, depth, attrs or None))
             else:
                 clock.cut += 1
-            self._add(f"timing/{name}_seconds", Form.MAX, ((end - start) * 1e-9,),
-                      None, None, 0)
+            add_partial(self._acc, f"timing/{name}_seconds", Form.MAX, ((end - start) * 1e-9,),
+                        None, None, 0)
 
     # -- worst samples (ranked forms) ----------------------------------------------------------
 
