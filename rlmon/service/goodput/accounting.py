@@ -27,11 +27,13 @@ the training path (docs/goodput.md has the cost at 1,024 ranks).
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
 
 from rlmon.service.contract.timeline import RankTimeline, Timeline
 from rlmon.service.goodput.buckets import Activity, Bucket, SpanMap
@@ -39,6 +41,7 @@ from rlmon.service.goodput.buckets import Activity, Bucket, SpanMap
 __all__ = [
     "IDLE_REASONS",
     "WASTED_REASONS",
+    "Classified",
     "GoodputTotals",
     "Key",
     "RoleTimelines",
@@ -184,33 +187,30 @@ def _union(intervals: Iterable[Interval]) -> list[Interval]:
     return out
 
 
-def _split(gaps: list[Interval], union: list[Interval]) -> tuple[int, list[Interval]]:
-    """Nanoseconds of ``gaps`` inside ``union`` (sorted, disjoint), and the parts outside."""
-    if not union or not gaps:
-        return 0, gaps
-    starts = [s for s, _ in union]
-    inside = 0
-    outside: list[Interval] = []
-    for a, b in gaps:
-        i = max(bisect_right(starts, a) - 1, 0)
-        cur = a
-        while cur < b and i < len(union):
-            s, e = union[i]
-            if e <= cur:
-                i += 1
-                continue
-            if s >= b:
-                break
-            if s > cur:
-                outside.append((cur, s))
-                cur = s
-            end = min(e, b)
-            inside += end - cur
-            cur = end
-            i += 1
-        if cur < b:
-            outside.append((cur, b))
-    return inside, outside
+class _Coverage:
+    """Sorted, disjoint intervals, and how much of ``(-inf, x)`` they cover, for many ``x`` at
+    once (integer nanoseconds: exact)."""
+
+    __slots__ = ("before", "intervals", "lengths", "starts")
+
+    def __init__(self, intervals: Iterable[Interval]) -> None:
+        self.intervals = _union(intervals)
+        self.starts = np.array([s for s, _ in self.intervals], dtype=np.int64)
+        self.lengths = np.array([e - s for s, e in self.intervals], dtype=np.int64)
+        self.before = np.concatenate(([0], np.cumsum(self.lengths))).astype(np.int64)
+
+    def upto(self, x: NDArray[np.int64]) -> NDArray[np.int64]:
+        if not len(self.starts):
+            return np.zeros_like(x)
+        i = np.searchsorted(self.starts, x, side="right") - 1
+        j = np.maximum(i, 0)
+        inside = np.clip(x - self.starts[j], 0, self.lengths[j])
+        return np.where(i >= 0, self.before[j] + inside, 0)
+
+    def within(self, a: NDArray[np.int64], b: NDArray[np.int64]) -> int:
+        """Nanoseconds of the intervals ``[a_k, b_k)`` (disjoint from each other's ranks'
+        point of view: summed) that these intervals cover."""
+        return int((self.upto(b) - self.upto(a)).sum())
 
 
 @dataclass(slots=True)
@@ -218,12 +218,78 @@ class _Rank:
     ns: dict[Activity, int]
     busy: list[tuple[int, int, Activity]]
     gaps: list[Interval]
+    unmapped: tuple[str, ...] = ()
 
 
-def _classify(timeline: Timeline, spans: SpanMap, unmapped: set[str]) -> _Rank:
-    """Split one rank's step into its spans' activities (innermost wins) and its gaps."""
+Classified = MutableMapping[int, tuple[Timeline, _Rank]]  # id(timeline) -> (it, its split)
+
+
+def _nested(items: list[tuple[int, int, int, Activity]],
+            ) -> list[tuple[int, int, Activity]] | None:
+    """Segments of spans that nest properly (sorted by start, longest first), the innermost
+    one winning; None when two overlap without nesting (spans from several threads)."""
+    segments: list[tuple[int, int, Activity]] = []
+    stack: list[tuple[int, int, Activity]] = []  # (end, depth, activity), innermost last
+    pos = 0
+
+    def emit(a: int, b: int, activity: Activity) -> None:
+        if b <= a:
+            return
+        if segments and segments[-1][1] == a and segments[-1][2] is activity:
+            segments[-1] = (segments[-1][0], b, activity)
+        else:
+            segments.append((a, b, activity))
+
+    for s, e, depth, activity in items:
+        while stack and stack[-1][0] <= s:
+            end, _, done = stack.pop()
+            emit(pos, end, done)
+            pos = end
+        if stack:
+            top_end, top_depth, top = stack[-1]
+            if e > top_end or depth < top_depth:
+                return None
+            emit(pos, s, top)
+        pos = s
+        stack.append((e, depth, activity))
+    while stack:
+        end, _, done = stack.pop()
+        emit(pos, end, done)
+        pos = end
+    return segments
+
+
+def _painted(items: list[tuple[int, int, int, Activity]]) -> list[tuple[int, int, Activity]]:
+    """Segments of any spans: between each pair of boundaries the deepest covering span wins
+    (then the later start). Quadratic; only for spans that overlap without nesting."""
+    segments: list[tuple[int, int, Activity]] = []
+    cuts = sorted({p for s, e, _, _ in items for p in (s, e)})
+    for a, b in pairwise(cuts):
+        best: tuple[int, int, Activity] | None = None
+        for s, e, depth, activity in items:
+            if s >= b:
+                break
+            if e >= b and (best is None or (depth, s) > (best[0], best[1])):
+                best = (depth, s, activity)
+        if best is None:
+            continue
+        if segments and segments[-1][1] == a and segments[-1][2] is best[2]:
+            segments[-1] = (segments[-1][0], b, best[2])
+        else:
+            segments.append((a, b, best[2]))
+    return segments
+
+
+def _classify(timeline: Timeline, spans: SpanMap, cache: Classified | None = None) -> _Rank:
+    """Split one rank's step into its spans' activities (innermost wins) and its gaps
+    (remembered in ``cache``: a step's timelines are its neighbours' context twice more)."""
+    if cache is not None:
+        known = cache.get(id(timeline))
+        if known is not None and known[0] is timeline:
+            return known[1]
     lo, hi = timeline.start_ns, timeline.end_ns
-    items = []
+    unmapped: set[str] = set()
+    items: list[tuple[int, int, int, Activity]] = []
     for span in timeline.spans:
         activity = spans.activity(span.name)
         if activity is Activity.STEP:
@@ -233,25 +299,10 @@ def _classify(timeline: Timeline, spans: SpanMap, unmapped: set[str]) -> _Rank:
         s, e = max(span.start_ns, lo), min(span.end_ns, hi)
         if e > s:
             items.append((s, e, span.depth, activity))
-    items.sort(key=lambda it: (it[0], it[1]))
-    segments: list[tuple[int, int, Activity]] = []
-    if all(items[i][1] <= items[i + 1][0] for i in range(len(items) - 1)):
-        segments = [(s, e, a) for s, e, _, a in items]  # flat: the common case
-    else:
-        cuts = sorted({p for s, e, _, _ in items for p in (s, e)})
-        for a, b in pairwise(cuts):
-            best: tuple[int, int, Activity] | None = None
-            for s, e, depth, activity in items:
-                if s >= b:
-                    break
-                if e >= b and (best is None or (depth, s) > (best[0], best[1])):
-                    best = (depth, s, activity)
-            if best is None:
-                continue
-            if segments and segments[-1][1] == a and segments[-1][2] is best[2]:
-                segments[-1] = (segments[-1][0], b, best[2])
-            else:
-                segments.append((a, b, best[2]))
+    items.sort(key=lambda it: (it[0], -it[1]))
+    segments = _nested(items)
+    if segments is None:
+        segments = _painted(sorted(items, key=lambda it: (it[0], it[1])))
     ns: dict[Activity, int] = {}
     gaps: list[Interval] = []
     cur = lo
@@ -262,12 +313,15 @@ def _classify(timeline: Timeline, spans: SpanMap, unmapped: set[str]) -> _Rank:
         cur = max(cur, e)
     if hi > cur:
         gaps.append((cur, hi))
-    return _Rank(ns, segments, gaps)
+    rank = _Rank(ns, segments, gaps, tuple(sorted(unmapped)))
+    if cache is not None:
+        cache[id(timeline)] = (timeline, rank)
+    return rank
 
 
 def busy_seconds(timeline: Timeline, spans: SpanMap) -> float:
     """Seconds of the rank's step in classified spans (a ``step`` container is not work)."""
-    return sum(_classify(timeline, spans, set()).ns.values()) * 1e-9
+    return sum(_classify(timeline, spans).ns.values()) * 1e-9
 
 
 def _unions(ranks: Iterable[_Rank]) -> tuple[list[Interval], list[Interval], list[Interval]]:
@@ -285,17 +339,18 @@ def _unions(ranks: Iterable[_Rank]) -> tuple[list[Interval], list[Interval], lis
     return _union(busy), _union(gen), _union(train)
 
 
-def account_step(data: StepInput, spans: SpanMap) -> StepGoodput:
-    """The step's GPU-seconds by (role, bucket, reason); see the module docstring."""
-    unmapped: set[str] = set()
-    ranks = {rt.role: [_classify(t.timeline, spans, unmapped) for t in rt.timelines]
+def account_step(data: StepInput, spans: SpanMap, cache: Classified | None = None,
+                 ) -> StepGoodput:
+    """The step's GPU-seconds by (role, bucket, reason); see the module docstring. ``cache``
+    keeps each timeline's split between calls (the caller bounds it)."""
+    ranks = {rt.role: [_classify(t.timeline, spans, cache) for t in rt.timelines]
              for rt in data.roles}
+    unmapped = {name for rs in ranks.values() for r in rs for name in r.unmapped}
     context: dict[str, list[_Rank]] = {role: list(rs) for role, rs in ranks.items()}
     for rt in data.neighbours:
         context.setdefault(rt.role, []).extend(
-            _classify(t.timeline, spans, set()) for t in rt.timelines)
+            _classify(t.timeline, spans, cache) for t in rt.timelines)
     per_role = {role: _unions(rs) for role, rs in context.items()}
-    own = {role: _unions(rs)[0] for role, rs in ranks.items()}
     seconds: dict[Key, float] = {}
     counts: dict[str, int] = {}
     gpus: dict[str, float] = {}
@@ -304,30 +359,30 @@ def account_step(data: StepInput, spans: SpanMap) -> StepGoodput:
     for rt in data.roles:
         role = rt.role
         others = [per_role[r] for r in per_role if r != role]
-        other_busy = _union(i for u in others for i in u[0])
-        other_gen = _union(i for u in others for i in u[1])
-        other_train = _union(i for u in others for i in u[2])
         generates = any(Activity.GENERATE in r.ns for r in ranks[role])
+        same = _unions(ranks[role])[0]
+        first = [i for u in others for i in u[2 if generates else 1]]
+        other_busy = [i for u in others for i in u[0]]
         ns: dict[tuple[Bucket, str], int] = {}
-
-        def put(bucket: Bucket, why: str, value: int, into: dict[tuple[Bucket, str], int] = ns,
-                ) -> None:
-            if value:
-                into[(bucket, why)] = into.get((bucket, why), 0) + value
-
         for rank in ranks[role]:
             for activity, value in rank.ns.items():
                 bucket = spans.bucket(activity)
                 assert bucket is not None
-                put(bucket, activity.value, value)
-            waited, rest = _split(rank.gaps, own[role])
-            put(Bucket.IDLE, STRAGGLER, waited)
-            first, second = (other_train, WEIGHTS) if generates else (other_gen, ROLLOUTS)
-            waited, rest = _split(rest, first)
-            put(Bucket.IDLE, second, waited)
-            waited, rest = _split(rest, other_busy)
-            put(Bucket.IDLE, PIPELINE, waited)
-            put(Bucket.IDLE, UNATTRIBUTED, sum(b - a for a, b in rest))
+                kind = (bucket, activity.value)
+                ns[kind] = ns.get(kind, 0) + value
+        # idle, by precedence: a peer of the role busy, then the role it waits for (rollouts
+        # or weights), then any other role, then nobody
+        starts = np.array([g[0] for r in ranks[role] for g in r.gaps], dtype=np.int64)
+        ends = np.array([g[1] for r in ranks[role] for g in r.gaps], dtype=np.int64)
+        peers = _Coverage(same).within(starts, ends)
+        awaited = _Coverage(same + first).within(starts, ends)
+        anyone = _Coverage(same + other_busy).within(starts, ends)
+        for why, value in ((STRAGGLER, peers),
+                           (WEIGHTS if generates else ROLLOUTS, awaited - peers),
+                           (PIPELINE, anyone - awaited),
+                           (UNATTRIBUTED, int((ends - starts).sum()) - anyone)):
+            if value:
+                ns[(Bucket.IDLE, why)] = value
         g = rt.gpus_per_rank * 1e-9
         out = {(role, b, why): value * g for (b, why), value in ns.items()}
         if data.discarded or data.rolled_back:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from rlmon.service.config import GoodputConfig
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.goodput.accounting import (
+    Classified,
     Key,
     RoleTimelines,
     StepGoodput,
@@ -98,6 +99,7 @@ class GoodputLedger:
         self._skipped: dict[tuple[str, str], float] = {}
         self._ranks: dict[tuple[str, str], float] = {}  # (run, role) -> GPUs (ranks x per rank)
         self.runs: dict[str, RunGoodput] = {}
+        self._classified: Classified = {}  # the held and done steps' timelines, split
 
     def add(self, record: StepRecord) -> list[StepGoodput]:
         """Hold ``record``'s step; return the steps this lets go (accounted)."""
@@ -163,7 +165,7 @@ class GoodputLedger:
                             if (attempt, n + 1) in held else ())]
             result = account_step(StepInput(
                 run, attempt, n, tuple(step.roles.values()), step.zero_std, step.clipped,
-                step.discarded, tuple(neighbours)), self.spans)
+                step.discarded, tuple(neighbours)), self.spans, self._classified)
             done[key] = tuple(step.roles.values())
             while len(done) > 2:
                 del done[min(done)]
@@ -175,7 +177,18 @@ class GoodputLedger:
             out.append(result)
         if not held:
             self._held.pop(run, None)
+        if out:
+            self._keep_classified()
         return out
+
+    def _keep_classified(self) -> None:
+        """Forget the splits of timelines no held or done step holds any more."""
+        alive = {id(t.timeline) for steps in self._held.values() for h in steps.values()
+                 for rt in h.roles.values() for t in rt.timelines}
+        alive |= {id(t.timeline) for steps in self._done.values() for roles in steps.values()
+                  for rt in roles for t in rt.timelines}
+        for key in [k for k in self._classified if k not in alive]:
+            del self._classified[key]
 
     def run_gpus(self, run: str) -> float:
         """The run's GPUs: every role's expected ranks times its GPUs per rank."""
