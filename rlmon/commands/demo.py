@@ -43,7 +43,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "policy rank dies, the learning rate spikes 20x for 8 steps, or none "
                         "(a healthy run: no alert fires)")
     p.add_argument("--fault-step", type=int, default=3, help="step of the fault (3)")
-    p.add_argument("--port", type=int, default=9464, help="exporter port (9464; 0: any free)")
+    p.add_argument("--port", type=int, default=None,
+                   help="port of the run page and /metrics (default 9464, or a free port when "
+                   "it is taken; a port asked for that is taken is an error; 0: any free)")
     p.add_argument("--config", default=None, help="YAML settings (notifiers, routing)")
     p.add_argument("--plot", default="rlmon-demo.png", help="PNG to write (rlmon-demo.png)")
     p.add_argument("--trace", default=None,
@@ -53,6 +55,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="step and alert lines as JSON (the replay contract) on stdout")
     p.add_argument("--replay", action="store_true",
                    help="replay the bundled example run instead (no Ray)")
+    p.add_argument("--no-wait", action="store_true",
+                   help="exit when the run is done (the default in a terminal keeps the run page "
+                   "up until Ctrl-C; without a terminal on stdin the demo never waits)")
     p.set_defaults(func=_run)
 
 
@@ -71,15 +76,15 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _demo_config(user_config: str | None, state_dir: Path) -> str:
-    """The user's config, or one routing every alert to the console (the demo's receiver)."""
+    """The user's config, or one routing every alert to the console (the demo's receiver; no
+    route to a Slack or PagerDuty that nobody configured)."""
     if user_config is not None:
         return user_config
     import yaml
 
     path = state_dir / "demo-config.yaml"
     path.write_text(yaml.safe_dump({
-        "routing": {"critical": ["console", "pagerduty", "slack"],
-                    "warning": ["console", "slack"]},
+        "routing": {"critical": ["console"], "warning": ["console"]},
         "notifiers": {"console": {"enabled": True, "stream": "stdout"}},
     }))
     return str(path)
@@ -174,6 +179,27 @@ def _summary(steps: list[dict[str, Any]], alerts: list[dict[str, Any]], plot: st
                   highlight=False)
 
 
+def _routes_to_console(config: str | None) -> bool:
+    from rlmon.service.config import load_config
+
+    settings = load_config(config)
+    routes = settings.routing
+    return settings.notifiers.console.enabled and "console" in routes.critical + routes.warning
+
+
+def _wait_for_user(args: argparse.Namespace, page: str, out: Any) -> None:
+    """In a terminal, keep the service (and its run page) up until Ctrl-C; never in a script."""
+    if args.no_wait or not sys.stdin.isatty():
+        return
+    print(f"rlmon demo: the run page stays up at {page}; press Ctrl-C to stop", file=out,
+          flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print("", file=out)
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.replay:
         return _replay(args)
@@ -186,10 +212,16 @@ def _run(args: argparse.Namespace) -> int:
 
     started = time.monotonic()
     out = sys.stderr if args.json else sys.stdout
-    if args.port and not _port_free(args.port):
-        print(f"rlmon demo: port {args.port} is taken; serving /metrics on a free port instead",
-              file=out)
-        args.port = 0
+    if args.port is None:  # the default gives way to a free port; a port asked for does not
+        args.port = 9464
+        if not _port_free(args.port):
+            print(f"rlmon demo: port {args.port} is taken; serving the run page and /metrics on "
+                  "a free port instead", file=out)
+            args.port = 0
+    elif args.port and not _port_free(args.port):
+        print(f"rlmon demo: port {args.port} is taken (--port); free it, or leave --port out "
+              "to take a free one", file=sys.stderr)
+        return 2
     namespace = "rlmon-demo"
     state_dir = Path(tempfile.mkdtemp(prefix="rlmon-demo-"))
     ray.init(num_cpus=2, include_dashboard=False, namespace=namespace,
@@ -200,13 +232,18 @@ def _run(args: argparse.Namespace) -> int:
                               state_dir=str(state_dir), port=args.port, host="127.0.0.1",
                               deadline_s=3.0)
         service = ensure_runtime(namespace, opts)
-        port = ray.get(service.layout.remote())["port"]
+        layout = ray.get(service.layout.remote())
+        port = layout["port"]
         fault = ("no fault" if args.fault == "none"
                  else f"fault {args.fault!r} at step {args.fault_step}")
-        print(f"rlmon demo: service up, live metrics at http://127.0.0.1:{port}/metrics; "
-              f"GRPO DP={args.dp} x CP={args.cp}, {args.steps} steps, {fault}",
-              file=out, flush=True)
         run = f"grpo-demo-{int(time.time())}"
+        page = f"http://127.0.0.1:{port}/#/run/{run}"
+        print(f"rlmon demo: service up, the run page at {page} (live metrics at "
+              f"http://127.0.0.1:{port}/metrics); GRPO DP={args.dp} x CP={args.cp}, "
+              f"{args.steps} steps, {fault}", file=out, flush=True)
+        # the console notifier prints each alert; the demo says it itself only when the
+        # user's config sends none there
+        echo = not _routes_to_console(opts.config)
         seen = {"n": 0}
         metric_name = catalog.get(catalog.IS_RATIO).prometheus_name
         live: dict[str, str | None] = {"line": None}
@@ -214,7 +251,7 @@ def _run(args: argparse.Namespace) -> int:
         def on_step(step: int) -> None:
             count, events = ray.get(service.recent_events.remote(seen["n"]))
             seen["n"] = count
-            for e in events:
+            for e in events if echo else ():
                 value = "null" if e.value is None else f"{e.value:.4g}"
                 print(f"ALERT {e.state.upper()} {e.alert} [{e.severity}] run={e.run} "
                       f"role={e.role} step={e.step} {e.metric}={value}", file=out, flush=True)
@@ -262,6 +299,7 @@ def _run(args: argparse.Namespace) -> int:
         if not result["flushed"]:
             print("rlmon demo: some reporters could not flush", file=sys.stderr)
             code = 1
+        _wait_for_user(args, page, out)
     finally:
         shutdown_runtime(namespace, timeout=10.0)
         ray.shutdown()

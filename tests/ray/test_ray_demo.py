@@ -24,6 +24,7 @@ def test_demo_dead_rank_json_and_plot(tmp_path: Path) -> None:
         [sys.executable, "-m", "rlmon.cli", "demo", "--steps", "5", "--fault", "dead_rank",
          "--fault-step", "2", "--port", "0", "--plot", str(plot), "--json"],
         capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
+        stdin=subprocess.DEVNULL,  # no terminal: the demo does not wait for Ctrl-C
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -60,6 +61,7 @@ def test_demo_lr_spike_computes_what_the_workload_does(tmp_path: Path) -> None:
         [sys.executable, "-m", "rlmon.cli", "demo", "--steps", "7", "--fault", "lr_spike",
          "--fault-step", "3", "--port", "0", "--plot", str(tmp_path / "demo.png"), "--json"],
         capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
+        stdin=subprocess.DEVNULL,  # no terminal: the demo does not wait for Ctrl-C
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
