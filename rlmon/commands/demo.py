@@ -19,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from rlmon.commands.report import write_report
 from rlmon.commands.trace import OPEN_HINT, write_trace
 from rlmon.service.metrics import catalog
 
@@ -51,6 +52,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--trace", default=None,
                    help="Perfetto trace of the run's step timelines to write (default: beside "
                    "the plot, rlmon-demo.pftrace)")
+    p.add_argument("--report", default=None,
+                   help="the run report to write (HTML: goodput, alerts and their cost; default: "
+                   "beside the plot, rlmon-demo.html)")
     p.add_argument("--json", action="store_true",
                    help="step and alert lines as JSON (the replay contract) on stdout")
     p.add_argument("--replay", action="store_true",
@@ -286,6 +290,12 @@ def _run(args: argparse.Namespace) -> int:
         if written is not None:  # every rank's spans of every step, with the alerts
             print(f"trace written to {trace} ({written}): {OPEN_HINT}",
                   file=sys.stderr if args.json else out, flush=True)
+        report = args.report or str(Path(args.plot).with_suffix(".html"))
+        made = write_report(state_dir / "history.sqlite", run, report)
+        print(f"report written to {report}: goodput {made.goodput_ratio:.3g} of "
+              f"{made.gpu_hours * 3600:.4g} GPU-seconds, {len(made.alerts)} alert(s) with their "
+              f"cost (rlmon report {run} --state-dir {state_dir})",
+              file=sys.stderr if args.json else out, flush=True)
         # the alert each fault is shown by, and how many steps after the fault it fires
         expected = {"stale_weights": ("ISRatioStale", 8), "dead_rank": ("RankMissing", 0),
                     "lr_spike": ("ClipRatioHigh", 2)}

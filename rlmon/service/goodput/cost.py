@@ -46,6 +46,8 @@ class AlertCost:
 def format_duration(seconds: float) -> str:
     if not math.isfinite(seconds) or seconds < 0:
         return "?"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 5_400:

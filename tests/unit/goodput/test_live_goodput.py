@@ -8,8 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from rlmon.service.alerting.engine import AlertEvent
 from rlmon.service.alerting.notify.render import (
@@ -20,7 +18,6 @@ from rlmon.service.alerting.notify.render import (
 )
 from rlmon.service.config import Settings
 from rlmon.service.contract.step_record import StepRecord
-from rlmon.service.export.http import build_registry
 from rlmon.service.export.series import GOODPUT_RATIO, GOODPUT_SECONDS, MFU
 from rlmon.service.goodput.accounting import account_step
 from rlmon.service.goodput.buckets import Bucket, SpanMap
@@ -29,6 +26,8 @@ from rlmon.service.goodput.ledger import GoodputLedger
 from rlmon.service.metrics import catalog
 from rlmon.service.service_core import ServiceCore
 from tests.support.goodput_scenario import CLIPPED, FRAC_ZERO_STD, step_input
+from tests.support.records import step_record
+from tests.support.scrape import scrape
 
 STEP_NS = 1_000_003_000
 
@@ -42,8 +41,8 @@ def records(step: int, *, skipped: float = 0.0) -> list[StepRecord]:
         "reward": {catalog.FRAC_REWARD_ZERO_STD: FRAC_ZERO_STD},
         "actor": {catalog.SKIPPED_STEPS: skipped, catalog.IS_RATIO_MIN: 0.05},
     }
-    return [StepRecord("synthetic", rt.role, step, True, len(rt.timelines), len(rt.timelines),
-                       (), metrics[rt.role], finalized_at=end, timelines=rt.timelines)
+    return [step_record(run="synthetic", role=rt.role, step=step, ranks_expected=len(rt.timelines),
+                        metrics=metrics[rt.role], finalized_at=end, timelines=rt.timelines)
             for rt in data.roles]
 
 
@@ -51,12 +50,6 @@ def settings(**goodput: object) -> Settings:
     return Settings.model_validate({
         "notifiers": {"console": {"enabled": False}},
         "goodput": {"gpus_per_rank": {"rollout": 2}, **goodput}})
-
-
-def scrape(core: ServiceCore) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = generate_latest(build_registry(core.metrics, process=False)).decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
 def test_counters_equal_the_accounting_of_the_joined_steps() -> None:
@@ -74,7 +67,7 @@ def test_counters_equal_the_accounting_of_the_joined_steps() -> None:
             got = account_step(step_input(n, "skipped" if n == 6 else ""), spans)
             for key, value in got.seconds.items():
                 want[key] = want.get(key, 0.0) + value
-        series = scrape(core)
+        series = scrape(core.metrics)
         exported = {(dict(k)["role"], Bucket(dict(k)["bucket"]), dict(k)["reason"]): v
                     for (name, k), v in series.items() if name == GOODPUT_SECONDS.name}
         # a step's neighbours only move idle between reasons, never between buckets
@@ -107,7 +100,7 @@ def test_alert_cost_since_onset_in_events_history_and_bodies(tmp_path: Path) -> 
         assert firing.gpus == gpus
         assert firing.gpu_hours == pytest.approx(want.gpu_hours)
         assert firing.money == pytest.approx(want.gpu_hours * 2.5)
-        assert firing.cost_note.startswith(f"firing for 1 s: {gpus} GPUs, ")
+        assert firing.cost_note.startswith(f"firing for 1.0 s: {gpus} GPUs, ")
         assert firing.cost_note in summary_line(firing)
         # the resolve says the whole incident's cost, from the same onset
         late = records(9)
@@ -116,7 +109,7 @@ def test_alert_cost_since_onset_in_events_history_and_bodies(tmp_path: Path) -> 
         (resolved,) = [e for e in core.publish(late) if e.alert == "ISRatioStale"]
         assert resolved.state == "resolved" and resolved.onset == firing.onset
         assert resolved.gpu_hours == pytest.approx(gpus * 5 * STEP_NS * 1e-9 / 3600)
-        assert resolved.cost_note.startswith("lasted 5 s")
+        assert resolved.cost_note.startswith("lasted 5.0 s")
         rows = [a for a in core.history.alerts("synthetic", cost=True)
                 if a["alert"] == "ISRatioStale"]
         assert [(a["state"], a["gpu_hours"]) for a in rows] == [
@@ -136,8 +129,8 @@ def test_ledger_holds_two_steps_and_forgets() -> None:
     ledger = GoodputLedger()
     for n in range(200):
         for r in records(5):
-            ledger.add(StepRecord(r.run, r.role, n, True, r.ranks_expected, r.ranks_reporting,
-                                  (), {}, timelines=r.timelines))
+            ledger.add(step_record(run=r.run, role=r.role, step=n, ranks_expected=r.ranks_expected,
+                                   ranks_reporting=r.ranks_reporting, timelines=r.timelines))
     assert ledger.runs["synthetic"].steps == 198
     assert ledger.run_gpus("synthetic") == 2 + 1 + 4  # 1 GPU per rank without config
     ledger.forget(["synthetic"])

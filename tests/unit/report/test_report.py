@@ -25,6 +25,7 @@ from rlmon.service.report.text import render_text
 from rlmon.service.service_core import ServiceCore
 from rlmon.service.storage.history import HistoryStore
 from tests.support.goodput_scenario import CLIPPED, FRAC_ZERO_STD, step_input
+from tests.support.records import step_record
 
 RUN = "synthetic"
 WORST = catalog.samples_for(catalog.IS_RATIO_MIN) or ""
@@ -43,9 +44,9 @@ def _records(step: int, attempt: int = 0, bad: bool = False) -> list[StepRecord]
                              catalog.IS_RATIO: 1.0}}[rt.role]
         samples = {WORST: ((0.05, f"seq-{step}", "a response the trainer finds unlikely"),)} if (
             rt.role == "actor") else {}
-        out.append(StepRecord(RUN, rt.role, step, True, len(rt.timelines), len(rt.timelines),
-                              (), metrics, finalized_at=end, attempt=attempt,
-                              timelines=rt.timelines, samples=samples))
+        out.append(step_record(run=RUN, role=rt.role, step=step, ranks_expected=len(rt.timelines),
+                               metrics=metrics, finalized_at=end, attempt=attempt,
+                               timelines=rt.timelines, samples=samples))
     return out
 
 
@@ -95,7 +96,7 @@ def test_report_model(store_path: Path) -> None:
     assert (alert.role, alert.fired_step, alert.resolved_step) == ("actor", 7, 9)
     # the resolve's cost: the run's 9 GPUs from the start of step 7 to the end of step 9
     assert alert.gpu_hours == pytest.approx(9 * 3 * 1.000003 / 3600)
-    assert alert.cost_note.startswith("lasted 3 s: 9 GPUs")
+    assert alert.cost_note.startswith("lasted 3.0 s: 9 GPUs")
     assert alert.samples_metric == WORST and alert.samples[0]["id"] == "seq-7"
     assert {(c.role, c.metric) for c in report.curves} >= {
         ("actor", catalog.IS_RATIO), ("reward", catalog.REWARD), ("actor", catalog.IS_RATIO_MIN)}
@@ -112,7 +113,7 @@ def test_report_model(store_path: Path) -> None:
     for heading in ("Steps", "Goodput", "Alerts (1)", "Slowest ranks", "Slowest stages",
                     "Curves"):
         assert heading in rendered
-    assert "lasted 3 s: 9 GPUs" in rendered and "wasted/rolled_back" in rendered
+    assert "lasted 3.0 s: 9 GPUs" in rendered and "wasted/rolled_back" in rendered
 
 
 class _Page(HTMLParser):
