@@ -20,8 +20,11 @@ from rlmon.service.aggregation.aggregator_stats import AggregatorStats
 from rlmon.service.aggregation.deadline import DeadlinePolicy
 from rlmon.service.aggregation.tier_messages import IngestAck, NodeBatch
 from rlmon.service.aggregation.watermark import WatermarkStore
+from rlmon.service.contract.heartbeat import Heartbeat
 from rlmon.service.contract.step_message import StepMessage
 from rlmon.service.contract.stop_decision import StopDecision
+from rlmon.service.liveness.run_state import LivenessView
+from rlmon.service.liveness.thresholds import LivenessParams
 
 __all__ = ["aggregator_actor_class"]
 
@@ -38,14 +41,33 @@ def aggregator_actor_class() -> Any:
         def __init__(
             self, namespace: str, service_name: str, shard: int, state_dir: str | None,
             deadline_s: float | None = None, tick_s: float = 0.02,
+            liveness: LivenessParams | None = None,
         ) -> None:
             store = None
             if state_dir is not None:
                 store = WatermarkStore(Path(state_dir) / f"watermark-{shard}.sqlite")
-            core = AggregatorCore(deadline=DeadlinePolicy(fixed=deadline_s), store=store)
+            core = AggregatorCore(deadline=DeadlinePolicy(fixed=deadline_s), store=store,
+                                  liveness=liveness)
             self.namespace, self.service_name = namespace, service_name
             self._service: Any = None
-            self.server = AggregatorServer(core, self._publish, shard, tick_s)
+            self.server = AggregatorServer(core, self._publish, shard, tick_s,
+                                           publish_liveness=self._publish_liveness)
+
+        def _publish_liveness(self, views: list[LivenessView], shard: int) -> None:
+            if self._service is None:
+                self._service = ray.get_actor(self.service_name, namespace=self.namespace)
+            try:
+                ray.get(self._service.liveness.remote(views, shard), timeout=10)
+            except Exception:
+                self._service = None
+                raise
+
+        def heartbeat(self, beats: list[Heartbeat]) -> IngestAck:
+            """Heartbeats sent on their own (no step message was due)."""
+            return self.server.heartbeat(beats)
+
+        def finish_run(self, run: str) -> None:
+            self.server.core.finish_run(run)
 
         def _publish(self, records: list[Any], shard: int, stats: AggregatorStats,
                      ) -> dict[str, StopDecision]:

@@ -14,6 +14,7 @@ import re
 import sys
 import tempfile
 import threading
+import time
 import uuid
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -77,6 +78,7 @@ class RuntimeOptions:
     tick_s: float = 0.02
     node_merge: bool = False  # Reporters send to a per-node merger that pre-merges
     service_resource: str | None = None  # place the service on the node offering this resource
+    address: str | None = None  # Ray to join; None: RAY_ADDRESS, else a local Ray of rlmon's own
 
     def resolved_state_dir(self, namespace: str) -> str:
         return self.state_dir or os.environ.get("RLMON_STATE_DIR") or default_state_dir(namespace)
@@ -134,7 +136,8 @@ class Runtime:
 _LOCK = threading.RLock()
 _RUNTIMES: dict[str, Runtime] = {}
 _PROCESS = uuid.uuid4().hex  # who started a service: the owner shuts it down at exit
-_state = {"exiting": False, "hooked": False}
+_state: dict[str, object] = {"exiting": False, "hooked": False, "unreachable": ""}
+_EXITING = threading.Event()  # set at interpreter exit: a Ray start in progress gives up
 
 
 class RuntimeGone(SinkClosed):
@@ -147,10 +150,31 @@ def _in_ray_worker() -> bool:
     return bool(ray.get_runtime_context().worker.mode == ray.WORKER_MODE)
 
 
-def _connect_ray(namespace: str) -> None:
+def ray_address(explicit: str | None = None) -> tuple[str, str]:
+    """(address for ``ray.init``, where it came from). Without ``RAY_ADDRESS`` or an explicit
+    address, rlmon starts a Ray of its own ("local"): Ray's default would join whatever cluster
+    its current-cluster file names, a ``ray start`` the user never asked rlmon to join, and a
+    dead one left that file behind."""
+    if explicit:
+        return explicit, "the address given to rlmon"
+    env = os.environ.get("RAY_ADDRESS")
+    if env:
+        return env, "RAY_ADDRESS"
+    return "local", "a local Ray of rlmon's own"
+
+
+def _connect_timeout() -> float:
+    return float(os.environ.get("RLMON_RAY_CONNECT_TIMEOUT", "120"))
+
+
+def _connect_ray(namespace: str, address: str | None = None) -> None:
     """Start a local Ray when none is connected, unless this process already had one: a second
     local Ray started after the user's (or Ray's exit hook's) ``ray.shutdown()`` would outlive
-    the script and, at interpreter exit, crash beside libraries such as vLLM."""
+    the script and, at interpreter exit, crash beside libraries such as vLLM.
+
+    Off the main thread (a Reporter's sender), the wait is bounded by
+    ``RLMON_RAY_CONNECT_TIMEOUT`` (120 s) and by the interpreter's exit: a Ray that cannot be
+    reached is said once, in rlmon's words, and never holds the process."""
     import ray
 
     if _state["exiting"]:
@@ -159,9 +183,13 @@ def _connect_ray(namespace: str) -> None:
         return
     if _RUNTIMES:
         raise RuntimeGone("Ray was shut down in this process; rlmon does not restart it")
+    if _state.get("unreachable"):
+        raise RuntimeGone(str(_state["unreachable"]))
     os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
+    target, source = ray_address(address)
     if threading.current_thread() is threading.main_thread():
-        ray.init(namespace=namespace, include_dashboard=False, log_to_driver=True)
+        ray.init(address=target, namespace=namespace, include_dashboard=False,
+                 log_to_driver=True)
         return
     # Ray's local processes get SIGKILL when the *thread* that started them ends
     # (PR_SET_PDEATHSIG), and a Reporter's sender thread ends when the Reporter closes: start
@@ -171,7 +199,8 @@ def _connect_ray(namespace: str) -> None:
 
     def keep() -> None:
         try:
-            ray.init(namespace=namespace, include_dashboard=False, log_to_driver=True)
+            ray.init(address=target, namespace=namespace, include_dashboard=False,
+                     log_to_driver=True)
         except BaseException as exc:
             failure.append(exc)
             return
@@ -180,9 +209,22 @@ def _connect_ray(namespace: str) -> None:
         threading.Event().wait()
 
     threading.Thread(target=keep, name="rlmon-ray", daemon=True).start()
-    started.wait()
-    if failure:
-        raise failure[0]
+    deadline = time.monotonic() + _connect_timeout()
+    while not started.wait(0.1):
+        if _EXITING.is_set() or time.monotonic() > deadline:
+            break
+    if started.is_set() and not failure:
+        return
+    where = (f"could not start {source}" if target == "local"
+             else f"could not reach the Ray cluster at {target} (from {source})")
+    why = (f"{type(failure[0]).__name__}: {failure[0]}" if failure else
+           "no answer within " + ("the exit budget (RLMON_EXIT_TIMEOUT)" if _EXITING.is_set()
+                                  else f"{_connect_timeout():g}s (RLMON_RAY_CONNECT_TIMEOUT)"))
+    # said once, by the Reporter that asked (it names its run and what it could not send)
+    text = (f"{where}: {why}; this process's metrics are not delivered. Unset RAY_ADDRESS to "
+            "let rlmon start its own Ray, or start the cluster it names")
+    _state["unreachable"] = text
+    raise RuntimeGone(text)
 
 
 def _hook_exit() -> None:
@@ -222,16 +264,31 @@ def _at_exit() -> None:
             callback()
         except Exception as exc:  # never turn a clean exit into a traceback, but say it
             log.warning("rlmon: exit callback %s failed: %s", callback, exc)
-    # a script shorter than Ray's start-up still gets every step through: wait for it
-    close_open_senders(timeout=float(os.environ.get("RLMON_EXIT_TIMEOUT", "60")))
-    with _LOCK:
+    # a script shorter than Ray's start-up still gets every step through: wait for it, within
+    # the exit budget; then a Ray start still in progress gives up (and releases _LOCK)
+    budget = float(os.environ.get("RLMON_EXIT_TIMEOUT", "60"))
+    close_open_senders(timeout=budget)
+    _EXITING.set()
+    if not _LOCK.acquire(timeout=5.0):
+        log.warning("rlmon: the runtime is still busy at exit; not waiting for it")
+        return
+    try:
         _state["exiting"] = True
         owned = [rt.namespace for rt in _RUNTIMES.values() if rt.owned and not rt.detached]
+    finally:
+        _LOCK.release()
     for namespace in owned:
         try:
             shutdown_runtime(namespace, timeout=10.0)
         except Exception as exc:  # never let rlmon turn a clean exit into a traceback
             log.warning("rlmon: shutting down namespace %r at exit failed: %s", namespace, exc)
+
+
+def _liveness_params(opts: RuntimeOptions) -> Any:
+    """The config's (and RLMON_LIVENESS__* variables') liveness thresholds for the aggregators."""
+    from rlmon.service.config import load_config
+
+    return load_config(opts.config, only=("liveness",)).liveness.params()
 
 
 def _get_actor(name: str, namespace: str) -> Any:
@@ -259,7 +316,7 @@ def ensure_runtime(namespace: str = "rlmon", options: RuntimeOptions | None = No
         if known is not None:
             return known.service
         opts = options or RuntimeOptions()
-        _connect_ray(namespace)
+        _connect_ray(namespace, opts.address)
         _hook_exit()
         detached = opts.detached or _in_ray_worker()
         lifetime = "detached" if detached else None
@@ -283,7 +340,8 @@ def ensure_runtime(namespace: str = "rlmon", options: RuntimeOptions | None = No
                 agg = cls.options(
                     name=aggregator_name(shard), namespace=namespace, get_if_exists=True,
                     lifetime=lifetime, max_restarts=opts.max_restarts,
-                ).remote(namespace, SERVICE, shard, state_dir, opts.deadline_s, opts.tick_s)
+                ).remote(namespace, SERVICE, shard, state_dir, opts.deadline_s, opts.tick_s,
+                         _liveness_params(opts))
             aggregators.append(agg)
         owned = layout.get("creator") == _PROCESS
         runtime = _RUNTIMES[namespace] = Runtime(
@@ -326,12 +384,40 @@ def metrics_url(namespace: str = "rlmon", timeout: float = 10.0) -> str | None:
 def _announce(runtime: Runtime, layout: Mapping[str, Any]) -> None:
     """Say once, in the process that started the service, where to look."""
     port = layout.get("port")
-    where = (f"/metrics on http://{layout.get('host')}:{port}/metrics" if port is not None
+    where = (f"/metrics on http://{layout.get('host')}:{port}/metrics, the run page on "
+             f"http://{layout.get('host')}:{port}/" if port is not None
              else "no /metrics (exporter disabled)")
     moved = f" (port {layout['wanted_port']} was taken)" if layout.get("port_moved") else ""
     alerts = ", ".join(layout.get("destinations") or ["nowhere"])
     print(f"rlmon: service started in namespace {runtime.namespace!r}: {where}{moved}; "
-          f"alerts to {alerts}; state in {layout.get('state_dir')}", file=sys.stderr, flush=True)
+          f"alerts to {alerts}; state in {layout.get('state_dir')}; Ray at {_gcs_address()}",
+          file=sys.stderr, flush=True)
+
+
+def _gcs_address() -> str:
+    import ray
+
+    try:
+        return str(ray.get_runtime_context().gcs_address)
+    except Exception:  # an older Ray, or a client connection: say what is known
+        return os.environ.get("RAY_ADDRESS") or "unknown"
+
+
+_SAID_SERVICE: set[str] = set()
+
+
+def _say_service(namespace: str, layout: Mapping[str, Any]) -> None:
+    """A driver that joined a service another process started says once where its metrics go
+    (RAY_ADDRESS=auto joins the newest Ray on the machine: it may be another user's rlmon)."""
+    if namespace in _SAID_SERVICE or layout.get("creator") == _PROCESS or _in_ray_worker():
+        return
+    _SAID_SERVICE.add(namespace)
+    port = layout.get("port")
+    page = (f"the run page on http://{layout.get('host')}:{port}/" if port is not None
+            else "no run page (exporter disabled)")
+    print(f"rlmon: reporting to the rlmon service in namespace {namespace!r} on the Ray at "
+          f"{_gcs_address()}: {page}; state in {layout.get('state_dir')}", file=sys.stderr,
+          flush=True)
 
 
 def _print_console(service: Any, timeout: float = 10.0) -> None:
@@ -421,6 +507,7 @@ class RaySink:
             self._service = ray.get_actor(SERVICE, namespace=self.namespace)
         layout: Any = ray.get(self._service.layout.remote(), timeout=self.timeout)
         self._shards = int(layout["shards"])
+        _say_service(self.namespace, layout)
         calls, self._calls = self._calls, []
         for method, args in calls:
             getattr(self._service, method).remote(*args)

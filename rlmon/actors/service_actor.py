@@ -15,6 +15,7 @@ from rlmon.service.config import load_config
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.contract.stop_decision import StopDecision
 from rlmon.service.export.exporter import RunInfo
+from rlmon.service.liveness.run_state import LivenessView
 from rlmon.service.service_core import ServiceCore
 
 __all__ = ["SERVICE", "send_to_service", "service_actor_class"]
@@ -104,6 +105,10 @@ def service_actor_class() -> Any:
             """Publish an aggregator's finalized steps; answer with the stop decisions of their
             runs (the aggregator passes them on to the runs' Reporters)."""
             return self.core.receive(records, shard, stats)
+
+        def liveness(self, views: list[LivenessView], shard: int = 0) -> None:
+            """An aggregator's liveness views (rlmon.service.liveness): alerts and /metrics."""
+            self.core.liveness(views, shard)
 
         def recent_events(self, since: int = 0) -> tuple[int, list[AlertEvent]]:
             return self.core.recent_events(since)

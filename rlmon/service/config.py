@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from rlmon.service.liveness.thresholds import LivenessParams
 from rlmon.service.redact import Redactor
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "ConfigError",
     "ExporterConfig",
     "GoodputConfig",
+    "LivenessConfig",
     "NotifiersConfig",
     "OutboxConfig",
     "PagerDutyConfig",
@@ -355,6 +357,25 @@ class GoodputConfig(_Section):
         return self
 
 
+class LivenessConfig(_Section):
+    """When a run that stops making progress pages (docs/liveness.md for the defaults' why)."""
+
+    heartbeat_seconds: float = Field(default=5.0, gt=0.0)  # a Reporter's sender thread
+    stall_factor: float = Field(default=4.0, gt=0.0)  # k: stalled after k typical step periods
+    stall_floor_seconds: float = Field(default=90.0, gt=0.0)  # ... and never before this
+    first_step_seconds: float = Field(default=3600.0, gt=0.0)  # a run's first two steps
+    dead_after_seconds: float = Field(default=30.0, gt=0.0)  # every rank silent this long
+    slow_factor: float = Field(default=3.0, gt=1.0)  # step intervals this far over baseline
+    slow_steps: int = Field(default=3, ge=1)  # ... this many in a row: StepTimeRegression
+    stuck_factor: float = Field(default=3.0, gt=0.0)  # usual stage durations: StageStuck
+    stuck_floor_seconds: float = Field(default=60.0, gt=0.0)
+    evaluate_seconds: float = Field(default=1.0, gt=0.0)  # the timer
+    gpus_per_rank: float = Field(default=1.0, ge=0.0)  # the stall's cost, unless Reporters say
+
+    def params(self) -> LivenessParams:
+        return LivenessParams(**self.model_dump())
+
+
 class PrometheusRulesConfig(_Section):
     step_period_seconds: float = Field(default=60.0, gt=0.0)  # a trainer step, roughly
     evaluation_interval: str = Field(default="30s", pattern=r"^[0-9]+(ms|s|m|h)$")
@@ -376,6 +397,7 @@ class Settings(BaseSettings):
     outbox: OutboxConfig = Field(default_factory=OutboxConfig)
     exporter: ExporterConfig = Field(default_factory=ExporterConfig)
     prometheus_rules: PrometheusRulesConfig = Field(default_factory=PrometheusRulesConfig)
+    liveness: LivenessConfig = Field(default_factory=LivenessConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     otlp: OtlpConfig = Field(default_factory=OtlpConfig)
     stop: StopConfig = Field(default_factory=StopConfig)

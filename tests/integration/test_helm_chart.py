@@ -261,6 +261,20 @@ def test_chart_copies_equal_the_originals() -> None:
         assert copy.read_bytes() == original.read_bytes(), f"{copy} differs: rlmon generate"
 
 
+def test_prometheus_rule_carries_the_dead_mans_switch_and_the_target_down_rule() -> None:
+    """The monitor's own liveness (issue 23): an always-firing Watchdog, and a rule on rlmon's
+    scrape job, which the PodMonitor names after the chart (jobLabel)."""
+    (rule,) = of_kind(render(), "PrometheusRule")
+    alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert alerts["Watchdog"]["expr"] == "vector(1)"
+    assert 'up{job="rlmon"} == 0' in alerts["RlmonDown"]["expr"]
+    assert {"RunStalled", "RunDied"} <= set(alerts)
+    (pod_monitor,) = of_kind(render(), "PodMonitor")
+    assert pod_monitor["spec"]["jobLabel"] == "app.kubernetes.io/name"
+    (deploy,) = of_kind(render(), "Deployment")
+    assert deploy["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == "rlmon"
+
+
 def test_prometheus_rule_is_the_generated_rule_file() -> None:
     (rule,) = of_kind(render(), "PrometheusRule")
     assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]

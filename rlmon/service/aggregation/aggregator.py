@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any
 
 from rlmon.service.aggregation.aggregator_stats import AggregatorStats
 from rlmon.service.aggregation.assembly import AddOutcome, AssemblyCounters, StepAssembler
@@ -21,6 +22,7 @@ from rlmon.service.aggregation.stream_tracker import StreamTracker
 from rlmon.service.aggregation.tier_messages import IngestAck, NodeBatch, ReporterKey
 from rlmon.service.aggregation.watermark import WatermarkStore
 from rlmon.service.clock import Clock
+from rlmon.service.contract.heartbeat import Heartbeat, check_heartbeat
 from rlmon.service.contract.rank import Rank
 from rlmon.service.contract.records import (
     ContractError,
@@ -29,6 +31,8 @@ from rlmon.service.contract.step_message import StepMessage
 from rlmon.service.contract.step_record import StepIdentity, StepKey, StepRecord
 from rlmon.service.contract.stop_decision import StopDecision
 from rlmon.service.export import series
+from rlmon.service.liveness.run_state import LivenessTracker, LivenessView
+from rlmon.service.liveness.thresholds import LivenessParams
 from rlmon.service.recent import RecentMap
 
 __all__ = ["AggregatorCore", "AggregatorServer"]
@@ -58,6 +62,7 @@ class AggregatorCore:
         stream_ttl: float = 3600.0,
         max_streams: int = 10_000,
         retention: float = 30 * 86400.0,
+        liveness: LivenessParams | None = None,
     ) -> None:
         self.assembler = StepAssembler(clock, wall_clock=wall_clock)
         self.deadline = deadline or DeadlinePolicy()
@@ -82,6 +87,14 @@ class AggregatorCore:
         self.streams = StreamTracker(ttl=stream_ttl, finished_ttl=stream_ttl,
                                      max_streams=max_streams)
         self.retention = retention
+        # Liveness by time on the wall clock (it survives a restart, unlike a monotonic one):
+        # the state of each stream, evaluated by tick(); views wait in _views for the service.
+        self.liveness = LivenessTracker(liveness)
+        self._views: dict[tuple[str, str], LivenessView] = {}
+        self._next_liveness = 0.0
+        self._next_refresh = 0.0
+        self._batch: list[StepRecord] = []  # finalized in the batch being ingested, not committed
+        self.heartbeats_refused = 0
         self.streams_forgotten = 0  # per-stream state that left memory
         self.streams_pruned = 0  # streams the store forgot (retention)
         self._counts_forgotten = (0, 0)  # those of forgotten streams: the totals never fall
@@ -97,6 +110,7 @@ class AggregatorCore:
                 self.streams.seen(stream, self.assembler.now())
             self.undelivered.update(
                 {r.identity: r for r in store.undelivered(limit=1_000_000)})
+            self._restore_liveness(store)
 
     def _recall(self, run: str, role: str) -> None:
         """Read a stream's state back from the store when it reports after leaving memory."""
@@ -118,13 +132,15 @@ class AggregatorCore:
         delivered stay: they are active)."""
         if not streams:  # the common case, once per message (_recall): no scan of open steps
             return
-        busy = {k[:2] for k in self.assembler.open} | {r[:2] for r in self.undelivered}
+        busy = ({k[:2] for k in self.assembler.open} | {r[:2] for r in self.undelivered}
+                | {(r.run, r.role) for r in self._batch})  # a batch is never cut in two
         for stream in streams:
             if stream in busy:
                 self.streams.seen(stream, self.assembler.now())
                 continue
             self.assembler.forget(*stream)
             self.deadline.forget(*stream)
+            self.liveness.forget(*stream)
             self.last_finalized.pop(stream, None)
             self._late_said.discard(stream)
             for key in [k for k in self.reporter_counts if k[:2] == stream]:
@@ -160,6 +176,7 @@ class AggregatorCore:
         for record in records:
             self.undelivered[record.identity] = record
             self.last_finalized[(record.run, record.role)] = now
+            self.liveness.finalized(record.run, record.role, record.step, now)
 
     def _reporter_counts(self, reporter: ReporterKey, dropped: int, refused: int) -> None:
         """A Reporter's running counts, as its latest message (or node merger) said them."""
@@ -168,9 +185,10 @@ class AggregatorCore:
 
     def ingest(self, messages: Iterable[StepMessage]) -> IngestAck:
         ack = IngestAck()
-        done: list[StepRecord] = []
         with self.lock:
+            done = self._batch = []
             asm = self.assembler
+            wall = self._wall()
             for msg in messages:
                 try:
                     msg = asm.validate(msg)
@@ -184,6 +202,11 @@ class AggregatorCore:
                     ack.refuse(msg, exc, self.max_errors)
                     continue
                 self._book(ack, done, key, [msg.rank], opened, outcome, record)
+                self.liveness.heard(msg.run, msg.role, msg.rank, msg.world.size, wall)
+                if outcome == AddOutcome.ACCEPTED and msg.timeline is not None:
+                    self.liveness.spans(msg.run, msg.role, msg.timeline, wall)
+                if msg.heartbeat is not None:
+                    self._heartbeat(msg.heartbeat, wall)
                 if outcome == AddOutcome.LATE:
                     self._say_late(msg)
                 if msg.dropped or msg.refused:
@@ -191,6 +214,7 @@ class AggregatorCore:
                                           msg.refused)
                 ack.floors.setdefault((msg.run, msg.role), 0)
             self._commit(done)
+            self._batch = []
             for run, role in ack.floors:
                 finalized = asm.finalized.get((run, role))
                 ack.floors[(run, role)] = finalized.floor if finalized is not None else 0
@@ -253,9 +277,10 @@ class AggregatorCore:
         every refusal of the tier once.
         """
         ack = IngestAck(incarnation=self.incarnation)
-        done: list[StepRecord] = []
         asm = self.assembler
         with self.lock:
+            done = self._batch = []
+            wall = self._wall()
             if batch.source is not None:
                 merger, seq = batch.source
                 last = self.merged_batches.get(merger)
@@ -283,7 +308,12 @@ class AggregatorCore:
                     continue
                 self._book(ack, done, (state.run, state.role, state.step), state.finals, opened,
                            outcome, record)
+                for rank in state.finals:
+                    self.liveness.heard(state.run, state.role, rank, state.world.size, wall)
+            for beat in batch.heartbeats:
+                self._heartbeat(beat, wall)
             self._commit(done)
+            self._batch = []
             self._floors(ack, batch.states)
         ack.finalized = len(done)
         return ack
@@ -324,6 +354,85 @@ class AggregatorCore:
         return self.deadline.waits_for_alive(state.run, state.role, state.step, state.finals,
                                              state.world.size, now, state.first_seen)
 
+    def heartbeat(self, beats: Iterable[Heartbeat]) -> IngestAck:
+        """Heartbeats sent on their own (no step message was due): who is alive and where."""
+        ack = IngestAck(incarnation=self.incarnation)
+        with self.lock:
+            wall = self._wall()
+            for beat in beats:
+                try:
+                    self._heartbeat(beat, wall)
+                except ContractError as exc:
+                    ack.refuse(beat, exc, self.max_errors)
+        return ack
+
+    def _heartbeat(self, beat: Heartbeat, wall: float) -> None:
+        """Fold one heartbeat in; a bad one is counted and said, never costs its step."""
+        try:
+            beat = check_heartbeat(beat)
+        except ContractError:
+            self.heartbeats_refused += 1
+            raise
+        self._recall(beat.run, beat.role)  # a heartbeat keeps its stream in memory
+        # not told to the deadline policy: a rank that heartbeats but sends no step (hung on its
+        # own) must not hold the others' steps; a step message is what says it is behind
+        self.liveness.heartbeat(beat, wall)
+
+    def _liveness_tick(self) -> None:
+        """The timer: re-evaluate every stream's state; keep what changed (and, every
+        heartbeat period, every view) for the service; persist what a restart needs."""
+        wall = self._wall()
+        if wall < self._next_liveness:
+            return
+        params = self.liveness.params
+        self._next_liveness = wall + params.evaluate_seconds
+        for view in self.liveness.evaluate(wall):
+            self._views[(view.run, view.role)] = view
+        if wall >= self._next_refresh:
+            self._next_refresh = wall + params.heartbeat_seconds
+            for view in self.liveness.views(wall):
+                self._views[(view.run, view.role)] = view
+            if self.store is not None:
+                self.store.save_liveness(self._liveness_state(wall))
+
+    def _liveness_state(self, wall: float) -> dict[tuple[str, str], dict[str, Any]]:
+        """Per stream, the tracker's knowledge and the deadline's view of its ranks."""
+        now = self.assembler.now()
+        out = {}
+        for stream, data in self.liveness.dump().items():
+            data["deadline"] = self.deadline.dump(*stream, now=now, wall=wall)
+            out[stream] = data
+        return out
+
+    def _restore_liveness(self, store: WatermarkStore) -> None:
+        """Continue from the last saved liveness: who was heard when, the step periods, the
+        states (a stall is neither forgotten nor paged again) and the deadline's view of each
+        rank, so a step does not wait the start-up deadline for a rank known to be dead."""
+        saved = store.load_liveness()
+        self.liveness.load(saved)
+        now, wall = self.assembler.now(), self._wall()
+        for (run, role), data in saved.items():
+            deadline = data.get("deadline")
+            if isinstance(deadline, dict):
+                self.deadline.load(run, role, deadline, now=now, wall=wall)
+
+    def take_views(self) -> list[LivenessView]:
+        """The liveness views due to the service (changed, or the periodic refresh)."""
+        with self.lock:
+            views, self._views = list(self._views.values()), {}
+        return views
+
+    def give_back_views(self, views: Iterable[LivenessView]) -> None:
+        """Views the service did not take (it was restarting): sent again, unless newer."""
+        with self.lock:
+            for view in views:
+                self._views.setdefault((view.run, view.role), view)
+
+    def finish_run(self, run: str) -> None:
+        """The run said it finished: its streams are finished, not stalled or dead."""
+        with self.lock:
+            self.liveness.finish(run, self._wall())
+
     def tick(self) -> int:
         """Finalize the open steps whose deadline passed (and whose missing ranks are not alive
         and behind); returns how many."""
@@ -331,6 +440,7 @@ class AggregatorCore:
             done = self.assembler.finalize_stale(self.deadline, self._waits_for_alive)
             self._commit(done)
             self._expire()
+            self._liveness_tick()
         return len(done)
 
     def finalize_all(self) -> int:
@@ -407,6 +517,10 @@ class AggregatorCore:
             )
 
 
+# How liveness views reach the service: (views, shard); raises to retry.
+PublishLiveness = Callable[[list[LivenessView], int], None]
+
+
 # How finalized records reach the service: (records, shard, aggregator stats) -> the service's
 # stop decisions for the records' runs (or None); raises to retry.
 Publish = Callable[[list[StepRecord], int, AggregatorStats], Mapping[str, StopDecision] | None]
@@ -417,8 +531,10 @@ class AggregatorServer:
 
     def __init__(
         self, core: AggregatorCore, publish: Publish, shard: int = 0, tick_s: float = 0.02,
+        publish_liveness: PublishLiveness | None = None,
     ) -> None:
         self.core, self.publish, self.shard, self.tick_s = core, publish, shard, tick_s
+        self.publish_liveness = publish_liveness
         self._wake = threading.Event()
         self._stop = threading.Event()
         self.delivery_errors = 0
@@ -438,6 +554,25 @@ class AggregatorServer:
         if ack.finalized:
             self._wake.set()
         return ack
+
+    def heartbeat(self, beats: list[Heartbeat]) -> IngestAck:
+        return self.core.heartbeat(beats)
+
+    def deliver_liveness(self) -> bool:
+        """Hand the due liveness views to the service; False when it could not take them."""
+        if self.publish_liveness is None:
+            return True
+        views = self.core.take_views()
+        if not views:
+            return True
+        try:
+            self.publish_liveness(views, self.shard)
+        except Exception as exc:  # the service is restarting: send them again
+            self.core.give_back_views(views)
+            self.delivery_errors += 1
+            log.warning("liveness delivery to the service failed: %s", exc)
+            return False
+        return True
 
     def deliver(self) -> bool:
         """Hand pending records to the service; True when nothing is left undelivered."""
@@ -472,6 +607,7 @@ class AggregatorServer:
                 while not self.deliver():
                     if self._stop.wait(0.2):
                         return
+                self.deliver_liveness()  # after the steps: a resumed run's step comes first
             except Exception:
                 log.exception("aggregator loop")
                 self._stop.wait(0.5)

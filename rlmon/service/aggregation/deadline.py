@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import Any
 
 from rlmon.service.contract.rank import Rank
 
@@ -92,6 +93,38 @@ class DeadlinePolicy:
         window = self(run, role)
         return any(now - at < window and last < step and rank not in reported
                    for rank, (at, last) in heard.items())
+
+    def dump(self, run: str, role: str, *, now: float, wall: float) -> dict[str, Any]:
+        """What is known of a stream, its times as unix seconds (``now`` is this policy's clock
+        at ``wall``), for a restarted aggregator to continue from (:meth:`load`)."""
+        key = (run, role)
+        last = self._last.get(key)
+        return {
+            "period": self._period.get(key), "lag": self._lag.get(key),
+            "last": [last[0], wall - (now - last[1])] if last is not None else None,
+            "heard": [[list(rank), wall - (now - at), step]
+                      for rank, (at, step) in self._heard.get(key, {}).items()],
+        }
+
+    def load(self, run: str, role: str, data: dict[str, Any], *, now: float,
+             wall: float) -> None:
+        """Continue from :meth:`dump`: the period and each rank's last word survive a restart,
+        so a step does not wait the start-up deadline for a rank that died before it."""
+        key = (run, role)
+        try:
+            if data.get("period") is not None:
+                self._period[key] = float(data["period"])
+            if data.get("lag") is not None:
+                self._lag[key] = float(data["lag"])
+            last = data.get("last")
+            if last is not None:
+                self._last[key] = (int(last[0]), now - (wall - float(last[1])))
+            heard = {Rank(*map(int, rank)): (now - (wall - float(at)), int(step))
+                     for rank, at, step in data.get("heard", ())}
+        except (TypeError, ValueError, KeyError):
+            return  # unreadable: relearned from the next reports
+        if heard:
+            self._heard[key] = heard
 
     def forget(self, run: str, role: str) -> None:
         """Drop what is known of a stream (it went quiet, or began a new attempt)."""

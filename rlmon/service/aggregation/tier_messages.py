@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from rlmon.service.aggregation.assembly import AddOutcome
 from rlmon.service.aggregation.step_state import StepState
+from rlmon.service.contract.heartbeat import Heartbeat
 from rlmon.service.contract.records import show
 from rlmon.service.contract.stop_decision import StopDecision
 
@@ -83,6 +84,8 @@ class NodeBatch:
     duplicates: int = 0
     #: (run, role, rank) -> the Reporter's running (dropped, refused) counts that changed.
     reporters: dict[ReporterKey, tuple[int, int]] = field(default_factory=dict)
+    # the heartbeats of the node's Reporters since the previous batch (the latest per Reporter)
+    heartbeats: list[Heartbeat] = field(default_factory=list)
 
 
 def origin(item: object) -> str:

@@ -43,6 +43,8 @@ CREATE TABLE IF NOT EXISTS step_outbox (
 CREATE TABLE IF NOT EXISTS streams (
     run TEXT NOT NULL, role TEXT NOT NULL, attempt INTEGER NOT NULL, last_finalized REAL,
     PRIMARY KEY (run, role));
+CREATE TABLE IF NOT EXISTS liveness (
+    run TEXT NOT NULL, role TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (run, role));
 """
 # record_outbox is the pre-attempt outbox: its rows move to step_outbox (attempt 0) on open.
 
@@ -211,6 +213,38 @@ class WatermarkStore:
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
+
+    def save_liveness(self, streams: dict[tuple[str, str], dict[str, Any]],
+                      gone: Iterable[tuple[str, str]] = ()) -> None:
+        """Each stream's liveness knowledge (who was heard when, step periods, states, the
+        deadline's view of its ranks), so a restart neither forgets a stall nor relearns who is
+        dead (:mod:`rlmon.service.liveness.run_state`); ``gone`` streams are dropped."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                self._db.executemany("DELETE FROM liveness WHERE run = ? AND role = ?", list(gone))
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO liveness VALUES (?, ?, ?)",
+                    [(run, role, json.dumps(data, allow_nan=False, separators=(",", ":")))
+                     for (run, role), data in streams.items()])
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def load_liveness(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """What :meth:`save_liveness` kept; an unreadable row is skipped (relearned)."""
+        with self._lock:
+            rows = self._db.execute("SELECT run, role, data FROM liveness").fetchall()
+        out: dict[tuple[str, str], dict[str, Any]] = {}
+        for run, role, text in rows:
+            try:
+                data = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(data, dict):
+                out[(run, role)] = data
+        return out
 
     def undelivered(self, limit: int = 1000) -> list[StepRecord]:
         with self._lock:

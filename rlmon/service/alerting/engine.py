@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from rlmon.service.alerting import baseline
-from rlmon.service.alerting.rules import ANY_METRIC, Condition, Rule
+from rlmon.service.alerting.rules import ANY_METRIC, LIVENESS_CONDITIONS, Condition, Rule
 from rlmon.service.contract.step_record import StepRecord, json_number
 from rlmon.service.metrics import catalog
 
@@ -149,6 +149,8 @@ def _window_check(rule: Rule, state: AlertState, value: float) -> bool:
 def _check(rule: Rule, record: StepRecord, state: AlertState) -> _Check:
     cond = rule.condition
     metrics = record.metrics
+    if cond in LIVENESS_CONDITIONS:
+        return _NOT_APPLICABLE  # judged by time, on the liveness timer (ServiceCore.liveness)
     if cond is Condition.RANK_MISSING:
         return _Check(True, not record.complete, "ranks_reporting", float(record.ranks_reporting))
     if cond is Condition.STRAGGLER_RANK:

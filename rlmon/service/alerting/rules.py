@@ -20,9 +20,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from rlmon.service.alerting.baseline import BaselineParams, BaselineSpec
 from rlmon.service.metrics import catalog
-from rlmon.service.metrics.spec import AlertSpec, Comparison, Severity
+from rlmon.service.metrics.spec import AlertSpec, Comparison, LivenessAlertSpec, Severity
 
 __all__ = [
+    "LIVENESS_CONDITIONS",
     "Condition",
     "Rule",
     "RuleError",
@@ -30,6 +31,7 @@ __all__ = [
     "default_rules",
     "early_warning_rules",
     "fixed_rules",
+    "liveness_rules",
     "load_rules",
     "parse_rules",
     "rules_to_yaml",
@@ -48,6 +50,15 @@ class Condition(StrEnum):
     REPLICA_MISMATCH = "replica_mismatch"  # replicated copies disagree
     BASELINE = "baseline"  # a sustained departure from the run's own trailing baseline
     STRAGGLER_RANK = "straggler_rank"  # the same rank slowest by more than `threshold`x median
+    # judged by time on the aggregator's clock (rlmon.service.liveness), never by a step's values
+    RUN_STALLED = "run_stalled"  # no step finalized for the stall threshold, ranks alive
+    STAGE_STUCK = "stage_stuck"  # one rank far past its usual time in a stage, others waiting
+    RUN_DIED = "run_died"  # every Reporter silent without closing
+    STEP_TIME_REGRESSION = "step_time_regression"  # steps far slower than the run's baseline
+
+
+LIVENESS_CONDITIONS = frozenset({Condition.RUN_STALLED, Condition.STAGE_STUCK, Condition.RUN_DIED,
+                                 Condition.STEP_TIME_REGRESSION})
 
 
 _NEEDS_METRIC = {
@@ -184,6 +195,15 @@ class Rule(BaseModel):
             text = "a step finalized without every expected rank"
         elif c is Condition.STRAGGLER_RANK:
             text = f"the same rank slowest, over {self.threshold:g}x the median rank's step time"
+        elif c is Condition.RUN_STALLED:
+            text = ("no step finalized for max(k x the typical step period, a floor) "
+                    "(config liveness)")
+        elif c is Condition.STAGE_STUCK:
+            text = "one rank far past its usual time in a stage while the others wait"
+        elif c is Condition.RUN_DIED:
+            text = "every Reporter of the run silent without closing"
+        elif c is Condition.STEP_TIME_REGRESSION:
+            text = "step time far above the run's own baseline, the run still progressing"
         else:
             text = "replicated copies disagree"
         return text + (f" for {self.for_steps} steps" if self.for_steps > 1 else "")
@@ -245,6 +265,17 @@ def _straggler_rule(spec: AlertSpec) -> Rule:
     })
 
 
+def _liveness_rule(spec: LivenessAlertSpec) -> Rule:
+    return Rule(name=spec.name, severity=spec.severity, condition=Condition(spec.condition),
+                summary=spec.summary)
+
+
+def liveness_rules() -> list[Rule]:
+    """The time-based rules (catalog ``LIVENESS_ALERTS``); their thresholds are the config's
+    ``liveness`` section, so a rule file can disable or reroute them, not retune them."""
+    return [_liveness_rule(spec) for spec in catalog.LIVENESS_ALERTS]
+
+
 def default_rules() -> list[Rule]:
     """The fixed-threshold pack followed by the early-warning rules."""
     return fixed_rules() + early_warning_rules()
@@ -270,6 +301,7 @@ def fixed_rules() -> list[Rule]:
         Rule(name="MetricOutOfDomain", severity=Severity.CRITICAL,
              condition=Condition.OUT_OF_DOMAIN, summary="A value outside its physical domain"),
         _straggler_rule(catalog.STRAGGLER_ALERT),
+        *liveness_rules(),
     ]
     return rules
 

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from rlmon.service.contract.heartbeat import Heartbeat
 from rlmon.service.contract.rank import Rank, World
 from rlmon.service.contract.records import (
     MAX_AXIS,
@@ -137,7 +138,8 @@ class StepMessage:
     already finalized was folded in before, so it is counted as resent, not late.
     ``timeline`` is the rank's step timeline (its spans; :mod:`rlmon.service.contract.timeline`).
     ``refused`` is the reporter's running count of statistics it refused before sending (the
-    rest of their steps was sent).
+    rest of their steps was sent). ``heartbeat`` is the sender's liveness report
+    (:mod:`rlmon.service.contract.heartbeat`) when one was due as the message left.
     """
 
     run: str
@@ -155,6 +157,8 @@ class StepMessage:
     resend: bool = False
     timeline: Timeline | None = None
     refused: int = 0
+    # the sender's latest heartbeat, riding along (checked apart: a bad one never costs the step)
+    heartbeat: Heartbeat | None = None
 
     def reports(self) -> list[Report]:
         """The same content as contract records (the last one final), for the core path."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from prometheus_client.core import (
+    CounterMetricFamily,
     GaugeMetricFamily,
     InfoMetricFamily,
     Metric,
@@ -27,6 +28,7 @@ from rlmon.service.alerting.engine import AlertEvent
 from rlmon.service.clock import Clock
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.export import series
+from rlmon.service.liveness.run_state import LivenessView, RunState
 from rlmon.service.metrics import catalog
 from rlmon.service.redact import Redactor
 
@@ -41,6 +43,8 @@ __all__ = [
 ]
 
 _STREAM_SERIES = len(series.STREAM_STATE)
+_LIVENESS_SERIES = len(RunState) + len(series.LIVENESS) - 1
+_HELD = (RunState.STALLED, RunState.DEAD)  # kept on /metrics until resolved or finished
 
 _MAX_LABEL = 128
 
@@ -136,6 +140,8 @@ class MetricsState:
         self._info_set: dict[str, float] = {}
         self._finished: dict[str, float] = {}
         self._series = 0
+        # (run, role) -> its latest liveness view, the liveness alerts firing, when it was set
+        self._liveness: dict[tuple[str, str], tuple[LivenessView, dict[str, str], float]] = {}
         self._refused: set[tuple[str, str, str]] = set()
         self.refused_total = 0
         self.expired_total = 0
@@ -197,6 +203,23 @@ class MetricsState:
                     del stream.firing[event.alert]
                     self._series -= 1
 
+    def set_liveness(self, view: LivenessView, firing: Mapping[str, str]) -> None:
+        """Show a (run, role)'s liveness (state, last step, last heard) and its liveness alerts
+        firing (alert -> severity). A stalled or dead stream keeps every series it has."""
+        key = (view.run, view.role)
+        now = self._clock()
+        with self._lock:
+            known = self._liveness.get(key)
+            if known is None:
+                if self._series + _LIVENESS_SERIES + len(firing) > self.max_series:
+                    self._refuse((view.run, view.role, "liveness"), _LIVENESS_SERIES)
+                    return
+                self._series += _LIVENESS_SERIES
+            else:
+                self._series -= len(known[1])
+            self._series += len(firing)
+            self._liveness[key] = (view, dict(firing), now)
+
     def set_run_info(self, run: str, info: RunInfo) -> None:
         """Metadata may arrive before the run's first step; it lives as long as a stream would."""
         with self._lock:
@@ -209,8 +232,18 @@ class MetricsState:
             self._finished[run] = self._clock()
 
     def _expire(self, now: float) -> None:
+        for key, (view, firing, at) in list(self._liveness.items()):
+            if view.state in _HELD:
+                continue
+            ttl = self.finished_ttl if view.state is RunState.FINISHED else self.run_ttl
+            if now - at >= ttl:
+                del self._liveness[key]
+                self._series -= _LIVENESS_SERIES + len(firing)
         for key in list(self._streams):
             stream = self._streams[key]
+            live = self._liveness.get(key)
+            if live is not None and live[0].state in _HELD:
+                continue  # a hung or dead run stays in view, its last step with it
             finished = self._finished.get(key[0])
             dead = now - stream.seen >= self.run_ttl
             done = finished is not None and now - finished >= self.finished_ttl
@@ -242,7 +275,8 @@ class MetricsState:
                 (s.record, frozenset(s.names), dict(s.firing)) for s in self._streams.values()
             ]
             return _Snapshot(streams, dict(self._info), self._series, self.refused_total,
-                             self.expired_total)
+                             self.expired_total,
+                             [(view, dict(firing)) for view, firing, _ in self._liveness.values()])
 
     @property
     def series(self) -> int:
@@ -257,6 +291,7 @@ class _Snapshot:
     series: int
     refused: int
     expired: int
+    liveness: list[tuple[LivenessView, dict[str, str]]] = field(default_factory=list)
 
 
 def _gauge(name: str, doc: str, labels: Sequence[str], unit: str = "") -> GaugeMetricFamily:
@@ -321,6 +356,7 @@ class RlmonCollector(Collector):
         yield from families.values()
         yield custom
         yield from stream_fams
+        yield from self._liveness_families(snap, firing, lab)
         yield firing
         info = InfoMetricFamily(series.RUN_INFO.family_name, series.RUN_INFO.help,
                                 labels=list(series.RUN_INFO.labels))
@@ -346,6 +382,23 @@ class RlmonCollector(Collector):
         yield seconds
         yield ratio
         yield utilisation
+
+    @staticmethod
+    def _liveness_families(snap: _Snapshot, firing: GaugeMetricFamily | CounterMetricFamily,
+                           lab: Callable[[object], str]) -> Iterator[Metric]:
+        fams = [declared.family() for declared in series.LIVENESS]
+        state, last_step, last_heard, period, threshold = fams
+        for view, alerts in snap.liveness:
+            run, role = lab(view.run), lab(view.role)
+            for name in RunState:
+                state.add_metric([run, role, name.value], 1.0 if view.state is name else 0.0)
+            for fam, value in ((last_step, view.last_step_at), (last_heard, view.last_heard),
+                               (period, view.period), (threshold, view.threshold)):
+                if value is not None:
+                    fam.add_metric([run, role], float(value))
+            for alert, severity in sorted(alerts.items()):
+                firing.add_metric([run, role, lab(alert), lab(severity)], 1.0)
+        yield from fams
 
     def _self_metrics(self, snap: _Snapshot) -> Iterator[Metric]:
         state = self.state
@@ -393,7 +446,8 @@ class RlmonCollector(Collector):
 def exported_families() -> list[tuple[str, str]]:
     """(name, help) of every family a scrape can show, catalog first (for docs/metrics.md)."""
     out = [(spec.prometheus_name, spec.help) for spec in catalog.metrics()]
-    others = (series.CUSTOM_METRIC, *series.STREAM_STATE, series.ALERT_FIRING, series.RUN_INFO,
+    others = (series.CUSTOM_METRIC, *series.STREAM_STATE, *series.LIVENESS, series.ALERT_FIRING,
+              series.RUN_INFO,
               *series.GOODPUT, *series.SELF_MONITORING)
     return out + [(declared.name, declared.help) for declared in others]
 

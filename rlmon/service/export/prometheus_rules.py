@@ -35,6 +35,7 @@ __all__ = [
 ]
 
 DEFAULT_STEP_PERIOD = 60.0
+DEFAULT_JOB = "rlmon"  # the scrape job of rlmon's /metrics (the chart's PodMonitor sets it)
 # kube-prometheus-stack's Prometheus selects PrometheusRules labelled `release: <its release>`
 DEFAULT_RELEASE = "kube-prometheus-stack"
 DEFAULT_EVAL_INTERVAL = "30s"
@@ -49,6 +50,21 @@ _STRUCTURAL = {
                               "the exporter counts values outside the catalog's domains"),
     Condition.RANK_MISSING: (series.STEP_COMPLETE.name + " == 0", ""),
     Condition.REPLICA_MISMATCH: (series.REPLICA_MISMATCHES.name + " > 0", ""),
+}
+_NOT_FINISHED = f'unless on(run, role) {series.RUN_STATE.name}{{state="finished"}} == 1'
+_LIVENESS = {
+    # Prometheus judges the stall itself from the exported timestamps (rlmon's threshold, its
+    # max(k x period, floor), is exported beside them), so it pages even if rlmon's alerting
+    # path does not; a finished run never pages
+    Condition.RUN_STALLED: (
+        f"time() - {series.LAST_STEP_TIME.name} > {series.STALL_THRESHOLD.name} {_NOT_FINISHED}",
+        "judged from the exported step timestamps and rlmon's stall threshold; rlmon's own "
+        "alert also says where each rank is stuck"),
+    # dead vs hung needs the per-rank heartbeats, which are not exported: rlmon's state says it
+    Condition.RUN_DIED: (
+        f'{series.RUN_STATE.name}{{state="dead"}} == 1',
+        "rlmon's liveness state: telling a dead run from a hung one takes the per-rank "
+        "heartbeats, which are not exported"),
 }
 
 
@@ -88,6 +104,9 @@ def _num(value: float | None) -> str:
 
 def _expr(rule: Rule) -> tuple[str, list[str]] | None:
     notes: list[str] = []
+    if rule.condition in _LIVENESS:
+        expr, note = _LIVENESS[rule.condition]
+        return expr, [note]
     if rule.condition in _STRUCTURAL:
         expr, note = _STRUCTURAL[rule.condition]
         if rule.metric != "*" and rule.condition in (Condition.NON_FINITE, Condition.OUT_OF_DOMAIN):
@@ -136,11 +155,41 @@ def translate(rules: Sequence[Rule], step_period: float) -> tuple[list[PromRule]
         description = "{{ $labels.run }}/{{ $labels.role }}: " + rule.describe()
         if rule.condition in (Condition.THRESHOLD, Condition.OUTSIDE):
             description += " (value {{ $value }})"
+        if rule.condition in _LIVENESS:
+            check = next((s.what_to_check for s in catalog.LIVENESS_ALERTS
+                          if s.condition == rule.condition.value), "")
         if check:
             description += ". What to check: " + check
         out.append(PromRule(rule.name, expr, for_, keep, rule.severity.value,
                             rule.summary or rule.describe(), description, tuple(notes)))
     return out, skipped
+
+
+def monitor_rules(job: str = DEFAULT_JOB) -> list[dict[str, object]]:
+    """The monitor's own liveness (the dead man's switch, as kube-prometheus does it): a
+    ``Watchdog`` that always fires, so a receiver that stops hearing it (PagerDuty's or a
+    heartbeat service's) knows the alerting pipeline is down, and ``RlmonDown`` when
+    Prometheus cannot scrape rlmon (or no longer finds its target). See docs/liveness.md."""
+    return [
+        {"alert": "Watchdog", "expr": "vector(1)",
+         "labels": {"severity": "none", "source": "rlmon"},
+         "annotations": {
+             "summary": "Always firing: the alerting pipeline is alive",
+             "description": "This alert fires for ever on purpose. Route it to a dead man's "
+                            "switch (a PagerDuty heartbeat, healthchecks.io, Dead Man's "
+                            "Snitch) that pages when it stops arriving: then Prometheus, "
+                            "Alertmanager or the route between them is down, and no other "
+                            "alert would reach you either."}},
+        {"alert": "RlmonDown",
+         "expr": f'up{{job="{job}"}} == 0 or absent(up{{job="{job}"}})', "for": "2m",
+         "labels": {"severity": "critical", "source": "rlmon"},
+         "annotations": {
+             "summary": "rlmon's /metrics cannot be scraped: its alerts and liveness are blind",
+             "description": f"Prometheus has not scraped job {job!r} for 2 minutes (down, or "
+                            "no target found). While rlmon is down no training alert, stall "
+                            "or dead run is paged. Check the rlmon pod (kubectl logs, events) "
+                            "or `rlmon serve` process, and the PodMonitor's selector."}},
+    ]
 
 
 def _rule_dict(rule: PromRule) -> dict[str, object]:
@@ -163,7 +212,7 @@ def _dump(obj: object, indent: int) -> list[str]:
 def render(
     rules: Sequence[Rule] | None = None, *, step_period: float = DEFAULT_STEP_PERIOD,
     fmt: str = "prometheus", interval: str = DEFAULT_EVAL_INTERVAL,
-    release: str = DEFAULT_RELEASE,
+    release: str = DEFAULT_RELEASE, job: str = DEFAULT_JOB,
 ) -> str:
     """A Prometheus rule file (``prometheus``) or a prometheus-operator PrometheusRule, the
     latter labelled ``release: <release>`` (none when empty)."""
@@ -187,7 +236,10 @@ def render(
             "kube-prometheus-stack, or Prometheus will not load it.")
     early = {r.name for r in rules if r.condition is Condition.BASELINE}
     straggler = [r.name for r in rules if r.condition is Condition.STRAGGLER_RANK]
-    other = [name for name in skipped if name not in early and name not in straggler]
+    live = [r.name for r in rules
+            if r.condition in (Condition.STAGE_STUCK, Condition.STEP_TIME_REGRESSION)]
+    other = [name for name in skipped
+             if name not in early and name not in straggler and name not in live]
     if other:
         head.append("# Not expressible in PromQL (evaluated by rlmon only): " + ", ".join(other))
     if straggler:
@@ -195,6 +247,11 @@ def render(
             "# Evaluated by rlmon only: " + ", ".join(straggler) + " (which rank is slowest, and",
             "# whether it is the same rank step after step, comes from the ranks' timelines,",
             "# which are not exported)",
+        ]
+    if live:
+        head += [
+            "# Evaluated by rlmon only: " + ", ".join(live) + " (each rank's open spans and a",
+            "# per-run step-time baseline are not exported; RunStalled and RunDied are below)",
         ]
     if early:
         head += [
@@ -229,6 +286,9 @@ def render(
         lines += [" " * indent + "# " + note for note in rule.notes]
         body = _dump([_rule_dict(rule)], indent)
         lines += body
+    lines.append(" " * indent + f"# The monitor's own liveness: a dead man's switch and rlmon's "
+                 f"scrape target (job {job!r}; docs/liveness.md)")
+    lines += _dump(monitor_rules(job), indent)
     return "\n".join(lines) + "\n"
 
 

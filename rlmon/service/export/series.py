@@ -20,6 +20,9 @@ __all__ = [
     "GOODPUT",
     "GOODPUT_RATIO",
     "GOODPUT_SECONDS",
+    "LAST_HEARD_TIME",
+    "LAST_STEP_TIME",
+    "LIVENESS",
     "MFU",
     "NONFINITE_METRICS",
     "NOTIFICATIONS",
@@ -36,17 +39,20 @@ __all__ = [
     "REPLICA_MISMATCHES",
     "RUN_INFO",
     "RUN_RESTARTS",
+    "RUN_STATE",
     "SANITY_FINDINGS",
     "SCRAPE_SECONDS",
     "SELF_MONITORING",
     "SERIES",
     "SERIES_BUDGET",
     "SERIES_REFUSED",
+    "STALL_THRESHOLD",
     "STATE_REMOVED",
     "STATISTICS_REFUSED",
     "STEP",
     "STEPS_REDELIVERED",
     "STEP_COMPLETE",
+    "STEP_PERIOD",
     "STOP_REQUESTS",
     "STREAMS_EXPIRED",
     "STREAM_STATE",
@@ -100,6 +106,25 @@ REPLICA_MISMATCHES = Series("rlmon_replica_mismatches", "gauge",
                             _RUN_ROLE)
 STREAM_STATE = (STEP, STEP_COMPLETE, RANKS_REPORTING, RANKS_EXPECTED, NONFINITE_METRICS,
                 OUT_OF_DOMAIN_METRICS, REPLICA_MISMATCHES)
+
+# Liveness of each (run, role), by time (rlmon.service.liveness; docs/liveness.md): refreshed on
+# the aggregator's timer whether or not steps arrive, so a hung run never looks like a finished one.
+RUN_STATE = Series("rlmon_run_state", "gauge",
+                   "1 for the (run, role)'s liveness state, 0 for the others (label `state`: "
+                   "running, slow, stalled, dead, finished).", (*_RUN_ROLE, "state"))
+LAST_STEP_TIME = Series("rlmon_last_step_timestamp_seconds", "gauge",
+                        "Unix time the latest step of the (run, role) finalized (write your own "
+                        "staleness rules as time() - this).", _RUN_ROLE)
+LAST_HEARD_TIME = Series("rlmon_last_heartbeat_timestamp_seconds", "gauge",
+                         "Unix time any rank of the (run, role) was last heard (a heartbeat or a "
+                         "step message).", _RUN_ROLE)
+STEP_PERIOD = Series("rlmon_step_period_seconds", "gauge",
+                     "Typical step period of the (run, role): the median recent interval "
+                     "between finalized steps.", _RUN_ROLE)
+STALL_THRESHOLD = Series("rlmon_stall_threshold_seconds", "gauge",
+                         "Seconds without a finalized step after which the (run, role) is "
+                         "stalled: max(k x typical period, floor).", _RUN_ROLE)
+LIVENESS = (RUN_STATE, LAST_STEP_TIME, LAST_HEARD_TIME, STEP_PERIOD, STALL_THRESHOLD)
 
 CUSTOM_METRIC = Series("rlmon_custom_metric", "gauge",
                        "A metric outside the rlmon catalog (label `metric`; latest step).",

@@ -16,6 +16,7 @@ from rlmon.service.metrics.spec import (
     Comparison,
     Domain,
     Form,
+    LivenessAlertSpec,
     MetricSpec,
     PanelHint,
     Severity,
@@ -25,6 +26,7 @@ from rlmon.service.metrics.spec import (
 __all__ = [
     "CATALOG",
     "EARLY_WARNINGS",
+    "LIVENESS_ALERTS",
     "STRAGGLER_ALERT",
     "STRAGGLER_METRIC",
     "STRAGGLER_SOURCE",
@@ -444,6 +446,38 @@ EARLY_WARNINGS: tuple[BaselineSpec, ...] = (
                  BaselineParams("up", window=60, allowance=1.0, decision=2, floor=1.0,
                                 relative_floor=0.0, follow_drift=False),
                  summary="Rollouts ever staler: policy lag growing (asynchronous runs)"),
+)
+
+
+# Liveness alerts (rlmon.service.liveness, docs/liveness.md): judged by time on the
+# aggregator's clock, so a run that produces no step can still page. The thresholds are the
+# config's `liveness` section; the alert texts say where each rank is and what the stall cost.
+LIVENESS_ALERTS: tuple[LivenessAlertSpec, ...] = (
+    LivenessAlertSpec(
+        "RunStalled", CRIT, "run_stalled",
+        "No step finalized for longer than the run's stall threshold while its ranks are alive",
+        "Look first at the ranks the alert names as in a different stage from the rest: the "
+        "rank that never entered the collective, the stuck rollout engine, the reward server "
+        "that stopped answering. py-spy dump --pid PID on that rank shows the stack; NCCL hangs "
+        "show with NCCL_DEBUG=INFO and TORCH_NCCL_ASYNC_ERROR_HANDLING=1 turns them into errors."),
+    LivenessAlertSpec(
+        "StageStuck", WARN, "stage_stuck",
+        "One rank far past its usual time in a stage while the other ranks wait",
+        "The named rank is stuck in the named stage (a hang seen before the stall threshold): "
+        "dump its stack (py-spy dump), check its node (GPU Xid errors in dmesg, NIC, disk) and "
+        "whatever the stage waits on (the rollout engine, the reward server, a weight sync)."),
+    LivenessAlertSpec(
+        "RunDied", CRIT, "run_died",
+        "Every Reporter of the run went silent without closing (killed, crashed or node lost)",
+        "The processes are gone: check the driver's exit (OOM killer in dmesg, the scheduler's "
+        "eviction or preemption events, ray status for lost nodes) and restart from the last "
+        "checkpoint. Some ranks gone while steps still finalize is RankMissing instead."),
+    LivenessAlertSpec(
+        "StepTimeRegression", WARN, "step_time_regression",
+        "Step time far above the run's own baseline while the run still progresses",
+        "Compare the step timelines (rlmon trace RUN) before and after: a slow node or GPU "
+        "(thermal throttling, a degraded NIC), memory pressure or swapping, a longer generation "
+        "length, or a new evaluation inside the step."),
 )
 
 

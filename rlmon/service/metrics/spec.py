@@ -18,6 +18,7 @@ __all__ = [
     "Direction",
     "Domain",
     "Form",
+    "LivenessAlertSpec",
     "MetricSpec",
     "PanelHint",
     "Severity",
@@ -97,6 +98,18 @@ class AlertSpec:
     high: float = 0.0  # upper bound for OUTSIDE; `threshold` is then the lower bound
     for_steps: int = 1
     summary: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LivenessAlertSpec:
+    """A default alert judged by time, not by a step's values (rlmon.service.liveness): the
+    ``condition`` names the run state or finding that makes it fire."""
+
+    name: str
+    severity: Severity
+    condition: Literal["run_stalled", "stage_stuck", "run_died", "step_time_regression"]
+    summary: str
+    what_to_check: str
 
 
 @dataclass(frozen=True, slots=True)

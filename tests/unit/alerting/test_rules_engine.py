@@ -29,6 +29,11 @@ DESIGN_TABLE = {
     "ReplicaMismatch": ("critical", "*", 1),
     "MetricOutOfDomain": ("critical", "*", 1),
     "StragglerRank": ("warning", "perf/straggler_ratio", 5),  # issue 15, beyond DESIGN.md's table
+    # issue 23: judged by time on the liveness timer, not by steps (docs/liveness.md)
+    "RunStalled": ("critical", "*", 1),
+    "StageStuck": ("warning", "*", 1),
+    "RunDied": ("critical", "*", 1),
+    "StepTimeRegression": ("warning", "*", 1),
 }
 
 

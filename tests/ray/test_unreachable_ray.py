@@ -1,0 +1,79 @@
+"""A script rlmon starts Ray for never outlives its exit budget (issue 23, defect a).
+
+A dead ``ray start`` cluster leaves its address in Ray's current-cluster file; Ray's default
+joins it and retries for ever, and the script never exited. rlmon starts a Ray of its own unless
+``RAY_ADDRESS`` (or an explicit address) names one, and a named Ray it cannot reach is said once,
+in rlmon's words, without holding the process past ``RLMON_EXIT_TIMEOUT``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.network import free_port
+from tests.support.subprocesses import run_in_own_session
+
+pytestmark = pytest.mark.ray
+
+SCRIPT = """
+from rlmon import Reporter
+rep = Reporter(run="stale-address", role="actor")
+for step in range(5):
+    rep.record("actor/loss", sum=1.0, count=1.0)
+    rep.end_step(step)
+print("loop done", flush=True)
+"""
+
+
+@pytest.fixture
+def ray_tmp() -> Iterator[Path]:
+    """A Ray temp dir of the test's own (short: Ray's socket paths are length-limited) holding
+    a current-cluster file that names a dead cluster."""
+    path = Path(tempfile.mkdtemp(prefix="rs-", dir="/tmp"))
+    (path / "ray").mkdir()
+    (path / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{free_port()}\n")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _env(ray_tmp: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RLMON_", "RAY_ADDRESS"))}
+    env.update(RAY_TMPDIR=str(ray_tmp / "ray"), RLMON_STATE_DIR=str(ray_tmp / "state"),
+               RLMON_PORT="0", RAY_DISABLE_USAGE_STATS="1", RAY_AUTH_MODE="disabled", **extra)
+    return env
+
+
+def test_a_stale_current_cluster_file_is_ignored(ray_tmp: Path, tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    env = _env(ray_tmp, RLMON_EXIT_TIMEOUT="60")
+    env["RAY_TMPDIR"] = str(ray_tmp)  # Ray reads <RAY_TMPDIR>/ray/ray_current_cluster
+    done = run_in_own_session([sys.executable, str(script)], timeout=240, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Connecting to existing Ray cluster" not in done.stderr
+    assert "Started a local Ray instance" in done.stderr
+
+
+def test_an_unreachable_ray_address_is_said_once_and_never_holds_the_exit(
+        ray_tmp: Path, tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    address = f"127.0.0.1:{free_port()}"
+    env = _env(ray_tmp, RAY_ADDRESS=address, RLMON_EXIT_TIMEOUT="3")
+    started = time.monotonic()
+    done = run_in_own_session([sys.executable, str(script)], timeout=120, env=env)
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = [line for line in done.stderr.splitlines()
+            if f"could not reach the Ray cluster at {address} (from RAY_ADDRESS)" in line]
+    assert len(said) == 1, done.stderr[-3000:]
+    assert said[0].startswith("rlmon:")
+    assert took < 60, f"the script took {took:.0f}s with an exit budget of 3s"
