@@ -117,7 +117,7 @@ def test_alert_cost_since_onset_in_events_history_and_bodies(tmp_path: Path) -> 
             ("resolved", pytest.approx(resolved.gpu_hours))]
         assert rows[1]["cost_note"] == resolved.cost_note and rows[1]["money"] > rows[0]["money"]
         text = json.dumps(slack_body([firing], None, "rlmon"))
-        assert "Cost so far: firing for 1 s" in text and "USD" in text
+        assert "Cost so far: firing for 1.0 s" in text and "USD" in text
         details = pagerduty_body(firing, {}, "g", None)["payload"]["custom_details"]
         assert details["cost"]["gpu_hours"] == pytest.approx(firing.gpu_hours)
         assert webhook_body([resolved], None)["alerts"][0]["cost"]["text"] == resolved.cost_note
