@@ -60,6 +60,23 @@ def _absolute(path: str | None) -> str | None:
     return os.path.abspath(path) if path else None
 
 
+def ray_join_env() -> str:
+    """The environment that makes a script join this process's Ray: its address, and with
+    Ray's token authentication on, where the script finds the token."""
+    import ray
+
+    words = [f"RAY_ADDRESS={ray.get_runtime_context().gcs_address}"]
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
+        words.append("RAY_AUTH_MODE=token")
+        if os.environ.get("RAY_AUTH_TOKEN"):
+            words.append("RAY_AUTH_TOKEN=<the token set here>")
+        else:
+            path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.join(
+                os.path.expanduser("~"), ".ray", "auth_token")
+            words.append(f"RAY_AUTH_TOKEN_PATH={path}")
+    return " ".join(words)
+
+
 def check_service_resource(resource: str) -> None:
     """Fail fast, with the command that fixes it, when no node offers ``resource``."""
     import ray
@@ -114,13 +131,13 @@ def run_serve(args: argparse.Namespace, stop: threading.Event | None = None) -> 
     print(
         f"rlmon serve: namespace {args.namespace!r}, {layout['shards']} aggregator shard(s), "
         f"service{where} with metrics on http://{host}:{layout['port']}/metrics "
-        "(health: /healthz)",
+        f"(health: /healthz; the run page: http://{host}:{layout['port']}/)",
         flush=True,
     )
-    if not args.address:
-        # a script's Reporter starts its own Ray unless told where this one is
-        print("rlmon serve: training scripts on this machine report here when started with "
-              f"RAY_ADDRESS=auto (Reporter namespace {args.namespace!r})", flush=True)
+    # a script's Reporter starts its own Ray unless told where this one is; RAY_ADDRESS=auto
+    # would join the newest Ray on the machine, which may be another user's
+    print(f"rlmon serve: training scripts report here when started with {ray_join_env()} "
+          f"(Reporter namespace {args.namespace!r})", flush=True)
     stop = stop or threading.Event()
     previous = {}
     if threading.current_thread() is threading.main_thread():
