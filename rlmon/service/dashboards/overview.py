@@ -20,7 +20,7 @@ from rlmon.service.dashboards.panels import (
     table_panel,
     timeseries_panel,
 )
-from rlmon.service.dashboards.promql import select
+from rlmon.service.dashboards.promql import RUN_ROLE, select
 from rlmon.service.dashboards.thresholds import Band
 from rlmon.service.export import series
 
@@ -86,12 +86,50 @@ def health_panels() -> list[Builder[dm.Panel]]:
     ]
 
 
+def goodput_panels() -> list[Builder[dm.Panel]]:
+    """Where the GPU-hours go (docs/goodput.md): the goodput ratio, GPU-seconds per bucket as
+    rates of their counters, and why ranks idle or waste."""
+    seconds = series.GOODPUT_SECONDS.name
+    rate = f"rate({select(seconds)}[5m])"
+    productive = select(seconds, RUN_ROLE + ', bucket="productive"')
+    return [
+        stat_panel("Goodput", "Productive GPU-seconds over all GPU-seconds of the selected "
+                   "roles' accounted steps (a step is accounted when the run is two steps "
+                   "past it).",
+                   f"sum by (run) ({productive}) / sum by (run) ({select(seconds)})",
+                   unit="percentunit",
+                   bands=[Band(None, "red"), Band(0.3, "orange"), Band(0.6, "green")]),
+        stat_panel("MFU", "Model FLOPs utilisation of the run so far (every role), when the "
+                   "config gives the model's FLOPs per token and the GPUs' peak.",
+                   f'{series.MFU.name}{{run=~"$run"}}', unit="percentunit"),
+        timeseries_panel(
+            "GPUs by bucket",
+            "GPU-seconds per second by bucket: productive, overhead (weight sync, checkpoints, "
+            "evaluation, logging), idle (derived from the timelines), wasted (tied groups, "
+            "truncation, discarded steps).",
+            [query(f"sum by (run, bucket) ({rate})", "{{run}} {{bucket}}")],
+            unit="short", span=12),
+        timeseries_panel(
+            "Idle and wasted by reason",
+            "GPU-seconds per second lost, by why: a straggler, waiting for rollouts or "
+            "weights, the pipeline, unattributed; tied reward groups, truncated completions, "
+            "discarded or rolled-back steps.",
+            [query(f'sum by (run, bucket, reason) (rate({seconds}{{run=~"$run", '
+                   f'role=~"$role", bucket=~"idle|wasted"}}[5m]))',
+                   "{{run}} {{bucket}}/{{reason}}")],
+            unit="short", span=24),
+    ]
+
+
 def build() -> db.Dashboard:
     dash = frame(UID, "rlmon / RLHF run overview",
                  "Reward, rollout, rollout/trainer mismatch, optimisation and performance "
                  "metrics of RLHF runs, aggregated exactly across ranks by rlmon.")
     dash = dash.with_row(db.Row("Health"))
     for panel in health_panels():
+        dash = dash.with_panel(panel)
+    dash = dash.with_row(db.Row("Goodput"))
+    for panel in goodput_panels():
         dash = dash.with_panel(panel)
     rows = catalog_rows(DASHBOARD)
     for row in ROWS:
