@@ -246,6 +246,8 @@ def diagnose(run: LoggedRun, rules: Sequence[Rule] | None = None,
                 info.describe() if info else "", bool(info and info.lossy), related,
                 _detail(stream, event) or event.detail))
     findings.extend(_sanity(records, keymap))
+    if not run.records:
+        findings.extend(_gaps(run, keymap))
     findings.sort(key=lambda f: (f.run, f.role, f.step, f.source != "rules"))
     lossy = tuple(w.message for w in sanity.relay_warnings(
         keymap.framework, [i.key.removeprefix("train/") for i in keymap.keys])) \
@@ -269,5 +271,44 @@ def _sanity(records: list[StepRecord], keymap: KeyMap) -> list[Finding]:
                 record.metrics.get(found.metric), what_to_check=found.message,
                 value_is=info.describe() if info else "", lossy=bool(info and info.lossy),
                 source="sanity"))
+    return out
+
+
+_STEADY = 3  # steps a key must have been logged in a row before its absence is news
+_GAP_HINT = ("It was logged at every step before this one, and this step's other metrics "
+             "were: a tracker leaves out a value it cannot write. TRL logs a metric whose every "
+             "value was NaN as None, which TensorBoard drops and trainer_state.json holds as "
+             "null: look for a NaN at this step (the rewards, the reference model, the loss).")
+
+
+def _gaps(run: LoggedRun, keymap: KeyMap) -> list[Finding]:
+    """A key logged at every step, then missing at a step whose other steady keys are there."""
+    watched = {i.key: i for i in keymap.keys
+               if i.status in (KeyStatus.CANONICAL, KeyStatus.RELAYED, KeyStatus.UNKNOWN)}
+    streak: dict[str, int] = {}
+    since: dict[str, int] = {}
+    said: set[str] = set()
+    out = []
+    for step, values in run.rows.items():
+        steady = {k for k, n in streak.items() if n >= _STEADY}
+        missing = sorted(k for k in steady if k not in values)
+        if missing and len(steady) - len(missing) >= len(missing):
+            for key in missing:
+                if key in said:
+                    continue
+                said.add(key)
+                info = watched[key]
+                out.append(Finding(
+                    run.name, ROLE, step, "MetricNotLogged", "warning", "found", info.name, key,
+                    None, since=since[key], condition=f"{key} logged at every step from "
+                    f"{since[key]}, not at {step}", what_to_check=_GAP_HINT,
+                    value_is=info.describe(), lossy=info.lossy, source="diagnose"))
+        for key in watched:
+            if key in values:
+                if streak.get(key, 0) == 0:
+                    since[key] = step
+                streak[key] = streak.get(key, 0) + 1
+            else:
+                streak[key] = 0
     return out
 
