@@ -221,6 +221,12 @@ class EngineWindow:
         explicit = _STATE["step"]
         if explicit is not None:
             return int(explicit)
+        if not _STATE.get("said_windows"):  # once per process
+            _STATE["said_windows"] = True
+            log.warning("rlmon: vLLM reports each %g-second window of its statistics as a step "
+                        "(0, 1, 2, ...): no set_step call; call rlmon.actors.integrations.vllm."
+                        "set_step(trainer_step) in the rollout loop to report under the "
+                        "trainer's steps (docs/integrations.md)", self.window_s)
         return max(0, int((now - self.origin) // self.window_s))
 
     def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:

@@ -388,7 +388,8 @@ _ROWS: tuple[KeyMapping, ...] = (
          fidelity=Fidelity.EXACT, via="trainer hook", comparable=False,
          note="TRL logs the Bessel-corrected (sample) std of each generation batch, averaged over "
               "the logging window; rlmon sends (n, sum, sum of squares) of the gathered rewards: "
-              "the population std of the step", source=_TRL),
+              "rollout/reward_std is the population std of the step, sqrt((n-1)/n) times the "
+              "sample one (3 % lower with 16 rewards, 0.8 % with 64)", source=_TRL),
     _row("trl", "(not logged) reward min", canonical=REWARD_MIN, reduction=Reduction.MIN,
          fidelity=Fidelity.EXACT, via="trainer hook", note="min of the gathered rewards",
          source=_TRL),
