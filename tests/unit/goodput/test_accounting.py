@@ -146,3 +146,26 @@ def test_a_rank_without_spans_is_all_idle_and_mfu() -> None:
     assert math.isnan(result.goodput) is False and result.goodput == 0.0
     assert mfu(1_000, 6e9, 10.0, 1e12) == pytest.approx(0.6)
     assert math.isnan(mfu(1, 1, 0.0, 1e12))
+
+
+def test_spans_that_overlap_without_nesting_match_the_reference() -> None:
+    """Spans of two threads of one rank overlap without nesting: the deepest span wins, then
+    the later start (the painted fallback), as the reference paints them."""
+    us = 1_000
+
+    def rank(dp: int, spans: list[tuple[str, int, int, int]]) -> RankTimeline:
+        return RankTimeline(Rank(dp=dp), Timeline(0, 1_000 * us, tuple(
+            Span(n, s * us, e * us, d) for n, s, e, d in spans)))
+
+    trainer = RoleTimelines("actor", (
+        rank(0, [("train", 100, 600, 0), ("checkpoint", 500, 700, 0), ("log", 550, 560, 1),
+                 ("update_weights", 650, 800, 1)]),
+        rank(1, [("train", 100, 900, 0)]),
+    ))
+    engine = RoleTimelines("rollout", (rank(0, [("generate", 0, 90, 0)]),))
+    data = StepInput("r", 0, 0, (trainer, engine), 0.5, 0.0)
+    result = account_step(data, SpanMap())
+    _assert_equal(dict(result.seconds), reference(data))
+    # the checkpoint wins over train (same depth, later start) except under the nested spans
+    assert result.seconds[("actor", Bucket.OVERHEAD, "checkpoint")] == pytest.approx(
+        ((550 - 500) + (600 - 560) + (650 - 600)) * 1e-6, abs=US)
