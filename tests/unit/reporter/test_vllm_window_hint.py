@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
@@ -17,8 +18,8 @@ def test_time_windows_as_steps_are_said_once(caplog: pytest.LogCaptureFixture,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(rl_vllm._STATE, "said_windows", False)
     hub, now = Hub(), [1000.0]
-    window = rl_vllm.EngineWindow(hub.reporter("win", "vllm", rank={"dp": 0}, world={"dp": 1}),
-                                  10.0, lambda: now[0])
+    reporter = cast(Any, hub.reporter("win", "vllm", rank={"dp": 0}, world={"dp": 1}))
+    window = rl_vllm.EngineWindow(reporter, 10.0, lambda: now[0])
     tokens = SimpleNamespace(num_generation_tokens=4, num_preempted_reqs=0)
     with caplog.at_level(logging.WARNING, logger=rl_vllm.__name__):
         for _ in range(3):
@@ -40,8 +41,8 @@ def test_nothing_is_said_with_set_step(caplog: pytest.LogCaptureFixture,
     hub = Hub()
     rl_vllm.set_step(5)
     try:
-        window = rl_vllm.EngineWindow(hub.reporter("st", "vllm", rank={"dp": 0},
-                                                   world={"dp": 1}), 10.0)
+        reporter = cast(Any, hub.reporter("st", "vllm", rank={"dp": 0}, world={"dp": 1}))
+        window = rl_vllm.EngineWindow(reporter, 10.0)
         with caplog.at_level(logging.WARNING, logger=rl_vllm.__name__):
             window.record(None, SimpleNamespace(num_generation_tokens=2, num_preempted_reqs=0))
             window.close()
