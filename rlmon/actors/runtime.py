@@ -25,6 +25,7 @@ from rlmon.actors.aggregator_actor import aggregator_actor_class
 from rlmon.actors.reporter.sink import SinkClosed, close_open_senders
 from rlmon.actors.service_actor import SERVICE, service_actor_class
 from rlmon.service.aggregation.tier_messages import IngestAck
+from rlmon.service.contract.heartbeat import Heartbeat
 from rlmon.service.contract.step_message import StepMessage
 
 __all__ = [
@@ -550,6 +551,21 @@ class RaySink:
                 self._handles.pop(shard, None)
                 raise
             return ack
+
+    def heartbeat(self, beats: Sequence[Heartbeat]) -> None:
+        """Heartbeats sent alone, to the aggregator shard of each (run, role) (a node merger
+        is bypassed: liveness is judged by the root)."""
+        import ray
+
+        with self._lock:
+            self._connect()
+            assert self._shards is not None
+            by_shard: dict[int, list[Heartbeat]] = {}
+            for beat in beats:
+                by_shard.setdefault(shard_of(beat.run, beat.role, self._shards), []).append(beat)
+            for shard, batch in by_shard.items():
+                handle = ray.get_actor(aggregator_name(shard), namespace=self.namespace)
+                ray.get(handle.heartbeat.remote(batch), timeout=self.timeout)
 
     def send(self, messages: Sequence[StepMessage]) -> IngestAck | None:
         import ray

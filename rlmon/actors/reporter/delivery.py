@@ -32,6 +32,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from rlmon.actors.reporter.sink import ReportSink, SinkClosed
 from rlmon.actors.reporter.tally import Tally
+from rlmon.service.contract.heartbeat import Heartbeat
 from rlmon.service.contract.step_message import StepMessage
 from rlmon.service.contract.stop_decision import StopDecision
 
@@ -90,8 +91,17 @@ class Delivery(Generic[Raw]):
         started: float,
         max_pending: int = 1024,
         max_batch: int = 64,
+        heartbeat: Callable[[bool], Heartbeat] | None = None,
+        heartbeat_s: float = 5.0,
     ) -> None:
         self.sink = sink
+        # Liveness (docs/liveness.md): every heartbeat_s this thread says the rank is alive and
+        # where it is, riding on the step messages it sends or alone when it has none; never
+        # before the first send (a Reporter that sent nothing starts no Ray for a heartbeat)
+        self.heartbeat, self.heartbeat_s = heartbeat, heartbeat_s
+        self._next_beat = 0.0
+        self._said_closing = False  # no heartbeat may follow the closing one
+        self.heartbeats = 0
         self.pack = pack
         self.tally = tally
         self.run, self.role = run, role
@@ -166,6 +176,9 @@ class Delivery(Generic[Raw]):
         if self._closed:
             return
         self.flush(timeout)
+        if self.sent and not self._gone:  # a clean close: the stream finished, it did not die
+            self._said_closing = True
+            self._beat(closing=True)
         with self._cond:
             self._closed = True
             self.dropped += len(self._pending) + len(self._raw)
@@ -189,6 +202,37 @@ class Delivery(Generic[Raw]):
         if not self._retained:
             return None
         return max(0.0, self._probes.next_at - time.monotonic())
+
+    def _beat_due(self) -> float | None:
+        """Seconds until the next heartbeat (0: now), or None when none is sent."""
+        if self.heartbeat is None or not self.sent or self._gone or self._said_closing:
+            return None
+        return max(0.0, self._next_beat - time.monotonic())
+
+    def _beat(self, closing: bool = False) -> None:
+        """Send a heartbeat alone (nothing else to send); a failure waits for the next one."""
+        self._next_beat = time.monotonic() + self.heartbeat_s
+        send = getattr(self.sink, "heartbeat", None)
+        if self.heartbeat is None or send is None:
+            return
+        try:
+            send([self.heartbeat(closing)])
+            self.heartbeats += 1
+        except Exception as exc:
+            if isinstance(exc, SinkClosed):
+                self._give_up(exc)
+                return
+            self.tally.last_error = f"heartbeat: {type(exc).__name__}: {exc}"
+
+    def _riding(self, batch: list[StepMessage]) -> list[StepMessage]:
+        """The batch as sent: its last message carries the heartbeat when one is due (the
+        retained copies do not: a resend would carry a stale one)."""
+        due = self._beat_due()
+        if self.heartbeat is None or due is None or due > 0:
+            return batch
+        self._next_beat = time.monotonic() + self.heartbeat_s
+        self.heartbeats += 1
+        return [*batch[:-1], replace(batch[-1], heartbeat=self.heartbeat(False))]
 
     def _probe(self, asked: int) -> None:
         """Ask the aggregator who it is, so retained messages reach a restarted one.
@@ -231,15 +275,27 @@ class Delivery(Generic[Raw]):
         backoff = _BACKOFF_S[0]
         while True:
             probe_asked: int | None = None
+            beat = False
             with self._cond:
                 while not self._pending and not self._raw and not self._closed:
                     due = self._probe_due()
                     if due == 0.0:
                         probe_asked = self._probes.asked
                         break
-                    self._cond.wait(due)
-                if probe_asked is None and not self._pending and not self._raw and self._closed:
+                    beat_due = self._beat_due()
+                    if beat_due == 0.0:
+                        beat = True
+                        break
+                    waits = [d for d in (due, beat_due) if d is not None]
+                    self._cond.wait(min(waits) if waits else None)
+                if probe_asked is None and not beat and not self._pending and not self._raw \
+                        and self._closed:
                     return
+            if beat:
+                self._beat()
+                if self._gone:
+                    return
+                continue
             if probe_asked is not None:
                 self._probe(probe_asked)
                 if self._gone:
@@ -259,7 +315,7 @@ class Delivery(Generic[Raw]):
                     continue
                 batch = [self._pending[i] for i in range(min(self.max_batch, len(self._pending)))]
             try:
-                ack = self.sink.send(batch)
+                ack = self.sink.send(self._riding(batch))
             except Exception as exc:  # the aggregator is slow, restarting or gone: keep and retry
                 self.tally.last_error = f"{type(exc).__name__}: {exc}"
                 if isinstance(exc, SinkClosed):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Literal
@@ -59,6 +60,7 @@ from rlmon.actors.reporter.tensor_stats import (
     is_torch,
     reduce_array,
 )
+from rlmon.service.contract.heartbeat import Heartbeat, OpenSpan, RankBeat
 from rlmon.service.contract.rank import Rank, World
 from rlmon.service.contract.records import check_metric_name, check_role, check_run
 from rlmon.service.contract.stop_decision import StopDecision
@@ -138,6 +140,8 @@ class Reporter:
         hardware_interval: float | None = 1.0,
         runtime: RuntimeOptions | None = None,
         redact: Callable[[str], str] | None = None,
+        heartbeat_seconds: float | None = None,
+        gpus_per_rank: float = 1.0,
     ) -> None:
         detected = detect_layout() if rank is None or world is None else None
         self.rank = coerce_rank(rank) if rank is not None else detected[0]  # type: ignore[index]
@@ -162,6 +166,14 @@ class Reporter:
         self._tensor_names = _TensorNames()
         self._captures = _Captures()
         self._clock = _StepClock(time.perf_counter_ns())
+        # Liveness (docs/liveness.md): the spans open now (name, perf ns at entry) and the last
+        # step ended, written by the training thread and read by the sender thread's heartbeat
+        self._open_spans: list[tuple[str, int]] = []
+        self._last_step: int | None = None
+        self._wall0, self._perf0 = time.time(), time.perf_counter_ns()
+        self.gpus_per_rank = gpus_per_rank
+        if heartbeat_seconds is None:
+            heartbeat_seconds = float(os.environ.get("RLMON_LIVENESS__HEARTBEAT_SECONDS", "5"))
         # device memory, GPU utilisation and power, host RSS and CPU: sampled on a thread of
         # their own, added to each step by the packer (None: not sampled)
         self._hardware = HardwareSampler(hardware_interval) if hardware_interval else None
@@ -170,7 +182,9 @@ class Reporter:
         self._delivery: Delivery[RawStep] = Delivery(
             sink, self._packer, self._tally, run=self.run, role=self.role,
             started=time.time(),  # tells a rerun of the run from a late resend
-            max_pending=max_pending, max_batch=max_batch)
+            max_pending=max_pending, max_batch=max_batch,
+            heartbeat=self._heartbeat if heartbeat_seconds > 0 else None,
+            heartbeat_s=heartbeat_seconds)
         track_sender(self)
 
     # -- what the other parts count, read on the training thread ------------------------------
@@ -423,10 +437,13 @@ class Reporter:
         depth = clock.depth
         clock.depth = depth + 1
         start = time.perf_counter_ns()
+        opened = self._open_spans
+        opened.append((name, start))  # the heartbeat says where this rank is, even if it hangs
         try:
             yield
         finally:
             end = time.perf_counter_ns()
+            del opened[depth:]
             clock.depth = depth
             if len(clock.spans) < MAX_SPANS:
                 clock.spans.append((name, start, end, depth, attrs or None))
@@ -529,6 +546,16 @@ class Reporter:
             self.transfers += moving.transfers
         return moving
 
+    def _heartbeat(self, closing: bool) -> Heartbeat:
+        """This rank's heartbeat, built on the sender thread: its open spans (outermost first,
+        each with the unix time it opened) and the last step it ended."""
+        wall0, perf0 = self._wall0, self._perf0
+        spans = tuple(OpenSpan(name, wall0 + (at - perf0) * 1e-9)
+                      for name, at in list(self._open_spans))
+        return Heartbeat(self.run, self.role, self.world,
+                         (RankBeat(self.rank, spans, self._last_step),), time.time(), closing,
+                         self.gpus_per_rank)
+
     def end_step(self, step: int) -> None:
         """Close the step and hand it to the sender thread; returns at once.
 
@@ -551,6 +578,7 @@ class Reporter:
                 Form.MAX, ((now - clock.start_ns) * 1e-9,), None, False, 0]
         timeline = clock.close(now)
         acc, self._acc = self._acc, {}
+        self._last_step = step
         self._delivery.put(RawStep(step, acc, time.time(), moving, batches, captures.picks,
                                    timeline))
 

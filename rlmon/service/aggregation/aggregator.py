@@ -206,7 +206,7 @@ class AggregatorCore:
                 if outcome == AddOutcome.ACCEPTED and msg.timeline is not None:
                     self.liveness.spans(msg.run, msg.role, msg.timeline, wall)
                 if msg.heartbeat is not None:
-                    self._heartbeat(msg.heartbeat, wall)
+                    self._heartbeat_of(msg.heartbeat, wall, ack)
                 if outcome == AddOutcome.LATE:
                     self._say_late(msg)
                 if msg.dropped or msg.refused:
@@ -311,7 +311,7 @@ class AggregatorCore:
                 for rank in state.finals:
                     self.liveness.heard(state.run, state.role, rank, state.world.size, wall)
             for beat in batch.heartbeats:
-                self._heartbeat(beat, wall)
+                self._heartbeat_of(beat, wall, ack)
             self._commit(done)
             self._batch = []
             self._floors(ack, batch.states)
@@ -360,11 +360,17 @@ class AggregatorCore:
         with self.lock:
             wall = self._wall()
             for beat in beats:
-                try:
-                    self._heartbeat(beat, wall)
-                except ContractError as exc:
-                    ack.refuse(beat, exc, self.max_errors)
+                self._heartbeat_of(beat, wall, ack)
         return ack
+
+    def _heartbeat_of(self, beat: Heartbeat, wall: float, ack: IngestAck) -> None:
+        """A heartbeat alone or riding on a step: a bad one is refused (in the ack, counted),
+        never the step or the batch it came with."""
+        try:
+            self._heartbeat(beat, wall)
+        except ContractError as exc:  # counted in heartbeats_refused by _heartbeat
+            if len(ack.errors) < self.max_errors:
+                ack.errors.append(f"{beat_origin(beat)} heartbeat: {exc}")
 
     def _heartbeat(self, beat: Heartbeat, wall: float) -> None:
         """Fold one heartbeat in; a bad one is counted and said, never costs its step."""
@@ -515,6 +521,14 @@ class AggregatorCore:
                 streams_pruned=self.streams_pruned,
                 names_forgotten=self.assembler.forms.forgotten,
             )
+
+
+def beat_origin(beat: object) -> str:
+    """``run/role`` of a heartbeat for an error line, whatever its fields hold."""
+    run, role = getattr(beat, "run", None), getattr(beat, "role", None)
+    if isinstance(run, str) and isinstance(role, str) and len(run) + len(role) <= 200:
+        return f"{run}/{role}"
+    return f"a {type(beat).__name__}"
 
 
 # How liveness views reach the service: (views, shard); raises to retry.

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 
 from rlmon.service.aggregation.step_state import StepState
 from rlmon.service.aggregation.tier_messages import IngestAck, NodeBatch, ReporterKey
+from rlmon.service.contract.heartbeat import Heartbeat
 from rlmon.service.contract.rank import Rank
 from rlmon.service.contract.records import ContractError
 from rlmon.service.contract.step_message import MessageChecks, StepMessage
@@ -56,6 +57,8 @@ class NodeMerger:
         self._unsent = (0, 0, 0)  # (rejected, late, duplicates) when the last batch was cut
         # Reporters' running (dropped, refused) counts that changed since the last batch
         self._reporters: dict[ReporterKey, tuple[int, int]] = {}
+        # the latest heartbeat riding on each Reporter's messages, handed on to the root
+        self._beats: dict[ReporterKey, Heartbeat] = {}
         self.check = MessageChecks()
         self._drains = 0
         self.lock = threading.Lock()
@@ -90,6 +93,8 @@ class NodeMerger:
             self._seen[seen_key] = _PENDING
             if msg.dropped or msg.refused:
                 self._reporters[(msg.run, msg.role, tuple(msg.rank))] = (msg.dropped, msg.refused)
+            if msg.heartbeat is not None:
+                self._beats[(msg.run, msg.role, tuple(msg.rank))] = msg.heartbeat
             while len(self._seen) > self.remember:
                 del self._seen[next(iter(self._seen))]
             if state is None:
@@ -134,10 +139,12 @@ class NodeMerger:
             rejected, late, duplicates = (a - b for a, b in zip(counts, self._unsent, strict=True))
             self._unsent = counts
             reporters, self._reporters = self._reporters, {}
-        if not states and not (rejected or late or duplicates or reporters):
+            beats, self._beats = list(self._beats.values()), {}
+        if not states and not (rejected or late or duplicates or reporters or beats):
             return None
         self._drains += 1
-        return NodeBatch(states, (self.id, self._drains), rejected, late, duplicates, reporters)
+        return NodeBatch(states, (self.id, self._drains), rejected, late, duplicates, reporters,
+                         beats)
 
     def merged(self, batch: NodeBatch, ack: IngestAck) -> None:
         """The root took ``batch``: remember which root holds its messages, and its floors."""

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-
 from rlmon.service.aggregation.aggregator import AggregatorCore
 from rlmon.service.aggregation.watermark import WatermarkStore
 from rlmon.service.config import Settings
-from rlmon.service.export.http import build_registry
 from rlmon.service.service_core import ServiceCore
+from tests.support.scrape import Samples, scrape
 from tests.unit.liveness.support import SimClock, beat, step_message
 
 
@@ -72,10 +69,8 @@ class Cluster:
                                                   closing=bool(how.get("close")))])
             self.tick()
 
-    def scrape(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        text = generate_latest(build_registry(self.service.metrics, process=False)).decode()
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for f in text_string_to_metric_families(text) for s in f.samples}
+    def scrape(self) -> Samples:
+        return scrape(self.service.metrics)
 
     def fired(self, run: str) -> list[tuple[str, str]]:
         return [(alert, state) for _, r, alert, state in self.events if r == run]
@@ -136,4 +131,18 @@ def test_a_service_restart_mid_stall_still_pages_once(tmp_path: Path) -> None:
     c.restart_service()
     c.run(40, {"r": {"span": "train"}})
     assert c.fired("r") == [("RunStalled", "firing")]
+    c.service.close(0.0)
+
+
+def test_a_bad_heartbeat_is_refused_alone(tmp_path: Path) -> None:
+    """A heartbeat riding on a step that breaks the contract costs neither the step nor the
+    batch: it is counted and its error named."""
+    from dataclasses import replace
+
+    c = Cluster(tmp_path)
+    bad = replace(beat("r", 0, 2), run="not a run id!")
+    ack = c.core.ingest([step_message("r", 0, 0, 1, heartbeat=bad)])
+    assert ack.finalized == 1 and ack.rejected == 0
+    assert any("heartbeat" in e and "run" in e for e in ack.errors)
+    assert c.core.heartbeats_refused == 1
     c.service.close(0.0)

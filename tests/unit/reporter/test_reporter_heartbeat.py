@@ -1,0 +1,60 @@
+"""The Reporter's heartbeat comes from its sender thread: a training thread stuck in a span does
+not stop it and is named in it; a clean close says so (docs/liveness.md)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from rlmon.actors.reporter.facade import Reporter
+from rlmon.actors.reporter.sink import LocalSink
+from rlmon.service.aggregation.tier_messages import IngestAck
+from rlmon.service.contract.heartbeat import Heartbeat
+from rlmon.service.contract.step_message import StepMessage
+from tests.support.polling import wait_for
+
+
+class BeatSink(LocalSink):
+    """A local sink that also keeps the heartbeats, alone or riding on step messages."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.beats: list[Heartbeat] = []
+
+    def send(self, messages: Sequence[StepMessage]) -> IngestAck:
+        self.beats.extend(m.heartbeat for m in messages if m.heartbeat is not None)
+        return super().send(messages)
+
+    def heartbeat(self, beats: Sequence[Heartbeat]) -> None:
+        self.beats.extend(beats)
+
+
+def test_a_hung_training_thread_keeps_heartbeating_where_it_is() -> None:
+    sink = BeatSink()
+    rep = Reporter("hb", "actor", rank={"dp": 0}, world={"dp": 1}, sink=sink,
+                   hardware_interval=None, heartbeat_seconds=0.05)
+    release = threading.Event()
+
+    def train() -> None:
+        rep.record("actor/loss", sum=1.0, count=1.0)
+        rep.end_step(0)
+        with rep.span("rollout"), rep.span("generate"):
+            release.wait(30)  # hung in a collective
+        rep.end_step(1)
+
+    worker = threading.Thread(target=train)
+    worker.start()
+    try:
+        stuck = wait_for(lambda: [b for b in sink.beats if b.ranks[0].spans], 10,
+                         "a heartbeat naming the open spans")
+        spans = stuck[-1].ranks[0].spans
+        assert [s.name for s in spans] == ["rollout", "generate"]
+        assert stuck[-1].ranks[0].last_step == 0
+        count = len(sink.beats)
+        wait_for(lambda: len(sink.beats) >= count + 3, 10, "heartbeats while the thread hangs")
+    finally:
+        release.set()
+        worker.join()
+    rep.close()
+    assert sink.beats[-1].closing
+    assert not any(b.closing for b in sink.beats[:-1])
