@@ -28,6 +28,7 @@ from rlmon.service.goodput.accounting import (
     mfu,
 )
 from rlmon.service.goodput.buckets import Bucket, SpanMap
+from rlmon.service.goodput.cost import Price, alert_cost
 from rlmon.service.goodput.ledger import discard_reason, gpus_per_rank, span_map
 from rlmon.service.metrics import catalog
 from rlmon.service.storage.history import HistoryStore, StepTimelines
@@ -143,7 +144,11 @@ def _roles(lines: Sequence[Mapping[str, Any]]) -> tuple[RoleSummary, ...]:
     return tuple(out)
 
 
-def _alerts(store: HistoryStore, run: str) -> tuple[AlertEntry, ...]:
+def _alerts(store: HistoryStore, run: str, run_end: float | None, price: Price,
+            ) -> tuple[AlertEntry, ...]:
+    """Every incident, firing to resolve. One still firing at the end costs, so far, the run's
+    GPUs from its onset to the end of the run's last step (its firing row says less: the cost
+    when it fired)."""
     open_: dict[tuple[str, str, int], dict[str, Any]] = {}
     done: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
     for row in store.alerts(run, cost=True):
@@ -158,6 +163,12 @@ def _alerts(store: HistoryStore, run: str) -> tuple[AlertEntry, ...]:
     out = []
     for fired, resolved in sorted(done, key=lambda p: (p[0]["step"], p[0]["alert"])):
         latest = resolved or fired  # the resolve carries the whole incident's cost
+        gpu_hours, money, note = latest["gpu_hours"], latest["money"], latest["cost_note"] or ""
+        if resolved is None and fired["onset"] is not None and fired["gpus"] is not None and (
+                run_end is not None):
+            cost = alert_cost(fired["onset"], max(run_end, fired["onset"]), fired["gpus"], price)
+            gpu_hours, money = cost.gpu_hours, cost.money
+            note = cost.describe("firing") + " (to the run's last step)"
         name = catalog.samples_for(fired["metric"]) if fired["metric"] else None
         samples: tuple[dict[str, Any], ...] = ()
         if name:
@@ -169,7 +180,7 @@ def _alerts(store: HistoryStore, run: str) -> tuple[AlertEntry, ...]:
             fired["role"], fired["alert"], fired["severity"], fired["metric"],
             int(fired["attempt"] or 0), int(fired["step"]), fired["value"],
             int(resolved["step"]) if resolved else None, fired["onset"], latest["gpus"],
-            latest["gpu_hours"], latest["money"], latest["cost_note"] or "",
+            gpu_hours, money, note,
             name or "" if samples else "", samples))
     return tuple(out)
 
@@ -253,8 +264,7 @@ def _slowest(stored: Sequence[StepTimelines], spans: SpanMap,
 
 
 def _curves(lines: Sequence[Mapping[str, Any]], alerts: Sequence[AlertEntry]) -> list[Curve]:
-    wanted = list(KEY_METRICS) + [a.metric for a in alerts
-                                  if a.metric and a.metric not in KEY_METRICS]
+    wanted = list(dict.fromkeys([*KEY_METRICS, *(a.metric for a in alerts if a.metric)]))
     latest: dict[str, int] = {}
     for line in lines:
         latest[line["role"]] = max(latest.get(line["role"], 0), int(line.get("attempt", 0)))
@@ -267,7 +277,7 @@ def _curves(lines: Sequence[Mapping[str, Any]], alerts: Sequence[AlertEntry]) ->
             if value is not None:
                 series.setdefault((line["role"], name), []).append((int(line["step"]), value))
     out = []
-    for name in dict.fromkeys(wanted):
+    for name in wanted:
         for (role, metric), points in sorted(series.items()):
             if metric != name or len(points) < 1:
                 continue
@@ -284,8 +294,10 @@ def build_report(store: HistoryStore, run: str, config: GoodputConfig | None = N
     MFU inputs; the defaults otherwise)."""
     config = config or GoodputConfig()
     lines = store.steps(run)
-    alerts = _alerts(store, run)
     steps, stored = _goodput(store, run, lines, config)
+    ends = [t.timeline.end_ns * 1e-9 for st in stored for t in st.ranks]
+    alerts = _alerts(store, run, max(ends) if ends else None,
+                     Price(config.price_per_gpu_hour, config.currency))
     totals = GoodputTotals()
     for s in steps:
         totals.add(s)

@@ -60,7 +60,7 @@ def store_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for n in range(5, 11):  # ISRatioStale fires at 7, resolves at 9
             core.publish(_records(n, bad=n in (7, 8)))
         for n in range(9, 12):  # a restart from step 9: attempt 0's steps 9 and 10 rolled back
-            core.publish(_records(n, attempt=1))
+            core.publish(_records(n, attempt=1, bad=n == 11))  # it fires again at 11
     finally:
         core.close()
     return state
@@ -92,12 +92,16 @@ def test_report_model(store_path: Path) -> None:
     reasons = {(b, why): v for b, why, v in report.goodput_reasons}
     assert reasons[("wasted", "rolled_back")] > 0 and reasons[("wasted", "no_reward_spread")] > 0
     assert report.goodput_ratio == pytest.approx(want[Bucket.PRODUCTIVE] / sum(want.values()))
-    (alert,) = [a for a in report.alerts if a.alert == "ISRatioStale"]
+    alert, again = [a for a in report.alerts if a.alert == "ISRatioStale"]
     assert (alert.role, alert.fired_step, alert.resolved_step) == ("actor", 7, 9)
     # the resolve's cost: the run's 9 GPUs from the start of step 7 to the end of step 9
     assert alert.gpu_hours == pytest.approx(9 * 3 * 1.000003 / 3600)
     assert alert.cost_note.startswith("lasted 3.0 s: 9 GPUs")
     assert alert.samples_metric == WORST and alert.samples[0]["id"] == "seq-7"
+    # still firing at the end: its cost so far runs to the end of the run's last step
+    assert (again.attempt, again.fired_step, again.resolved_step) == (1, 11, None)
+    assert again.gpu_hours == pytest.approx(9 * 1.000003 / 3600)
+    assert again.cost_note.endswith("(to the run's last step)")
     assert {(c.role, c.metric) for c in report.curves} >= {
         ("actor", catalog.IS_RATIO), ("reward", catalog.REWARD), ("actor", catalog.IS_RATIO_MIN)}
     stale = next(c for c in report.curves if c.metric == catalog.IS_RATIO_MIN)
@@ -108,9 +112,9 @@ def test_report_model(store_path: Path) -> None:
     assert "my_thing" in report.unmapped_spans
     assert not any("GPUs per rank" in n for n in report.notes)
     text = json.dumps(report.to_json(), allow_nan=False)
-    assert json.loads(text)["alerts"][0]["alert"] == "ISRatioStale"
+    assert [a["alert"] for a in json.loads(text)["alerts"]] == ["ISRatioStale"] * 2
     rendered = render_text(report)
-    for heading in ("Steps", "Goodput", "Alerts (1)", "Slowest ranks", "Slowest stages",
+    for heading in ("Steps", "Goodput", "Alerts (2)", "Slowest ranks", "Slowest stages",
                     "Curves"):
         assert heading in rendered
     assert "lasted 3.0 s: 9 GPUs" in rendered and "wasted/rolled_back" in rendered
