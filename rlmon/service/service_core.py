@@ -197,8 +197,10 @@ class ServiceCore:
             _log.warning("rlmon: the run page and /api/ on %s are open to whoever reaches it "
                          "(worst samples included): set exporter.token_file or "
                          "RLMON_EXPORTER__TOKEN (docs/page.md)", self.host)
-        return WebApp(WebApi(reader, self.engine.rules),
-                      token.get_secret_value() if token is not None else None)
+        api = WebApi(reader, self.engine.rules, states=self.metrics.liveness_states,
+                     goodput=lambda: {run: g for run, (_s, g, _m) in
+                                      self.goodput.snapshot().items()})
+        return WebApp(api, token.get_secret_value() if token is not None else None)
 
     @classmethod
     def from_config(

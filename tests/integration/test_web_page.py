@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -79,16 +80,22 @@ def pixels(png: bytes) -> np.ndarray:
     return np.asarray(image.imread(io.BytesIO(png), format="png"))
 
 
-def test_runs_table_lists_every_stream_of_the_run(page: Any) -> None:
+def test_runs_table_lists_every_stream_of_the_run(page: Any, service: ServiceCore) -> None:
+    from rlmon.service.liveness.run_state import LivenessView, RunState
+
+    now = time.time()
+    service.liveness([LivenessView(RUN, "rollout", RunState.STALLED, now - 300, now, 29,
+                                   now - 300, now - 300, 1.0, 60.0, 1)])
     page.goto(page.base)
     page.wait_for_selector("#runs tbody tr")
     rows = page.eval_on_selector_all("#runs tbody tr", """rows => rows.map(r => [
-        r.dataset.run, r.dataset.role, r.querySelector('.last-step').textContent,
-        r.cells[5].textContent, r.cells[6].textContent])""")
+        r.dataset.run, r.dataset.role, r.cells[2].textContent,
+        r.querySelector('.last-step').textContent, r.cells[5].textContent,
+        r.cells[6].textContent])""")
     assert sorted(rows) == [
-        [RUN, "actor", "29", "4 / 4", "ISRatioStaleLogprobMismatch"],
-        [RUN, "reward", "29", "1 / 1", "none"],
-        [RUN, "rollout", "29", "1 / 1", "PolicyLagGrowing"],
+        [RUN, "actor", "unknown", "29", "4 / 4", "ISRatioStaleLogprobMismatch"],
+        [RUN, "reward", "unknown", "29", "1 / 1", "none"],
+        [RUN, "rollout", "stalled", "29", "1 / 1", "PolicyLagGrowingRunStalled"],  # it pages
     ]
 
 

@@ -220,6 +220,11 @@ class MetricsState:
             self._series += len(firing)
             self._liveness[key] = (view, dict(firing), now)
 
+    def liveness_states(self) -> dict[tuple[str, str], str]:
+        """The liveness state of each (run, role) shown (the run page's runs table)."""
+        with self._lock:
+            return {key: view.state.value for key, (view, _f, _at) in self._liveness.items()}
+
     def set_run_info(self, run: str, info: RunInfo) -> None:
         """Metadata may arrive before the run's first step; it lives as long as a stream would."""
         with self._lock:

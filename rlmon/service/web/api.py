@@ -30,7 +30,7 @@ from rlmon.service.web.curves import ColumnCache, downsample
 __all__ = ["PANELS", "ApiError", "Panel", "WebApi", "alerts_json"]
 
 StreamStates = Callable[[], Mapping[tuple[str, str], str]]
-Goodput = Callable[[], Mapping[tuple[str, str], float]]
+Goodput = Callable[[], Mapping[str, float]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +110,8 @@ class WebApi:
                  clock: Callable[[], float] = time.time) -> None:
         """``store``: a reader's own (read-only) store. ``rules``: the engine's, for the
         conditions in words. ``states``: the liveness state per (run, role) once the service
-        keeps one; ``goodput``: the productive fraction per (run, role) once it is measured."""
+        keeps one (else each shows ``unknown``, and the age of its last step says the rest);
+        ``goodput``: the productive fraction of each run's GPU time."""
         self.store = store
         self.rules = {r.name: r for r in rules}
         self.states = states
@@ -159,7 +160,7 @@ class WebApi:
                 "ranks_reporting": reporting, "ranks_expected": expected,
                 "complete": bool(complete),
                 "state": states.get((run, role), "unknown"),
-                "goodput": goodput.get((run, role)),
+                "goodput": _number(goodput[run]) if run in goodput else None,
                 "firing": firing.get((run, role), []),
             })
         out.sort(key=lambda r: (-(r["last_time"] or 0.0), r["run"], r["role"]))

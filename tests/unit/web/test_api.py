@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import socket
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -20,6 +22,8 @@ from rlmon.service.service_core import ServiceCore
 from rlmon.service.web.api import PANELS
 from rlmon.service.web.curves import downsample
 from tests.support.web_support import example_records, fed_service
+
+RUN = "grpo-demo-0"
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +64,21 @@ def test_runs_lists_every_stream_with_its_last_step_ranks_and_firing_alerts(
         "LogprobMismatch": 6, "ISRatioStale": 10}
     assert actor["state"] == "unknown" and actor["age_seconds"] >= 0.0
     assert body["alerts_seen"] == len(service.history.alerts())
+    goodput = {run: g for run, (_s, g, _m) in service.goodput.snapshot().items()}
+    assert actor["goodput"] == (goodput[RUN] if math.isfinite(goodput.get(RUN, math.nan))
+                                else None)
+
+
+def test_runs_show_the_liveness_state_the_service_keeps(service: ServiceCore) -> None:
+    from rlmon.service.liveness.run_state import LivenessView, RunState
+
+    now = time.time()
+    service.liveness([LivenessView(RUN, "actor", RunState.STALLED, now - 300, now, 29,
+                                   now - 300, now - 300, 1.0, 60.0, 4)])
+    _, body, _ = get(service, "/api/runs")
+    states = {r["role"]: r["state"] for r in body["runs"]}
+    assert states == {"actor": "stalled", "reward": "unknown", "rollout": "unknown"}
+    assert body["states_known"] is True
 
 
 def test_curves_hold_every_step_of_a_short_run_and_the_alert_transitions(
