@@ -13,7 +13,6 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +23,12 @@ from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, runtime_of, shu
 from rlmon.service.aggregation.aggregator import AggregatorCore
 from rlmon.service.aggregation.watermark import WatermarkStore
 from rlmon.service.contract.step_message import StepMessage
-from rlmon.service.export.exporter import RlmonCollector
 from rlmon.service.service_core import ServiceCore
+from tests.support.network import free_port
 from tests.support.paths import REPO
 from tests.support.polling import wait_for
+from tests.support.scrape import scrape
+from tests.support.sinks import AggregatorSink
 from tests.support.subprocesses import run_in_own_session
 
 ROOT = REPO
@@ -103,12 +104,9 @@ def test_config_exporter_port_is_honoured_and_alerts_reach_the_console(
         capsys: pytest.CaptureFixture[str]) -> None:
     """``exporter.port`` of a config given through RuntimeOptions(config=...) is where /metrics
     serves, and with no receiver configured the alert prints on this process's console."""
-    import socket
     import urllib.request
 
-    with socket.socket() as sock:  # a port free now, for the config to ask for
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # free now, for the config to ask for
     config = tmp_path / "rlmon.yaml"
     config.write_text(f"exporter:\n  host: 127.0.0.1\n  port: {port}\n")
     opts = RuntimeOptions(config=str(config), state_dir=str(tmp_path / "state"))
@@ -132,18 +130,8 @@ def test_config_exporter_port_is_honoured_and_alerts_reach_the_console(
 
 # -- a rerun under the same run name (in process) --------------------------------------------------
 
-class _CoreSink:
-    """A Reporter sink feeding an AggregatorCore directly (the aggregator actor without Ray)."""
-
-    def __init__(self, core: AggregatorCore) -> None:
-        self.core = core
-
-    def send(self, messages: Sequence[StepMessage]) -> Any:
-        return self.core.ingest(messages)
-
-
 def _run(core: AggregatorCore, service: ServiceCore, steps: range, tied: float) -> Reporter:
-    rep = Reporter("rerun", "actor", rank={"dp": 0}, world={"dp": 1}, sink=_CoreSink(core))
+    rep = Reporter("rerun", "actor", rank={"dp": 0}, world={"dp": 1}, sink=AggregatorSink(core))
     for step in steps:
         rep.record("rollout/frac_reward_zero_std", sum=tied, count=1)
         rep.end_step(step)
@@ -154,12 +142,7 @@ def _run(core: AggregatorCore, service: ServiceCore, steps: range, tied: float) 
 
 
 def _scrape(service: ServiceCore) -> dict[str, float]:
-    out = {}
-    for family in RlmonCollector(service.metrics).collect():
-        for sample in family.samples:
-            if not sample.labels:
-                out[sample.name] = sample.value
-    return out
+    return {name: value for (name, lbl), value in scrape(service.metrics).items() if not lbl}
 
 
 def test_a_rerun_under_the_same_name_is_recorded_as_a_new_attempt(tmp_path: Path) -> None:

@@ -7,12 +7,12 @@ The first engine of a machine JIT-compiles an op (about 40 s); later ones take s
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 
 from rlmon.service.metrics import catalog
 from tests.support.integrations_support import Hub
+from tests.support.network import free_port
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 
@@ -28,12 +28,6 @@ from rlmon.actors.integrations import deepspeed as rl_ds  # noqa: E402
 GAS = 4
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def engine():
     import deepspeed
@@ -41,7 +35,7 @@ def engine():
     # the launcher's variables for this module only: a later test's subprocess (a trainer of
     # its own) must not inherit a MASTER_PORT this process still listens on
     patch = pytest.MonkeyPatch()
-    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0",
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
                        "WORLD_SIZE": "1", "LOCAL_RANK": "0", "DS_ACCELERATOR": "cpu"}.items():
         if key not in os.environ:
             patch.setenv(key, value)

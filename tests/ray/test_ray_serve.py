@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import socket
 import threading
 import urllib.request
 from pathlib import Path
@@ -11,15 +10,10 @@ from typing import Any
 
 import pytest
 
+from tests.support.network import free_port
 from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.ray
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_serve_health_ingest_and_graceful_stop(
@@ -29,7 +23,7 @@ def test_serve_health_ingest_and_graceful_stop(
     from rlmon.cli import build_parser
     from rlmon.commands import serve
 
-    port = _free_port()
+    port = free_port()
     args = build_parser().parse_args([
         "serve", "--namespace", ray_namespace, "--port", str(port), "--host", "127.0.0.1",
         "--state-dir", str(tmp_path), "--deadline", "30",
@@ -90,7 +84,7 @@ def test_service_resource_pins_the_service_to_the_node_offering_it(
 
     resource = "node:__internal_head__"
     assert ray_cluster.cluster_resources().get(resource, 0) >= 1
-    port = _free_port()
+    port = free_port()
     args = build_parser().parse_args([
         "serve", "--namespace", ray_namespace, "--port", str(port), "--host", "127.0.0.1",
         "--state-dir", str(tmp_path), "--service-resource", resource,

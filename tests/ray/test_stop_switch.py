@@ -23,6 +23,7 @@ from rlmon.service.contract.stop_decision import StopDecision
 from rlmon.service.metrics import catalog
 from rlmon.service.service_core import ServiceCore
 from tests.support.polling import wait_for
+from tests.support.records import step_record
 from tests.support.stop_support import InProcess, stopping_settings
 
 NAN_STOPS = "actions: {NonFiniteMetric: [stop]}\n"  # a default rule given the stop action
@@ -37,7 +38,7 @@ class Clock:
 
 
 def step(run: str, n: int, value: float = 1.0, role: str = "actor") -> StepRecord:
-    return StepRecord(run, role, n, True, 1, 1, (), {catalog.REWARD: value})
+    return step_record(run=run, role=role, step=n, metrics={catalog.REWARD: value})
 
 
 def service(tmp_path: Path, rules: str, stop_runs: dict[str, list[str]] | None,

@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import threading
 import time
 from collections import deque
@@ -24,6 +23,7 @@ import httpx2
 import pytest
 
 from rlmon.service.config import Settings
+from tests.support.network import free_port
 from tests.support.polling import wait_for
 
 __all__ = [
@@ -31,7 +31,6 @@ __all__ = [
     "PromStack",
     "Receiver",
     "Request",
-    "free_port",
     "need_binary",
     "wait_for",
     "webhook_settings",
@@ -46,12 +45,6 @@ def webhook_settings(receiver: Receiver, outbox: Path) -> Settings:
         "routing": {"critical": ["webhook"], "warning": ["webhook"]},
         "outbox": {"path": str(outbox)},
     })
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def need_binary(name: str) -> str:

@@ -36,7 +36,8 @@ def main(state_dir: str, destination: str, mode: str) -> int:
     )
     core = ServiceCore(settings, state_dir=state_dir)
     for n, ratio in enumerate(STEPS):
-        core.publish([StepRecord(RUN, "actor", n, True, 1, 1, (), {IS_RATIO: ratio},
+        core.publish([StepRecord(run=RUN, role="actor", step=n, complete=True, ranks_expected=1,
+                                 ranks_reporting=1, missing_ranks=(), metrics={IS_RATIO: ratio},
                                  finalized_at=float(n))])
     deadline = time.monotonic() + 30.0
     while mode == "live" and core.dispatcher.outbox.pending() and time.monotonic() < deadline:

@@ -1,8 +1,9 @@
 """The aggregator hands records to the service in step order per (run, role).
 
-DESIGN.md: alerts are evaluated per (run, role) in increasing step order, whatever order records
-arrived in. A step that finalizes at its deadline after a later step completed must still reach
-the alert engine (and fire its RankMissing), not be skipped as out of order.
+Alerts are evaluated per (run, role) in increasing step order, whatever order records arrived in
+(docs/design.md, "The replay contract"). A step that finalizes at its deadline after a later step
+completed must still reach the alert engine (and fire its RankMissing), not be skipped as out of
+order.
 """
 
 from __future__ import annotations

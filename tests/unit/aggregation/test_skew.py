@@ -14,12 +14,12 @@ import pytest
 
 from rlmon.actors.reporter import Reporter
 from rlmon.service.aggregation.aggregator import AggregatorCore
-from rlmon.service.aggregation.tier_messages import IngestAck
 from rlmon.service.aggregation.watermark import WatermarkStore
 from rlmon.service.contract.rank import Rank, World
 from rlmon.service.contract.step_message import StepMessage, columns_from_states
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.metrics.spec import Form
+from tests.support.sinks import AggregatorSink
 
 RANKS = 128
 PERIOD = 0.5  # seconds between steps: 3 x period is below the 2 s floor
@@ -96,23 +96,10 @@ def test_a_dead_rank_is_still_reported_missing_within_seconds() -> None:
     assert first.finalized_at - first.first_seen < 10.0
 
 
-class _Direct:
-    """A reporter's sink straight into an in-process aggregator that can be swapped (a restart)."""
-
-    def __init__(self, core: AggregatorCore) -> None:
-        self.core = core
-
-    def send(self, messages: list[StepMessage]) -> IngestAck:
-        return self.core.ingest(messages)
-
-    def probe(self, run: str, role: str) -> IngestAck:
-        return self.core.probe(run, role)
-
-
 def test_resends_after_an_aggregator_restart_are_counted_as_resent_not_late(
         tmp_path: Path) -> None:
     db = tmp_path / "watermark-0.sqlite"
-    sink = _Direct(AggregatorCore(store=WatermarkStore(db)))
+    sink = AggregatorSink(AggregatorCore(store=WatermarkStore(db)))
     reps = [Reporter("resend", "actor", rank={"dp": i}, world={"dp": 2}, sink=sink,
                      step_seconds=False) for i in range(2)]
     for step in range(3):

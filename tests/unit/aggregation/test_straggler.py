@@ -21,6 +21,7 @@ from rlmon.service.contract.timeline import Straggler
 from rlmon.service.metrics import catalog
 from rlmon.service.service_core import ServiceCore
 from tests.support.alerting_support import Receiver, wait_for, webhook_settings
+from tests.support.records import step_record
 
 S = 1_000_000_000
 
@@ -73,7 +74,7 @@ def test_straggler_notification_names_the_slow_rank_and_span(
 
 def _record(step: int, slow: int | None, ratio: float = 3.0) -> StepRecord:
     found = None if slow is None else Straggler(Rank(dp=slow), ratio, ratio, 1.0, "gen", 2.0)
-    return StepRecord("r", "actor", step, True, 4, 4, (), {}, straggler=found)
+    return step_record(step=step, ranks_expected=4, straggler=found)
 
 
 def test_the_same_rank_must_be_slowest_for_n_steps() -> None:

@@ -37,6 +37,7 @@ from rlmon.service.replay import replay
 from rlmon.service.service_core import ServiceCore
 from rlmon.service.storage.history import HistoryStore
 from tests.support.paths import REPO
+from tests.support.records import step_record
 
 ROOT = REPO
 ENTROPY = catalog.get("actor/entropy").name
@@ -65,7 +66,7 @@ def healthy(n: int, seed: int = 0, level: float = 0.4) -> list[float]:
 
 def records(values: Iterable[float], run: str = "r", start: int = 0,
             metric: str = ENTROPY) -> list[StepRecord]:
-    return [StepRecord(run, "actor", start + i, True, 1, 1, (), {metric: v})
+    return [step_record(run=run, step=start + i, metrics={metric: v})
             for i, v in enumerate(values)]
 
 
@@ -252,8 +253,8 @@ def run_of(seed: int) -> list[StepRecord]:
     entropy[80:] *= 0.3
     kl = 0.05 * np.exp(0.05 * rng.standard_normal(n))
     kl[40:55] *= np.exp(np.linspace(0, 2.5, 15))
-    return [StepRecord("run", "actor", i, True, 1, 1, (), {ENTROPY: float(entropy[i]),
-                                                          KL: float(kl[i])}) for i in range(n)]
+    return [step_record(run="run", step=i, metrics={ENTROPY: float(entropy[i]), KL: float(kl[i])})
+            for i in range(n)]
 
 
 def quiet() -> Settings:

@@ -24,9 +24,10 @@ from rlmon.service.alerting.engine import AlertEngine, AlertEvent
 from rlmon.service.alerting.notify import Dispatcher, build_dispatcher, build_notifiers, open_outbox
 from rlmon.service.alerting.rules import default_rules
 from rlmon.service.config import Settings
-from rlmon.service.contract.step_record import StepRecord
-from tests.support.alerting_support import LoopbackTransport, Receiver, free_port, wait_for
+from tests.support.alerting_support import LoopbackTransport, Receiver, wait_for
+from tests.support.network import free_port
 from tests.support.paths import REPO
+from tests.support.records import step_record
 
 KEY = "0123456789abcdef0123456789abcdef"
 ROOT = REPO
@@ -40,8 +41,8 @@ def run_events() -> list[list[AlertEvent]]:
     values = [(1.0, 0.01), (3.0, 1.5), (1.0, 0.02)]
     out = []
     for step, (ratio, diff) in enumerate(values):
-        record = StepRecord("grpo-7b", "actor", step, True, 4, 4, (),
-                            {"actor/is_ratio": ratio, "actor/logp_diff": diff})
+        record = step_record(run="grpo-7b", step=step, ranks_expected=4,
+                             metrics={"actor/is_ratio": ratio, "actor/logp_diff": diff})
         out.append(engine.evaluate(record))
     return out
 

@@ -14,11 +14,12 @@ from rlmon.service.alerting.rules import parse_rules
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.metrics import catalog
 from rlmon.service.service_core import ServiceCore
+from tests.support.records import step_record
 from tests.support.stop_support import stopping_settings
 
 
 def step(run: str, n: int, at: float, **metrics: float) -> StepRecord:
-    return StepRecord(run, "actor", n, True, 1, 1, (), metrics, finalized_at=at)
+    return step_record(run=run, step=n, metrics=metrics, finalized_at=at)
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ from rlmon.service.contract.timeline import (
     find_straggler,
 )
 from rlmon.service.storage.history import HistoryStore
+from tests.support.records import step_record
 
 S = 1_000_000_000  # ns per second
 
@@ -192,8 +193,8 @@ def _record(step: int, role: str = "actor", attempt: int = 0) -> StepRecord:
     timelines = tuple(RankTimeline(Rank(dp=d), _timeline(1.0 + d, (Span("gen", 10 * S, 11 * S),),
                                                          start=(10 + step) * S))
                       for d in range(2))
-    return StepRecord("r", role, step, True, 2, 2, (), {}, finalized_at=100.0 + step,
-                      attempt=attempt, timelines=timelines, timelines_cut=step)
+    return step_record(role=role, step=step, ranks_expected=2, finalized_at=100.0 + step,
+                       attempt=attempt, timelines=timelines, timelines_cut=step)
 
 
 def test_history_keeps_timelines_beside_steps_with_their_own_retention() -> None:

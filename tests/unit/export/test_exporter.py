@@ -5,7 +5,6 @@ from __future__ import annotations
 import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from rlmon.service.alerting.engine import AlertEngine
 from rlmon.service.alerting.rules import default_rules
@@ -16,10 +15,12 @@ from rlmon.service.export.exporter import (
     RunInfo,
     exported_metric_names,
 )
-from rlmon.service.export.http import build_registry, serve_metrics
+from rlmon.service.export.http import serve_metrics
 from rlmon.service.metrics import catalog
 from rlmon.service.redact import Redactor
 from tests.support.paths import REPO
+from tests.support.records import step_record
+from tests.support.scrape import labels, scrape
 
 IS_RATIO = catalog.get("actor/is_ratio").prometheus_name
 ENTROPY = catalog.get("actor/entropy").prometheus_name
@@ -36,22 +37,8 @@ class Clock:
 def record(step: int, run: str = "grpo-7b", role: str = "actor", complete: bool = True,
            **values: float) -> StepRecord:
     metrics = {k.replace("__", "/"): v for k, v in values.items()}
-    return StepRecord(run, role, step, complete, 4, 4 if complete else 3, (), metrics)
-
-
-def scrape(state: MetricsState) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    from prometheus_client import generate_latest
-
-    text = generate_latest(build_registry(state, process=False)).decode()
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return out
-
-
-def labels(**kw: str) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted(kw.items()))
+    return step_record(run=run, role=role, step=step, complete=complete, ranks_expected=4,
+                       ranks_reporting=4 if complete else 3, metrics=metrics)
 
 
 def test_latest_step_per_run_and_role() -> None:
@@ -156,8 +143,7 @@ def test_finishes_of_runs_never_shown_are_not_kept() -> None:
 def test_labels_are_sanitized_and_redacted() -> None:
     secret = "xoxb-very-secret-token"
     state = MetricsState(redactor=Redactor([secret]))
-    state.update(StepRecord("r1", "actor", 1, True, 1, 1, (),
-                            {f"user/{secret}\n": 1.0, "x" * 300: 2.0}))
+    state.update(step_record(run="r1", step=1, metrics={f"user/{secret}\n": 1.0, "x" * 300: 2.0}))
     got = scrape(state)
     custom = [dict(k[1])["metric"] for k in got if k[0] == "rlmon_custom_metric"]
     assert "user/***" in custom
@@ -198,8 +184,8 @@ def test_scrape_of_10k_series_returns_every_series() -> None:
     specs = list(catalog.metrics())[:40]
     runs = 10_000 // (len(specs) + 7) + 1
     for i in range(runs):
-        state.update(StepRecord(f"run-{i}", "actor", 1, True, 8, 8, (),
-                                {spec.name: float(i * 100 + j) for j, spec in enumerate(specs)}))
+        metrics = {spec.name: float(i * 100 + j) for j, spec in enumerate(specs)}
+        state.update(step_record(run=f"run-{i}", step=1, ranks_expected=8, metrics=metrics))
     assert state.series == runs * (len(specs) + 7) >= 10_000
     got = scrape(state)
     want = {(spec.prometheus_name, labels(run=f"run-{i}", role="actor")): float(i * 100 + j)

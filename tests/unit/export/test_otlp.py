@@ -23,6 +23,7 @@ from rlmon.service.contract.rank import Rank
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.contract.timeline import RankTimeline, Span, Timeline
 from rlmon.service.service_core import ServiceCore
+from tests.support.records import step_record
 
 S = 1_000_000_000
 
@@ -74,7 +75,7 @@ def _record() -> StepRecord:
                  Span("rollout", 10 * S, (14 + d) * S, 0, (("batch", 8),)),
                  Span("train", (14 + d) * S, 19 * S, 0))
         return RankTimeline(Rank(dp=d), Timeline(10 * S, 20 * S, spans, host="node-a", pid=9))
-    return StepRecord("grpo", "actor", 7, True, 2, 2, (), {}, timelines=(rank(0), rank(1)))
+    return step_record(run="grpo", step=7, ranks_expected=2, timelines=(rank(0), rank(1)))
 
 
 def test_otlp_is_off_by_default() -> None:

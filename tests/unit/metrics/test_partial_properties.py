@@ -1,5 +1,6 @@
 """Property tests: any split over DP ranks, CP shards and micro-batches, in any arrival order, gives
-the value numpy computes on the un-split data (DESIGN.md, "Ship sufficient statistics, reduce once").
+the value numpy computes on the un-split data (docs/design.md, "Ship sufficient statistics, reduce
+once").
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from rlmon.service.contract.step_message import StepMessage
 from rlmon.service.metrics import catalog
 from rlmon.service.replay import replay
 from tests.support.extras import optional_import
+from tests.support.sinks import AggregatorSink
 
 
 def _reporters(sink: LocalSink, run: str = "r", dp: int = 2, cp: int = 1) -> list[Reporter]:
@@ -257,12 +258,8 @@ def test_refused_statistics_reach_the_aggregator_count() -> None:
     """The Reporter's running refusal count rides on its messages: the aggregator's stats (the
     service exports them as rlmon_statistics_refused_total) hold it."""
     core = AggregatorCore()
-
-    class Direct:
-        def send(self, messages: Sequence[StepMessage]) -> object:
-            return core.ingest(messages)
-
-    rep = Reporter("r", "actor", sink=Direct(), step_seconds=False, hardware_interval=None)
+    rep = Reporter("r", "actor", sink=AggregatorSink(core), step_seconds=False,
+                   hardware_interval=None)
     for step in range(2):
         rep.record("actor/loss", value=1.0)  # refused: the catalog's is a mean
         rep.record("actor/entropy", sum=3.0, count=2.0)
@@ -332,13 +329,8 @@ def test_an_idle_reporter_resends_to_a_restarted_aggregator(tmp_path: Path) -> N
     """Rank 0 sent step 2 and has nothing more to send when the aggregator restarts; its flush
     must still get step 2 to the new aggregator, so step 2 completes with both ranks."""
     db = tmp_path / "watermark-0.sqlite"
-    cur = {"core": AggregatorCore(store=WatermarkStore(db))}
-
-    class Sink:
-        def send(self, messages: Sequence[StepMessage]) -> object:
-            return cur["core"].ingest(messages)
-
-    reps = [Reporter("r", "actor", rank={"dp": i}, world={"dp": 2}, sink=Sink(),
+    sink = AggregatorSink(AggregatorCore(store=WatermarkStore(db)))
+    reps = [Reporter("r", "actor", rank={"dp": i}, world={"dp": 2}, sink=sink,
                      step_seconds=False) for i in range(2)]
     for step in range(2):
         for rep in reps:
@@ -347,13 +339,13 @@ def test_an_idle_reporter_resends_to_a_restarted_aggregator(tmp_path: Path) -> N
     reps[0].record("rollout/tokens", sum=1.0)
     reps[0].end_step(2)
     assert all(rep.flush(5) for rep in reps)
-    cur["core"] = AggregatorCore(store=WatermarkStore(db))  # restart: open step 2 is lost
+    sink.core = AggregatorCore(store=WatermarkStore(db))  # restart: open step 2 is lost
     assert reps[0].flush(5)  # probes, sees the new incarnation, resends step 2
     assert reps[0].resent >= 1
     reps[1].record("rollout/tokens", sum=1.0)
     reps[1].end_step(2)
     assert reps[1].flush(5)
-    records = {r.step: r for r in cur["core"].pending_records()}
+    records = {r.step: r for r in sink.core.pending_records()}
     assert records[2].complete and records[2].metrics["rollout/tokens"] == 2.0
     for rep in reps:
         rep.close()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import sys
 import types
 
@@ -13,6 +12,7 @@ from rlmon.actors.reporter.detect import detect_layout
 from rlmon.actors.reporter.sink import LocalSink
 from rlmon.service.contract.rank import Rank, World
 from tests.support.extras import optional_import
+from tests.support.network import free_port
 
 
 def test_launcher_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -32,9 +32,7 @@ def test_single_rank_without_any_source(monkeypatch: pytest.MonkeyPatch) -> None
 @pytest.mark.torch
 def test_torch_distributed_gloo_group(monkeypatch: pytest.MonkeyPatch) -> None:
     dist = optional_import("torch.distributed")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     monkeypatch.delenv("RANK", raising=False)
     if dist.is_initialized():  # a DeepSpeed engine earlier in the session leaves its group behind
         dist.destroy_process_group()

@@ -19,11 +19,12 @@ from rlmon.commands.deliver import replay_routing
 from rlmon.commands.serve import exporter_address
 from rlmon.service.config import ConfigError, RoutingConfig, Settings, load_config
 from rlmon.service.contract.step_record import StepRecord
-from rlmon.service.export.http import build_registry
 from rlmon.service.export.series import ALERT_FIRING
 from rlmon.service.metrics import catalog
 from rlmon.service.service_core import ServiceCore
 from tests.support.alerting_support import LoopbackTransport, Receiver, wait_for
+from tests.support.records import step_record
+from tests.support.scrape import scrape
 
 IS_RATIO = catalog.get("actor/is_ratio").name
 CLIP = catalog.get("actor/clip_ratio").name
@@ -31,7 +32,7 @@ ENTROPY = catalog.get("actor/entropy").name
 
 
 def step(run: str, n: int, finalized_at: float | None = None, **metrics: float) -> StepRecord:
-    return StepRecord(run, "actor", n, True, 1, 1, (), metrics, finalized_at=finalized_at)
+    return step_record(run=run, step=n, metrics=metrics, finalized_at=finalized_at)
 
 
 def quiet() -> Settings:
@@ -39,13 +40,8 @@ def quiet() -> Settings:
 
 
 def firing_series(core: ServiceCore) -> set[tuple[str, str]]:
-    from prometheus_client import generate_latest
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = generate_latest(build_registry(core.metrics, process=False)).decode()
-    return {(s.labels["run"], s.labels["alert"])
-            for fam in text_string_to_metric_families(text) for s in fam.samples
-            if s.name == ALERT_FIRING.name}
+    return {(dict(lbl)["run"], dict(lbl)["alert"])
+            for name, lbl in scrape(core.metrics) if name == ALERT_FIRING.name}
 
 
 # --- 3: alert state survives a service restart ---------------------------------------------------

@@ -9,17 +9,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from rlmon.actors.reporter import Reporter
 from rlmon.actors.reporter.sink import LocalSink
 from rlmon.actors.service_actor import send_to_service
 from rlmon.service.contract.step_message import StepMessage
-from rlmon.service.contract.step_record import StepRecord
-from rlmon.service.export.exporter import MetricsState, RlmonCollector, RunInfo
+from rlmon.service.export.exporter import MetricsState, RunInfo
 from rlmon.service.metrics import catalog, keymaps
 from rlmon.service.service_core import ServiceCore
+from tests.support.records import step_record
+from tests.support.scrape import scrape
 
 LOSS = catalog.get("actor/loss").name
 
@@ -41,18 +40,8 @@ class CoreSink(LocalSink):
         self.core.finish_run(run)
 
 
-def _samples(state: MetricsState) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    registry = CollectorRegistry()
-    registry.register(RlmonCollector(state))
-    text = generate_latest(registry).decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for fam in text_string_to_metric_families(text) for s in fam.samples
-    }
-
-
 def _info_labels(state: MetricsState, run: str) -> dict[str, str]:
-    for (name, labels), _ in _samples(state).items():
+    for (name, labels), _ in scrape(state).items():
         if name == "rlmon_run_info" and dict(labels).get("run") == run:
             return dict(labels)
     return {}
@@ -96,14 +85,14 @@ def test_dpo_metadata_turns_on_the_ln2_check() -> None:
         core.set_run_info("dpo", {"algorithm": "DPO"})
         core.set_run_info("ppo", RunInfo(algorithm="ppo"))
         for run in ("dpo", "ppo"):
-            core.publish([StepRecord(run, "actor", s, True, 1, 1, (), {LOSS: math.log(2.0)})
+            core.publish([step_record(run=run, step=s, metrics={LOSS: math.log(2.0)})
                           for s in range(6)])
         found = [(f.kind.value, f.metric) for f in core.findings]
         assert found == [("DPOLossAtLn2", LOSS)]  # ppo at ln 2 is no finding
         # metadata that arrives after the first steps still applies to the live checker
-        core.publish([StepRecord("late", "actor", 0, True, 1, 1, (), {LOSS: 0.1})])
+        core.publish([step_record(run="late", step=0, metrics={LOSS: 0.1})])
         core.set_run_info("late", RunInfo(dpo=True))
-        core.publish([StepRecord("late", "actor", s, True, 1, 1, (), {LOSS: math.log(2.0)})
+        core.publish([step_record(run="late", step=s, metrics={LOSS: math.log(2.0)})
                       for s in range(1, 7)])
         assert core.finding_counts["DPOLossAtLn2"] == 2
     finally:
@@ -115,8 +104,8 @@ def test_deepspeed_version_from_metadata_annotates_nan_grad_norm() -> None:
     core = ServiceCore()
     try:
         core.set_run_info("ds", RunInfo(framework="openrlhf", deepspeed_version="0.14.0"))
-        core.publish([StepRecord("ds", "actor", 0, True, 1, 1, (), {grad: math.nan})])
-        core.publish([StepRecord("plain", "actor", 0, True, 1, 1, (), {grad: math.nan})])
+        core.publish([step_record(run="ds", step=0, metrics={grad: math.nan})])
+        core.publish([step_record(run="plain", step=0, metrics={grad: math.nan})])
         assert [(f.kind.value, f.known_bug) for f in core.findings] == [
             ("GradNormNaNKnownDeepSpeedBug", True)]
     finally:
@@ -131,17 +120,17 @@ def test_relayed_non_comparable_keys_are_warned_once_per_run(
     try:
         with caplog.at_level("WARNING", logger="rlmon.sanity"):
             for step in range(3):
-                core.publish([StepRecord("or", "actor", step, True, 1, 1, (),
-                                         {relayed: 0.5, LOSS: 0.4, "timing/x_seconds": 1.0})])
+                metrics = {relayed: 0.5, LOSS: 0.4, "timing/x_seconds": 1.0}
+                core.publish([step_record(run="or", step=step, metrics=metrics)])
         kinds = [(f.kind.value, f.metric) for f in core.findings]
         assert kinds == [("RelayedKeyNotComparable", relayed)]
         assert core.finding_counts["RelayedKeyNotComparable"] == 1
         assert relayed in caplog.text
-        samples = _samples(core.metrics)
+        samples = scrape(core.metrics)
         key = ("rlmon_sanity_findings_total", (("kind", "RelayedKeyNotComparable"),))
         assert samples[key] == 1.0
         # another run relaying the same key gets its own warning
-        core.publish([StepRecord("or2", "actor", 0, True, 1, 1, (), {relayed: 0.5})])
+        core.publish([step_record(run="or2", step=0, metrics={relayed: 0.5})])
         assert core.finding_counts["RelayedKeyNotComparable"] == 2
     finally:
         core.close()
@@ -150,15 +139,15 @@ def test_relayed_non_comparable_keys_are_warned_once_per_run(
 def test_steps_finalized_just_after_finish_keep_the_run_finished() -> None:
     now = [0.0]
     state = MetricsState(run_ttl=600, finished_ttl=10, clock=lambda: now[0])
-    rec = StepRecord("r", "actor", 0, True, 1, 1, (), {LOSS: 1.0})
+    rec = step_record(step=0, metrics={LOSS: 1.0})
     state.update(rec)
     state.finish_run("r")
     now[0] = 2.0  # the tail step the aggregator finalized after the Reporter said "finished"
-    state.update(StepRecord("r", "actor", 1, True, 1, 1, (), {LOSS: 1.0}))
+    state.update(step_record(step=1, metrics={LOSS: 1.0}))
     now[0] = 12.5
     assert state.snapshot().streams == []
     now[0] = 100.0  # much later: the run resumed and shows again
-    state.update(StepRecord("r", "actor", 2, True, 1, 1, (), {LOSS: 1.0}))
+    state.update(step_record(step=2, metrics={LOSS: 1.0}))
     now[0] = 200.0
     assert len(state.snapshot().streams) == 1
 

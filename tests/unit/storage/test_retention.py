@@ -19,6 +19,7 @@ from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.metrics import catalog
 from rlmon.service.service_core import ServiceCore
 from rlmon.service.storage.history import HistoryStore
+from tests.support.records import step_record
 
 IS_RATIO = catalog.get("actor/is_ratio").name
 T0 = 1_700_000_000.0
@@ -33,7 +34,8 @@ class SimClock:
 
 
 def step(run: str, n: int, at: float, role: str = "actor", **metrics: float) -> StepRecord:
-    return StepRecord(run, role, n, True, 1, 1, (), metrics or {IS_RATIO: 1.0}, finalized_at=at)
+    return step_record(run=run, role=role, step=n, metrics=metrics or {IS_RATIO: 1.0},
+                       finalized_at=at)
 
 
 def settings(**retention: float) -> Settings:

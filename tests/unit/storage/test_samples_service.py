@@ -27,13 +27,14 @@ from rlmon.service.service_core import ServiceCore
 from rlmon.service.storage.history import HistoryStore
 from rlmon.service.storage.stored_samples import NOTIFY_CHARS, NOTIFY_ITEMS, bound_payloads
 from tests.support.alerting_support import Receiver, wait_for, webhook_settings
+from tests.support.records import step_record
 
 
 def _record(step: int, items: tuple[tuple[float, str, str], ...], **metrics: float,
             ) -> StepRecord:
-    return StepRecord("grpo", "actor", step, True, 1, 1, (),
-                      {catalog.IS_RATIO_LOWEST: items[0][0], **metrics},
-                      samples={catalog.IS_RATIO_LOWEST: items})
+    return step_record(run="grpo", step=step,
+                       metrics={catalog.IS_RATIO_LOWEST: items[0][0], **metrics},
+                       samples={catalog.IS_RATIO_LOWEST: items})
 
 
 def test_catalog_sample_metrics_are_ranked_and_alerts_point_at_them() -> None:

@@ -15,6 +15,7 @@ from rlmon.actors.runtime import RuntimeOptions, default_state_dir
 from rlmon.service.aggregation.watermark import WatermarkStore, decode_record, encode_record
 from rlmon.service.contract.rank import Rank
 from rlmon.service.contract.step_record import StepRecord
+from tests.support.records import step_record
 
 
 def test_default_state_dir_is_per_user_and_private(
@@ -45,8 +46,10 @@ def test_without_a_writable_home_the_state_dir_is_a_fresh_private_tempdir(
 
 
 def _record(**metrics: float) -> StepRecord:
-    return StepRecord("r", "actor", 7, False, 4, 3, (Rank(dp=1, tp=1),), metrics,
-                      ("actor/lr",), first_seen=1.5, finalized_at=2.5, time=1.7e9)
+    return step_record(step=7, complete=False, ranks_expected=4, ranks_reporting=3,
+                       missing_ranks=(Rank(dp=1, tp=1),), metrics=metrics,
+                       replica_mismatches=("actor/lr",), first_seen=1.5, finalized_at=2.5,
+                       time=1.7e9)
 
 
 def test_records_round_trip_through_json_including_nan_and_inf() -> None:
