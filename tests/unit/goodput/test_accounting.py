@@ -18,8 +18,9 @@ from rlmon.service.goodput.accounting import (
     account_step,
     mfu,
 )
-from rlmon.service.goodput.buckets import Activity, Bucket, SpanMap
+from rlmon.service.goodput.buckets import DEFAULT_SPANS, Activity, Bucket, SpanMap
 from tests.support.goodput_scenario import CLIPPED, FRAC_ZERO_STD, reference, step_input
+from tests.support.paths import REPO
 
 US = 1e-6  # one microsecond: the tolerance
 
@@ -169,3 +170,14 @@ def test_spans_that_overlap_without_nesting_match_the_reference() -> None:
     # the checkpoint wins over train (same depth, later start) except under the nested spans
     assert result.seconds[("actor", Bucket.OVERHEAD, "checkpoint")] == pytest.approx(
         ((550 - 500) + (600 - 560) + (650 - 600)) * 1e-6, abs=US)
+
+
+def test_the_docs_page_lists_the_default_map() -> None:
+    page = (REPO / "docs" / "goodput.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip(): line for line in page.splitlines()
+            if line.startswith("| ") and "→" in line}
+    assert rows, "docs/goodput.md has no map table"
+    for framework, name, activity in DEFAULT_SPANS:
+        assert any(line.split("|")[1].strip() == framework and f"`{name}`" in line
+                   and f"{activity.value} →" in line
+                   for line in page.splitlines() if line.startswith("| ")), (framework, name)
