@@ -30,7 +30,6 @@ from rlmon.service.contract.records import (
 from rlmon.service.contract.step_message import StepMessage
 from rlmon.service.contract.step_record import StepIdentity, StepKey, StepRecord
 from rlmon.service.contract.stop_decision import StopDecision
-from rlmon.service.export import series
 from rlmon.service.liveness.run_state import LivenessTracker, LivenessView
 from rlmon.service.liveness.thresholds import LivenessParams
 from rlmon.service.recent import RecentMap
@@ -246,8 +245,8 @@ class AggregatorCore:
             self._late_said.add(stream)
             log.warning(
                 "rlmon: %s/%s step %d arrived after the step was finalized (a rank past the "
-                "deadline, or a resend); not folded in, counted in %s (said once per run and "
-                "role)", msg.run, msg.role, msg.step, series.PARTIALS_LATE.name)
+                "deadline, or a resend); not folded in, counted as a late partial (said once "
+                "per run and role)", msg.run, msg.role, msg.step)
 
     def probe(self, run: str, role: str) -> IngestAck:
         """Who this aggregator is and how far (run, role) is finalized, for an idle reporter."""
