@@ -152,7 +152,8 @@ def _print_terminal(diagnoses: Sequence[Diagnosis], problems: Sequence[ReadProbl
             _print_finding(console, f)
         console.print()
     s = _summary(diagnoses, problems)
-    console.print(f"{s['runs']} runs, {s['steps']} steps: {s['critical']} critical, "
+    runs = "run" if s["runs"] == 1 else "runs"
+    console.print(f"{s['runs']} {runs}, {s['steps']} steps: {s['critical']} critical, "
                   f"{s['warning']} warning findings; {s['problems']} input problems")
 
 

@@ -210,7 +210,7 @@ def _hint(event: AlertEvent, related: tuple[Related, ...]) -> str:
                     + (" and rising: an explosion; lower the learning rate, clip gradients, "
                        "check the loss scale." if rising else
                        ", not exploding: look for a NaN input instead (a reward, an advantage "
-                       "over a group of one, a log of zero)."))
+                       "over a group of one, a log of zero, a corrupt reference model)."))
         else:
             hint = ("A value became NaN or Inf: check the rewards and advantages fed to the "
                     "loss, the learning rate and the loss scale.")
@@ -282,9 +282,10 @@ _GAP_HINT = ("It was logged at every step before this one, and this step's other
 
 
 def _gaps(run: LoggedRun, keymap: KeyMap) -> list[Finding]:
-    """A key logged at every step, then missing at a step whose other steady keys are there."""
+    """A known key logged at every step, then missing at a step whose other steady keys are
+    there (unknown keys are left out: a profiling timer logged once per phase is no signal)."""
     watched = {i.key: i for i in keymap.keys
-               if i.status in (KeyStatus.CANONICAL, KeyStatus.RELAYED, KeyStatus.UNKNOWN)}
+               if i.status in (KeyStatus.CANONICAL, KeyStatus.RELAYED)}
     streak: dict[str, int] = {}
     since: dict[str, int] = {}
     said: set[str] = set()
