@@ -31,8 +31,8 @@ import numpy as np
 from rlmon.service.aggregation.aggregator import AggregatorCore
 from rlmon.service.aggregation.assembly import StepAssembler
 from rlmon.service.aggregation.deadline import DeadlinePolicy
-from rlmon.service.contract.rank import World
 from rlmon.service.contract.step_message import Columns, Schema, StepMessage
+from rlmon.service.metrics.rank import World
 from rlmon.service.metrics.spec import Form
 
 N_METRICS = 200

@@ -29,7 +29,6 @@ import numpy as np
 
 from rlmon.service.aggregation.aggregator import AggregatorCore
 from rlmon.service.aggregation.deadline import DeadlinePolicy
-from rlmon.service.contract.rank import Rank, World
 from rlmon.service.contract.step_message import Columns, Schema, StepMessage
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.contract.timeline import RankTimeline, Span, Timeline
@@ -37,6 +36,7 @@ from rlmon.service.goodput.accounting import RoleTimelines, StepInput, account_s
 from rlmon.service.goodput.buckets import SpanMap
 from rlmon.service.goodput.ledger import GoodputLedger
 from rlmon.service.metrics import catalog
+from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.metrics.spec import Form
 
 N_METRICS = 200

@@ -17,11 +17,11 @@ from rlmon.service.aggregation.aggregator import AggregatorCore
 from rlmon.service.aggregation.aggregator_stats import AggregatorStats
 from rlmon.service.aggregation.assembly import AddOutcome
 from rlmon.service.aggregation.node_merge import NodeMerger
-from rlmon.service.contract.rank import Rank, World
 from rlmon.service.contract.records import MAX_METRICS
 from rlmon.service.contract.step_message import Columns, Schema, StepMessage, columns_from_states
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.metrics.partial import Partial
+from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.metrics.spec import Form
 from tests.support.polling import wait_for
 

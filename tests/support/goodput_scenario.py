@@ -18,10 +18,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rlmon.service.contract.rank import Rank
 from rlmon.service.contract.timeline import RankTimeline, Span, Timeline
 from rlmon.service.goodput.accounting import RoleTimelines, StepInput
 from rlmon.service.goodput.buckets import ACTIVITY_BUCKET, Activity, Bucket, SpanMap
+from rlmon.service.metrics.rank import Rank
 
 __all__ = ["BASE_NS", "CLIPPED", "FRAC_ZERO_STD", "reference", "step_input", "step_roles"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rlmon.service.contract.rank import Rank
 from rlmon.service.contract.step_record import StepRecord
+from rlmon.service.metrics.rank import Rank
 
 __all__ = ["step_record"]
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from rlmon.service.contract.rank import Rank
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.contract.timeline import RankTimeline, Span, Timeline
+from rlmon.service.metrics.rank import Rank
 from rlmon.service.replay import replay
 from rlmon.service.service_core import ServiceCore
 

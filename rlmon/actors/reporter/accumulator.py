@@ -17,10 +17,10 @@ from typing import Any, Literal
 
 from rlmon.actors.reporter.sample_capture import DevicePick, check_k, cut_payload, sample_id
 from rlmon.actors.reporter.tensor_stats import StepTensors
-from rlmon.service.contract.rank import AXES
 from rlmon.service.contract.records import MAX_STEP
 from rlmon.service.metrics.forms import FORMS, Merge
 from rlmon.service.metrics.partial import ALL_AXES, combine
+from rlmon.service.metrics.rank import AXES
 from rlmon.service.metrics.spec import Form
 
 __all__ = ["Accumulator", "RawStep", "Replicated", "add_partial"]

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from rlmon.service.contract.rank import AXES, Rank, World
+from rlmon.service.metrics.rank import AXES, Rank, World
 
 __all__ = ["coerce_rank", "coerce_world", "detect_layout"]
 

@@ -61,12 +61,12 @@ from rlmon.actors.reporter.tensor_stats import (
     reduce_array,
 )
 from rlmon.service.contract.heartbeat import Heartbeat, OpenSpan, RankBeat
-from rlmon.service.contract.rank import Rank, World
 from rlmon.service.contract.records import check_metric_name, check_role, check_run
 from rlmon.service.contract.stop_decision import StopDecision
 from rlmon.service.contract.timeline import MAX_SPANS
 from rlmon.service.metrics import catalog
 from rlmon.service.metrics.forms import FORMS, form_of_keys, forms_text
+from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.metrics.spec import Form
 
 if TYPE_CHECKING:

@@ -37,12 +37,12 @@ from rlmon.actors.reporter.delivery import Stamp
 from rlmon.actors.reporter.hardware import HardwareSampler
 from rlmon.actors.reporter.sample_capture import DevicePick, build_items
 from rlmon.actors.reporter.tally import Tally
-from rlmon.service.contract.rank import Rank, World
 from rlmon.service.contract.step_message import Columns, Schema, StepMessage, state_row
 from rlmon.service.contract.timeline import Span, Timeline, attrs_of, clean_text
 from rlmon.service.metrics import catalog
 from rlmon.service.metrics.forms import BLOCK_WIDTH, FORMS, FormDef, form_of_keys, forms_text
 from rlmon.service.metrics.partial import Partial
+from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.metrics.spec import Form
 
 __all__ = ["Origin", "StepPacker"]

@@ -23,7 +23,6 @@ from rlmon.service.aggregation.tier_messages import IngestAck, NodeBatch, Report
 from rlmon.service.aggregation.watermark import WatermarkStore
 from rlmon.service.clock import Clock
 from rlmon.service.contract.heartbeat import Heartbeat, check_heartbeat
-from rlmon.service.contract.rank import Rank
 from rlmon.service.contract.records import (
     ContractError,
 )
@@ -32,6 +31,7 @@ from rlmon.service.contract.step_record import StepIdentity, StepKey, StepRecord
 from rlmon.service.contract.stop_decision import StopDecision
 from rlmon.service.liveness.run_state import LivenessTracker, LivenessView
 from rlmon.service.liveness.thresholds import LivenessParams
+from rlmon.service.metrics.rank import Rank
 from rlmon.service.recent import RecentMap
 
 __all__ = ["AggregatorCore", "AggregatorServer"]

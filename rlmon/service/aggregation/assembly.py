@@ -20,7 +20,6 @@ from dataclasses import dataclass, replace
 from rlmon.service.aggregation.finalized_steps import FinalizedSteps
 from rlmon.service.aggregation.step_state import Options, StepState
 from rlmon.service.clock import Clock
-from rlmon.service.contract.rank import Rank, World
 from rlmon.service.contract.records import (
     ContractError,
     Report,
@@ -35,6 +34,7 @@ from rlmon.service.contract.step_message import MessageChecks, Schema, StepMessa
 from rlmon.service.contract.step_record import StepKey, StepRecord
 from rlmon.service.contract.timeline import RankTimeline, check_rank_timeline
 from rlmon.service.metrics import catalog
+from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.metrics.spec import Form
 from rlmon.service.recent import RecentMap
 

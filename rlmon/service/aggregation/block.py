@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlmon.service.contract.rank import Rank
 from rlmon.service.contract.step_message import Schema, row_state
 from rlmon.service.metrics.partial import MetricPool
+from rlmon.service.metrics.rank import Rank
 from rlmon.service.metrics.spec import Form
 
 __all__ = ["StepBlock"]

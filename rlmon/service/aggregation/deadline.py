@@ -19,7 +19,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlmon.service.contract.rank import Rank
+from rlmon.service.metrics.rank import Rank
 
 __all__ = ["DeadlinePolicy"]
 

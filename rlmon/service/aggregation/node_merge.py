@@ -24,11 +24,11 @@ from collections.abc import Iterable, Sequence
 from rlmon.service.aggregation.step_state import StepState
 from rlmon.service.aggregation.tier_messages import IngestAck, NodeBatch, ReporterKey
 from rlmon.service.contract.heartbeat import Heartbeat
-from rlmon.service.contract.rank import Rank
 from rlmon.service.contract.records import ContractError
 from rlmon.service.contract.step_message import MessageChecks, StepMessage
 from rlmon.service.contract.step_record import StepKey
 from rlmon.service.contract.stop_decision import StopDecision
+from rlmon.service.metrics.rank import Rank
 from rlmon.service.recent import RecentMap
 
 __all__ = ["NodeMerger"]

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from rlmon.service.aggregation.block import StepBlock
-from rlmon.service.contract.rank import Rank, World
 from rlmon.service.contract.records import ContractError
 from rlmon.service.contract.step_message import Schema
 from rlmon.service.contract.step_record import StepRecord
@@ -26,6 +25,7 @@ from rlmon.service.contract.timeline import (
 )
 from rlmon.service.metrics import catalog
 from rlmon.service.metrics.partial import MetricPool, Partial, straggler_ratio
+from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.metrics.ranked_forms import Sample
 from rlmon.service.metrics.spec import Form
 

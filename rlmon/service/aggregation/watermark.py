@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from rlmon.service.aggregation.finalized_steps import FinalizedSteps
-from rlmon.service.contract.rank import Rank
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.contract.timeline import RankTimeline, find_straggler
+from rlmon.service.metrics.rank import Rank
 from rlmon.service.metrics.ranked_forms import json_score
 from rlmon.service.storage.sqlite_db import open_database
 

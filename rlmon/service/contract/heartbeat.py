@@ -14,7 +14,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from rlmon.service.contract.rank import Rank, World
 from rlmon.service.contract.records import (
     ContractError,
     check_integer,
@@ -24,6 +23,7 @@ from rlmon.service.contract.records import (
     check_world,
     show,
 )
+from rlmon.service.metrics.rank import Rank, World
 
 __all__ = ["MAX_OPEN_SPANS", "Heartbeat", "OpenSpan", "RankBeat", "check_heartbeat"]
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from rlmon.service.contract.rank import AXES, Rank, World
 from rlmon.service.metrics.forms import FORMS, STAT_KEYS, form_of_keys, forms_text
 from rlmon.service.metrics.partial import ALL_AXES, Partial
+from rlmon.service.metrics.rank import AXES, Rank, World
 from rlmon.service.metrics.ranked_forms import RankedError
 from rlmon.service.metrics.spec import Form
 

@@ -22,7 +22,6 @@ from typing import Any, Literal
 import numpy as np
 
 from rlmon.service.contract.heartbeat import Heartbeat
-from rlmon.service.contract.rank import Rank, World
 from rlmon.service.contract.records import (
     MAX_AXIS,
     MAX_METRICS,
@@ -41,6 +40,7 @@ from rlmon.service.contract.records import (
 from rlmon.service.contract.timeline import Timeline, check_timeline
 from rlmon.service.metrics.forms import BLOCK_WIDTH, FORMS, Merge, State
 from rlmon.service.metrics.partial import Partial
+from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.metrics.spec import Form
 from rlmon.service.recent import RecentMap
 

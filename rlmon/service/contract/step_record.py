@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlmon.service.contract.rank import Rank
 from rlmon.service.contract.timeline import RankTimeline, Straggler
+from rlmon.service.metrics.rank import Rank
 from rlmon.service.metrics.ranked_forms import Sample
 
 __all__ = ["StepIdentity", "StepKey", "StepRecord", "json_number"]

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
-from rlmon.service.contract.rank import Rank
 from rlmon.service.contract.records import MAX_STEP, ContractError, check_integer, check_rank, show
+from rlmon.service.metrics.rank import Rank
 
 __all__ = [
     "MAX_ATTRS",

@@ -25,9 +25,9 @@ from typing import Any
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from perfetto.trace_builder.proto_builder import TraceProtoBuilder
 
-from rlmon.service.contract.rank import Rank
 from rlmon.service.contract.timeline import Span, Timeline
 from rlmon.service.metrics import catalog
+from rlmon.service.metrics.rank import Rank
 from rlmon.service.storage.history import StepTimelines
 
 __all__ = ["TRACE_COUNTERS", "TraceInput", "build_trace"]

@@ -27,9 +27,9 @@ from enum import StrEnum
 from typing import Any
 
 from rlmon.service.contract.heartbeat import Heartbeat, OpenSpan
-from rlmon.service.contract.rank import Rank
 from rlmon.service.contract.timeline import Timeline
 from rlmon.service.liveness.thresholds import LivenessParams, StepPeriods
+from rlmon.service.metrics.rank import Rank
 
 __all__ = ["LivenessTracker", "LivenessView", "RunState", "StageGroup", "StuckStage",
            "rank_label"]

@@ -15,8 +15,8 @@ import math
 from dataclasses import dataclass
 from statistics import median
 
-from rlmon.service.contract.rank import AXES, Rank, replica_group
 from rlmon.service.metrics.forms import FORMS, State
+from rlmon.service.metrics.rank import AXES, Rank, replica_group
 from rlmon.service.metrics.ranked_forms import Sample
 from rlmon.service.metrics.spec import Form
 

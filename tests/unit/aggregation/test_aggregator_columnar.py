@@ -16,9 +16,9 @@ from rlmon.service.aggregation.deadline import DeadlinePolicy
 from rlmon.service.aggregation.node_merge import NodeMerger
 from rlmon.service.aggregation.tier_messages import NodeBatch
 from rlmon.service.aggregation.watermark import WatermarkStore
-from rlmon.service.contract.rank import World
 from rlmon.service.contract.step_message import StepMessage, columns_from_states
 from rlmon.service.metrics.partial import ALL_AXES, Partial
+from rlmon.service.metrics.rank import World
 from rlmon.service.metrics.spec import Form
 
 _PLAIN = {

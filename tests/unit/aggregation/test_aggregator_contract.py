@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from rlmon.service.aggregation.aggregator import AggregatorCore
-from rlmon.service.contract.rank import Rank, World
 from rlmon.service.contract.step_message import Columns, StepMessage, columns_from_states
 from rlmon.service.metrics.partial import Partial
+from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.metrics.spec import Form
 
 _GOOD = columns_from_states({"actor/loss": (Form.MEAN, (2.0, 1.0))})

@@ -12,8 +12,8 @@ from rlmon.service.aggregation.aggregator import AggregatorCore
 from rlmon.service.aggregation.deadline import DeadlinePolicy
 from rlmon.service.alerting.engine import AlertEngine
 from rlmon.service.alerting.rules import default_rules
-from rlmon.service.contract.rank import Rank, World
 from rlmon.service.contract.step_message import StepMessage, columns_from_states
+from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.metrics.spec import Form
 
 _WORLD = World(dp=2)

@@ -8,8 +8,8 @@ import pytest
 
 from rlmon.service.aggregation.aggregator import AggregatorCore
 from rlmon.service.aggregation.watermark import WatermarkStore
-from rlmon.service.contract.rank import Rank, World
 from rlmon.service.contract.step_message import StepMessage, columns_from_states
+from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.metrics.spec import Form
 
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from rlmon.service.aggregation.assembly import AddOutcome, StepAssembler
-from rlmon.service.contract.rank import Rank
 from rlmon.service.contract.records import ContractError, parse_report
+from rlmon.service.metrics.rank import Rank
 from rlmon.service.replay import replay
 
 

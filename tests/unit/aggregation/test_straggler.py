@@ -15,10 +15,10 @@ from rlmon.actors.reporter import facade as reporter_module
 from rlmon.actors.reporter.sink import LocalSink
 from rlmon.service.alerting.engine import AlertEngine
 from rlmon.service.alerting.rules import Condition, default_rules
-from rlmon.service.contract.rank import Rank
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.contract.timeline import Straggler
 from rlmon.service.metrics import catalog
+from rlmon.service.metrics.rank import Rank
 from rlmon.service.service_core import ServiceCore
 from tests.support.alerting_support import Receiver, wait_for, webhook_settings
 from tests.support.records import step_record

@@ -18,7 +18,6 @@ from rlmon.service.aggregation.assembly import StepAssembler
 from rlmon.service.aggregation.node_merge import NodeMerger
 from rlmon.service.aggregation.tier_messages import NodeBatch
 from rlmon.service.aggregation.watermark import decode_record, encode_record
-from rlmon.service.contract.rank import Rank, World
 from rlmon.service.contract.records import ContractError
 from rlmon.service.contract.step_message import StepMessage
 from rlmon.service.contract.step_record import StepRecord
@@ -29,6 +28,7 @@ from rlmon.service.contract.timeline import (
     Timeline,
     find_straggler,
 )
+from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.storage.history import HistoryStore
 from tests.support.records import step_record
 

@@ -19,9 +19,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from rlmon.service.config import Settings
-from rlmon.service.contract.rank import Rank
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.contract.timeline import RankTimeline, Span, Timeline
+from rlmon.service.metrics.rank import Rank
 from rlmon.service.service_core import ServiceCore
 from tests.support.records import step_record
 

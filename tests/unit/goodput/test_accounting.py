@@ -9,7 +9,6 @@ import math
 
 import pytest
 
-from rlmon.service.contract.rank import Rank
 from rlmon.service.contract.timeline import RankTimeline, Span, Timeline
 from rlmon.service.goodput.accounting import (
     GoodputTotals,
@@ -19,6 +18,7 @@ from rlmon.service.goodput.accounting import (
     mfu,
 )
 from rlmon.service.goodput.buckets import DEFAULT_SPANS, Activity, Bucket, SpanMap
+from rlmon.service.metrics.rank import Rank
 from tests.support.goodput_scenario import CLIPPED, FRAC_ZERO_STD, reference, step_input
 from tests.support.paths import REPO
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from rlmon.service.contract.heartbeat import Heartbeat, OpenSpan, RankBeat
-from rlmon.service.contract.rank import Rank, World
 from rlmon.service.contract.step_message import StepMessage, columns_from_states
+from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.metrics.spec import Form
 
 T0 = 1_700_000_000.0

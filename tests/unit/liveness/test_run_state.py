@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from rlmon.service.contract.rank import Rank
 from rlmon.service.contract.timeline import Span, Timeline
 from rlmon.service.liveness.run_state import LivenessTracker, RunState, describe
 from rlmon.service.liveness.thresholds import LivenessParams
+from rlmon.service.metrics.rank import Rank
 from tests.unit.liveness.support import T0, beat
 
 P = LivenessParams()

@@ -15,11 +15,11 @@ from rlmon.actors.reporter.sink import LocalSink
 from rlmon.service.aggregation.aggregator import AggregatorCore
 from rlmon.service.aggregation.assembly import AddOutcome, StepAssembler
 from rlmon.service.aggregation.node_merge import NodeMerger
-from rlmon.service.contract.rank import Rank, World
 from rlmon.service.contract.records import ContractError, parse_line
 from rlmon.service.contract.step_message import StepMessage, columns_from_states, state_row
 from rlmon.service.metrics.forms import FORMS, Merge, form_of_keys
 from rlmon.service.metrics.partial import combine
+from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.metrics.spec import Form
 
 _NUMBER = st.floats(-1e6, 1e6, allow_nan=False)

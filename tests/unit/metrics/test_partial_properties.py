@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from rlmon.service.aggregation.assembly import StepAssembler
 from rlmon.service.aggregation.step_state import StepState
-from rlmon.service.contract.rank import Rank, World
 from rlmon.service.contract.records import Report, parse_report
 from rlmon.service.metrics.partial import Partial, combine
+from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.metrics.spec import Form
 
 # no time limit per example, and none on generating them: a loaded CI box is slow, not wrong

@@ -15,10 +15,10 @@ from rlmon.service.aggregation.aggregator import AggregatorCore
 from rlmon.service.aggregation.assembly import StepAssembler
 from rlmon.service.aggregation.node_merge import NodeMerger
 from rlmon.service.aggregation.tier_messages import NodeBatch
-from rlmon.service.contract.rank import Rank, World
 from rlmon.service.contract.records import ContractError, parse_line
 from rlmon.service.contract.step_message import StepMessage
 from rlmon.service.metrics.partial import Partial
+from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.metrics.ranked_forms import MAX_PAYLOAD_BYTES, Sample, json_score
 from rlmon.service.metrics.spec import Form
 

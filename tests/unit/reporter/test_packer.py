@@ -14,10 +14,10 @@ from rlmon.actors.reporter.accumulator import Accumulator, RawStep, add_partial
 from rlmon.actors.reporter.delivery import Stamp
 from rlmon.actors.reporter.packer import Origin, StepPacker
 from rlmon.actors.reporter.tally import Tally
-from rlmon.service.contract.rank import Rank, World
 from rlmon.service.metrics import catalog
 from rlmon.service.metrics.forms import FORMS
 from rlmon.service.metrics.partial import Partial
+from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.metrics.spec import Form
 
 STAMP = Stamp(seq=7, dropped=2, started=1.5e9)

@@ -10,7 +10,7 @@ import pytest
 from rlmon.actors.reporter import Reporter
 from rlmon.actors.reporter.detect import detect_layout
 from rlmon.actors.reporter.sink import LocalSink
-from rlmon.service.contract.rank import Rank, World
+from rlmon.service.metrics.rank import Rank, World
 from tests.support.extras import optional_import
 from tests.support.network import free_port
 

@@ -13,8 +13,8 @@ import pytest
 
 from rlmon.actors.runtime import RuntimeOptions, default_state_dir
 from rlmon.service.aggregation.watermark import WatermarkStore, decode_record, encode_record
-from rlmon.service.contract.rank import Rank
 from rlmon.service.contract.step_record import StepRecord
+from rlmon.service.metrics.rank import Rank
 from tests.support.records import step_record
 
 

@@ -14,9 +14,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from rlmon.service.contract.rank import Rank
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.diagnose.logged_run import LogError, LoggedRun, ReadProblem
+from rlmon.service.metrics.rank import Rank
 from rlmon.service.replay import replay
 
 __all__ = ["SQLITE_MAGIC", "is_partial_report", "read_history_store", "read_partial_reports"]
