@@ -32,6 +32,55 @@ def test_the_core_imports_neither_ray_nor_the_shells() -> None:
     assert offenders == []
 
 
+def _reaching(package: str, forbidden: tuple[str, ...]) -> list[str]:
+    """``path: module`` for each import (lazy ones too) of ``package``'s modules into
+    ``forbidden`` packages."""
+    root = PACKAGE.joinpath(*package.split(".")[1:])
+    return [
+        f"{path.relative_to(PACKAGE)}: {module}"
+        for path in sorted(root.rglob("*.py"))
+        for module in sorted(_imports(path))
+        if any(module == f or module.startswith(f + ".") for f in forbidden)
+    ]
+
+
+def test_aggregation_imports_neither_alerting_nor_export() -> None:
+    """A step is assembled before anything judges or exports it: the aggregator hands the
+    service records and typed stats, and knows nothing of rules or series."""
+    assert _reaching("rlmon.service.aggregation",
+                     ("rlmon.service.alerting", "rlmon.service.export")) == []
+
+
+def test_the_metric_vocabulary_imports_no_later_stage() -> None:
+    """metrics/ is the bottom layer every stage reads (names, forms, partial merge, ranks)."""
+    later = ("contract", "aggregation", "alerting", "export")
+    assert _reaching("rlmon.service.metrics",
+                     tuple(f"rlmon.service.{stage}" for stage in later)) == []
+
+
+def test_the_worker_side_client_imports_ray_only_lazily() -> None:
+    """No module-level ``import ray`` in rlmon.actors.reporter: only the default sink, when a
+    Reporter is created without one, imports it inside a function."""
+    offenders = []
+    for path in sorted((PACKAGE / "actors" / "reporter").rglob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.relative_to(PACKAGE)}:{node.lineno}: {name}" for name in names
+                          if name == "ray" or name.startswith("ray.")]
+    assert offenders == []
+
+
+def test_no_module_cites_a_file_outside_the_repository() -> None:
+    """Docstrings cite docs/ pages (docs/design.md, docs/contract.md, ...); DESIGN.md is not
+    in the repository."""
+    offenders = [f"{path.relative_to(PACKAGE)}:{n}" for path in sorted(PACKAGE.rglob("*"))
+                 if path.is_file() and path.suffix in (".py", ".md", ".txt", ".json", ".yaml")
+                 for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+                 if "DESIGN.md" in line]
+    assert offenders == []
+
+
 def test_importing_every_core_module_loads_no_ray() -> None:
     modules = sorted(
         "rlmon.service." + ".".join(p.relative_to(PACKAGE / "service").with_suffix("").parts)
