@@ -1,5 +1,5 @@
-"""Alert rules: the default pack is DESIGN.md's table; YAML errors name rule and field; the state
-machine fires after N steps and resolves after N false steps."""
+"""Alert rules: the default pack is docs/design.md's table; YAML errors name rule and field; the
+state machine fires after N steps and resolves after N false steps."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from rlmon.service.alerting.engine import AlertEngine
 from rlmon.service.alerting.rules import RuleError, default_rules, fixed_rules, parse_rules
 from rlmon.service.contract.step_record import StepRecord
 
-# DESIGN.md, "Default alert rules" (normative): name -> (severity, metric, for)
+# docs/design.md, "Default alert rules" (normative): name -> (severity, metric, for)
 DESIGN_TABLE = {
     "ISRatioDivergence": ("critical", "actor/is_ratio", 1),
     "ISRatioStale": ("warning", "actor/is_ratio_min", 1),
@@ -28,7 +28,7 @@ DESIGN_TABLE = {
     "RankMissing": ("critical", "*", 1),
     "ReplicaMismatch": ("critical", "*", 1),
     "MetricOutOfDomain": ("critical", "*", 1),
-    "StragglerRank": ("warning", "perf/straggler_ratio", 5),  # issue 15, beyond DESIGN.md's table
+    "StragglerRank": ("warning", "perf/straggler_ratio", 5),  # issue 15, beyond the design's table
     # issue 23: judged by time on the liveness timer, not by steps (docs/liveness.md)
     "RunStalled": ("critical", "*", 1),
     "StageStuck": ("warning", "*", 1),
