@@ -14,56 +14,20 @@ from pathlib import Path
 import pytest
 
 from rlmon.cli import main
-from rlmon.service.config import GoodputConfig, Settings
-from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.goodput.accounting import account_step
 from rlmon.service.goodput.buckets import Bucket, SpanMap
 from rlmon.service.metrics import catalog
 from rlmon.service.report.html import render_html
 from rlmon.service.report.model import build_report
 from rlmon.service.report.text import render_text
-from rlmon.service.service_core import ServiceCore
 from rlmon.service.storage.history import HistoryStore
-from tests.support.goodput_scenario import CLIPPED, FRAC_ZERO_STD, step_input
-from tests.support.records import step_record
-
-RUN = "synthetic"
-WORST = catalog.samples_for(catalog.IS_RATIO_MIN) or ""
-GOODPUT = GoodputConfig(gpus_per_rank={"rollout": 2.0})  # the scenario's engines hold 2 GPUs
-
-
-def _records(step: int, attempt: int = 0, bad: bool = False) -> list[StepRecord]:
-    data = step_input(step)
-    end = max(t.timeline.end_ns for r in data.roles for t in r.timelines) * 1e-9
-    out = []
-    for rt in data.roles:
-        metrics = {"rollout": {catalog.CLIPPED_RATIO: CLIPPED},
-                   "reward": {catalog.FRAC_REWARD_ZERO_STD: FRAC_ZERO_STD,
-                              catalog.REWARD: 0.1 * step},
-                   "actor": {catalog.IS_RATIO_MIN: 0.05 if bad else 0.9,
-                             catalog.IS_RATIO: 1.0}}[rt.role]
-        samples = {WORST: ((0.05, f"seq-{step}", "a response the trainer finds unlikely"),)} if (
-            rt.role == "actor") else {}
-        out.append(step_record(run=RUN, role=rt.role, step=step, ranks_expected=len(rt.timelines),
-                               metrics=metrics, finalized_at=end, attempt=attempt,
-                               timelines=rt.timelines, samples=samples))
-    return out
+from tests.support.goodput_scenario import step_input
+from tests.support.report_scenario import GOODPUT, RUN, WORST, report_store
 
 
 @pytest.fixture(scope="module")
 def store_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    state = tmp_path_factory.mktemp("state")
-    core = ServiceCore(Settings.model_validate({"notifiers": {"console": {"enabled": False}},
-                                                "goodput": GOODPUT.model_dump()}),
-                       state_dir=state)
-    try:
-        for n in range(5, 11):  # ISRatioStale fires at 7, resolves at 9
-            core.publish(_records(n, bad=n in (7, 8)))
-        for n in range(9, 12):  # a restart from step 9: attempt 0's steps 9 and 10 rolled back
-            core.publish(_records(n, attempt=1, bad=n == 11))  # it fires again at 11
-    finally:
-        core.close()
-    return state
+    return report_store(tmp_path_factory.mktemp("state"))
 
 
 def _expected() -> dict[Bucket, float]:
