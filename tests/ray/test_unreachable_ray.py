@@ -30,6 +30,9 @@ for step in range(5):
     rep.record("actor/loss", sum=1.0, count=1.0)
     rep.end_step(step)
 print("loop done", flush=True)
+print("flushed", rep.flush(10), flush=True)
+rep.close()
+print("closed", flush=True)
 """
 
 
