@@ -1,10 +1,11 @@
-"""A self-contained HTML page of a diagnosis: per run, its key mapping, its findings with their
-context, and a small chart per watched metric with the findings' steps marked. No script, no
-external asset: the file can be attached to a CI job or mailed."""
+"""The diagnosis as one self-contained HTML file: per run, the run report of ``rlmon report``
+(:mod:`rlmon.service.report`: alerts with onset and resolve, key curves with alert markers),
+built from the diagnosed steps and transitions in an in-memory history store, preceded by what
+only a diagnosis knows: how each key was mapped and each finding's context and what to check.
+No script, no external asset: the file can be attached to a CI job or mailed."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from html import escape
 
@@ -21,37 +22,6 @@ padding:.25em .5em;text-align:left;vertical-align:top}.critical{color:#b00020;fo
 .warning{color:#a06000;font-weight:bold}.info{color:#2060a0}.resolved{color:#2a7a2a}
 .charts{display:flex;flex-wrap:wrap;gap:1em}.chart{font-size:.8em}.problems{color:#b00020}
 code{background:#f4f4f4;padding:0 .2em}"""
-_CHART_W, _CHART_H = 260, 80
-
-
-def _chart(name: str, points: list[tuple[int, float]], marks: list[tuple[int, str]]) -> str:
-    finite = [(s, v) for s, v in points if math.isfinite(v)]
-    if not finite:
-        return ""
-    s0, s1 = points[0][0], points[-1][0]
-    lo, hi = min(v for _, v in finite), max(v for _, v in finite)
-    span_s, span_v = max(s1 - s0, 1), (hi - lo) or 1.0
-
-    def x(step: int) -> float:
-        return 4 + (step - s0) / span_s * (_CHART_W - 8)
-
-    def y(value: float) -> float:
-        return _CHART_H - 4 - (value - lo) / span_v * (_CHART_H - 8)
-
-    path = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in finite)
-    lines = "".join(
-        f'<line x1="{x(s):.1f}" x2="{x(s):.1f}" y1="0" y2="{_CHART_H}" class="{sev}" '
-        f'stroke="{"#b00020" if sev == "critical" else "#a06000"}" stroke-dasharray="3,2"/>'
-        for s, sev in marks)
-    nan = "".join(f'<circle cx="{x(s):.1f}" cy="4" r="3" fill="#b00020"/>'
-                  for s, v in points if not math.isfinite(v))
-    return (f'<div class="chart"><div><code>{escape(name)}</code> {lo:.4g} .. {hi:.4g}</div>'
-            f'<svg width="{_CHART_W}" height="{_CHART_H}" role="img" aria-label="{escape(name)}">'
-            f'<rect width="100%" height="100%" fill="#fafafa"/>{lines}'
-            f'<polyline fill="none" stroke="#3050a0" stroke-width="1.5" points="{path}"/>{nan}'
-            "</svg></div>")
-
-
 def _finding_row(f: Finding) -> str:
     value = "n/a" if f.value is None else ("NaN" if f.value != f.value else f"{f.value:.4g}")
     context = "<br>".join(escape(r.describe()) for r in f.related)
@@ -65,7 +35,8 @@ def _finding_row(f: Finding) -> str:
             f"<td>{escape(f.what_to_check)}</td></tr>")
 
 
-def _section(d: Diagnosis) -> str:
+def _section(d: Diagnosis) -> tuple[str, str]:
+    """(the run report's stylesheet, this run's section)."""
     run, km = d.run, d.keymap
     parts = [f"<h2>{escape(run.name)} <small>({escape(run.format)}: "
              f"<code>{escape(run.source)}</code>, {run.steps} steps)</small></h2>",
@@ -83,15 +54,30 @@ def _section(d: Diagnosis) -> str:
                      + "".join(_finding_row(f) for f in d.findings) + "</table>")
     else:
         parts.append("<p>No finding.</p>")
-    series: dict[str, list[tuple[int, float]]] = {}
-    for record, _ in d.steps:
-        for name, value in record.metrics.items():
-            series.setdefault(name, []).append((record.step, value))
-    marks = [(f.step, f.severity) for f in d.findings if f.state == "firing"]
-    watched = [k.name for k in km.keys if k.status is KeyStatus.CANONICAL] or list(series)
-    charts = "".join(_chart(n, series[n], marks) for n in dict.fromkeys(watched) if n in series)
-    parts.append(f'<div class="charts">{charts}</div>')
-    return "\n".join(parts)
+    style, report = _run_report(d)
+    parts.append(report)
+    return style, "\n".join(parts)
+
+
+def _run_report(d: Diagnosis) -> tuple[str, str]:
+    """(stylesheet, body) of ``rlmon report``'s page for this run, from its steps and
+    transitions."""
+    from rlmon.service.report.html import render_html as report_html
+    from rlmon.service.report.model import build_report
+    from rlmon.service.storage.history import HistoryStore
+
+    store = HistoryStore(":memory:")
+    try:
+        store.add([record for record, _ in d.steps],
+                  [event for _, events in d.steps for event in events])
+        page = report_html(build_report(store, d.run.name))
+    finally:
+        store.close()
+    style = page.split("<style>", 1)[1].split("</style>", 1)[0]
+    body = page.split("<body>", 1)[1].rsplit("</body>", 1)[0]
+    for tag in ("h1", "h2"):  # under this run's heading
+        body = body.replace(f"<{tag}", "<h3").replace(f"</{tag}>", "</h3>")
+    return style, body
 
 
 def render_html(diagnoses: Sequence[Diagnosis], problems: Sequence[ReadProblem]) -> str:
@@ -100,7 +86,9 @@ def render_html(diagnoses: Sequence[Diagnosis], problems: Sequence[ReadProblem])
         body.append('<ul class="problems">' + "".join(
             f"<li><code>{escape(p.path)}</code>: {escape(p.message)}</li>" for p in problems)
             + "</ul>")
-    body += [_section(d) for d in diagnoses]
+    sections = [_section(d) for d in diagnoses]
+    body += [section for _, section in sections]
+    style = sections[0][0] if sections else ""
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>rlmon diagnose</title><style>{_CSS}</style></head><body>"
+            f"<title>rlmon diagnose</title><style>{style}{_CSS}</style></head><body>"
             + "\n".join(body) + "</body></html>\n")

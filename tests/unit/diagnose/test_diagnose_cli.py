@@ -107,7 +107,14 @@ def test_html_report_renders_the_findings(tmp_path: Path) -> None:
         text = tab.inner_text("body")
         assert "EntropyCollapse" in text and "critical firing" in text
         assert tab.title() == "rlmon diagnose"
-        assert tab.locator("svg").count() >= 8  # a chart per canonical metric
+        # the run report of `rlmon report` (issue 24), built from the diagnosed steps
+        assert "Alerts and what they cost" in text
+        rows = tab.locator("tr", has_text="EntropyCollapse")
+        assert rows.count() == 2  # the finding, and the report's alert row
+        cells = rows.nth(1).locator("td").all_inner_texts()
+        assert cells[:4] == ["EntropyCollapse", "critical", "trainer", "actor/entropy"]
+        assert cells[5:7] == ["27", "firing"]
+        assert tab.locator("img").count() >= 3  # key curves with the alert marked
         row = tab.locator("tr", has_text="EntropyCollapse").first.inner_text()
         assert row.startswith("27 (since 25)")
         assert "entropy: 22: " in row  # the context around the onset
