@@ -231,30 +231,33 @@ def _nested(items: list[tuple[int, int, int, Activity]],
     segments: list[tuple[int, int, Activity]] = []
     stack: list[tuple[int, int, Activity]] = []  # (end, depth, activity), innermost last
     pos = 0
-
-    def emit(a: int, b: int, activity: Activity) -> None:
-        if b <= a:
-            return
-        if segments and segments[-1][1] == a and segments[-1][2] is activity:
-            segments[-1] = (segments[-1][0], b, activity)
-        else:
-            segments.append((a, b, activity))
-
     for s, e, depth, activity in items:
         while stack and stack[-1][0] <= s:
             end, _, done = stack.pop()
-            emit(pos, end, done)
+            if end > pos:
+                if segments and segments[-1][1] == pos and segments[-1][2] is done:
+                    segments[-1] = (segments[-1][0], end, done)
+                else:
+                    segments.append((pos, end, done))
             pos = end
         if stack:
             top_end, top_depth, top = stack[-1]
             if e > top_end or depth < top_depth:
                 return None
-            emit(pos, s, top)
+            if s > pos:
+                if segments and segments[-1][1] == pos and segments[-1][2] is top:
+                    segments[-1] = (segments[-1][0], s, top)
+                else:
+                    segments.append((pos, s, top))
         pos = s
         stack.append((e, depth, activity))
     while stack:
         end, _, done = stack.pop()
-        emit(pos, end, done)
+        if end > pos:
+            if segments and segments[-1][1] == pos and segments[-1][2] is done:
+                segments[-1] = (segments[-1][0], end, done)
+            else:
+                segments.append((pos, end, done))
         pos = end
     return segments
 
@@ -280,6 +283,14 @@ def _painted(items: list[tuple[int, int, int, Activity]]) -> list[tuple[int, int
     return segments
 
 
+def _by_start_longest_first(item: tuple[int, int, int, Activity]) -> tuple[int, int]:
+    return item[0], -item[1]
+
+
+def _by_start(item: tuple[int, int, int, Activity]) -> tuple[int, int]:
+    return item[0], item[1]
+
+
 def _classify(timeline: Timeline, spans: SpanMap, cache: Classified | None = None) -> _Rank:
     """Split one rank's step into its spans' activities (innermost wins) and its gaps
     (remembered in ``cache``: a step's timelines are its neighbours' context twice more)."""
@@ -290,19 +301,22 @@ def _classify(timeline: Timeline, spans: SpanMap, cache: Classified | None = Non
     lo, hi = timeline.start_ns, timeline.end_ns
     unmapped: set[str] = set()
     items: list[tuple[int, int, int, Activity]] = []
+    lookup = spans.activity
+    container, other = Activity.STEP, Activity.OTHER
     for span in timeline.spans:
-        activity = spans.activity(span.name)
-        if activity is Activity.STEP:
+        activity = lookup(span.name)
+        if activity is container:
             continue
-        if activity is Activity.OTHER:
+        if activity is other:
             unmapped.add(span.name)
-        s, e = max(span.start_ns, lo), min(span.end_ns, hi)
+        s = span.start_ns if span.start_ns > lo else lo
+        e = span.end_ns if span.end_ns < hi else hi
         if e > s:
             items.append((s, e, span.depth, activity))
-    items.sort(key=lambda it: (it[0], -it[1]))
+    items.sort(key=_by_start_longest_first)
     segments = _nested(items)
     if segments is None:
-        segments = _painted(sorted(items, key=lambda it: (it[0], it[1])))
+        segments = _painted(sorted(items, key=_by_start))
     ns: dict[Activity, int] = {}
     gaps: list[Interval] = []
     cur = lo
@@ -310,7 +324,8 @@ def _classify(timeline: Timeline, spans: SpanMap, cache: Classified | None = Non
         ns[activity] = ns.get(activity, 0) + (e - s)
         if s > cur:
             gaps.append((cur, s))
-        cur = max(cur, e)
+        if e > cur:
+            cur = e
     if hi > cur:
         gaps.append((cur, hi))
     rank = _Rank(ns, segments, gaps, tuple(sorted(unmapped)))
@@ -324,19 +339,13 @@ def busy_seconds(timeline: Timeline, spans: SpanMap) -> float:
     return sum(_classify(timeline, spans).ns.values()) * 1e-9
 
 
-def _unions(ranks: Iterable[_Rank]) -> tuple[list[Interval], list[Interval], list[Interval]]:
+def _unions(ranks: list[_Rank]) -> tuple[list[Interval], list[Interval], list[Interval]]:
     """(any busy, generating, training or syncing weights) of a set of ranks."""
-    busy: list[Interval] = []
-    gen: list[Interval] = []
-    train: list[Interval] = []
-    for rank in ranks:
-        for s, e, activity in rank.busy:
-            busy.append((s, e))
-            if activity is Activity.GENERATE:
-                gen.append((s, e))
-            elif activity in _TRAINING:
-                train.append((s, e))
-    return _union(busy), _union(gen), _union(train)
+    gen, training = Activity.GENERATE, _TRAINING
+    busy = _union([(s, e) for r in ranks for s, e, _ in r.busy])
+    generating = _union([(s, e) for r in ranks for s, e, a in r.busy if a is gen])
+    updating = _union([(s, e) for r in ranks for s, e, a in r.busy if a in training])
+    return busy, generating, updating
 
 
 def account_step(data: StepInput, spans: SpanMap, cache: Classified | None = None,
@@ -360,7 +369,7 @@ def account_step(data: StepInput, spans: SpanMap, cache: Classified | None = Non
         role = rt.role
         others = [per_role[r] for r in per_role if r != role]
         generates = any(Activity.GENERATE in r.ns for r in ranks[role])
-        same = _unions(ranks[role])[0]
+        same = _union([(s, e) for r in ranks[role] for s, e, _ in r.busy])
         first = [i for u in others for i in u[2 if generates else 1]]
         other_busy = [i for u in others for i in u[0]]
         ns: dict[tuple[Bucket, str], int] = {}
