@@ -159,6 +159,7 @@ class ServiceCore:
         self.wanted_port = port
         self.host = host or exp.host
         self._web_reader: HistoryStore | None = None
+        self._web_warmer: Any = None
         if port is not None:
             web = self._web_app(state)
             try:
@@ -183,7 +184,7 @@ class ServiceCore:
         import ipaddress
 
         from rlmon.service.web.api import WebApi
-        from rlmon.service.web.server import WebApp
+        from rlmon.service.web.server import CacheWarmer, WebApp
 
         reader = self.history
         if state is not None:
@@ -200,6 +201,8 @@ class ServiceCore:
         api = WebApi(reader, self.engine.rules, states=self.metrics.liveness_states,
                      goodput=lambda: {run: g for run, (_s, g, _m) in
                                       self.goodput.snapshot().items()})
+        if state is not None:
+            self._web_warmer = CacheWarmer(api)
         return WebApp(api, token.get_secret_value() if token is not None else None)
 
     @classmethod
@@ -524,6 +527,9 @@ class ServiceCore:
         if self.server is not None:
             self.server.close()
             self.server = None
+        if self._web_warmer is not None:
+            self._web_warmer.close()
+            self._web_warmer = None
         if self._web_reader is not None:
             self._web_reader.close()
             self._web_reader = None

@@ -136,10 +136,7 @@ class WebApi:
     # --- runs ----------------------------------------------------------------------------------
 
     def runs(self, params: Mapping[str, str]) -> dict[str, Any]:
-        rows = self.store.read(
-            "SELECT s.run, s.role, s.attempt, COUNT(*), MIN(s.step), MAX(s.step), "
-            "MAX(s.finalized_at) FROM steps s WHERE s.attempt = (SELECT MAX(attempt) FROM steps "
-            "u WHERE u.run = s.run AND u.role = s.role) GROUP BY s.run, s.role, s.attempt")
+        rows = self._streams()
         firing: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for a in self.store.firing_alerts():
             firing.setdefault((a["run"], a["role"]), []).append(
@@ -149,12 +146,12 @@ class WebApi:
         goodput = dict(self.goodput()) if self.goodput is not None else {}
         now = self.clock()
         out = []
-        for run, role, attempt, count, first, last, last_time in rows:
-            (reporting, expected, complete), = self.store.read(
-                "SELECT ranks_reporting, ranks_expected, complete FROM steps WHERE run = ? AND "
-                "role = ? AND attempt = ? AND step = ?", (run, role, attempt, last))
+        for run, role, attempt, first, last in rows:
+            (reporting, expected, complete, last_time), = self.store.read(
+                "SELECT ranks_reporting, ranks_expected, complete, finalized_at FROM steps WHERE "
+                "run = ? AND role = ? AND attempt = ? AND step = ?", (run, role, attempt, last))
             out.append({
-                "run": run, "role": role, "attempt": attempt, "steps": count,
+                "run": run, "role": role, "attempt": attempt,
                 "first_step": first, "last_step": last, "last_time": last_time,
                 "age_seconds": None if last_time is None else max(now - last_time, 0.0),
                 "ranks_reporting": reporting, "ranks_expected": expected,
@@ -167,6 +164,41 @@ class WebApi:
         (latest,), = self.store.read("SELECT COALESCE(MAX(id), 0) FROM alerts")
         return {"runs": out, "alerts_seen": latest, "states_known": self.states is not None,
                 "now": now}
+
+    def _streams(self) -> list[tuple[str, str, int, int, int]]:
+        """(run, role, latest attempt, first step, last step) of every stream, by seeks in the
+        steps' primary key (run, role, attempt, step): a poll costs the same for a run of
+        100,000 steps as for one of 10."""
+        out: list[tuple[str, str, int, int, int]] = []
+        key: tuple[str, str] | None = None
+        while True:
+            # past every attempt of the last stream: the seek lands on the next one
+            found = self.store.read(
+                "SELECT run, role FROM steps" + (" WHERE (run, role, attempt) > (?, ?, ?)"
+                                                 if key else "")
+                + " ORDER BY run, role LIMIT 1", (*key, 2**63 - 1) if key else ())
+            if not found:
+                return out
+            key = (str(found[0][0]), str(found[0][1]))
+            (attempt,), = self.store.read(
+                "SELECT MAX(attempt) FROM steps WHERE run = ? AND role = ?", key)
+            args = (*key, attempt)
+            (first,), = self.store.read("SELECT MIN(step) FROM steps WHERE run = ? AND role = ? "
+                                        "AND attempt = ?", args)
+            (last,), = self.store.read("SELECT MAX(step) FROM steps WHERE run = ? AND role = ? "
+                                       "AND attempt = ?", args)
+            out.append((*key, int(attempt), int(first), int(last)))
+
+    def warm(self, streams: int = 8) -> int:
+        """Read the key columns of the most recently active streams into the cache (their new
+        steps only, after the first time), so that opening a long run is a warm request;
+        returns how many streams it read."""
+        rows = [(r["run"], r["role"], r["attempt"]) for r in self.runs({})["runs"][:streams]]
+        for run, role, attempt in rows:
+            panels = self._panels(run, role, attempt)
+            self.columns.get(run, role, attempt,
+                             tuple(dict.fromkeys(m for p in panels for m in p.metrics)))
+        return len(rows)
 
     # --- curves --------------------------------------------------------------------------------
 
@@ -210,7 +242,7 @@ class WebApi:
         attempt = self._attempt(run, role, params)
         first = _int_param(params, "from")
         last = _int_param(params, "to")
-        buckets = _int_param(params, "points", 800, 1, 100_000)
+        buckets = _int_param(params, "points", 500, 1, 100_000)
         assert buckets is not None
         panels = self._panels(run, role, attempt)
         metrics = tuple(dict.fromkeys(m for p in panels for m in p.metrics))

@@ -70,6 +70,9 @@ class ColumnCache:
         self._cache: OrderedDict[tuple[object, ...], Columns] = OrderedDict()
         self._lock = threading.Lock()
 
+    def __len__(self) -> int:
+        return len(self._cache)
+
     def get(self, run: str, role: str, attempt: int, metrics: Sequence[str]) -> Columns:
         key = (run, role, attempt, tuple(metrics))
         with self._lock:
@@ -99,6 +102,14 @@ class ColumnCache:
         return known
 
 
+def _first_per_bucket(hits: np.ndarray, bucket: np.ndarray) -> np.ndarray:
+    """The first index of ``hits`` (sorted positions) in each bucket it touches."""
+    if not len(hits):
+        return hits
+    b = bucket[hits]
+    return hits[np.r_[True, b[1:] != b[:-1]]]
+
+
 def downsample(steps: np.ndarray, series: Sequence[np.ndarray], buckets: int) -> np.ndarray:
     """Indices to keep so that each of ``buckets`` equal step ranges keeps, for every series,
     its first, last, lowest and highest finite point; all indices when there are few."""
@@ -109,18 +120,16 @@ def downsample(steps: np.ndarray, series: Sequence[np.ndarray], buckets: int) ->
     bucket = ((steps - steps[0]) * buckets) // span
     keep = np.zeros(n, dtype=bool)
     for values in series:
-        finite = np.isfinite(values)
-        if not finite.any():
+        idx = np.flatnonzero(np.isfinite(values))
+        if not len(idx):
             continue
-        idx = np.flatnonzero(finite)
         b = bucket[idx]
-        starts = np.r_[0, np.flatnonzero(np.diff(b)) + 1]
-        ends = np.r_[starts[1:], len(idx)] - 1
-        keep[idx[starts]] = True
-        keep[idx[ends]] = True
+        starts = np.r_[0, np.flatnonzero(b[1:] != b[:-1]) + 1]
+        counts = np.diff(np.r_[starts, len(idx)])
+        keep[idx[starts]] = True  # first
+        keep[idx[starts + counts - 1]] = True  # last
         v = values[idx]
-        low = np.lexsort((v, b))  # within each bucket, by value
-        keep[idx[low[starts]]] = True
-        high = np.lexsort((-v, b))
-        keep[idx[high[starts]]] = True
+        for reduce in (np.minimum, np.maximum):
+            extreme = np.repeat(reduce.reduceat(v, starts), counts)
+            keep[_first_per_bucket(idx[v == extreme], bucket)] = True
     return np.flatnonzero(keep)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from importlib import resources
@@ -19,7 +20,7 @@ from urllib.parse import parse_qsl
 
 from rlmon.service.web.api import ApiError, WebApi
 
-__all__ = ["COOKIE", "WebApp"]
+__all__ = ["COOKIE", "CacheWarmer", "WebApp"]
 
 COOKIE = "rlmon_token"
 _log = logging.getLogger("rlmon.web")
@@ -44,6 +45,31 @@ def _static(name: str) -> tuple[str, bytes] | None:
     if not path.is_file():
         return None
     return _TYPES.get(suffix, "text/plain; charset=utf-8"), path.read_bytes()
+
+
+class CacheWarmer:
+    """A daemon thread that keeps the curves of the most recently active streams cached (every
+    ``period`` seconds it reads their new steps through the page's own connection), so opening
+    a long run does not wait for its first read. SQLite runs without the GIL: the alert path
+    is not held up."""
+
+    def __init__(self, api: WebApi, period: float = 5.0) -> None:
+        self.api, self.period = api, period
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="rlmon-web-warm", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.api.warm()
+            except Exception as exc:  # the store closing under it, a run pruned meanwhile
+                _log.debug("rlmon: web cache warm-up: %s", exc)
+            self._stop.wait(self.period)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5.0)
 
 
 class WebApp:

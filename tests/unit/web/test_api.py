@@ -58,7 +58,7 @@ def test_runs_lists_every_stream_with_its_last_step_ranks_and_firing_alerts(
     streams = {(r["run"], r["role"]): r for r in body["runs"]}
     assert set(streams) == {("grpo-demo-0", role) for role in ("actor", "reward", "rollout")}
     actor = streams["grpo-demo-0", "actor"]
-    assert (actor["first_step"], actor["last_step"], actor["steps"]) == (0, 29, 30)
+    assert (actor["first_step"], actor["last_step"], actor["attempt"]) == (0, 29, 0)
     assert (actor["ranks_reporting"], actor["ranks_expected"]) == (4, 4)
     assert {a["alert"]: a["step"] for a in actor["firing"]} == {
         "LogprobMismatch": 6, "ISRatioStale": 10}
@@ -236,6 +236,20 @@ def test_an_asked_port_that_is_taken_is_an_error_naming_it(tmp_path: Path) -> No
             assert fallback.port not in (None, port)
         finally:
             fallback.close(0.0)
+
+
+def test_warming_reads_the_active_streams_columns_ahead(service: ServiceCore,
+                                                         tmp_path: Path) -> None:
+    from rlmon.service.storage.history import HistoryStore
+    from rlmon.service.web.api import WebApi
+
+    api = WebApi(HistoryStore(tmp_path / "history.sqlite", read_only=True))
+    assert api.warm() == 3 and len(api.columns) == 3
+    before = len(api.columns)
+    _, body, _ = get(service, "/api/curves?run=grpo-demo-0&role=actor")
+    assert api.curves({"run": RUN, "role": "actor"})["panels"] == body["panels"]
+    assert len(api.columns) == before  # served from what warm() read
+    api.store.close()
 
 
 # --- downsampling ---------------------------------------------------------------------------------

@@ -1,0 +1,197 @@
+"""How fast the run page loads a long run: the API's answer and the browser's rendering.
+
+A history store is filled with one run of N steps (10,000 and 100,000 by default) of an actor
+role reporting 40 metrics per step (the key curves among them) and a few alert transitions, and a
+service is started on it, as the page meets it. Figures, for each N:
+  * the baseline: every step line of the (run, role) read and parsed as the CLI commands and the
+    demo's plot do (HistoryStore.steps), which is what a page without server-side
+    downsampling would start from (and then ship every point to the browser);
+  * the curves' first read of the run (nothing cached: SQLite pulls the key metrics out of the
+    step lines), and GET /api/curves once the service has them cached (it keeps the most
+    recently active runs' columns warm in the background; a reload, a zoom, another viewer);
+  * GET /api/runs (what the page polls every 2 s);
+  * the JSON the page downloads against the full series' JSON;
+  * with Chromium (Debian's, via Playwright; skipped without it): navigation to every panel
+    drawn, right after the service started (racing its warm-up) and once warmed.
+Each is printed with its ratio to the baseline. The budget: a 100,000-step run loads in about a
+second.
+
+Run: ``python bench/bench_page.py [--steps 10000 100000] [--no-browser]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from rlmon.service.alerting.engine import AlertEvent
+from rlmon.service.contract.step_record import StepRecord
+from rlmon.service.metrics import catalog
+from rlmon.service.service_core import ServiceCore
+from rlmon.service.storage.history import HistoryStore
+from rlmon.service.web.api import WebApi
+
+RUN, ROLE = "bench-run", "actor"
+KEY = (catalog.IS_RATIO, catalog.IS_RATIO_MIN, catalog.IS_RATIO_MAX, catalog.LOGP_DIFF,
+       catalog.LOGP_DIFF_MAX, catalog.KL, catalog.ENTROPY, catalog.CLIP_RATIO, catalog.GRAD_NORM,
+       catalog.STEP_SECONDS)
+OTHER = (catalog.LOSS, catalog.LR, catalog.APPROX_KL, catalog.ADVANTAGE, catalog.PPO_RATIO,
+         *(f"actor/extra_{i:02d}" for i in range(40 - len(KEY) - 5)))
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def fill(path: Path, steps: int) -> None:
+    """One run of ``steps`` steps; an alert fires and resolves every 5,000 steps."""
+    store = HistoryStore(path)
+    names = KEY + OTHER
+    t0 = time.time() - steps
+    batch = 2_000
+    for first in range(0, steps, batch):
+        records, events = [], []
+        for s in range(first, min(first + batch, steps)):
+            values = {n: 1.0 + 0.5 * math.sin(s / 300.0 + i) + 0.01 * ((s * 7919 + i) % 13)
+                      for i, n in enumerate(names)}
+            records.append(StepRecord(RUN, ROLE, s, True, 8, 8, (), values,
+                                      finalized_at=t0 + s))
+            if s % 5_000 == 2_500:
+                events.append(AlertEvent(RUN, ROLE, s, "KLDivergence", "warning", "firing",
+                                         catalog.KL, values[catalog.KL]))
+            if s % 5_000 == 3_000:
+                events.append(AlertEvent(RUN, ROLE, s, "KLDivergence", "warning", "resolved",
+                                         catalog.KL, values[catalog.KL]))
+        store.add(records, events)
+    store.close()
+
+
+def timed_get(url: str) -> tuple[float, bytes]:
+    started = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=120) as resp:
+        body = resp.read()
+    return time.perf_counter() - started, body
+
+
+def browser_load(chromium: Any, base: str) -> float:
+    """Seconds from navigation to every panel drawn (uPlot's first draw sets data-onsets)."""
+    page = chromium.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        started = time.perf_counter()
+        page.goto(f"{base}#/run/{RUN}?role={ROLE}")
+        page.wait_for_function(
+            "() => { const p = document.querySelectorAll('#panels .panel');"
+            " return p.length > 0 && [...p].every(e => e.dataset.onsets !== undefined); }",
+            timeout=120_000)
+        return time.perf_counter() - started
+    finally:
+        page.close()
+
+
+def bench(steps: int, chromium: Any | None) -> dict[str, float]:
+    state = Path(tempfile.mkdtemp(prefix="rlmon-bench-page-"))
+    try:
+        fill(state / "history.sqlite", steps)
+        out: dict[str, float] = {}
+        reader = HistoryStore(state / "history.sqlite", read_only=True)
+        started = time.perf_counter()
+        lines = reader.steps(RUN, ROLE)
+        full = {n: [[ln["step"], ln["metrics"].get(n)] for ln in lines] for n in KEY}
+        out["baseline"] = time.perf_counter() - started
+        out["full_bytes"] = len(json.dumps(full))
+        # the first read of the run, nothing cached (a service that has just started)
+        api = WebApi(reader)
+        started = time.perf_counter()
+        api.handle("/api/curves", {"run": RUN, "role": ROLE})
+        out["cold"] = time.perf_counter() - started
+        reader.close()
+        core = ServiceCore(state_dir=state, port=0, host="127.0.0.1")
+        base = f"http://127.0.0.1:{core.port}/"
+        try:
+            if chromium is not None:  # right after the start, racing the warm-up
+                out["page_start"] = browser_load(chromium, base)
+            warmer = core._web_warmer
+            deadline = time.monotonic() + 120
+            while not len(warmer.api.columns) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            _, body = timed_get(f"{base}api/curves?run={RUN}&role={ROLE}")
+            out["bytes"] = len(body)
+            out["points"] = max(len(p["x"]) for p in json.loads(body)["panels"])
+            out["warm"] = statistics.median(
+                timed_get(f"{base}api/curves?run={RUN}&role={ROLE}")[0] for _ in range(5))
+            out["runs"] = statistics.median(timed_get(f"{base}api/runs")[0] for _ in range(5))
+            if chromium is not None:
+                out["page_warm"] = statistics.median(browser_load(chromium, base)
+                                                     for _ in range(3))
+        finally:
+            core.close(0.0)
+        return out
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--no-browser", action="store_true")
+    args = parser.parse_args(argv)
+    chromium_path = None if args.no_browser else shutil.which("chromium")
+    print(f"machine: {platform.machine()}, {platform.processor() or platform.system()}, "
+          f"Python {platform.python_version()}; one (run, role) of {len(KEY + OTHER)} metrics "
+          f"per step, {len(KEY)} of them drawn")
+    if chromium_path is None:
+        print("  (no chromium, or --no-browser: the browser figures are left out)")
+    results = {}
+    if chromium_path is not None:
+        try:
+            from playwright.sync_api import sync_playwright
+        except ImportError:
+            print("  (no playwright: the browser figures are left out)")
+            chromium_path = None
+    if chromium_path is not None:
+        with sync_playwright() as pw:
+            chromium = pw.chromium.launch(executable_path=chromium_path, args=CHROMIUM_ARGS)
+            try:
+                for n in args.steps:
+                    results[n] = bench(n, chromium)
+            finally:
+                chromium.close()
+    else:
+        for n in args.steps:
+            results[n] = bench(n, None)
+    for n, r in results.items():
+        base = r["baseline"]
+        print(f"{n:,} steps:")
+        print(f"  baseline: read and parse every step line  {base * 1e3:9.0f} ms")
+        print(f"  curves, first read of the run (no cache)  {r['cold'] * 1e3:9.0f} ms  "
+              f"{r['cold'] / base:5.2f}x the baseline")
+        print(f"  GET /api/curves once warmed (the service  {r['warm'] * 1e3:9.1f} ms  "
+              f"{r['warm'] / base:5.3f}x")
+        print("    keeps the active runs' columns cached)")
+        print(f"  GET /api/runs (the page's poll)           {r['runs'] * 1e3:9.1f} ms")
+        print(f"  JSON downloaded: {r['bytes'] / 1e3:,.0f} kB ({int(r['points']):,} points per "
+              f"panel at most) against {r['full_bytes'] / 1e6:,.1f} MB for every point "
+              f"({r['bytes'] / r['full_bytes']:.3f}x)")
+        if "page_warm" in r:
+            print(f"  browser, navigation to every panel drawn: right after the service started "
+                  f"{r['page_start'] * 1e3:6.0f} ms ({r['page_start'] / base:4.2f}x the "
+                  f"baseline), warmed {r['page_warm'] * 1e3:6.0f} ms "
+                  f"({r['page_warm'] / base:5.3f}x)")
+    last = results[max(results)]
+    if "page_warm" in last:
+        print(f"budget: a {max(results):,}-step run loads in about 1 s: "
+              f"{last['page_warm']:.2f} s warmed ({last['page_warm'] / 1.0:.2f}x the budget), "
+              f"{last['page_start']:.2f} s in the first seconds after a start")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
