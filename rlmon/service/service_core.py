@@ -308,6 +308,7 @@ class ServiceCore:
         crash_point("publish.after_history")
         if batches:
             self._hand_over()
+        self.goodput.account()  # after the alerts are out: never on their path
         return events
 
     def receive(

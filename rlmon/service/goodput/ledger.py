@@ -92,7 +92,8 @@ class GoodputLedger:
         self.config = config or GoodputConfig()
         self.spans = span_map(self.config)
         self.price = Price(self.config.price_per_gpu_hour, self.config.currency)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the ledger's state
+        self._work = threading.Lock()  # one accounting at a time (and the split cache)
         self._held: dict[str, dict[tuple[int, int], _Held]] = {}
         self._last: dict[str, tuple[int, int]] = {}  # newest (attempt, step) seen per run
         self._done: dict[str, dict[tuple[int, int], tuple[RoleTimelines, ...]]] = {}
@@ -101,8 +102,9 @@ class GoodputLedger:
         self.runs: dict[str, RunGoodput] = {}
         self._classified: Classified = {}  # the held and done steps' timelines, split
 
-    def add(self, record: StepRecord) -> list[StepGoodput]:
-        """Hold ``record``'s step; return the steps this lets go (accounted)."""
+    def add(self, record: StepRecord) -> None:
+        """Hold ``record``'s step (cheap: the alert path calls it; :meth:`account` does the
+        work after the step's alerts are out)."""
         run, role = record.run, record.role
         key = (record.attempt, record.step)
         with self._lock:
@@ -127,12 +129,30 @@ class GoodputLedger:
             last = self._last.get(run)
             if last is None or key > last:
                 self._last[run] = key
-            return self._release(run, final=False)
 
     def finish(self, run: str) -> list[StepGoodput]:
         """The run ended: account every step it still holds."""
-        with self._lock:
-            return self._release(run, final=True)
+        return self.account(final=run)
+
+    def account(self, final: str | None = None) -> list[StepGoodput]:
+        """Account the held steps the runs are far enough past (every step of run ``final``);
+        one caller at a time, the exporter's reads never wait for the accounting itself."""
+        with self._work:
+            with self._lock:
+                jobs = [job for run in list(self._held)
+                        for job in self._ready(run, run == final)]
+            results = [(run, held, account_step(data, self.spans, self._classified))
+                       for run, held, data in jobs]
+            with self._lock:
+                for run, held, result in results:
+                    totals = self.runs.setdefault(run, RunGoodput())
+                    for k, v in result.seconds.items():
+                        totals.seconds[k] = totals.seconds.get(k, 0.0) + v
+                    totals.steps += 1
+                    totals.tokens += held.tokens
+                if results:
+                    self._keep_classified()
+            return [result for _, _, result in results]
 
     def forget(self, runs: Iterable[str]) -> None:
         """Runs that left memory: drop their held steps and counters."""
@@ -146,7 +166,8 @@ class GoodputLedger:
                     self._ranks.pop(key, None)
                     self._skipped.pop(key, None)
 
-    def _release(self, run: str, final: bool) -> list[StepGoodput]:
+    def _ready(self, run: str, final: bool) -> list[tuple[str, _Held, StepInput]]:
+        """Take the run's steps that are ready, with what their accounting needs."""
         held = self._held.get(run, {})
         last = self._last.get(run, (0, 0))
         ready = sorted(k for k in held if final or k[0] < last[0]
@@ -163,22 +184,14 @@ class GoodputLedger:
             neighbours = [*done.get((attempt, n - 1), ()),
                           *(held[(attempt, n + 1)].roles.values()
                             if (attempt, n + 1) in held else ())]
-            result = account_step(StepInput(
+            out.append((run, step, StepInput(
                 run, attempt, n, tuple(step.roles.values()), step.zero_std, step.clipped,
-                step.discarded, tuple(neighbours)), self.spans, self._classified)
+                step.discarded, tuple(neighbours))))
             done[key] = tuple(step.roles.values())
             while len(done) > 2:
                 del done[min(done)]
-            totals = self.runs.setdefault(run, RunGoodput())
-            for k, v in result.seconds.items():
-                totals.seconds[k] = totals.seconds.get(k, 0.0) + v
-            totals.steps += 1
-            totals.tokens += step.tokens
-            out.append(result)
         if not held:
             self._held.pop(run, None)
-        if out:
-            self._keep_classified()
         return out
 
     def _keep_classified(self) -> None:

@@ -131,6 +131,8 @@ def test_ledger_holds_two_steps_and_forgets() -> None:
         for r in records(5):
             ledger.add(step_record(run=r.run, role=r.role, step=n, ranks_expected=r.ranks_expected,
                                    ranks_reporting=r.ranks_reporting, timelines=r.timelines))
+        accounted = ledger.account()  # what the service calls after a batch's alerts are out
+        assert [a.step for a in accounted] == ([n - 2] if n >= 2 else [])
     assert ledger.runs["synthetic"].steps == 198
     assert ledger.run_gpus("synthetic") == 2 + 1 + 4  # 1 GPU per rank without config
     ledger.forget(["synthetic"])
