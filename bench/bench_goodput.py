@@ -10,8 +10,9 @@ rollout engines):
   * the baseline: the aggregator's finalization of the step, the ingest of its last rank's
     message (which completes and finalizes it), median over steps;
   * account_step on the step's timelines (the pure accounting), median;
-  * the service path: GoodputLedger.add of the step's records and the release of the step it
-    lets go (the join, the accounting, the counters), median;
+  * the service path: GoodputLedger.add of the step's records (on the alert path: it only
+    holds them), and GoodputLedger.account after the step's alerts are out (the join, the
+    accounting of the step two steps back with its neighbours, the counters), median;
   * each as microseconds per step and as a ratio to the finalization.
 
 Run: ``python bench/bench_goodput.py [--ranks 1024] [--steps 7]``.
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     core = AggregatorCore(deadline=DeadlinePolicy(fixed=600.0))
     spans = SpanMap()
     ledger = GoodputLedger()
-    finalize, pure, service = [], [], []
+    finalize, pure, hold, service = [], [], [], []
     for step in range(args.steps):
         messages, trainers, rollout = step_data(step, args.ranks, args.engines, rng)
         core.ingest(messages[:-1])
@@ -124,10 +125,14 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         ledger.add(record)
         ledger.add(engines)
+        hold.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        ledger.account()
         service.append(time.perf_counter() - t)
     ledger.finish("bench")
     # the ledger lets a step go two steps later: its medians hold the accounting of one step
-    fin, acc, svc = (statistics.median(x) for x in (finalize, pure, service[2:] or service))
+    fin, acc, add, svc = (statistics.median(x)
+                          for x in (finalize, pure, hold, service[2:] or service))
     spans_per_step = sum(len(t.timeline.spans) for t in trainers) + 2 * args.engines
     print(f"machine: {platform.machine()}, {platform.processor() or platform.system()}, "
           f"Python {platform.python_version()}")
@@ -136,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  aggregator finalization (baseline) {fin * 1e6:10.0f} us")
     print(f"  account_step                        {acc * 1e6:10.0f} us  "
           f"{acc / fin:6.2f}x the finalization")
-    print(f"  service: ledger add + release       {svc * 1e6:10.0f} us  "
+    print(f"  service, alert path: ledger add     {add * 1e6:10.0f} us  "
+          f"{add / fin:6.2f}x the finalization")
+    print(f"  service, after alerts: account      {svc * 1e6:10.0f} us  "
           f"{svc / fin:6.2f}x the finalization")
     print(f"  per rank: {acc / (args.ranks + args.engines) * 1e6:.1f} us; on the training "
           f"path: 0 (the accounting runs in the service)")
