@@ -308,7 +308,7 @@ class ServiceCore:
         crash_point("publish.after_history")
         if batches:
             self._hand_over()
-        self.goodput.account()  # after the alerts are out: never on their path
+        self.goodput.wake()  # its thread accounts ready steps: never on the alerts' path
         return events
 
     def receive(
@@ -523,6 +523,7 @@ class ServiceCore:
     def close(self, timeout: float = 5.0) -> bool:
         """Deliver what the outbox holds (up to ``timeout``), stop serving, close the stores."""
         drained = self.dispatcher.shutdown(timeout)
+        self.goodput.close()
         if self.otlp is not None:
             self.otlp.close()
         if self.server is not None:

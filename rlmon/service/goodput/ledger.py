@@ -15,6 +15,7 @@ GPUs per rank come from the config (``goodput.gpus_per_rank``: a role, then ``*`
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from collections.abc import Iterable, Mapping
@@ -37,6 +38,7 @@ from rlmon.service.metrics import catalog
 
 __all__ = ["GoodputLedger", "RunGoodput", "discard_reason", "gpus_per_rank", "span_map"]
 
+log = logging.getLogger("rlmon.goodput")
 _MAX_HELD = 64  # steps held per run; beyond, the oldest is accounted with what it has
 
 
@@ -94,6 +96,10 @@ class GoodputLedger:
         self.price = Price(self.config.price_per_gpu_hour, self.config.currency)
         self._lock = threading.Lock()  # the ledger's state
         self._work = threading.Lock()  # one accounting at a time (and the split cache)
+        self._wanted = threading.Event()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self.errors = 0  # accountings that raised (logged; the steps they held are lost)
         self._held: dict[str, dict[tuple[int, int], _Held]] = {}
         self._last: dict[str, tuple[int, int]] = {}  # newest (attempt, step) seen per run
         self._done: dict[str, dict[tuple[int, int], tuple[RoleTimelines, ...]]] = {}
@@ -129,6 +135,33 @@ class GoodputLedger:
             last = self._last.get(run)
             if last is None or key > last:
                 self._last[run] = key
+
+    def wake(self) -> None:
+        """Have the ledger's own thread account what is ready (the service calls this after a
+        batch's alerts are out, so the accounting delays neither them nor the next batch)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="rlmon-goodput",
+                                            daemon=True)
+            self._thread.start()
+        self._wanted.set()
+
+    def _loop(self) -> None:
+        while True:
+            self._wanted.wait()
+            self._wanted.clear()
+            if self._closing:
+                return
+            try:
+                self.account()
+            except Exception:  # a bug must not stop the accounting of the next steps
+                self.errors += 1
+                log.exception("rlmon: goodput accounting failed (counted in errors)")
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._closing = True
+        self._wanted.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
 
     def finish(self, run: str) -> list[StepGoodput]:
         """The run ended: account every step it still holds."""

@@ -26,6 +26,7 @@ from rlmon.service.goodput.ledger import GoodputLedger
 from rlmon.service.metrics import catalog
 from rlmon.service.service_core import ServiceCore
 from tests.support.goodput_scenario import CLIPPED, FRAC_ZERO_STD, step_input
+from tests.support.polling import wait_for
 from tests.support.records import step_record
 from tests.support.scrape import scrape
 
@@ -57,8 +58,11 @@ def test_counters_equal_the_accounting_of_the_joined_steps() -> None:
     try:
         for n in range(5, 9):  # step 6: the optimizer step was skipped (DeepSpeed overflow)
             core.publish(records(n, skipped=1.0 if n >= 6 else 0.0))
-        # held until the run is two steps past: 5 and 6 are accounted
-        assert core.goodput.runs["synthetic"].steps == 2
+        # held until the run is two steps past: 5 and 6 are accounted, by the ledger's own
+        # thread, woken after each batch's alerts are out
+        wait_for(lambda: "synthetic" in core.goodput.runs
+                 and core.goodput.runs["synthetic"].steps == 2, 10, "steps 5 and 6 accounted")
+        assert core.goodput.account() == [] and core.goodput.errors == 0
         core.finish_run("synthetic")
         assert core.goodput.runs["synthetic"].steps == 4
         spans = SpanMap()
