@@ -77,6 +77,7 @@ def _train(out: Path, faulty: bool, steps: int, monkeypatch: pytest.MonkeyPatch)
     import wandb
 
     wandb.finish()  # the job's exit would: the Hugging Face callback leaves the run open
+    wandb.teardown()  # the next run reads WANDB_DIR afresh (W&B keeps its settings per process)
 
 
 @pytest.fixture(scope="module")
