@@ -85,7 +85,9 @@ class StepPeriods:
         """Seconds without a finalized step before the stream is stalled."""
         if steps < 2 or not self.recent:
             return max(params.first_step_seconds, params.stall_floor_seconds)
-        typical = median(self.recent)
+        # the last three intervals too: once a slowdown is three steps old, the stall threshold
+        # follows the new pace at once instead of paging every slow step until the median does
+        typical = max(median(self.recent), median(list(self.recent)[-3:]))
         return max(params.stall_factor * typical, params.stall_floor_seconds,
                    params.max_interval_margin * max(self.recent))
 
