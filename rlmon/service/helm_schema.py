@@ -23,7 +23,7 @@ SCHEMA_PATH = "helm/rlmon/values.schema.json"
 
 # settings model -> the fields that hold a secret (env or a file only, never the config file)
 _SECRET_FIELDS = {"SlackConfig": ("webhook_url",), "PagerDutyConfig": ("routing_key",),
-                  "WebhookConfig": ("url", "token")}
+                  "WebhookConfig": ("url", "token"), "ExporterConfig": ("token",)}
 _NO_SECRET = {"not": {}, "description": "a secret is never written in the config: set the "
               "chart's secrets.* value (a Kubernetes Secret) instead"}
 
