@@ -8,7 +8,9 @@ it splits. So a step waits in :class:`GoodputLedger` until the run is ``hold_ste
 it (or finishes), then :func:`~rlmon.service.goodput.accounting.account_step` runs on what
 arrived. Memory is bounded by the held steps of the runs in memory.
 
-GPUs per rank come from the config (``goodput.gpus_per_rank``: a role, then ``*``), else 1;
+GPUs per rank come from the config's entry for the role (``goodput.gpus_per_rank``), else what
+the role's Reporters declare (``Reporter(gpus_per_rank=...)``, riding on their heartbeats), else
+the config's ``*``, else 1;
 :meth:`GoodputLedger.run_gpus` is what every alert's cost multiplies by
 (:mod:`rlmon.service.goodput.cost`).
 """
@@ -105,8 +107,22 @@ class GoodputLedger:
         self._done: dict[str, dict[tuple[int, int], tuple[RoleTimelines, ...]]] = {}
         self._skipped: dict[tuple[str, str], float] = {}
         self._ranks: dict[tuple[str, str], float] = {}  # (run, role) -> GPUs (ranks x per rank)
+        self._declared: dict[tuple[str, str], float] = {}  # (run, role) -> the Reporters' say
         self.runs: dict[str, RunGoodput] = {}
         self._classified: Classified = {}  # the held and done steps' timelines, split
+
+    def declare(self, run: str, role: str, per_rank: float) -> None:
+        """What the role's Reporters say each rank holds (the config's entry for the role
+        wins)."""
+        with self._lock:
+            self._declared[(run, role)] = per_rank
+
+    def _per_rank(self, run: str, role: str) -> float:
+        table = self.config.gpus_per_rank
+        if role in table:
+            return float(table[role])
+        declared = self._declared.get((run, role))
+        return declared if declared is not None else float(table.get("*", 1.0))
 
     def add(self, record: StepRecord) -> None:
         """Hold ``record``'s step (cheap: the alert path calls it; :meth:`account` does the
@@ -114,7 +130,7 @@ class GoodputLedger:
         run, role = record.run, record.role
         key = (record.attempt, record.step)
         with self._lock:
-            self._ranks[(run, role)] = record.ranks_expected * gpus_per_rank(self.config, role)
+            self._ranks[(run, role)] = record.ranks_expected * self._per_rank(run, role)
             held = self._held.setdefault(run, {}).setdefault(key, _Held())
             metrics = record.metrics
             if catalog.FRAC_REWARD_ZERO_STD in metrics:
@@ -131,7 +147,7 @@ class GoodputLedger:
                 self._skipped[(run, role)] = skipped
             if record.timelines:
                 held.roles[role] = RoleTimelines(role, record.timelines,
-                                                 gpus_per_rank(self.config, role))
+                                                 self._per_rank(run, role))
             last = self._last.get(run)
             if last is None or key > last:
                 self._last[run] = key
@@ -198,6 +214,8 @@ class GoodputLedger:
                 for key in [k for k in self._ranks if k[0] == run]:
                     self._ranks.pop(key, None)
                     self._skipped.pop(key, None)
+                for key in [k for k in self._declared if k[0] == run]:
+                    del self._declared[key]
 
     def _ready(self, run: str, final: bool) -> list[tuple[str, _Held, StepInput]]:
         """Take the run's steps that are ready, with what their accounting needs."""

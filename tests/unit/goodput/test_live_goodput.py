@@ -16,7 +16,7 @@ from rlmon.service.alerting.notify.render import (
     summary_line,
     webhook_body,
 )
-from rlmon.service.config import Settings
+from rlmon.service.config import GoodputConfig, Settings
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.export.series import GOODPUT_RATIO, GOODPUT_SECONDS, MFU
 from rlmon.service.goodput.accounting import account_step
@@ -141,3 +141,14 @@ def test_ledger_holds_two_steps_and_forgets() -> None:
     assert ledger.run_gpus("synthetic") == 2 + 1 + 4  # 1 GPU per rank without config
     ledger.forget(["synthetic"])
     assert ledger.snapshot() == {} and ledger.run_gpus("synthetic") == 0
+
+
+def test_gpus_per_rank_config_then_the_reporters_then_the_default() -> None:
+    ledger = GoodputLedger(GoodputConfig(gpus_per_rank={"actor": 2.0, "*": 3.0}))
+    ledger.declare("synthetic", "actor", 8.0)  # the config's entry for the role wins
+    ledger.declare("synthetic", "rollout", 4.0)  # the Reporters' say beats the config's "*"
+    for r in records(5):
+        ledger.add(r)
+    assert ledger.run_gpus("synthetic") == 4 * 2.0 + 2 * 4.0 + 1 * 3.0
+    (step,) = ledger.finish("synthetic")
+    assert step.gpus == {"actor": 8.0, "rollout": 8.0, "reward": 3.0}
