@@ -22,7 +22,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--limit", type=int, default=20,
                    help="how many recent transitions (firing and resolved) to list (default 20)")
     p.add_argument("--json", action="store_true",
-                   help='one JSON object: {"firing": [...], "recent": [...], "stops": [...]}')
+                   help='one JSON object: {"firing": [...], "recent": [...], "stops": [...], '
+                        '"liveness": [...]}')
     add_store_arguments(p)
     p.set_defaults(func=run_alerts)
 
@@ -41,6 +42,9 @@ def run_alerts(args: argparse.Namespace) -> int:
         if not args.firing:
             found["recent"] = store.recent_alerts(args.run, max(args.limit, 0))
         found["stops"] = [d.to_json() for d in store.stops(args.run)]
+        # runs not simply running, by time (docs/liveness.md): slow, stalled, dead
+        found["liveness"] = [row for row in store.liveness(args.run)
+                             if row["state"] in ("slow", "stalled", "dead")]
     finally:
         store.close()
     if args.json:
@@ -82,6 +86,16 @@ def _print_tables(found: dict[str, list[dict[str, Any]]]) -> None:
             table.add_row(a["state"], a["alert"], a["severity"] or "-", a["run"], a["role"],
                           str(a["step"]), a["metric"] or "-", _value(a["value"]),
                           _when(a["time"]))
+        console.print(table)
+    if found.get("liveness"):
+        table = Table(title="runs not making progress (liveness)")
+        for col in ("state", "run", "role", "since (UTC)", "last step", "where"):
+            table.add_column(col)
+        for row in found["liveness"]:
+            last = "-" if row["last_step"] is None else f"{row['last_step']} at " \
+                f"{_when(row['last_step_at'])}"
+            table.add_row(row["state"], row["run"], row["role"], _when(row["since"]), last,
+                          row["detail"])
         console.print(table)
     if found["stops"]:
         table = Table(title="runs asked to stop")

@@ -29,6 +29,7 @@ from typing import Any
 from rlmon.service.aggregation.aggregator_stats import AggregatorStats
 from rlmon.service.aggregation.stream_tracker import Expired, Stream, StreamTracker
 from rlmon.service.alerting.engine import AlertEngine, AlertEvent, AlertState
+from rlmon.service.alerting.liveness_alerts import liveness_events, liveness_firing
 from rlmon.service.alerting.notify.factory import build_dispatcher, open_outbox, outbox_path
 from rlmon.service.alerting.notify.render import summary_line
 from rlmon.service.alerting.rules import Rule, default_rules, load_rules, unknown_metrics
@@ -42,6 +43,7 @@ from rlmon.service.export.http import MetricsServer, serve_metrics
 from rlmon.service.export.otlp import OtlpExport
 from rlmon.service.goodput.alert_costs import AlertCosts
 from rlmon.service.goodput.ledger import GoodputLedger
+from rlmon.service.liveness.run_state import LivenessView, RunState, describe
 from rlmon.service.metrics import catalog, keymaps
 from rlmon.service.redact import install_redaction
 from rlmon.service.storage.history import HistoryStore
@@ -138,6 +140,8 @@ class ServiceCore:
         if self.settings.otlp.enabled:  # the step timelines' spans, to an OTLP/HTTP collector
             self.otlp = OtlpExport(self.settings.otlp)
         self.redeliveries = 0
+        self._finished_runs: dict[str, float] = {}  # run -> unix time it said finish_run
+        self._live_states: dict[tuple[str, str], RunState] = {}  # last stored, per stream
         # The stop switch (rlmon.service.contract.stop_decision): the rules that carry the stop action, the
         # decisions taken (restored from the history store) and how many, by alert.
         self._stoppers = {r.name for r in self.engine.rules if STOP in r.actions}
@@ -474,9 +478,53 @@ class ServiceCore:
                 if r == run:
                     checker.dpo, checker.deepspeed_version = self._sanity_args(meta)
 
+    def liveness(self, views: Sequence[LivenessView], shard: int = 0) -> list[AlertEvent]:
+        """An aggregator's liveness views (its timer's state changes and periodic refresh):
+        shown on /metrics, turned into the time-based alerts (RunStalled, RunDied, StageStuck,
+        StepTimeRegression), stored and notified like any other transition."""
+        events: list[AlertEvent] = []
+        batches: list[tuple[float | None, list[AlertEvent]]] = []
+        with self._lock:
+            now = self._clock()
+            streams = set()
+            changed: list[tuple[str, str, str, float, int | None, float | None, str]] = []
+            for view in views:
+                stream = (view.run, view.role)
+                finished = self._finished_runs.get(view.run)
+                if finished is not None and view.state is not RunState.FINISHED and (
+                        view.last_step_at is None or view.last_step_at <= finished):
+                    view = replace(view, state=RunState.FINISHED)  # finish_run said so
+                self._remember(stream, now)
+                self.goodput.declare(view.run, view.role, view.gpus_per_rank)
+                if self._live_states.get(stream) is not view.state:
+                    self._live_states[stream] = view.state
+                    changed.append((view.run, view.role, view.state.value, view.since,
+                                    view.last_step, view.last_step_at,
+                                    describe(view) if view.state is not RunState.RUNNING
+                                    else ""))
+                mine = liveness_events(self.engine, view)
+                self.metrics.set_liveness(view, liveness_firing(self.engine, *stream))
+                streams.add(stream)
+                if mine:
+                    events.extend(mine)
+                    batches.append((view.at, mine))
+            if events:
+                self.history.add([], events, states=self._states_of(streams), outbound=batches)
+                self.events.extend(events)
+            if changed:  # for `rlmon alerts` (the state of each run, by time)
+                self.history.set_liveness(changed)
+                while len(self._live_states) > self.settings.retention.max_streams:
+                    del self._live_states[next(iter(self._live_states))]
+        if batches:
+            self._hand_over()
+        return events
+
     def finish_run(self, run: str) -> None:
         """The run ended: its series leave the exporter after the finished-run TTL."""
         with self._lock:
+            self._finished_runs[run] = time.time()  # liveness views are on unix time
+            while len(self._finished_runs) > _MAX_STOPS:
+                del self._finished_runs[next(iter(self._finished_runs))]
             self._tracker.finish(run, self._clock())
             self.metrics.finish_run(run)
             self.goodput.finish(run)

@@ -76,6 +76,9 @@ CREATE TABLE IF NOT EXISTS samples (
     metric TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (run, role, attempt, step, metric));
 CREATE TABLE IF NOT EXISTS stops (
     run TEXT NOT NULL PRIMARY KEY, decision TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS liveness (
+    run TEXT NOT NULL, role TEXT NOT NULL, state TEXT NOT NULL, since REAL NOT NULL,
+    last_step INTEGER, last_step_at REAL, detail TEXT NOT NULL, PRIMARY KEY (run, role));
 CREATE INDEX IF NOT EXISTS steps_run_time ON steps (run, finalized_at);
 CREATE INDEX IF NOT EXISTS alerts_stream ON alerts (run, role, attempt, step);
 """
@@ -434,6 +437,24 @@ class HistoryStore:
         found = sorted((StopDecision.from_json(json.loads(text)) for (text,) in rows),
                        key=lambda d: d.at, reverse=True)
         return found[:limit] if limit is not None else found
+
+    def set_liveness(self, rows: Sequence[tuple[str, str, str, float, int | None, float | None,
+                                                str]]) -> None:
+        """Each (run, role)'s liveness state as it changed: (run, role, state, since (unix),
+        last step, its unix time, where the ranks are) (docs/liveness.md)."""
+        with self._lock:
+            self._db.executemany("INSERT OR REPLACE INTO liveness VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                 list(rows))
+
+    def liveness(self, run: str | None = None) -> list[dict[str, Any]]:
+        """The latest liveness state of each (run, role), in (run, role) order."""
+        where, args = _stream_filter(run, None)
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT run, role, state, since, last_step, last_step_at, detail FROM liveness"
+                + where + " ORDER BY run, role", args).fetchall()
+        keys = ("run", "role", "state", "since", "last_step", "last_step_at", "detail")
+        return [dict(zip(keys, row, strict=True)) for row in rows]
 
     def firing_alerts(self, run: str | None = None) -> list[dict[str, Any]]:
         """The alerts firing now, each with the transition that made it fire (step, value, the

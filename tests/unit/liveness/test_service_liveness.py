@@ -3,8 +3,12 @@ service into alerts, the history store and /metrics; restarts neither forget nor
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
+
+from rlmon.cli import main
 from rlmon.service.aggregation.aggregator import AggregatorCore
 from rlmon.service.aggregation.watermark import WatermarkStore
 from rlmon.service.config import Settings
@@ -76,7 +80,8 @@ class Cluster:
         return [(alert, state) for _, r, alert, state in self.events if r == run]
 
 
-def test_hang_death_and_clean_finish_page_once_each(tmp_path: Path) -> None:
+def test_hang_death_and_clean_finish_page_once_each(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     c = Cluster(tmp_path)
     steady = {"step": True}
     c.run(30, {"hung": steady, "killed": steady, "done": steady})
@@ -106,6 +111,15 @@ def test_hang_death_and_clean_finish_page_once_each(tmp_path: Path) -> None:
                                        ("severity", "critical")))] == 1
     assert ("rlmon_last_step_timestamp_seconds", (("role", "actor"), ("run", "hung"))) in got
     c.service.close(0.0)
+    # `rlmon alerts` shows the stalled and dead runs, where the ranks are, and their alerts
+    assert main(["alerts", "--state-dir", str(tmp_path / "state"), "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    states = {(r["run"], r["state"]) for r in found["liveness"]}
+    assert states == {("hung", "stalled"), ("killed", "dead")}
+    hung = next(r for r in found["liveness"] if r["run"] == "hung")
+    assert "generate" in hung["detail"] and hung["last_step"] == 29
+    assert {(a["run"], a["alert"]) for a in found["firing"]} >= {("hung", "RunStalled"),
+                                                                 ("killed", "RunDied")}
 
 
 def test_restarts_neither_forget_a_stall_nor_page_it_twice_and_resuming_resolves(
