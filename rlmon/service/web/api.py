@@ -94,11 +94,15 @@ def _required(params: Mapping[str, str], name: str) -> str:
 
 def alerts_json(store: HistoryStore, run: str | None = None, firing_only: bool = False,
                 limit: int = 20) -> dict[str, list[dict[str, Any]]]:
-    """The firing alerts, recent transitions and stop decisions: ``rlmon alerts --json``."""
+    """The firing alerts, recent transitions, stop decisions and runs not making progress:
+    what ``rlmon alerts --json`` prints."""
     found: dict[str, list[dict[str, Any]]] = {"firing": store.firing_alerts(run)}
     if not firing_only:
         found["recent"] = store.recent_alerts(run, max(limit, 0))
     found["stops"] = [d.to_json() for d in store.stops(run)]
+    # runs not simply running, by time (docs/liveness.md): slow, stalled, dead
+    found["liveness"] = [row for row in store.liveness(run)
+                         if row["state"] in ("slow", "stalled", "dead")]
     return found
 
 
