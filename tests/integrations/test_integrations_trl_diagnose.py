@@ -10,7 +10,8 @@ at 15); and after step 16 it overwrites the reference model's final norm with Na
 reference checkpoint would: the KL is NaN at step 17, so are the loss and the gradients, and
 ``NonFiniteMetric`` fires at 17 on the gradient norm. TRL logs a metric whose every value was NaN
 as None (``kl`` here), which the files keep as a missing key: ``MetricNotLogged`` says so. A
-healthy run of the same trainer gives no critical finding.
+healthy run of the same trainer gives no critical finding. A DPOTrainer run at learning rate 0
+(the policy stays the reference) has its loss stuck at ln 2: the sanity layer's ``DPOLossAtLn2``.
 """
 
 from __future__ import annotations
@@ -112,6 +113,10 @@ def test_the_faults_are_found_at_their_steps_in_every_file(faulty: Path) -> None
             == list(range(NAN_AT - 3, NAN_AT + 1))
         gap = next(f for f in d.findings if f.alert == "MetricNotLogged")
         assert (gap.step, gap.metric) == (NAN_AT, "actor/kl"), gap
+    import deepspeed
+
+    # W&B keeps the job's requirements: the sanity layer knows the DeepSpeed of the run
+    assert runs["wandb-offline"].packages["deepspeed"] == deepspeed.__version__
 
 
 def test_a_healthy_run_gives_no_critical_finding(tmp_path: Path,
@@ -123,3 +128,30 @@ def test_a_healthy_run_gives_no_critical_finding(tmp_path: Path,
         d = diagnose(run)
         assert d.worst() != "critical", (fmt, [f for f in d.findings if f.state == "firing"])
         assert run.steps >= 12, fmt
+
+
+def test_a_dpo_loss_stuck_at_ln2(tmp_path: Path) -> None:
+    import random
+
+    from datasets import Dataset
+    from transformers import PreTrainedTokenizerFast
+    from trl import DPOConfig, DPOTrainer
+
+    from tests.support.trl_support import WORDS, tiny_model
+
+    model_dir, tok_dir = tiny_model()
+    rng = random.Random(0)
+    pairs = [{"prompt": " ".join(rng.choice(WORDS) for _ in range(3)), "chosen": "cat cat",
+              "rejected": "dog"} for _ in range(32)]
+    args = DPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[],
+                     per_device_train_batch_size=4, logging_steps=1, save_strategy="no",
+                     max_steps=8, learning_rate=0.0, disable_tqdm=True, seed=0)
+    trainer = DPOTrainer(model=str(model_dir), args=args, train_dataset=Dataset.from_list(pairs),
+                         processing_class=PreTrainedTokenizerFast.from_pretrained(tok_dir))
+    trainer.train()
+    trainer.save_state()
+    (run,), problems = read_paths([tmp_path / "trainer_state.json"])
+    assert problems == []
+    found = [f for f in diagnose(run).findings if f.alert == "DPOLossAtLn2"]
+    assert [(f.step, f.key, f.source) for f in found] == [(5, "loss", "sanity")]
+

@@ -245,7 +245,7 @@ def diagnose(run: LoggedRun, rules: Sequence[Rule] | None = None,
                 event.condition, _hint(event, related) if event.state == "firing" else "",
                 info.describe() if info else "", bool(info and info.lossy), related,
                 _detail(stream, event) or event.detail))
-    findings.extend(_sanity(records, keymap))
+    findings.extend(_sanity(records, keymap, run))
     if not run.records:
         findings.extend(_gaps(run, keymap))
     findings.sort(key=lambda f: (f.run, f.role, f.step, f.source != "rules"))
@@ -257,12 +257,23 @@ def diagnose(run: LoggedRun, rules: Sequence[Rule] | None = None,
                      tuple((r, tuple(e)) for r, e in steps), lossy, not known)
 
 
-def _sanity(records: list[StepRecord], keymap: KeyMap) -> list[Finding]:
+_DPO_KEYS = frozenset({"rewards/chosen", "rewards/rejected", "rewards/margins"})
+
+
+def _is_dpo(keymap: KeyMap) -> bool:
+    """TRL's DPOTrainer logs the implicit rewards of the chosen and rejected answers."""
+    bare = {info.key.removeprefix("train/") for info in keymap.keys}
+    return _DPO_KEYS.issubset(bare)
+
+
+def _sanity(records: list[StepRecord], keymap: KeyMap, run: LoggedRun) -> list[Finding]:
     names = keymap.by_name()
     checkers: dict[tuple[str, str], sanity.SanityChecker] = {}
+    dpo, deepspeed = _is_dpo(keymap), run.packages.get("deepspeed")
     out = []
     for record in sorted(records, key=lambda r: r.identity):
-        checker = checkers.setdefault((record.run, record.role), sanity.SanityChecker())
+        checker = checkers.setdefault((record.run, record.role), sanity.SanityChecker(
+            dpo=dpo, deepspeed_version=deepspeed))
         for found in checker.observe(record.step, record.metrics):
             info = names.get(found.metric)
             out.append(Finding(

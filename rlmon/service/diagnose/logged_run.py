@@ -40,7 +40,9 @@ class LoggedRun:
 
     ``framework`` is set when the writer itself says which framework wrote it (verl's file
     logger); ``records`` holds steps rlmon aggregated itself (its own files), whose names are
-    canonical already. ``notes`` says how the format spells things the reader had to interpret.
+    canonical already. ``notes`` says how the format spells things the reader had to interpret;
+    ``packages`` the package versions the run recorded (W&B keeps the job's requirements), which
+    the sanity layer reads (a DeepSpeed with the NaN grad-norm bug).
     """
 
     source: str
@@ -51,6 +53,7 @@ class LoggedRun:
     records: tuple[StepRecord, ...] = ()
     problems: tuple[ReadProblem, ...] = ()
     notes: tuple[str, ...] = ()
+    packages: Mapping[str, str] = field(default_factory=dict)  # as the run recorded them
 
     @property
     def steps(self) -> int:

@@ -146,7 +146,17 @@ def read_wandb_run(path: Path) -> LoggedRun:
     if not logged and not problems:
         raise LogError(str(path), "the W&B run holds no history rows (nothing was logged)")
     return LoggedRun(str(path), "wandb-offline", run_name(name), _by_step(logged),
-                     problems=tuple(problems))
+                     problems=tuple(problems), packages=_requirements(files[0].parent))
+
+
+def _requirements(run_dir: Path) -> dict[str, str]:
+    """``name==version`` lines of the ``files/requirements.txt`` W&B saves with a run."""
+    try:
+        text = (run_dir / "files" / "requirements.txt").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return {}
+    pins = (line.strip().split("==", 1) for line in text.splitlines() if "==" in line)
+    return {name.strip().lower().replace("_", "-"): version.strip() for name, version in pins}
 
 
 def read_wandb_jsonl(path: Path) -> LoggedRun:
