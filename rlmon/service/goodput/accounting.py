@@ -208,8 +208,7 @@ class _Coverage:
         return np.where(i >= 0, self.before[j] + inside, 0)
 
     def within(self, a: NDArray[np.int64], b: NDArray[np.int64]) -> int:
-        """Nanoseconds of the intervals ``[a_k, b_k)`` (disjoint from each other's ranks'
-        point of view: summed) that these intervals cover."""
+        """Nanoseconds these intervals cover of each ``[a_k, b_k)``, summed over ``k``."""
         return int((self.upto(b) - self.upto(a)).sum())
 
 
