@@ -77,6 +77,18 @@ def run_diagnose(args: argparse.Namespace) -> int:
         _print_json(diagnoses, problems, sys.stdout, sys.stderr)
     else:
         _print_terminal(diagnoses, problems)
+    if args.rules:  # the team's pack backtested per run, as replay --rules prints it
+        from rlmon.commands.replay import print_backtest
+        from rlmon.service.alerting.backtest import backtest
+
+        for d in diagnoses:
+            tested = backtest(rules, d.steps)
+            if args.json:
+                for entry in tested:
+                    _dump({**entry.to_json(), "source_file": d.run.source}, sys.stderr)
+            else:
+                print(f"backtest of {args.rules} on {d.run.source}:")
+                print_backtest(tested)
     if args.html:
         from rlmon.service.diagnose.html import render_html
 

@@ -71,6 +71,13 @@ def test_rules_backtests_a_teams_own_pack(tmp_path: Path) -> None:
     below = [s for s in sorted(entropy) if entropy[s] < 1.9]
     assert first["since"] == next(s for s in below if s + 1 in below)
     assert first["step"] == first["since"] + 1
+    tested = [json.loads(line) for line in out.stderr.splitlines()
+              if json.loads(line)["type"] == "backtest" and json.loads(line)["rule"] ==
+              "EntropyBelow"]
+    assert [t["fired"][0][0] for t in tested] == [first["step"]]  # as replay --rules says it
+    table = rlmon(str(state), "--rules", str(rules))
+    assert "rule backtest: steps fired-resolved" in table.stdout
+    assert "EntropyBelow" in table.stdout.split("rule backtest")[1]
     bad_rules = tmp_path / "bad.yaml"
     bad_rules.write_text("rules:\n  - name: X\n    severity: loud\n")
     out = rlmon(str(state), "--rules", str(bad_rules))
