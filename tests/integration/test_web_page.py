@@ -97,6 +97,10 @@ def test_runs_table_lists_every_stream_of_the_run(page: Any, service: ServiceCor
         [RUN, "reward", "unknown", "29", "1 / 1", "none"],
         [RUN, "rollout", "stalled", "29", "1 / 1", "PolicyLagGrowingRunStalled"],  # it pages
     ]
+    page.click("#runs tr[data-role=rollout] a:text('RunStalled')")
+    page.wait_for_selector("dl.facts")
+    text = page.inner_text("main")
+    assert "Look first at the ranks" in text and "stalled since" in text
 
 
 def test_run_page_draws_every_point_and_the_alert_onsets(page: Any, service: ServiceCore) -> None:

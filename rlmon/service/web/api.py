@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -146,7 +147,11 @@ class WebApi:
             firing.setdefault((a["run"], a["role"]), []).append(
                 {"alert": a["alert"], "severity": a["severity"], "step": a["step"],
                  "metric": a["metric"]})
-        states = dict(self.states()) if self.states is not None else {}
+        # the liveness table the service writes at each state change (it outlives a restart),
+        # overridden by the service's live view
+        states = {(r["run"], r["role"]): r["state"] for r in self._liveness()}
+        if self.states is not None:
+            states.update(self.states())
         goodput = dict(self.goodput()) if self.goodput is not None else {}
         now = self.clock()
         out = []
@@ -166,8 +171,14 @@ class WebApi:
             })
         out.sort(key=lambda r: (-(r["last_time"] or 0.0), r["run"], r["role"]))
         (latest,), = self.store.read("SELECT COALESCE(MAX(id), 0) FROM alerts")
-        return {"runs": out, "alerts_seen": latest, "states_known": self.states is not None,
-                "now": now}
+        return {"runs": out, "alerts_seen": latest,
+                "states_known": self.states is not None or bool(states), "now": now}
+
+    def _liveness(self, run: str | None = None) -> list[dict[str, Any]]:
+        try:
+            return self.store.liveness(run)
+        except sqlite3.OperationalError:  # a store written before liveness was kept
+            return []
 
     def _streams(self) -> list[tuple[str, str, int, int, int]]:
         """(run, role, latest attempt, first step, last step) of every stream, by seeks in the
@@ -316,6 +327,8 @@ class WebApi:
         resolved_step = resolved[0][0] if resolved else None
         rule = self.rules.get(name)
         spec = catalog.lookup(metric) if metric else None
+        timed = next((a for a in catalog.LIVENESS_ALERTS if a.name == name), None)
+        liveness = next((r for r in self._liveness(run) if r["role"] == role), None)
         around = None
         if metric:
             cols = self.columns.get(run, role, attempt, (metric,))
@@ -328,7 +341,9 @@ class WebApi:
             "firing": resolved_step is None,
             "condition": rule.describe() if rule is not None else "",
             "summary": rule.summary if rule is not None else "",
-            "what_to_check": spec.what_to_check if spec is not None else "",
+            "what_to_check": (spec.what_to_check if spec is not None
+                              else timed.what_to_check if timed is not None else ""),
+            "liveness": liveness if timed is not None else None,
             "help": spec.help if spec is not None else "",
             "around": around,
             "samples": self._samples(run, role, onset, metric),

@@ -79,6 +79,28 @@ def test_runs_show_the_liveness_state_the_service_keeps(service: ServiceCore) ->
     states = {r["role"]: r["state"] for r in body["runs"]}
     assert states == {"actor": "stalled", "reward": "unknown", "rollout": "unknown"}
     assert body["states_known"] is True
+    # the page of the time-based alert it fired: what to check, and the run's state
+    firing = next(a for r in body["runs"] for a in r["firing"] if a["alert"] == "RunStalled")
+    _, alert, _ = get(service, f"/api/alert?run={RUN}&role=actor&alert=RunStalled"
+                               f"&step={firing['step']}")
+    assert alert["what_to_check"].startswith("Look first at the ranks")
+    assert alert["liveness"]["state"] == "stalled" and alert["around"] is None
+
+
+def test_runs_show_the_stored_liveness_state_without_the_live_view(
+        service: ServiceCore, tmp_path: Path) -> None:
+    """After a restart the service's live view is empty; the liveness table it wrote says."""
+    from rlmon.service.liveness.run_state import LivenessView, RunState
+    from rlmon.service.storage.history import HistoryStore
+    from rlmon.service.web.api import WebApi
+
+    now = time.time()
+    service.liveness([LivenessView(RUN, "reward", RunState.DEAD, now - 300, now, 29,
+                                   now - 300, now - 300, 1.0, 60.0, 1)])
+    api = WebApi(HistoryStore(tmp_path / "history.sqlite", read_only=True))
+    states = {r["role"]: r["state"] for r in api.runs({})["runs"]}
+    assert states == {"actor": "unknown", "reward": "dead", "rollout": "unknown"}
+    api.store.close()
 
 
 def test_curves_hold_every_step_of_a_short_run_and_the_alert_transitions(

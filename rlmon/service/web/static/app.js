@@ -368,7 +368,11 @@ async function showAlert(where) {
     el("p", {}, runLink(a.run, a.role, "run " + a.run + " / " + a.role)),
     facts([["condition", a.condition], ["summary", a.summary], ["metric", a.metric],
            ["value at onset", fmt(a.value)], ["what it measures", a.help],
-           ["what to check", a.what_to_check]]),
+           ["what to check", a.what_to_check],
+           ["run state", a.liveness ? a.liveness.state + " since " +
+             new Date(a.liveness.since * 1000).toLocaleString() : ""],
+           ["where the ranks are", a.liveness && a.liveness.detail ?
+             el("pre", { class: "payload", id: "liveness-detail" }, a.liveness.detail) : ""]]),
   ];
   const around = el("div", { class: "panel", id: "around" });
   parts.push(el("h2", {}, "values around the onset"), around);
