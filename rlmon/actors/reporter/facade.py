@@ -36,7 +36,7 @@ from rlmon.actors.reporter.accumulator import (
 )
 from rlmon.actors.reporter.delivery import Delivery
 from rlmon.actors.reporter.detect import coerce_rank, coerce_world, detect_layout
-from rlmon.actors.reporter.hardware import HardwareSampler
+from rlmon.actors.reporter.hardware import HardwareSampler, visible_gpus
 from rlmon.actors.reporter.packer import Origin, StepPacker
 from rlmon.actors.reporter.sample_capture import (
     DevicePick,
@@ -141,7 +141,7 @@ class Reporter:
         runtime: RuntimeOptions | None = None,
         redact: Callable[[str], str] | None = None,
         heartbeat_seconds: float | None = None,
-        gpus_per_rank: float = 1.0,
+        gpus_per_rank: float | None = None,
     ) -> None:
         detected = detect_layout() if rank is None or world is None else None
         self.rank = coerce_rank(rank) if rank is not None else detected[0]  # type: ignore[index]
@@ -171,7 +171,10 @@ class Reporter:
         self._open_spans: list[tuple[str, int]] = []
         self._last_step: int | None = None
         self._wall0, self._perf0 = time.time(), time.perf_counter_ns()
-        self.gpus_per_rank = gpus_per_rank
+        # the GPUs this rank holds (goodput, the cost of alerts and stalls): as given, else as
+        # its launcher says (hardware.visible_gpus), else 1
+        self.gpus_per_rank = float(gpus_per_rank if gpus_per_rank is not None
+                                   else visible_gpus() or 1)
         if heartbeat_seconds is None:
             heartbeat_seconds = float(os.environ.get("RLMON_LIVENESS__HEARTBEAT_SECONDS", "5"))
         # device memory, GPU utilisation and power, host RSS and CPU: sampled on a thread of

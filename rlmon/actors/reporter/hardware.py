@@ -25,11 +25,24 @@ from typing import Any
 from rlmon.service.metrics import catalog
 from rlmon.service.metrics.spec import Form
 
-__all__ = ["HardwareSampler"]
+__all__ = ["HardwareSampler", "visible_gpus"]
 
 log = logging.getLogger(__name__)
 
 Stats = dict[str, tuple[Form, tuple[float, ...]]]
+
+
+def visible_gpus() -> int | None:
+    """GPUs this process holds, as its launcher says (for goodput and cost): one under a
+    per-GPU launcher (torchrun, DeepSpeed: ``LOCAL_RANK`` set), else the devices in
+    ``CUDA_VISIBLE_DEVICES`` (Ray sets it per actor: a tensor-parallel engine's several);
+    None when neither says (no GPU, or a process that sees them all)."""
+    if os.environ.get("LOCAL_RANK", "").strip():
+        return 1
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if not visible or visible[0].strip() in ("-1", "NoDevFiles"):
+        return None
+    return len(visible)
 
 
 def _nvml_handle() -> tuple[Any, Any] | None:

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from rlmon.actors.reporter import Reporter
-from rlmon.actors.reporter.hardware import HardwareSampler
+from rlmon.actors.reporter.hardware import HardwareSampler, visible_gpus
 from rlmon.actors.reporter.sink import LocalSink
 from rlmon.service.metrics import catalog
 from rlmon.service.metrics.spec import Form
@@ -78,3 +78,29 @@ def test_nvml_reports_the_gpu_where_one_is_present() -> None:
         assert stats[catalog.GPU_POWER_WATTS][1][0] > 0
     finally:
         sampler.close()
+
+
+@pytest.mark.parametrize(("env", "want"), [
+    ({}, None),
+    ({"CUDA_VISIBLE_DEVICES": "2"}, 1),
+    ({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, 4),  # Ray: a tensor-parallel engine's actor
+    ({"CUDA_VISIBLE_DEVICES": "GPU-aa,GPU-bb"}, 2),
+    ({"CUDA_VISIBLE_DEVICES": "-1"}, None),
+    ({"CUDA_VISIBLE_DEVICES": "0,1,2,3", "LOCAL_RANK": "3"}, 1),  # torchrun: one GPU each
+])
+def test_visible_gpus_and_the_reporters_gpus_per_rank(
+        monkeypatch: pytest.MonkeyPatch, env: dict[str, str], want: int | None) -> None:
+    for name in ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert visible_gpus() == want
+    rep = Reporter("r", "actor", rank={}, world={}, sink=LocalSink(), hardware_interval=None)
+    try:
+        assert rep.gpus_per_rank == float(want or 1)
+        given = Reporter("r", "actor", rank={}, world={}, sink=LocalSink(),
+                         hardware_interval=None, gpus_per_rank=8)
+        assert given.gpus_per_rank == 8.0
+        given.close()
+    finally:
+        rep.close()
