@@ -63,7 +63,7 @@ def test_json_lists_firing_recent_and_stops(state: Path,
 def test_filters_by_run_firing_and_limit(state: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _, out = alerts(capsys, "--state-dir", str(state), "--json", "--run", "a", "--firing")
     found = json.loads(out)
-    assert set(found) == {"firing", "stops"}
+    assert set(found) == {"firing", "stops", "liveness"}
     assert [a["alert"] for a in found["firing"]] == ["NonFiniteMetric"]
     _, out = alerts(capsys, "--state-dir", str(state), "--json", "--run", "b", "--limit", "1")
     found = json.loads(out)
