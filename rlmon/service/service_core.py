@@ -124,6 +124,7 @@ class ServiceCore:
         self.goodput = GoodputLedger(self.settings.goodput)
         self.costs = AlertCosts(self.goodput.price, self.goodput.run_gpus)
         self.metrics.goodput = self.goodput.snapshot
+        self.metrics.alert_costs = lambda: self.costs.firing(self._clock())
         # The sanity layer looks at each (run, role)'s steps for values that look like training
         # bugs but have known causes; findings are logged, kept and counted, not paged.
         self.sanity: dict[tuple[str, str], SanityChecker] = {}

@@ -154,6 +154,8 @@ class MetricsState:
         # run -> (GPU-seconds by (role, bucket, reason), goodput, MFU or None)
         self.goodput: Callable[[], Mapping[str, tuple[Mapping[Any, float], float,
                                                      float | None]]] | None = None
+        # (run, role, alert) -> GPU-hours its condition has cost so far, for the alerts firing
+        self.alert_costs: Callable[[], Mapping[tuple[str, str, str], float]] | None = None
         self.last_scrape_seconds = 0.0
 
     # --- writers ---------------------------------------------------------------------------------
@@ -387,6 +389,11 @@ class RlmonCollector(Collector):
         yield seconds
         yield ratio
         yield utilisation
+        costs = series.ALERT_COST.family()
+        for (run, role, alert), gpu_hours in sorted(
+                (self.state.alert_costs() if self.state.alert_costs is not None else {}).items()):
+            costs.add_metric([lab(run), lab(role), lab(alert)], gpu_hours)
+        yield costs
 
     @staticmethod
     def _liveness_families(snap: _Snapshot, firing: GaugeMetricFamily | CounterMetricFamily,

@@ -15,6 +15,7 @@ from typing import Literal
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 __all__ = [
+    "ALERT_COST",
     "ALERT_FIRING",
     "CUSTOM_METRIC",
     "GOODPUT",
@@ -150,7 +151,11 @@ MFU = Series("rlmon_goodput_mfu", "gauge",
              "Model FLOPs utilisation of the run so far (rollout tokens x the configured FLOPs "
              "per token over its GPU-seconds x the configured peak); only when both are "
              "configured.", ("run",))
-GOODPUT = (GOODPUT_SECONDS, GOODPUT_RATIO, MFU)
+ALERT_COST = Series("rlmon_alert_cost_gpu_hours", "gauge",
+                    "GPU-hours a firing alert's condition has cost since its onset (the run's "
+                    "GPUs x the time since; docs/goodput.md), by `alert`.",
+                    (*_RUN_ROLE, "alert"))
+GOODPUT = (GOODPUT_SECONDS, GOODPUT_RATIO, MFU, ALERT_COST)
 
 # rlmon's own health.
 PARTIALS_INGESTED = Series("rlmon_partials_ingested_total", "counter",

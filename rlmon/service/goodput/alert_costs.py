@@ -30,6 +30,7 @@ class AlertCosts:
         self._gpus = gpus
         self._onsets: dict[tuple[str, str, str], float] = {}
         self._previous_end: dict[tuple[str, str], float] = {}
+        self._firing: set[tuple[str, str, str]] = set()  # stamped firing, not yet resolved
 
     def _start(self, record: StepRecord) -> float | None:
         if record.timelines:
@@ -58,6 +59,9 @@ class AlertCosts:
                                 money=cost.money, cost_note=cost.describe(event.state))
             if event.state == "resolved":
                 self._onsets.pop(key, None)
+                self._firing.discard(key)
+            elif onset is not None:
+                self._firing.add(key)
             out.append(event)
         for alert, state in states:
             if state.true_steps == 0 and not state.firing:
@@ -65,13 +69,21 @@ class AlertCosts:
         if now is not None:
             self._previous_end[(run, role)] = now
         while len(self._onsets) > _MAX_ONSETS:
-            del self._onsets[next(iter(self._onsets))]
+            oldest = next(iter(self._onsets))
+            del self._onsets[oldest]
+            self._firing.discard(oldest)
         while len(self._previous_end) > _MAX_ONSETS:
             del self._previous_end[next(iter(self._previous_end))]
         return out
+
+    def firing(self, now: float) -> dict[tuple[str, str, str], float]:
+        """(run, role, alert) -> GPU-hours each alert firing now has cost since its onset."""
+        return {key: alert_cost(self._onsets[key], now, self._gpus(key[0]), self.price).gpu_hours
+                for key in list(self._firing) if key in self._onsets}
 
     def forget(self, streams: Iterable[tuple[str, str]]) -> None:
         for run, role in streams:
             self._previous_end.pop((run, role), None)
             for key in [k for k in self._onsets if k[:2] == (run, role)]:
                 del self._onsets[key]
+                self._firing.discard(key)

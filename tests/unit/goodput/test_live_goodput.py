@@ -18,7 +18,7 @@ from rlmon.service.alerting.notify.render import (
 )
 from rlmon.service.config import GoodputConfig, Settings
 from rlmon.service.contract.step_record import StepRecord
-from rlmon.service.export.series import GOODPUT_RATIO, GOODPUT_SECONDS, MFU
+from rlmon.service.export.series import ALERT_COST, GOODPUT_RATIO, GOODPUT_SECONDS, MFU
 from rlmon.service.goodput.accounting import account_step
 from rlmon.service.goodput.buckets import Bucket, SpanMap
 from rlmon.service.goodput.cost import Price, alert_cost
@@ -91,12 +91,18 @@ def test_counters_equal_the_accounting_of_the_joined_steps() -> None:
 
 
 def test_alert_cost_since_onset_in_events_history_and_bodies(tmp_path: Path) -> None:
-    core = ServiceCore(settings(price_per_gpu_hour=2.5), state_dir=tmp_path)
+    start = step_input(5).roles[0].timelines[0].timeline.start_ns * 1e-9
+    core = ServiceCore(settings(price_per_gpu_hour=2.5), state_dir=tmp_path,
+                       clock=lambda: start + 100.0)
     try:
         fired: list[AlertEvent] = []
         for n in range(5, 8):
             fired += [e for e in core.publish(records(n)) if e.alert == "ISRatioStale"]
         (firing,) = fired
+        # while it fires, /metrics says what it has cost so far (to the service's clock)
+        cost = scrape(core.metrics)[(ALERT_COST.name, (("alert", "ISRatioStale"), ("role", "actor"),
+                                                ("run", "synthetic")))]
+        assert cost == pytest.approx(9 * 100.0 / 3600)
         gpus = 2 * 2 + 1 + 4  # two rollout engines of 2 GPUs, a reward worker, 4 trainers
         onset = step_input(5).roles[0].timelines[0].timeline.start_ns * 1e-9
         assert firing.onset == pytest.approx(onset)
@@ -114,6 +120,7 @@ def test_alert_cost_since_onset_in_events_history_and_bodies(tmp_path: Path) -> 
         assert resolved.state == "resolved" and resolved.onset == firing.onset
         assert resolved.gpu_hours == pytest.approx(gpus * 5 * STEP_NS * 1e-9 / 3600)
         assert resolved.cost_note.startswith("lasted 5.0 s")
+        assert not [k for k in scrape(core.metrics) if k[0] == ALERT_COST.name]
         rows = [a for a in core.history.alerts("synthetic", cost=True)
                 if a["alert"] == "ISRatioStale"]
         assert [(a["state"], a["gpu_hours"]) for a in rows] == [
