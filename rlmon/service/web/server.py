@@ -1,7 +1,7 @@
 """The run page's WSGI app: ``/`` and ``/static/`` (the page, shipped in the package) and
 ``/api/`` (:mod:`rlmon.service.web.api`), mounted beside ``/metrics`` on the exporter's server.
 
-With a token configured (``exporter.token_file`` or ``RLMON_EXPORTER_TOKEN``), the page and the
+With a token configured (``exporter.token_file`` or ``RLMON_EXPORTER__TOKEN``), the page and the
 API answer only a request that carries it: ``Authorization: Bearer <token>``, or the cookie that
 opening ``/?token=<token>`` once sets. ``/metrics`` and ``/healthz`` stay as they are (probes and
 scrapers). See docs/page.md.
