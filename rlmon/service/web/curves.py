@@ -62,9 +62,10 @@ def _read(store: HistoryStore, key: tuple[str, str, int], metrics: Sequence[str]
 
 
 class ColumnCache:
-    """Cached columns per (run, role, attempt, metrics), the least recently used leaving first."""
+    """Cached columns per (run, role, attempt, metrics), the least recently used leaving first:
+    a 100,000-step stream of 13 key metrics holds 11 MB, so the default 8 hold at most ~90 MB."""
 
-    def __init__(self, store: HistoryStore, capacity: int = 16) -> None:
+    def __init__(self, store: HistoryStore, capacity: int = 8) -> None:
         self._store = store
         self._capacity = capacity
         self._cache: OrderedDict[tuple[object, ...], Columns] = OrderedDict()
