@@ -93,6 +93,7 @@ class AggregatorCore:
         self._next_liveness = 0.0
         self._next_refresh = 0.0
         self._batch: list[StepRecord] = []  # finalized in the batch being ingested, not committed
+        self._liveness_gone: list[tuple[str, str]] = []
         self.heartbeats_refused = 0
         self.streams_forgotten = 0  # per-stream state that left memory
         self.streams_pruned = 0  # streams the store forgot (retention)
@@ -139,7 +140,9 @@ class AggregatorCore:
                 continue
             self.assembler.forget(*stream)
             self.deadline.forget(*stream)
-            self.liveness.forget(*stream)
+            if stream in self.liveness:
+                self.liveness.forget(*stream)
+                self._liveness_gone.append(stream)  # and from the store at the next save
             self.last_finalized.pop(stream, None)
             self._late_said.discard(stream)
             for key in [k for k in self.reporter_counts if k[:2] == stream]:
@@ -398,7 +401,8 @@ class AggregatorCore:
             for view in self.liveness.views(wall):
                 self._views[(view.run, view.role)] = view
             if self.store is not None:
-                self.store.save_liveness(self._liveness_state(wall))
+                gone, self._liveness_gone = self._liveness_gone, []
+                self.store.save_liveness(self._liveness_state(wall), gone)
 
     def _liveness_state(self, wall: float) -> dict[tuple[str, str], dict[str, Any]]:
         """Per stream, the tracker's knowledge and the deadline's view of its ranks."""
@@ -416,6 +420,8 @@ class AggregatorCore:
         saved = store.load_liveness()
         self.liveness.load(saved)
         now, wall = self.assembler.now(), self._wall()
+        for stream in saved:  # they age from now, and leave memory (and the store) as others
+            self._forget(self.streams.seen(stream, now).streams)
         for (run, role), data in saved.items():
             deadline = data.get("deadline")
             if isinstance(deadline, dict):

@@ -53,3 +53,19 @@ def test_a_step_with_a_dead_rank_finalizes_at_its_deadline_after_a_restart(
     restarted = _scenario(tmp_path / "b.sqlite", restart=True)
     assert restarted <= kept + 1.0, f"step 13 waited {restarted:.1f}s after a restart, " \
         f"{kept:.1f}s without one"
+
+
+def test_a_stream_that_left_memory_leaves_the_saved_liveness(tmp_path: Path) -> None:
+    clock = SimClock()
+    store = WatermarkStore(tmp_path / "w.sqlite")
+    core = AggregatorCore(store=store, clock=clock, wall_clock=clock.wall, stream_ttl=100.0)
+    core.ingest([step_message("old", 0)])
+    core.tick()
+    assert ("old", "actor") in store.load_liveness()
+    for _ in range(30):  # well past the stream TTL, another stream reporting
+        clock.advance(10.0)
+        core.ingest([step_message("new", _ + 1)])
+        core.delivered(core.pending_records(100))
+        core.tick()
+    saved = store.load_liveness()
+    assert ("old", "actor") not in saved and ("new", "actor") in saved

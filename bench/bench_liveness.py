@@ -1,0 +1,349 @@
+"""Liveness in simulated time: how fast a run that stops making progress pages, and how often a
+healthy one does; and what heartbeats cost the aggregator at 1,024 ranks.
+
+Runs are simulated event by event against the real :class:`LivenessTracker` and the service's
+real alert decisions (:func:`rlmon.service.alerting.liveness_alerts.liveness_events` on an
+:class:`AlertEngine` holding the pack's liveness rules), with the default ``liveness`` settings:
+
+* healthy runs: 2-8 ranks, a step period drawn log-uniformly from 1 s to 20 min, each step
+  jittered (lognormal, 10 %) and 2 % of steps 1.5-3x slower (an evaluation, a long batch); each
+  rank heartbeats every 5 s with the span it is in (generate, reward, train, sync); the step
+  timelines teach the tracker each stage's usual duration. Every alert on them is a false alarm.
+* faults, each on its own run after a healthy warm-up (at least 30 steps and an hour): all ranks
+  hang in one stage; one rank hangs while the others wait in a collective; the driver is killed
+  (every heartbeat stops); a node with half the ranks is lost (the rest wait in a collective);
+  the run slows 10x; a clean finish; a hang during which the aggregator and the service restart.
+  Per fault: the time from progress stopping (the last finalized step; the kill; the slowdown's
+  onset) to the first right alert, and whether it met max(2 min, 5 step periods).
+
+The timer evaluates every second while a fault is in play, every 5 s (the heartbeat period)
+elsewhere (states change only at events or threshold crossings, which persist for at least a
+heartbeat period). Figures are for seeds 7000+ unless ``--seeds``; nothing was tuned on them.
+
+Run: ``python bench/bench_liveness.py`` (``--runs``, ``--hours``, ``--faults`` to scale).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rlmon.service.aggregation.aggregator import AggregatorCore
+from rlmon.service.alerting.engine import AlertEngine, AlertState
+from rlmon.service.alerting.liveness_alerts import liveness_events
+from rlmon.service.alerting.rules import liveness_rules
+from rlmon.service.contract.heartbeat import Heartbeat, OpenSpan, RankBeat
+from rlmon.service.contract.step_message import StepMessage, columns_from_states
+from rlmon.service.contract.timeline import Span, Timeline
+from rlmon.service.liveness.run_state import LivenessTracker
+from rlmon.service.liveness.thresholds import LivenessParams
+from rlmon.service.metrics.rank import Rank, World
+from rlmon.service.metrics.spec import Form
+
+P = LivenessParams()
+STAGES = (("generate", 0.4), ("reward", 0.1), ("train", 0.4), ("sync", 0.1))
+T0 = 1_700_000_000.0
+RIGHT = {
+    "all_hang": {"RunStalled", "StageStuck"},
+    "one_rank_hang": {"StageStuck", "RunStalled"},
+    "driver_killed": {"RunDied"},
+    "node_lost": {"RunStalled", "StageStuck"},  # the others live: not RunDied
+    "slow_10x": {"StepTimeRegression", "RunStalled"},
+    "clean_finish": set(),  # right: nothing
+    "restart_mid_stall": {"RunStalled", "StageStuck"},
+}
+FAULTS = tuple(RIGHT)
+
+
+@dataclass
+class Sim:
+    """One run on one tracker and alert engine, stepped through simulated time."""
+
+    rng: random.Random
+    name: str
+    ranks: int
+    period: float
+    tracker: LivenessTracker = field(default_factory=lambda: LivenessTracker(P))
+    engine: AlertEngine = field(default_factory=lambda: AlertEngine(liveness_rules()))
+    now: float = T0
+    step: int = 0
+    step_start: float = T0
+    step_len: float = 0.0
+    alerts: list[tuple[float, str, str]] = field(default_factory=list)
+    slow: float = 1.0
+    next_beat: float = T0
+
+    def __post_init__(self) -> None:
+        self.step_len = self._draw()
+
+    def _draw(self) -> float:
+        length = self.period * self.slow * math.exp(self.rng.gauss(0.0, 0.1))
+        if self.rng.random() < 0.02:
+            length *= self.rng.uniform(1.5, 3.0)
+        return length
+
+    def stage_at(self, t: float) -> tuple[str, float]:
+        """The stage a healthy rank is in at ``t`` and when it entered it."""
+        at = self.step_start
+        for name, share in STAGES:
+            end = at + share * self.step_len
+            if t < end:
+                return name, at
+            at = end
+        return STAGES[-1][0], at
+
+    def _finish_step(self) -> None:
+        end = self.step_start + self.step_len
+        for dp in range(self.ranks):
+            self.tracker.heard(self.name, "actor", Rank(dp=dp), self.ranks, end)
+        spans, at = [], self.step_start
+        for name, share in STAGES:
+            d = share * self.step_len
+            spans.append(Span(name, int(at * 1e9), int((at + d) * 1e9)))
+            at += d
+        self.tracker.spans(self.name, "actor", Timeline(int(self.step_start * 1e9), int(end * 1e9),
+                                                        tuple(spans)), end)
+        self.tracker.finalized(self.name, "actor", self.step, end)
+        self.step += 1
+        self.step_start, self.step_len = end, self._draw()
+
+    def _beat(self, t: float, where: Callable[[int, float], tuple[str, float] | None],
+              alive: Callable[[int], bool], closing: bool = False) -> None:
+        beats = []
+        for dp in range(self.ranks):
+            if not alive(dp):
+                continue
+            stage = where(dp, t)
+            spans = (OpenSpan(*stage),) if stage is not None else ()
+            beats.append(RankBeat(Rank(dp=dp), spans, self.step - 1))
+        if beats:
+            self.tracker.heartbeat(Heartbeat(self.name, "actor", World(dp=self.ranks),
+                                             tuple(beats), t, closing), t)
+
+    def _evaluate(self, t: float) -> None:
+        for view in self.tracker.evaluate(t):
+            for event in liveness_events(self.engine, view):
+                self.alerts.append((t, event.alert, event.state))
+
+    def advance(self, until: float, *, steps: bool = True,
+                where: Callable[[int, float], tuple[str, float] | None] | None = None,
+                alive: Callable[[int], bool] = lambda dp: True, tick: float = 5.0) -> None:
+        """Run to ``until``: steps finalize (unless ``steps`` is False), live ranks heartbeat
+        every 5 s with ``where`` they are (default: the healthy stage), the timer every
+        ``tick``."""
+        assert until >= self.now, "time never runs backwards"
+        where = where or (lambda dp, t: self.stage_at(t))
+        next_eval = self.now + tick
+        while True:
+            next_step = self.step_start + self.step_len if steps else math.inf
+            t = min(next_step, self.next_beat, next_eval, until)
+            if t >= until:
+                self.now = until
+                return
+            self.now = t
+            if t == next_step:
+                self._finish_step()
+            elif t == self.next_beat:
+                self._beat(t, where, alive)
+                self.next_beat = t + P.heartbeat_seconds
+            else:
+                self._evaluate(t)
+                next_eval = t + tick
+
+    def restart(self) -> None:
+        """The aggregator and the service restart: the tracker continues from its saved
+        knowledge, the engine from the alert states the history store kept."""
+        saved = self.tracker.dump()
+        states = {k: AlertState(firing=s.firing, since_step=s.since_step)
+                  for k, s in self.engine.states.items()}
+        self.tracker = LivenessTracker(P)
+        self.tracker.load(saved)
+        self.engine = AlertEngine(liveness_rules())
+        self.engine.states.update(states)
+
+
+def _new_sim(rng: random.Random, name: str) -> Sim:
+    period = math.exp(rng.uniform(math.log(1.0), math.log(1200.0)))
+    return Sim(rng, name, rng.randint(2, 8), period)
+
+
+def healthy(seed: int, hours: float) -> tuple[float, int, list[str]]:
+    """One healthy run: (run-hours, false alarms, their descriptions)."""
+    rng = random.Random(seed)
+    sim = _new_sim(rng, f"healthy-{seed}")
+    sim.advance(T0 + hours * 3600)
+    fired = [(t, a) for t, a, s in sim.alerts if s == "firing"]
+    return hours, len(fired), [f"seed {seed} P={sim.period:.1f}s {a} at {t - T0:.0f}s"
+                               for t, a in fired]
+
+
+@dataclass
+class Outcome:
+    fault: str
+    seed: int
+    period: float
+    latency: float | None  # seconds to the first right alert (None: missed)
+    target: float
+    false: list[str]
+    fired_once: bool = True
+
+    @property
+    def caught(self) -> bool:
+        if self.fault == "clean_finish":
+            return self.latency is None and not self.false
+        return self.latency is not None and self.fired_once
+
+    @property
+    def on_time(self) -> bool:
+        return self.fault in ("clean_finish", "slow_10x") or (
+            self.latency is not None and self.latency <= self.target)
+
+
+def fault_run(seed: int, fault: str) -> Outcome:
+    rng = random.Random(seed)
+    sim = _new_sim(rng, f"{fault}-{seed}")
+    warm = T0 + max(3600.0, 30 * sim.period)
+    sim.advance(warm)
+    sim.advance(sim.now + sim.step_len * rng.uniform(0.1, 0.9))  # somewhere into a step
+    before = [f"{a} before the fault" for _, a, s in sim.alerts if s == "firing"]
+    stopped = sim.step_start  # the last finalized step
+    onset = sim.now
+    horizon = onset + max(3 * 3600.0, 40 * sim.period)
+    stuck = rng.randrange(sim.ranks)
+    hang_stage = sim.stage_at(onset)
+    if fault in ("all_hang", "restart_mid_stall"):
+        def where(dp: int, t: float) -> tuple[str, float] | None:
+            return hang_stage
+        if fault == "restart_mid_stall":
+            view = sim.tracker.view(sim.name, "actor", onset)
+            assert view is not None
+            mid = stopped + view.threshold * 0.6
+            sim.advance(max(mid, onset + 1), steps=False, where=where, tick=1.0)
+            sim.restart()
+        sim.advance(horizon, steps=False, where=where, tick=1.0)
+    elif fault == "one_rank_hang":
+        def where(dp: int, t: float) -> tuple[str, float] | None:
+            if dp == stuck:
+                return hang_stage
+            return ("allreduce", onset + 0.05 * sim.period) if t > onset + 0.05 * sim.period \
+                else sim.stage_at(t)
+        sim.advance(horizon, steps=False, where=where, tick=1.0)
+    elif fault == "driver_killed":
+        stopped = onset
+        sim.advance(horizon, steps=False, alive=lambda dp: False, tick=1.0)
+    elif fault == "node_lost":
+        lost = set(range(sim.ranks // 2))
+        def where(dp: int, t: float) -> tuple[str, float] | None:
+            return ("allreduce", onset)
+        sim.advance(horizon, steps=False, where=where, alive=lambda dp: dp not in lost, tick=1.0)
+    elif fault == "slow_10x":
+        stopped = onset
+        sim.slow = 10.0
+        sim.step_len *= 10.0
+        sim.advance(horizon, tick=1.0)
+    elif fault == "clean_finish":
+        sim._beat(onset, lambda dp, t: None, lambda dp: True, closing=True)
+        sim.advance(horizon, steps=False, alive=lambda dp: False, tick=5.0)
+    after = [(t, a) for t, a, s in sim.alerts if s == "firing" and t >= onset]
+    right = [(t, a) for t, a in after if a in RIGHT[fault]]
+    wrong = [f"{a} (wrong for {fault})" for _, a in after if a not in RIGHT[fault]]
+    latency = right[0][0] - stopped if right else None
+    once = len([1 for _, a in right if a == right[0][1]]) == 1 if right else False
+    target = max(120.0, 5 * sim.period)
+    return Outcome(fault, seed, sim.period, latency, target, before + wrong, once)
+
+
+def heartbeat_cost(ranks: int = 1024, rounds: int = 20) -> dict[str, float]:
+    """Microseconds per heartbeat at the aggregator (ingest and the timer's share) with
+    ``ranks`` ranks in one run, against ingesting a one-metric step message per rank."""
+    core = AggregatorCore()
+    world = World(dp=ranks)
+    now = [T0]
+    beats = [Heartbeat("big", "actor", world,
+                       (RankBeat(Rank(dp=dp), (OpenSpan("rollout", T0), OpenSpan("generate", T0)),
+                                 3),), T0) for dp in range(ranks)]
+    cols = columns_from_states({"actor/loss": (Form.MEAN, (1.0, 2.0))})
+    step = [StepMessage("big", "actor", 0, Rank(dp=dp), world, dp + 1, T0, cols)
+            for dp in range(ranks)]
+    core.ingest(step)
+    best_beat = best_eval = best_msg = math.inf
+    for r in range(rounds):
+        started = time.perf_counter()
+        core.heartbeat(beats)
+        best_beat = min(best_beat, (time.perf_counter() - started) / ranks)
+        now[0] += P.heartbeat_seconds
+        started = time.perf_counter()
+        core.liveness.evaluate(now[0])
+        core.liveness.views(now[0])
+        best_eval = min(best_eval, time.perf_counter() - started)
+        msgs = [StepMessage("big", "actor", r + 1, Rank(dp=dp), world, dp + 1, T0, cols)
+                for dp in range(ranks)]
+        started = time.perf_counter()
+        core.ingest(msgs)
+        best_msg = min(best_msg, (time.perf_counter() - started) / ranks)
+        core.delivered(core.pending_records(10))
+    per_second = ranks / P.heartbeat_seconds
+    timer = best_eval / P.evaluate_seconds  # evaluate + refresh once a second (upper bound)
+    return {"us_per_beat": best_beat * 1e6, "us_per_step_message": best_msg * 1e6,
+            "timer_ms": best_eval * 1e3,
+            "core_percent": 100 * (per_second * best_beat + timer)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=100, help="healthy runs")
+    parser.add_argument("--hours", type=float, default=12.0, help="hours per healthy run")
+    parser.add_argument("--faults", type=int, default=12, help="runs per fault kind")
+    parser.add_argument("--seed", type=int, default=7000, help="first seed (figures: 7000)")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    hours, alarms = 0.0, 0
+    examples: list[str] = []
+    for i in range(args.runs):
+        h, n, said = healthy(args.seed + i, args.hours)
+        hours += h
+        alarms += n
+        examples += said
+    print(f"healthy: {args.runs} runs, {hours:.0f} run-hours (periods 1 s - 20 min): "
+          f"{alarms} false alarms = {1000 * alarms / hours:.2f} per 1,000 run-hours")
+    for text in examples[:10]:
+        print("  false alarm:", text)
+    print(f"\nfaults ({args.faults} runs each, seeds {args.seed + 100_000}+): time from "
+          "progress stopping to the first right alert; target max(2 min, 5 periods)")
+    print(f"{'fault':<18} {'caught':>7} {'on time':>8} {'median':>8} {'worst':>8} "
+          f"{'worst/target':>12} {'false':>6}")
+    all_ok = alarms == 0
+    for k, fault in enumerate(FAULTS):
+        outs = [fault_run(args.seed + 100_000 + 1000 * k + j, fault) for j in range(args.faults)]
+        lat = [o.latency for o in outs if o.latency is not None]
+        caught = sum(o.caught for o in outs)
+        on_time = sum(o.on_time for o in outs)
+        false = sum(len(o.false) for o in outs)
+        ratio = max((o.latency / o.target for o in outs if o.latency is not None), default=0.0)
+        med = f"{statistics.median(lat):.0f}s" if lat else "-"
+        worst = f"{max(lat):.0f}s" if lat else "-"
+        print(f"{fault:<18} {caught:>4}/{len(outs):<2} {on_time:>5}/{len(outs):<2} {med:>8} "
+              f"{worst:>8} {ratio:>12.2f} {false:>6}")
+        for o in outs:
+            if not o.caught or not o.on_time or o.false:
+                print(f"    seed {o.seed} P={o.period:.1f}s latency={o.latency} "
+                      f"target={o.target:.0f}s once={o.fired_once} {o.false}")
+        all_ok = all_ok and caught == len(outs) and on_time == len(outs) and not false
+    cost = heartbeat_cost()
+    print(f"\nheartbeat cost at the aggregator, 1,024 ranks: {cost['us_per_beat']:.1f} us per "
+          f"heartbeat (a one-metric step message: {cost['us_per_step_message']:.1f} us, ratio "
+          f"{cost['us_per_beat'] / cost['us_per_step_message']:.2f}); timer "
+          f"{cost['timer_ms']:.1f} ms per evaluation; {cost['core_percent']:.2f} % of one core at "
+          f"a {P.heartbeat_seconds:g} s heartbeat period and a {P.evaluate_seconds:g} s timer")
+    print(f"\n({time.perf_counter() - started:.0f} s; targets {'met' if all_ok else 'NOT met'})")
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
