@@ -160,3 +160,21 @@ def test_a_bad_heartbeat_is_refused_alone(tmp_path: Path) -> None:
     assert any("heartbeat" in e and "run" in e for e in ack.errors)
     assert c.core.heartbeats_refused == 1
     c.service.close(0.0)
+
+
+def test_heartbeats_riding_through_a_node_merger_reach_the_root(tmp_path: Path) -> None:
+    from rlmon.service.aggregation.node_merge import NodeMerger
+
+    c = Cluster(tmp_path)
+    merger = NodeMerger()
+    now = c.clock.wall()
+    merger.ingest([step_message("tier", 0, dp, 2, heartbeat=beat("tier", dp, 2,
+                                                                 (("generate", now),), at=now))
+                   for dp in (0, 1)])
+    batch = merger.next_batch()
+    assert batch is not None and len(batch.heartbeats) == 2
+    c.core.merge_batch(batch)
+    view = c.core.liveness.view("tier", "actor", now)
+    assert view is not None and view.heartbeats
+    assert [g.stage for g in view.where] == ["generate"]
+    c.service.close(0.0)
