@@ -52,13 +52,13 @@ def test_demo_in_a_terminal_serves_its_run_page_until_ctrl_c(tmp_path: Path) -> 
         assert f"the run page at {url}" in "".join(out)
         with browser(chromium) as b:
             tab = b.new_page(viewport={"width": 1400, "height": 1000})
-            errors: list[str] = []
-            tab.on("pageerror", lambda exc: errors.append(str(exc)))
+            raised: list[str] = []
+            tab.on("pageerror", lambda exc: raised.append(str(exc)))
             tab.goto(url)
             try:
                 tab.wait_for_selector("#panels .panel[data-onsets]", timeout=90_000)
             finally:
-                assert not errors, errors
+                assert not raised, raised
             onsets = tab.eval_on_selector_all("#panels .panel", "p => p.map(e => e.dataset.onsets)")
             points = tab.eval_on_selector_all("#panels .panel", "p => p.map(e => e.dataset.points)")
             assert set(points) == {"16"}
