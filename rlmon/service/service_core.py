@@ -142,6 +142,7 @@ class ServiceCore:
             self.otlp = OtlpExport(self.settings.otlp)
         self.redeliveries = 0
         self._finished_runs: dict[str, float] = {}  # run -> unix time it said finish_run
+        self._deferred: Expired | None = None  # left the tracker during the batch being stored
         self._live_states: dict[tuple[str, str], RunState] = {}  # last stored, per stream
         # The stop switch (rlmon.service.contract.stop_decision): the rules that carry the stop action, the
         # decisions taken (restored from the history store) and how many, by alert.
@@ -283,6 +284,8 @@ class ServiceCore:
             streams: set[tuple[str, str]] = set()
             decided: dict[str, StopDecision] = {}
             now = self._clock()
+            # nothing leaves memory before the batch is stored (kept if a failed batch left some)
+            self._deferred = self._deferred or Expired()
             for record in fresh:  # first: an alert's cost counts the GPUs of every role
                 self.goodput.add(record)
             for record in fresh:
@@ -303,6 +306,7 @@ class ServiceCore:
                              last_steps={k: self.engine.last_step[k] for k in streams
                                          if k in self.engine.last_step},
                              outbound=batches, stops=list(decided.values()))
+            self._forget_deferred()
             self.removed["sample_payloads_cut"] = self.history.sample_payloads_cut
             self.removed["timeline_spans_cut"] += sum(r.timelines_cut for r in fresh)
             self.events.extend(events)
@@ -399,16 +403,31 @@ class ServiceCore:
     # --- bounded state ---------------------------------------------------------------------------
 
     def _remember(self, stream: Stream, now: float) -> None:
-        """A stream reports: bring its state back from the history store if it had left memory."""
-        if stream not in self._tracker:
+        """A stream reports: bring its state back from the history store if it had left memory
+        (not if it only left the tracker in this batch: its newer state is still in memory)."""
+        deferred = self._deferred
+        if stream not in self._tracker and (deferred is None or stream not in deferred.streams):
             run, role = stream
             self.engine.states.update(self.history.alert_states(run, role))
             self.engine.last_step.update(self.history.last_steps(run, role))
             self.engine.attempts.update(self.history.latest_attempts(run, role))
         self._forget(self._tracker.seen(stream, now))
 
+    def _forget_deferred(self) -> None:
+        """After a batch is stored: drop what left the tracker during it (unless it came back)."""
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            self._forget(Expired([s for s in deferred.streams if s not in self._tracker],
+                                 deferred.runs))
+
     def _forget(self, expired: Expired) -> None:
-        """Drop what left memory (its alert state is in the history store)."""
+        """Drop what left memory (its alert state is in the history store). During a batch
+        (``_deferred``) it only notes it: a stream crowded out by a later stream of the same
+        batch must still be stored with the batch (a bound never loses what it holds)."""
+        if self._deferred is not None:
+            self._deferred.streams.extend(expired.streams)
+            self._deferred.runs.extend(expired.runs)
+            return
         states = self.engine.states
         for run, role in expired.streams:
             for rule in self.engine.rules:
@@ -489,6 +508,7 @@ class ServiceCore:
             now = self._clock()
             streams = set()
             changed: list[tuple[str, str, str, float, int | None, float | None, str]] = []
+            self._deferred = self._deferred or Expired()
             for view in views:
                 stream = (view.run, view.role)
                 finished = self._finished_runs.get(view.run)
@@ -512,6 +532,7 @@ class ServiceCore:
             if events:
                 self.history.add([], events, states=self._states_of(streams), outbound=batches)
                 self.events.extend(events)
+            self._forget_deferred()
             if changed:  # for `rlmon alerts` (the state of each run, by time)
                 self.history.set_liveness(changed)
                 while len(self._live_states) > self.settings.retention.max_streams:
