@@ -286,7 +286,7 @@ def _at_exit() -> None:
 
 
 def _liveness_params(opts: RuntimeOptions) -> Any:
-    """The config's (and RLMON_LIVENESS__* variables') liveness thresholds for the aggregators."""
+    """The config's liveness thresholds (environment overrides included) for the aggregators."""
     from rlmon.service.config import load_config
 
     return load_config(opts.config, only=("liveness",)).liveness.params()
