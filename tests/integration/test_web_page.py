@@ -208,3 +208,55 @@ def test_screenshot_of_the_run_page_is_not_blank(page: Any, tmp_path: Path) -> N
     (tmp_path / "run-page.png").write_bytes(png)
     if os.environ.get("RLMON_UPDATE_SCREENSHOT") == "1":
         DOCS_SCREENSHOT.write_bytes(png)
+
+
+def test_nan_and_inf_values_are_marked_and_counted(page: Any, service: ServiceCore,
+                                                   records: list[StepRecord]) -> None:
+    template = next(r for r in records if r.role == "actor" and r.step == 29)
+    service.publish([replace(template, step=s, metrics={**template.metrics, "actor/kl": v})
+                     for s, v in ((30, float("nan")), (31, float("inf")))])
+    page.goto(page.base + f"#/run/{RUN}?role=actor")
+    page.wait_for_selector("#panels .panel[data-metrics='actor/kl'][data-nonfinite]")
+    kl = "#panels .panel[data-metrics='actor/kl']"
+
+    def shown() -> dict[str, Any]:
+        return dict(page.eval_on_selector(kl, """p => ({marked: p.dataset.nonfinite,
+            counts: p.dataset.nonfiniteCounts, series: p.dataset.seriesPoints,
+            legend: [...p.querySelectorAll('.u-legend .u-series .u-label')].map(
+                e => e.textContent)})"""))
+
+    assert shown() == {"marked": "30,31", "counts": "2", "series": "30",  # gaps: 32 steps
+                       "legend": ["step", "actor/kl (2 NaN/Inf)"]}
+    # the other panels have none: no marker, no count in their legends
+    others = page.eval_on_selector_all(
+        "#panels .panel:not([data-metrics='actor/kl'])",
+        "ps => ps.map(p => [p.dataset.nonfinite, p.dataset.nonfiniteCounts])")
+    assert others and all(marked == "" and set(counts.split(",")) == {"0"}
+                          for marked, counts in others)
+
+    def marker_pixels(steps: list[int]) -> dict[str, int]:
+        # the triangles are on the canvas, at the steps' pixels along the top edge
+        return dict(page.evaluate("""([sel, steps]) => {
+            const u = window.rlmonCharts().find(c => c.rlmon.panelEl.matches(sel));
+            const ctx = u.ctx, out = {};
+            for (const step of steps) {
+                const x = Math.round(u.valToPos(step, 'x', true));
+                let hits = 0;
+                for (let y = u.bbox.top; y < u.bbox.top + 8 * devicePixelRatio; y++) {
+                    const [r, g, b] = ctx.getImageData(x, y, 1, 1).data;
+                    if (r > 150 && r < 200 && g < 40 && b > 150 && b < 200) hits++;
+                }
+                out[step] = hits;
+            }
+            return out;
+        }""", [kl, steps]))
+
+    found = marker_pixels([20, 30, 31])
+    assert found["30"] > 3 and found["31"] > 3 and found["20"] == 0
+    # a new step with a NaN appears live: marked, and counted in the legend
+    service.publish([replace(template, step=32,
+                             metrics={**template.metrics, "actor/kl": float("-inf")})])
+    page.wait_for_function(f"() => document.querySelector(\"{kl}\").dataset.nonfinite "
+                           "=== '30,31,32'")
+    assert shown()["legend"] == ["step", "actor/kl (3 NaN/Inf)"]
+    assert marker_pixels([32])["32"] > 3

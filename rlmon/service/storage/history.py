@@ -24,6 +24,7 @@ So are a step's worst samples (:mod:`rlmon.service.storage.stored_samples`), one
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sqlite3
 import threading
@@ -38,6 +39,7 @@ from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.contract.stop_decision import StopDecision
 from rlmon.service.contract.timeline import RankTimeline
 from rlmon.service.metrics.ranked_forms import Sample
+from rlmon.service.storage import curve_rows
 from rlmon.service.storage.sqlite_db import open_database
 from rlmon.service.storage.stored_samples import (
     StepSamples,
@@ -47,6 +49,8 @@ from rlmon.service.storage.stored_samples import (
 )
 
 __all__ = ["HistoryStore", "Pruned", "StepTimelines"]
+
+_log = logging.getLogger("rlmon.history")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS steps (
@@ -76,6 +80,10 @@ CREATE TABLE IF NOT EXISTS samples (
     metric TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (run, role, attempt, step, metric));
 CREATE TABLE IF NOT EXISTS stops (
     run TEXT NOT NULL PRIMARY KEY, decision TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS curve_rows (
+    run TEXT NOT NULL, role TEXT NOT NULL, attempt INTEGER NOT NULL, step INTEGER NOT NULL,
+    vals BLOB NOT NULL, PRIMARY KEY (run, role, attempt, step)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS curve_layout (position INTEGER PRIMARY KEY, metric TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS liveness (
     run TEXT NOT NULL, role TEXT NOT NULL, state TEXT NOT NULL, since REAL NOT NULL,
     last_step INTEGER, last_step_at REAL, detail TEXT NOT NULL, PRIMARY KEY (run, role));
@@ -159,6 +167,38 @@ def _add_score(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE alert_state ADD COLUMN score REAL NOT NULL DEFAULT 0")
 
 
+def _fill_curve_rows(db: sqlite3.Connection) -> int:
+    """Pack the key curves of the steps that have no curve row (a store written before they
+    were kept, or with another layout: its rows are packed again); returns how many."""
+    layout = [m for (m,) in db.execute("SELECT metric FROM curve_layout ORDER BY position")]
+    (steps,), = db.execute("SELECT COUNT(*) FROM steps")
+    (rows,), = db.execute("SELECT COUNT(*) FROM curve_rows")
+    if layout == list(curve_rows.CURVE_METRICS) and steps == rows:
+        return 0
+    db.create_function("rlmon_pack_curves", 2 * len(curve_rows.CURVE_METRICS),
+                       curve_rows.pack_stored, deterministic=True)
+    paths = [m.replace('"', "") for m in curve_rows.CURVE_METRICS]
+    columns = ", ".join([f"json_extract(line, '$.metrics.\"{m}\"')" for m in paths]
+                        + [f"json_extract(line, '$.nonfinite.\"{m}\"')" for m in paths])
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        if layout != list(curve_rows.CURVE_METRICS):
+            db.execute("DELETE FROM curve_rows")
+            db.execute("DELETE FROM curve_layout")
+            db.executemany("INSERT INTO curve_layout VALUES (?, ?)",
+                           list(enumerate(curve_rows.CURVE_METRICS)))
+        added = db.execute(
+            f"INSERT OR IGNORE INTO curve_rows SELECT run, role, attempt, step, "
+            f"rlmon_pack_curves({columns}) FROM steps s WHERE NOT EXISTS (SELECT 1 FROM "
+            "curve_rows c WHERE c.run = s.run AND c.role = s.role AND c.attempt = s.attempt AND "
+            "c.step = s.step)").rowcount
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    return int(added)
+
+
 class HistoryStore:
     """Append-only store of step lines (the replay contract's JSON) and alert transitions."""
 
@@ -180,6 +220,10 @@ class HistoryStore:
         _add_attempts(self._db)
         _add_score(self._db)
         _add_cost(self._db)
+        packed = _fill_curve_rows(self._db)
+        if packed:
+            _log.info("rlmon: history store: packed the key curves of %d stored steps (once: "
+                      "they were written before the store kept them)", packed)
 
     def read(self, query: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """The rows of one read query (for readers with their own questions, such as the web
@@ -209,6 +253,9 @@ class HistoryStore:
                 ],
             )
             new = self._db.total_changes - before
+            self._db.executemany(
+                "INSERT OR IGNORE INTO curve_rows VALUES (?, ?, ?, ?, ?)",
+                [(r.run, r.role, r.attempt, r.step, curve_rows.pack(r.metrics)) for r in records])
             self._db.executemany(
                 "INSERT OR IGNORE INTO timelines VALUES (?, ?, ?, ?, ?)",
                 [
@@ -357,6 +404,32 @@ class HistoryStore:
             if value is not None:
                 out.append((int(line["step"]), value))
         return out
+
+    def curve_values(self, run: str, role: str, attempt: int, after: int | None = None,
+                     ) -> list[tuple[int, bytes]] | None:
+        """(step, packed key curves) of a stream's steps after ``after``, in step order
+        (:mod:`rlmon.service.storage.curve_rows`); None where the store does not hold them for
+        every such step (a store written before they were kept, opened read-only)."""
+        where = "run = ? AND role = ? AND attempt = ?" + (" AND step > ?" if after is not None
+                                                          else "")
+        args = (run, role, attempt, *([after] if after is not None else []))
+        with self._lock:
+            try:
+                layout = [m for (m,) in self._db.execute(
+                    "SELECT metric FROM curve_layout ORDER BY position")]
+            except sqlite3.OperationalError:  # no such table
+                return None
+            if layout != list(curve_rows.CURVE_METRICS):
+                return None
+            self._db.execute("BEGIN")  # one snapshot: the rows and the count agree
+            try:
+                rows = self._db.execute(
+                    f"SELECT step, vals FROM curve_rows WHERE {where} ORDER BY step",
+                    args).fetchall()
+                (steps,), = self._db.execute(f"SELECT COUNT(*) FROM steps WHERE {where}", args)
+            finally:
+                self._db.execute("COMMIT")
+        return rows if len(rows) == steps else None
 
     def timelines(self, run: str, role: str | None = None, first: int = 0,
                   last: int | None = None, *, every_attempt: bool = False,
@@ -512,6 +585,7 @@ class HistoryStore:
                                                   (run,)).rowcount
                     samples += self._db.execute("DELETE FROM samples WHERE run = ?",
                                                 (run,)).rowcount
+                    self._db.execute("DELETE FROM curve_rows WHERE run = ?", (run,))
                     self._db.execute("DELETE FROM alert_state WHERE run = ?", (run,))
                     self._db.execute("DELETE FROM stream_state WHERE run = ?", (run,))
                     self._db.execute("DELETE FROM stops WHERE run = ?", (run,))
@@ -530,6 +604,7 @@ class HistoryStore:
                     steps += self._db.execute(f"DELETE FROM steps WHERE {older}", args).rowcount
                     alerts += self._db.execute(f"DELETE FROM alerts WHERE {older}",
                                                args).rowcount
+                    self._db.execute(f"DELETE FROM curve_rows WHERE {older}", args)
                 crowded = self._db.execute(
                     "SELECT run, role FROM timelines GROUP BY run, role HAVING COUNT(*) > ?",
                     (keep_timelines,)).fetchall()

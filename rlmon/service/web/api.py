@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from rlmon.service.alerting.rules import Rule
 from rlmon.service.metrics import catalog
 from rlmon.service.storage.history import HistoryStore
@@ -105,6 +107,21 @@ def alerts_json(store: HistoryStore, run: str | None = None, firing_only: bool =
     found["liveness"] = [row for row in store.liveness(run)
                          if row["state"] in ("slow", "stalled", "dead")]
     return found
+
+
+def _nonfinite(steps: Any, values: Any, reported: Any, buckets: int) -> dict[str, Any]:
+    """Where a series reported NaN or ±inf (drawn as gaps, so the page marks them): how often,
+    and the steps (the first of each of ``buckets`` equal step ranges when there are more)."""
+    where = np.flatnonzero(reported)
+    count = len(where)
+    if count > buckets:
+        span = int(steps[-1]) - int(steps[0]) + 1
+        bucket = ((steps[where] - steps[0]) * buckets) // span
+        where = where[np.r_[True, bucket[1:] != bucket[:-1]]]
+    kinds = values[where]
+    return {"count": count, "x": steps[where].tolist(),
+            "value": ["NaN" if math.isnan(v) else "+Inf" if v > 0 else "-Inf"
+                      for v in kinds.tolist()]}
 
 
 class WebApi:
@@ -277,6 +294,8 @@ class WebApi:
                 "help": [catalog.get(m).help if catalog.lookup(m) else "" for m in panel.metrics],
                 "x": shown.steps[keep].tolist(),
                 "y": [[_number(v) for v in s[keep].tolist()] for s in series],
+                "nonfinite": [_nonfinite(shown.steps, shown.values[m], shown.nonfinite[m],
+                                         buckets) for m in panel.metrics],
             })
         lo = first if first is not None else total_first
         hi = last if last is not None else total_last

@@ -1,7 +1,10 @@
 """A run's curves from the history store, downsampled on the server so a long run loads fast.
 
-Each (run, role, attempt)'s columns are read once (SQLite pulls the wanted metrics out of the
-step lines) and cached; later requests read only the steps added since. Downsampling keeps, per
+Each (run, role, attempt)'s columns are read once and cached; later requests read only the steps
+added since. The catalog's key curves come from the rows the history store packs beside each step
+(:mod:`rlmon.service.storage.curve_rows`: a 100,000-step run's are about 10 MB); other metrics,
+or a store written before those rows were kept and opened read-only, are pulled out of the step
+lines by SQLite (seconds for a 100,000-step run). Downsampling keeps, per
 step bucket and per series, the first, last, lowest and highest point (the M4 scheme): a spike
 or a collapse inside a bucket is never averaged away.
 """
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rlmon.service.storage import curve_rows
 from rlmon.service.storage.history import HistoryStore
 
 __all__ = ["ColumnCache", "Columns", "downsample"]
@@ -22,27 +26,65 @@ __all__ = ["ColumnCache", "Columns", "downsample"]
 
 @dataclass(frozen=True, slots=True)
 class Columns:
-    """Steps (sorted) and one float column per metric (NaN where the step lacks it)."""
+    """Steps (sorted) and one float column per metric (NaN where the step lacks it, NaN or
+    ±inf where it reported so), with where the reported value was NaN or infinite."""
 
     steps: np.ndarray
     values: dict[str, np.ndarray]
     count: int  # rows read, to notice a step that arrived out of order
+    nonfinite: dict[str, np.ndarray]  # per metric: the step reported NaN or ±inf
 
     def window(self, first: int | None, last: int | None) -> Columns:
         lo = 0 if first is None else int(np.searchsorted(self.steps, first, "left"))
         hi = len(self.steps) if last is None else int(np.searchsorted(self.steps, last, "right"))
         return Columns(self.steps[lo:hi], {k: v[lo:hi] for k, v in self.values.items()},
-                       hi - lo)
+                       hi - lo, {k: v[lo:hi] for k, v in self.nonfinite.items()})
+
+    def extended(self, new: Columns) -> Columns:
+        return Columns(np.concatenate([self.steps, new.steps]), {
+            m: np.concatenate([v, new.values[m]]) for m, v in self.values.items()},
+            self.count + new.count, {
+            m: np.concatenate([v, new.nonfinite[m]]) for m, v in self.nonfinite.items()})
+
+
+def _empty(metrics: Sequence[str]) -> Columns:
+    return Columns(np.zeros(0, np.int64), {m: np.zeros(0) for m in metrics}, 0,
+                   {m: np.zeros(0, bool) for m in metrics})
 
 
 def _path(metric: str) -> str:
     return '$.metrics."' + metric.replace('"', "") + '"'
 
 
+def _read_packed(store: HistoryStore, key: tuple[str, str, int], metrics: Sequence[str],
+                 after: int | None) -> Columns | None:
+    """The columns from the packed key-curve rows; None where the store lacks them."""
+    if not set(metrics) <= set(curve_rows.CURVE_METRICS):
+        return None
+    rows = store.curve_values(*key, after)
+    if rows is None:
+        return None
+    if not rows:
+        return _empty(metrics)
+    steps = np.fromiter((s for s, _ in rows), np.int64, len(rows))
+    table, absent = curve_rows.unpack([b for _, b in rows])
+    values, nonfinite = {}, {}
+    for metric in metrics:
+        i = curve_rows.CURVE_METRICS.index(metric)
+        values[metric] = table[:, i]
+        nonfinite[metric] = ~np.isfinite(table[:, i]) & ~absent[:, i]
+    return Columns(steps, values, len(rows), nonfinite)
+
+
 def _read(store: HistoryStore, key: tuple[str, str, int], metrics: Sequence[str],
           after: int | None) -> Columns:
+    packed = _read_packed(store, key, metrics, after)
+    if packed is not None:
+        return packed
     run, role, attempt = key
     cols = "".join(f", json_extract(line, '{_path(m)}')" for m in metrics)
+    cols += "".join(f", json_extract(line, '{_path(m).replace('$.metrics', '$.nonfinite', 1)}')"
+                    for m in metrics)
     query = f"SELECT step{cols} FROM steps WHERE run = ? AND role = ? AND attempt = ?"
     args: list[object] = [run, role, attempt]
     if after is not None:
@@ -50,15 +92,19 @@ def _read(store: HistoryStore, key: tuple[str, str, int], metrics: Sequence[str]
         args.append(after)
     rows = store.read(query + " ORDER BY step", args)
     if not rows:
-        return Columns(np.zeros(0, np.int64), {m: np.zeros(0) for m in metrics}, 0)
+        return _empty(metrics)
     table = np.array(rows, dtype=object)
     steps = table[:, 0].astype(np.int64)
-    values = {}
+    values, nonfinite = {}, {}
     for i, metric in enumerate(metrics, 1):
         column = table[:, i]
+        named = table[:, i + len(metrics)]
+        reported = named != None  # noqa: E711 (elementwise)
+        column[reported] = [curve_rows.NONFINITE_VALUES[str(t)] for t in named[reported]]
         column[column == None] = np.nan  # noqa: E711 (elementwise)
         values[metric] = column.astype(np.float64)
-    return Columns(steps, values, len(rows))
+        nonfinite[metric] = reported.astype(bool)
+    return Columns(steps, values, len(rows), nonfinite)
 
 
 class ColumnCache:
@@ -88,9 +134,7 @@ class ColumnCache:
             if count == known.count:
                 new = _read(self._store, stream, metrics, last)
                 if new.count:
-                    known = Columns(np.concatenate([known.steps, new.steps]), {
-                        m: np.concatenate([known.values[m], new.values[m]]) for m in metrics},
-                        known.count + new.count)
+                    known = known.extended(new)
             else:
                 known = None
         if known is None or not len(known.steps):

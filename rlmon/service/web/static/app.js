@@ -162,13 +162,48 @@ function markerPlugin(panelEl, state) {
             ctx.fillText((firing ? "" : "resolved ") + t.alert, x + 4, u.bbox.top + 12 * devicePixelRatio);
           }
         }
+        // a NaN or infinite value is a gap in its curve: a triangle at the top marks its step
+        const marked = [];
+        const size = 5 * devicePixelRatio;
+        ctx.setLineDash([]);
+        ctx.fillStyle = NONFINITE_COLOR;
+        state.nonfinite.forEach((marks) => {
+          for (const step of marks.x) {
+            const x = Math.round(u.valToPos(step, "x", true));
+            if (x < u.bbox.left - 1 || x > u.bbox.left + u.bbox.width + 1) continue;
+            ctx.beginPath();
+            ctx.moveTo(x - size, u.bbox.top);
+            ctx.lineTo(x + size, u.bbox.top);
+            ctx.lineTo(x, u.bbox.top + 2 * size);
+            ctx.closePath();
+            ctx.fill();
+            marked.push(step);
+          }
+        });
         ctx.restore();
         const uniq = (a) => [...new Set(a)].sort((p, q) => p - q).join(",");
         panelEl.dataset.onsets = uniq(drawn.onsets);
         panelEl.dataset.resolves = uniq(drawn.resolves);
+        panelEl.dataset.nonfinite = uniq(marked);
       }],
     },
   };
+}
+
+const NONFINITE_COLOR = "#b000b0";
+
+function seriesLabel(metric, marks) {
+  // the legend says how many values of the shown steps were NaN or infinite
+  return marks.count ? metric + " (" + marks.count + " NaN/Inf)" : metric;
+}
+
+function relabel(chart) {
+  const { panelEl, state } = chart.rlmon;
+  const labels = chart.root.querySelectorAll(".u-legend .u-series .u-label");
+  state.metrics.forEach((m, i) => {
+    if (labels[i + 1]) labels[i + 1].textContent = seriesLabel(m, state.nonfinite[i]);
+  });
+  panelEl.dataset.nonfiniteCounts = state.nonfinite.map((n) => n.count).join(",");
 }
 
 function chartData(panel) {
@@ -183,7 +218,8 @@ function countPoints(panelEl, data) {
 function makeChart(panel, alerts, width, onZoom) {
   const panelEl = el("div", { class: "panel", "data-title": panel.title,
                               "data-metrics": panel.metrics.join(",") });
-  const state = { alerts, metrics: panel.metrics };
+  const state = { alerts, metrics: panel.metrics,
+                  nonfinite: panel.nonfinite.map((n) => ({ ...n, x: [...n.x] })) };
   const data = chartData(panel);
   const few = data[0].length <= 60;
   const opts = {
@@ -193,7 +229,7 @@ function makeChart(panel, alerts, width, onZoom) {
     legend: { live: true },
     cursor: { sync: { key: "rlmon-steps" }, drag: { x: true, y: false, setScale: false } },
     series: [{ label: "step" }, ...panel.metrics.map((m, i) => ({
-      label: m, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true,
+      label: seriesLabel(m, panel.nonfinite[i]), stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true,
       points: { show: few, size: 4 } }))],
     axes: [{ label: "step", size: 40, incrs: STEP_INCRS }, { size: 64 }],
     plugins: [markerPlugin(panelEl, state)],
@@ -208,6 +244,7 @@ function makeChart(panel, alerts, width, onZoom) {
   countPoints(panelEl, data);
   const chart = new uPlot(opts, data, panelEl);
   chart.rlmon = { panelEl, state, panel };
+  relabel(chart);
   const help = panel.help.filter((h) => h).join(" / ");
   panelEl.append(el("div", { class: "marks muted", title: help }, help));
   return chart;
@@ -279,6 +316,13 @@ async function refreshRun(stream) {
     const chart = page.charts[i];
     const data = chart.data.map((col, j) => col.concat(j === 0 ? p.x : p.y[j - 1]));
     chart.rlmon.state.alerts = run.data.alerts;
+    p.nonfinite.forEach((n, j) => {
+      const known = chart.rlmon.state.nonfinite[j];
+      known.count += n.count;
+      known.x.push(...n.x);
+      known.value.push(...n.value);
+    });
+    relabel(chart);
     countPoints(chart.rlmon.panelEl, data);
     chart.setData(data);
   });
