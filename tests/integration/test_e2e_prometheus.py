@@ -74,7 +74,8 @@ def stack(tmp_path: Path) -> Iterator[tuple[MetricsState, Receiver, PromStack]]:
     receiver = Receiver().start()
     state = MetricsState()
     server = serve_metrics(state, port=0, host="127.0.0.1")
-    rules = render(step_period=1.0, interval="1s")
+    # the training alerts alone: the always-firing Watchdog is test_the_monitors_own_rules'
+    rules = render(step_period=1.0, interval="1s", monitor=False)
     prom = PromStack(tmp_path, server.port, receiver.url, rules)
     try:
         prom.start(prometheus, alertmanager)
@@ -175,3 +176,34 @@ def test_alerts_fire_group_and_resolve_through_alertmanager(
         assert colors[0] == "danger" and colors[-1] == "good", why
         assert "danger" not in colors[colors.index("good"):], why
     assert not [t for _, t in slack_messages(receiver) if named(t, CRITICAL) and named(t, WARNING)]
+
+
+def test_the_monitors_own_rules_page_through_alertmanager(tmp_path: Path) -> None:
+    """The dead man's switch and the scrape target going down, on a real Prometheus and
+    Alertmanager (issue 23): the Watchdog reaches a receiver while all is well; closing rlmon's
+    /metrics pages RlmonDown (its `for` shortened from the exported 2m to keep this fast)."""
+    import yaml
+
+    from rlmon.service.export.prometheus_rules import monitor_rules
+
+    prometheus = need_binary("prometheus")
+    alertmanager = need_binary("prometheus-alertmanager")
+    receiver = Receiver().start()
+    server = serve_metrics(MetricsState(), port=0, host="127.0.0.1")
+    rules = yaml.safe_dump({"groups": [{"name": "rlmon-monitor", "interval": "1s",
+                                        "rules": monitor_rules("rlmon", down_for="3s")}]})
+    prom = PromStack(tmp_path, server.port, receiver.url, rules)
+    try:
+        prom.start(prometheus, alertmanager)
+        wait_for(lambda: [t for c, t in slack_messages(receiver) if "Watchdog" in t], PATIENCE,
+                 "the Watchdog at the receiver while rlmon is up")
+        assert not [e for e in pd_events(receiver)], describe(receiver)  # nothing pages
+        server.close()
+        event = wait_for(lambda: next((e for e in pd_events(receiver)
+                                       if e["event_action"] == "trigger"), None),
+                         PATIENCE, "RlmonDown paged once rlmon's /metrics is gone")
+        assert "RlmonDown" in json.dumps(event), describe(receiver)
+    finally:
+        prom.stop()
+        server.close()
+        receiver.stop()

@@ -165,7 +165,7 @@ def translate(rules: Sequence[Rule], step_period: float) -> tuple[list[PromRule]
     return out, skipped
 
 
-def monitor_rules(job: str = DEFAULT_JOB) -> list[dict[str, object]]:
+def monitor_rules(job: str = DEFAULT_JOB, down_for: str = "2m") -> list[dict[str, object]]:
     """The monitor's own liveness (the dead man's switch, as kube-prometheus does it): a
     ``Watchdog`` that always fires, so a receiver that stops hearing it (PagerDuty's or a
     heartbeat service's) knows the alerting pipeline is down, and ``RlmonDown`` when
@@ -181,11 +181,11 @@ def monitor_rules(job: str = DEFAULT_JOB) -> list[dict[str, object]]:
                             "Alertmanager or the route between them is down, and no other "
                             "alert would reach you either."}},
         {"alert": "RlmonDown",
-         "expr": f'up{{job="{job}"}} == 0 or absent(up{{job="{job}"}})', "for": "2m",
+         "expr": f'up{{job="{job}"}} == 0 or absent(up{{job="{job}"}})', "for": down_for,
          "labels": {"severity": "critical", "source": "rlmon"},
          "annotations": {
              "summary": "rlmon's /metrics cannot be scraped: its alerts and liveness are blind",
-             "description": f"Prometheus has not scraped job {job!r} for 2 minutes (down, or "
+             "description": f"Prometheus has not scraped job {job!r} for {down_for} (down, or "
                             "no target found). While rlmon is down no training alert, stall "
                             "or dead run is paged. Check the rlmon pod (kubectl logs, events) "
                             "or `rlmon serve` process, and the PodMonitor's selector."}},
@@ -212,7 +212,7 @@ def _dump(obj: object, indent: int) -> list[str]:
 def render(
     rules: Sequence[Rule] | None = None, *, step_period: float = DEFAULT_STEP_PERIOD,
     fmt: str = "prometheus", interval: str = DEFAULT_EVAL_INTERVAL,
-    release: str = DEFAULT_RELEASE, job: str = DEFAULT_JOB,
+    release: str = DEFAULT_RELEASE, job: str = DEFAULT_JOB, monitor: bool = True,
 ) -> str:
     """A Prometheus rule file (``prometheus``) or a prometheus-operator PrometheusRule, the
     latter labelled ``release: <release>`` (none when empty)."""
@@ -286,9 +286,10 @@ def render(
         lines += [" " * indent + "# " + note for note in rule.notes]
         body = _dump([_rule_dict(rule)], indent)
         lines += body
-    lines.append(" " * indent + f"# The monitor's own liveness: a dead man's switch and rlmon's "
-                 f"scrape target (job {job!r}; docs/liveness.md)")
-    lines += _dump(monitor_rules(job), indent)
+    if monitor:
+        lines.append(" " * indent + f"# The monitor's own liveness: a dead man's switch and "
+                     f"rlmon's scrape target (job {job!r}; docs/liveness.md)")
+        lines += _dump(monitor_rules(job), indent)
     return "\n".join(lines) + "\n"
 
 
