@@ -202,7 +202,6 @@ class _Stream:
             "last_step_at": self.last_step_at, "steps": self.steps,
             "periods": self.periods.to_json(), "usual": self.usual, "state": self.state.value,
             "since": self.since, "finished": self.finished, "gpus_per_rank": self.gpus_per_rank,
-            "published": self.state.value,
         }
 
     @classmethod
