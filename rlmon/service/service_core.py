@@ -33,7 +33,7 @@ from rlmon.service.alerting.liveness_alerts import liveness_events, liveness_fir
 from rlmon.service.alerting.notify.factory import build_dispatcher, open_outbox, outbox_path
 from rlmon.service.alerting.notify.render import summary_line
 from rlmon.service.alerting.rules import Rule, default_rules, load_rules, unknown_metrics
-from rlmon.service.alerting.sanity import Finding, SanityChecker, relay_warnings
+from rlmon.service.alerting.sanity import Finding, SanityChecker, checker_args, relay_warnings
 from rlmon.service.config import Settings, load_config
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.contract.stop_decision import STOP, StopDecision
@@ -553,9 +553,7 @@ class ServiceCore:
 
     @staticmethod
     def _sanity_args(info: RunInfo | None) -> tuple[bool, str | None]:
-        if info is None:
-            return False, None
-        return info.dpo or info.algorithm.lower() == "dpo", info.deepspeed_version or None
+        return checker_args(info)
 
     def _finding(self, record: StepRecord, finding: Finding) -> None:
         self.findings.append(finding)

@@ -10,20 +10,32 @@
 
 It also holds the loss normalization between DeepSpeed and non-DeepSpeed runs: DeepSpeed's
 ``engine.backward`` divides the loss by gradient_accumulation_steps, so a DeepSpeed loss of 0.5
-at gas 4 is a plain loss of 2.0. Pure data and arithmetic; no framework import.
+at gas 4 is a plain loss of 2.0. Over a recorded history with the run's settings
+(docs/diagnose.md) two scaling signatures are visible in the values themselves:
+
+- a loss or grad norm whose level jumps, where the run resumed with another
+  gradient-accumulation or context-parallel size, by that size's ratio: the value is divided
+  (or summed) by the setting, not normalized by the tokens (the 1/GA signature; a metric summed
+  over CP ranks that each hold the whole value);
+- more tokens per step than the batch can hold (per-device batch x GA x data-parallel size x
+  the longest sequence): the tokens are counted more than once, by the CP size where it matches.
+
+Pure data and arithmetic; no framework import.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from rlmon.service.metrics import catalog, keymaps
 
-__all__ = ["Finding", "LossNormalization", "SanityChecker", "deepspeed_nan_bug", "relay_warnings"]
+__all__ = ["Finding", "LossNormalization", "SanityChecker", "checker_args", "deepspeed_nan_bug",
+           "level_shift", "relay_warnings", "scaled_by_setting", "tokens_overcounted"]
 
 LN2 = math.log(2.0)
 LN3 = math.log(3.0)
@@ -36,6 +48,9 @@ class Kind(StrEnum):
     GRAD_NORM_NAN_KNOWN_BUG = "GradNormNaNKnownDeepSpeedBug"
     LOSS_SCALE_COLLAPSE = "LossScaleCollapse"
     NOT_COMPARABLE = "RelayedKeyNotComparable"
+    SCALED_BY_GA = "ScaledByGradAccumulation"
+    SCALED_BY_CP = "ScaledByContextParallel"
+    TOKENS_OVERCOUNTED = "TokensOverCounted"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +93,96 @@ def relay_warnings(framework: str, keys: Iterable[str]) -> list[Finding]:
                 f"and is not comparable across runs: {row.note}",
             ))
     return out
+
+
+class RunMeta(Protocol):
+    """What the sanity checks read of a run's metadata (the service's ``RunInfo``)."""
+
+    @property
+    def dpo(self) -> bool: ...
+    @property
+    def algorithm(self) -> str: ...
+    @property
+    def deepspeed_version(self) -> str: ...
+
+
+def checker_args(info: RunMeta | None) -> tuple[bool, str | None]:
+    """A run's metadata as its checker's arguments: (a DPO run, its DeepSpeed version)."""
+    if info is None:
+        return False, None
+    return info.dpo or info.algorithm.lower() == "dpo", info.deepspeed_version or None
+
+
+_SHIFT_TOL = 0.2  # a level ratio within 20% of the setting's ratio matches it
+_SHIFT_WINDOW = 5  # steps each side of a resume
+
+
+def level_shift(before: Sequence[float], after: Sequence[float], ratio: float,
+                ) -> float | None:
+    """The level ratio (after / before, medians of the finite values nearest the resume) when
+    it matches ``ratio`` or its inverse within 20% and stands out of the step-to-step noise on
+    either side (each side's spread under the square root of the ratio); else None."""
+    near_before = [v for v in before if math.isfinite(v)][-_SHIFT_WINDOW:]
+    near_after = [v for v in after if math.isfinite(v)][:_SHIFT_WINDOW]
+    if len(near_before) < 2 or len(near_after) < 2 or ratio <= 0 or ratio == 1:
+        return None
+    a, b = statistics.median(near_before), statistics.median(near_after)
+    if a == 0 or b == 0 or (a > 0) != (b > 0):
+        return None
+    level = b / a
+    wide = max(ratio, 1 / ratio)
+    for side in (near_before, near_after):
+        low, high = min(abs(v) for v in side), max(abs(v) for v in side)
+        if low == 0 or high / low >= math.sqrt(wide):
+            return None  # noisier than the shift could be told from
+    for target in (ratio, 1 / ratio):
+        if abs(math.log(level / target)) <= math.log(1 + _SHIFT_TOL):
+            return level
+    return None
+
+
+def scaled_by_setting(metric: str, setting: str, old: int, new: int, step: int,
+                      level: float) -> Finding:
+    """The finding for a level shift that matches a setting's change at a resume."""
+    ga = setting == "gradient_accumulation_steps"
+    kind = Kind.SCALED_BY_GA if ga else Kind.SCALED_BY_CP
+    if ga:
+        check = ("the loss is divided (or summed) by the number of micro-batches instead of "
+                 "normalized by the tokens: check the loss reduction (a mean of micro-batch "
+                 "means, DeepSpeed's 1/GA scaling, a Trainer's num_items_in_batch) and compare "
+                 "runs only after undoing it")
+    else:
+        check = ("the value is summed (or averaged) over context-parallel ranks that each hold "
+                 "the whole value: reduce the metric over the data-parallel group without the "
+                 "CP ranks (each CP rank already has the complete loss)")
+    return Finding(kind, "warning", metric, step,
+                   f"{metric} changed level x{level:.3g} at step {step}, where the run resumed "
+                   f"with {setting} {old} -> {new} (x{new / old:.3g}): {check}")
+
+
+def tokens_overcounted(metric: str, per_step: Sequence[tuple[int, float]], most: int,
+                       cp: int | None, how: str = "", steps: int = 3) -> Finding | None:
+    """``steps`` consecutive steps counting more tokens than ``most`` (the batch's capacity):
+    a count summed over ranks that share the sequences; the factor named when it is the CP
+    size."""
+    run: list[float] = []
+    for step, tokens in per_step:
+        run = [*run, tokens] if math.isfinite(tokens) and tokens > most * 1.01 else []
+        if len(run) >= steps:
+            factor = statistics.median(run) / most
+            why = (f"at least x{factor:.3g} the most the batch can hold, consistent with each "
+                   f"sequence counted once per context-parallel rank (CP size {cp}): count "
+                   "the tokens over the data-parallel group without the CP ranks"
+                   if cp and cp > 1 and factor <= cp * (1 + _SHIFT_TOL) else
+                   f"at least x{factor:.3g} the most the batch can hold: the count is summed "
+                   "over ranks that share the same sequences (a gather over a group that "
+                   "includes tensor, context or sequence-parallel ranks), or the settings "
+                   "read are not the run's")
+            return Finding(Kind.TOKENS_OVERCOUNTED, "warning", metric, step,
+                           f"{metric}: {tokens:g} tokens per step for {steps} steps, more than "
+                           f"{most:g} ({how or 'the most the batch can hold'}); "
+                           + why)
+    return None
 
 
 @dataclass(frozen=True, slots=True)

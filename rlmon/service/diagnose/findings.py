@@ -20,6 +20,7 @@ from rlmon.service.alerting import sanity
 from rlmon.service.alerting.engine import AlertEngine, AlertEvent, evaluate_in_order
 from rlmon.service.alerting.rules import Rule, default_rules
 from rlmon.service.contract.step_record import StepRecord, json_number
+from rlmon.service.diagnose import signatures
 from rlmon.service.diagnose.logged_run import LoggedRun
 from rlmon.service.diagnose.mapping import KeyMap, KeyStatus, map_keys, rlmon_key_map
 from rlmon.service.metrics import catalog as c
@@ -269,20 +270,34 @@ def _is_dpo(keymap: KeyMap) -> bool:
 def _sanity(records: list[StepRecord], keymap: KeyMap, run: LoggedRun) -> list[Finding]:
     names = keymap.by_name()
     checkers: dict[tuple[str, str], sanity.SanityChecker] = {}
-    dpo, deepspeed = _is_dpo(keymap), run.packages.get("deepspeed")
+    # the run's metadata as the service would have it from set_run_info, built the same way
+    meta = run.settings.to_run_info(keymap.framework or "", _is_dpo(keymap),
+                                    run.packages.get("deepspeed", ""))
+    dpo, deepspeed = sanity.checker_args(meta)
+    ordered = sorted(records, key=lambda r: r.identity)
+    found_at = [(r, f) for r in ordered for f in _observe(checkers, r, dpo, deepspeed)]
+    by_step = {r.step: r for r in ordered}
+    for found in signatures.scaling_signatures(run, ordered):
+        record = by_step.get(found.step if found.step is not None else -1)
+        if record is not None:
+            found_at.append((record, found))
     out = []
-    for record in sorted(records, key=lambda r: r.identity):
-        checker = checkers.setdefault((record.run, record.role), sanity.SanityChecker(
-            dpo=dpo, deepspeed_version=deepspeed))
-        for found in checker.observe(record.step, record.metrics):
-            info = names.get(found.metric)
-            out.append(Finding(
-                record.run, record.role, record.step, found.kind.value, found.severity,
-                "found", found.metric, info.key if info else found.metric,
-                record.metrics.get(found.metric), what_to_check=found.message,
-                value_is=info.describe() if info else "", lossy=bool(info and info.lossy),
-                source="sanity"))
+    for record, found in found_at:
+        info = names.get(found.metric)
+        out.append(Finding(
+            record.run, record.role, record.step, found.kind.value, found.severity,
+            "found", found.metric, info.key if info else found.metric,
+            record.metrics.get(found.metric, run.rows.get(record.step, {}).get(found.metric)),
+            what_to_check=found.message, value_is=info.describe() if info else "",
+            lossy=bool(info and info.lossy), source="sanity"))
     return out
+
+
+def _observe(checkers: dict[tuple[str, str], sanity.SanityChecker], record: StepRecord,
+             dpo: bool, deepspeed: str | None) -> list[sanity.Finding]:
+    checker = checkers.setdefault((record.run, record.role), sanity.SanityChecker(
+        dpo=dpo, deepspeed_version=deepspeed))
+    return checker.observe(record.step, record.metrics)
 
 
 _STEADY = 3  # steps a key must have been logged in a row before its absence is news

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from rlmon.service.contract.step_record import StepRecord
+from rlmon.service.diagnose.run_settings import RunSettings, Segment
 
 __all__ = ["LogError", "LoggedRun", "ReadProblem", "run_name", "to_float"]
 
@@ -42,7 +43,8 @@ class LoggedRun:
     logger); ``records`` holds steps rlmon aggregated itself (its own files), whose names are
     canonical already. ``notes`` says how the format spells things the reader had to interpret;
     ``packages`` the package versions the run recorded (W&B keeps the job's requirements), which
-    the sanity layer reads (a DeepSpeed with the NaN grad-norm bug).
+    the sanity layer reads (a DeepSpeed with the NaN grad-norm bug); ``segments`` the settings
+    each stretch of the run was written with (one per resumed process where the format says).
     """
 
     source: str
@@ -54,6 +56,12 @@ class LoggedRun:
     problems: tuple[ReadProblem, ...] = ()
     notes: tuple[str, ...] = ()
     packages: Mapping[str, str] = field(default_factory=dict)  # as the run recorded them
+    segments: tuple[Segment, ...] = ()
+
+    @property
+    def settings(self) -> RunSettings:
+        """The settings of the run's last segment (none known: all None)."""
+        return self.segments[-1].settings if self.segments else RunSettings()
 
     @property
     def steps(self) -> int:

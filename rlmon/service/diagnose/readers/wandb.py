@@ -30,6 +30,7 @@ from rlmon.service.diagnose.logged_run import (
     to_float,
 )
 from rlmon.service.diagnose.readers.json_lines import objects
+from rlmon.service.diagnose.run_settings import Segment, settings_from_config
 
 __all__ = ["STEP_KEYS", "read_wandb_csv", "read_wandb_jsonl", "read_wandb_run", "run_files"]
 
@@ -122,6 +123,7 @@ def read_wandb_run(path: Path) -> LoggedRun:
         raise LogError(str(path), "no W&B run file (run-<id>.wandb) in this directory")
     problems: list[ReadProblem] = []
     logged: list[tuple[int | None, int, dict[str, float]]] = []
+    config: dict[str, Any] = {}
     name = path.name
     for file in files:
         try:
@@ -138,6 +140,9 @@ def read_wandb_run(path: Path) -> LoggedRun:
             kind = record.WhichOneof("record_type")
             if kind == "run":
                 name = record.run.display_name or record.run.run_id or name
+                _config(record.run.config, config)
+            elif kind == "config":
+                _config(record.config, config)
             elif kind == "history":
                 items = {"/".join(i.nested_key) if i.nested_key else i.key: json.loads(i.value_json)
                          for i in record.history.item if i.value_json}
@@ -145,8 +150,25 @@ def read_wandb_run(path: Path) -> LoggedRun:
                 logged.append((step, record.history.step.num, values))
     if not logged and not problems:
         raise LogError(str(path), "the W&B run holds no history rows (nothing was logged)")
-    return LoggedRun(str(path), "wandb-offline", run_name(name), _by_step(logged),
-                     problems=tuple(problems), packages=_requirements(files[0].parent))
+    rows = _by_step(logged)
+    settings = settings_from_config(config, f"{files[0].name} config")
+    segments = (Segment(min(rows, default=0), settings, str(files[0])),) if settings.known \
+        else ()
+    return LoggedRun(str(path), "wandb-offline", run_name(name), rows,
+                     problems=tuple(problems), packages=_requirements(files[0].parent),
+                     segments=segments)
+
+
+def _config(record: Any, into: dict[str, Any]) -> None:
+    """A W&B config record's updates (a ``run.config.update``, the callback's arguments)."""
+    for item in record.update:
+        key = ".".join(item.nested_key) if item.nested_key else item.key
+        try:
+            into[key] = json.loads(item.value_json)
+        except ValueError:
+            continue
+    for item in record.remove:
+        into.pop(".".join(item.nested_key) if item.nested_key else item.key, None)
 
 
 def _requirements(run_dir: Path) -> dict[str, str]:
