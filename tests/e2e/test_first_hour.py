@@ -189,9 +189,12 @@ def test_a_rerun_under_the_same_name_is_recorded_as_a_new_attempt(tmp_path: Path
 def test_docs_document_every_environment_variable() -> None:
     import re
 
+    # a name read from the environment, not a Python name spelt the same (an enum member
+    # `RLMON_HISTORY = ...`, read as `Format.RLMON_HISTORY`)
+    env_name = re.compile(r"(?<![\w.])RLMON_[A-Z][A-Z_]*[A-Z](?!\w*\s*=[^=])")
     used = set()
     for path in [*(ROOT / "rlmon").rglob("*.py"), *(ROOT / "examples").glob("*.py")]:
-        used |= set(re.findall(r"RLMON_[A-Z][A-Z_]*[A-Z]", path.read_text()))
+        used |= set(env_name.findall(path.read_text()))
     table = (ROOT / "docs" / "configuration.md").read_text().split("## Environment variables", 1)[1]
     table = table.split("\n\n", 2)[1]
     assert used - {"RLMON_NOTIFIERS__SLACK"}, "found no variable at all"
