@@ -353,7 +353,9 @@ class WebApi:
             cols = self.columns.get(run, role, attempt, (metric,))
             near = cols.window(onset - _AROUND, onset + _AROUND)
             around = {"metric": metric, "x": near.steps.tolist(),
-                      "y": [_number(v) for v in near.values[metric].tolist()]}
+                      "y": [_number(v) for v in near.values[metric].tolist()],
+                      "nonfinite": _nonfinite(near.steps, near.values[metric],
+                                              near.nonfinite[metric], 2 * _AROUND + 1)}
         return {
             "run": run, "role": role, "attempt": attempt, "alert": name, "severity": severity,
             "metric": metric, "value": value, "onset": onset, "resolved": resolved_step,

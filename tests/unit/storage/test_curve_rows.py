@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from rlmon.service.alerting.engine import AlertEvent
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.metrics import catalog
 from rlmon.service.storage import curve_rows
@@ -118,6 +119,11 @@ def test_the_curves_answer_marks_nan_and_inf_and_counts_them(tmp_path: Path) -> 
     assert kl["nonfinite"] == [{"count": 3, "x": [3, 4, 5], "value": ["NaN", "+Inf", "-Inf"]}]
     assert kl["y"][0][3:6] == [None, None, None]
     assert entropy["nonfinite"] == [{"count": 0, "x": [], "value": []}]  # absent is no NaN
+    # an alert's values around its onset carry them too
+    store.add([], [AlertEvent(RUN, "actor", 3, "KLNonFinite", "critical", "firing", KL,
+                              math.nan)])
+    around = WebApi(store).alert({"run": RUN, "role": "actor", "alert": "KLNonFinite"})["around"]
+    assert around["nonfinite"] == {"count": 3, "x": [3, 4, 5], "value": ["NaN", "+Inf", "-Inf"]}
     # many more than the buckets: counted whole, one marker per bucket
     many = HistoryStore(tmp_path / "many.sqlite")
     many.add([step_record(run=RUN, step=n, metrics={KL: math.nan if n % 2 else 1.0},

@@ -218,8 +218,11 @@ function countPoints(panelEl, data) {
 function makeChart(panel, alerts, width, onZoom) {
   const panelEl = el("div", { class: "panel", "data-title": panel.title,
                               "data-metrics": panel.metrics.join(",") });
-  const state = { alerts, metrics: panel.metrics,
-                  nonfinite: panel.nonfinite.map((n) => ({ ...n, x: [...n.x] })) };
+  const none = { count: 0, x: [], value: [] };
+  const state = { alerts, metrics: panel.metrics, nonfinite: panel.metrics.map((m, i) => {
+    const n = (panel.nonfinite || [])[i] || none;
+    return { count: n.count, x: [...n.x], value: [...n.value] };
+  }) };
   const data = chartData(panel);
   const few = data[0].length <= 60;
   const opts = {
@@ -229,7 +232,7 @@ function makeChart(panel, alerts, width, onZoom) {
     legend: { live: true },
     cursor: { sync: { key: "rlmon-steps" }, drag: { x: true, y: false, setScale: false } },
     series: [{ label: "step" }, ...panel.metrics.map((m, i) => ({
-      label: seriesLabel(m, panel.nonfinite[i]), stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true,
+      label: seriesLabel(m, state.nonfinite[i]), stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true,
       points: { show: few, size: 4 } }))],
     axes: [{ label: "step", size: 40, incrs: STEP_INCRS }, { size: 64 }],
     plugins: [markerPlugin(panelEl, state)],
@@ -431,7 +434,8 @@ async function showAlert(where) {
   else tl.append(el("p", { class: "muted" }, "no timeline stored for this step"));
   if (a.around && a.around.x.length) {
     const chart = makeChart({ title: a.metric, unit: "", metrics: [a.metric], help: [],
-                              x: a.around.x, y: [a.around.y] },
+                              x: a.around.x, y: [a.around.y],
+                              nonfinite: [a.around.nonfinite] },
                             [{ step: a.onset, alert: a.alert, state: "firing", severity: a.severity, metric: a.metric },
                              ...(a.resolved !== null ? [{ step: a.resolved, alert: a.alert, state: "resolved",
                                                           severity: a.severity, metric: a.metric }] : [])],
