@@ -156,6 +156,8 @@ def _print_terminal(diagnoses: Sequence[Diagnosis], problems: Sequence[ReadProbl
         if lossy:
             plain("  reduced lossily by the framework (not comparable across runs): "
                           + ", ".join(lossy))
+        for segment in run.segments:  # the settings read, per resumed process
+            plain(f"  settings from step {segment.first_step}: {segment.settings.describe()}")
         for note in run.notes:
             plain(f"  note: {note}")
         if not d.findings:

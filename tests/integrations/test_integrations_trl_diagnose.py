@@ -75,6 +75,7 @@ def _train(out: Path, faulty: bool, steps: int, monkeypatch: pytest.MonkeyPatch)
     trainer.add_callback(Faults())
     trainer.train()
     trainer.save_state()
+    trainer.save_model()  # with training_args.bin, as a checkpoint has it
     import wandb
 
     wandb.finish()  # the job's exit would: the Hugging Face callback leaves the run open
@@ -117,6 +118,18 @@ def test_the_faults_are_found_at_their_steps_in_every_file(faulty: Path) -> None
 
     # W&B keeps the job's requirements: the sanity layer knows the DeepSpeed of the run
     assert runs["wandb-offline"].packages["deepspeed"] == deepspeed.__version__
+
+
+def test_the_run_settings_are_read_from_every_file(faulty: Path) -> None:
+    """The Trainer's arguments: the TensorBoard callback's ``args`` text, the W&B callback's
+    config, the ``training_args.bin`` beside ``trainer_state.json`` (read without unpickling)."""
+    for fmt, run in _by_format(faulty).items():
+        settings = run.settings
+        assert (settings.gradient_accumulation_steps, settings.per_device_batch_size,
+                settings.deepspeed) == (1, 8, False), (fmt, settings)
+        assert len(run.segments) == 1, fmt
+        assert not [f for f in diagnose(run).findings
+                    if f.alert in ("ScaledByGradAccumulation", "TokensOverCounted")], fmt
 
 
 def test_a_healthy_run_gives_no_critical_finding(tmp_path: Path,

@@ -133,6 +133,8 @@ class Diagnosis:
             "framework_how": self.keymap.how,
             "keys": [k.to_json() for k in self.keymap.keys], "notes": list(run.notes),
             "lossy_keys": list(self.lossy_keys), "findings": len(self.findings),
+            "settings": [{"from_step": seg.first_step, "file": seg.source,
+                          **seg.settings.to_json()} for seg in run.segments],
         }
 
 
