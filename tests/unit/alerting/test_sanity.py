@@ -91,3 +91,24 @@ def test_loss_normalization_metadata() -> None:
     meta = ds.as_metadata()
     assert meta["comparable_loss_factor"] == 4.0 and meta["deepspeed_nan_grad_norm_bug"]
     assert LossNormalization(deepspeed=False, gradient_accumulation_steps=4).comparable(2.0) == 2.0
+
+
+def test_a_level_shift_matches_a_settings_ratio_only_out_of_the_noise() -> None:
+    from rlmon.service.alerting.sanity import level_shift
+
+    before = [2.00, 1.99, 2.01, 1.98, 2.00]
+    assert level_shift(before, [v / 4 for v in before], 4.0) == 0.25  # or its inverse
+    assert level_shift(before, [v * 4 for v in before], 4.0) == 4.0
+    assert level_shift(before, before, 4.0) is None  # the setting changed, the loss did not
+    assert level_shift(before, [v / 3 for v in before], 4.0) is None  # not the setting's ratio
+    noisy = [2.0, 0.5, 2.1, 0.4, 1.9]  # swings wider than the shift could be told from
+    assert level_shift(noisy, [v / 4 for v in noisy], 4.0) is None
+
+
+def test_checker_args_read_the_run_info_the_service_keeps() -> None:
+    from rlmon.service.alerting.sanity import checker_args
+    from rlmon.service.export.exporter import RunInfo
+
+    assert checker_args(None) == (False, None)
+    assert checker_args(RunInfo(algorithm="DPO", deepspeed_version="0.14.0")) == (True, "0.14.0")
+    assert checker_args(RunInfo(dpo=True)) == (True, None)

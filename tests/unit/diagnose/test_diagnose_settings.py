@@ -208,3 +208,22 @@ def test_an_unreadable_training_args_is_said_and_the_state_still_read(tmp_path: 
     (run,), problems = read_paths([out / "trainer_state.json"])
     assert problems == [] and run.steps == 10 and run.segments == ()
     assert any("cannot be read safely" in note and "zip" in note for note in run.notes)
+
+
+def test_a_running_token_total_is_differenced_per_step(tmp_path: Path) -> None:
+    """TRL's ``num_tokens`` is a running total, logged here every second step; capacity is
+    per-device 8 x GA 2 x data-parallel 2 (4 ranks over CP 2) x 512 tokens = 16,384."""
+    args: dict[str, object] = {"per_device_train_batch_size": 8,
+                               "gradient_accumulation_steps": 2, "world_size": 4,
+                               "context_parallel_size": 2, "max_length": 512}
+    for name, factor, expected in (("twice", 2.0, [("TokensOverCounted", 8, "train/num_tokens")]),
+                                   ("once", 1.0, [])):
+        directory = tmp_path / name / "run"
+        directory.mkdir(parents=True)
+        rows = {s: {**v, "num_tokens": factor * 12_000 * s}
+                for s, v in sft_curves(range(2, 21, 2)).items()}
+        write_segment(directory, args, rows)
+        assert signatures(directory) == expected, name
+    (run,), _ = read_paths([tmp_path / "twice"])
+    finding = next(f for f in diagnose(run).findings if f.alert == "TokensOverCounted")
+    assert "CP size 2" in finding.what_to_check and "16384" in finding.what_to_check
