@@ -178,5 +178,15 @@ def read_paths(paths: Iterable[str | Path]) -> tuple[list[LoggedRun], list[ReadP
                     runs.extend(_READERS[fmt](target))
             except LogError as exc:
                 problems.append(ReadProblem(exc.path, exc.message))
+    offline = [r for r in runs if r.format == Format.WANDB_OFFLINE.value]
+    if len(offline) > 1:
+        joined, kept = wandb.join_resumed(offline), []
+        for run in runs:  # the W&B runs where the first of them was
+            if run.format != Format.WANDB_OFFLINE.value:
+                kept.append(run)
+            elif joined:
+                kept.extend(joined)
+                joined = []
+        runs = kept
     return runs, problems
 

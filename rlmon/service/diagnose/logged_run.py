@@ -57,6 +57,7 @@ class LoggedRun:
     notes: tuple[str, ...] = ()
     packages: Mapping[str, str] = field(default_factory=dict)  # as the run recorded them
     segments: tuple[Segment, ...] = ()
+    run_id: str = ""  # the tracker's id, shared by a resumed run's files (W&B)
 
     @property
     def settings(self) -> RunSettings:

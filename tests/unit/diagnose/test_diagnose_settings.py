@@ -227,3 +227,43 @@ def test_a_running_token_total_is_differenced_per_step(tmp_path: Path) -> None:
     (run,), _ = read_paths([tmp_path / "twice"])
     finding = next(f for f in diagnose(run).findings if f.alert == "TokensOverCounted")
     assert "CP size 2" in finding.what_to_check and "16384" in finding.what_to_check
+
+
+_WANDB_RESUMER = """
+import json, sys, wandb
+spec = json.load(open(sys.argv[1]))
+# a Hugging Face run resumed with W&B's resume=: one process per segment, the same run id
+for part in spec["parts"]:
+    run = wandb.init(project="diagnose", mode="offline", id=spec["id"], resume="allow",
+                     dir=spec["dir"], config=part["config"])
+    for step, values in part["rows"]:
+        run.log({**{f"train/{k}": v for k, v in values.items()}, "train/global_step": step})
+    run.finish()
+"""
+
+
+def write_resumed_wandb(tmp: Path, loss_factor: float) -> Path:
+    curves = sft_curves(range(1, 41))
+    parts = [{"config": hf_args(ga), "rows": [
+        [s, {**v, "loss": v["loss"] * (loss_factor if s > 20 else 1.0)}]
+        for s, v in curves.items() if lo <= s <= hi]} for ga, lo, hi in ((1, 1, 20), (4, 21, 40))]
+    tmp.mkdir(parents=True)
+    spec = {"id": "resumed1", "dir": str(tmp), "parts": parts}
+    (tmp / "spec.json").write_text(json.dumps(spec))
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp)}
+    subprocess.run([sys.executable, "-c", _WANDB_RESUMER, str(tmp / "spec.json")], env=env,
+                   check=True, timeout=120)
+    return tmp
+
+
+def test_a_wandb_run_resumed_offline_is_joined_and_its_ga_change_seen(tmp_path: Path) -> None:
+    faulty = write_resumed_wandb(tmp_path / "faulty", 0.25)
+    runs, problems = read_paths([faulty])
+    assert problems == [] and len(runs) == 1
+    run = runs[0]
+    assert run.steps == 40 and any("joined 2 offline-run directories" in n for n in run.notes)
+    assert [(s.first_step, s.settings.gradient_accumulation_steps) for s in run.segments] \
+        == [(1, 1), (21, 4)]
+    assert signatures(faulty) == [("ScaledByGradAccumulation", 21, "train/loss")]
+    healthy = write_resumed_wandb(tmp_path / "healthy", 1.0)
+    assert signatures(healthy) == []

@@ -32,7 +32,7 @@ from rlmon.service.diagnose.logged_run import (
 from rlmon.service.diagnose.readers.json_lines import objects
 from rlmon.service.diagnose.run_settings import Segment, settings_from_config
 
-__all__ = ["STEP_KEYS", "read_wandb_csv", "read_wandb_jsonl", "read_wandb_run", "run_files"]
+__all__ = ["STEP_KEYS", "join_resumed", "read_wandb_csv", "read_wandb_jsonl", "read_wandb_run", "run_files"]
 
 STEP_KEYS = ("train/global_step", "global_step", "trainer/global_step", "_step")
 _HEADER = struct.Struct("<4sHB")  # ident, magic, version
@@ -125,6 +125,7 @@ def read_wandb_run(path: Path) -> LoggedRun:
     logged: list[tuple[int | None, int, dict[str, float]]] = []
     config: dict[str, Any] = {}
     name = path.name
+    run_id = ""
     for file in files:
         try:
             data = file.read_bytes()
@@ -140,6 +141,7 @@ def read_wandb_run(path: Path) -> LoggedRun:
             kind = record.WhichOneof("record_type")
             if kind == "run":
                 name = record.run.display_name or record.run.run_id or name
+                run_id = record.run.run_id or run_id
                 _config(record.run.config, config)
             elif kind == "config":
                 _config(record.config, config)
@@ -156,7 +158,37 @@ def read_wandb_run(path: Path) -> LoggedRun:
         else ()
     return LoggedRun(str(path), "wandb-offline", run_name(name), rows,
                      problems=tuple(problems), packages=_requirements(files[0].parent),
-                     segments=segments)
+                     segments=segments, run_id=run_id)
+
+
+def join_resumed(runs: list[LoggedRun]) -> list[LoggedRun]:
+    """A W&B run resumed offline (``resume=``, the same id) leaves one offline-run directory per
+    process, as ``wandb sync`` would join them: one run, a segment per directory, in the
+    directories' (start time) order, a later directory's value for a step replacing an
+    earlier one's."""
+    groups: dict[str, list[LoggedRun]] = {}
+    for run in runs:
+        groups.setdefault(run.run_id or f"\0{id(run)}", []).append(run)
+    out = []
+    for group in groups.values():
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        group.sort(key=lambda r: Path(r.source).name)
+        rows: dict[int, dict[str, float]] = defaultdict(dict)
+        for run in group:
+            for step, values in run.rows.items():
+                rows[step].update(values)
+        first = group[0]
+        out.append(LoggedRun(
+            first.source, first.format, group[-1].name, dict(sorted(rows.items())),
+            problems=tuple(p for r in group for p in r.problems),
+            notes=(f"W&B run {first.run_id} resumed: joined {len(group)} offline-run "
+                   "directories (" + ", ".join(Path(r.source).name for r in group) + ")",
+                   *(n for r in group for n in r.notes)),
+            packages=group[-1].packages, segments=tuple(s for r in group for s in r.segments),
+            run_id=first.run_id))
+    return out
 
 
 def _config(record: Any, into: dict[str, Any]) -> None:
