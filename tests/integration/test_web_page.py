@@ -260,3 +260,8 @@ def test_nan_and_inf_values_are_marked_and_counted(page: Any, service: ServiceCo
                            "=== '30,31,32'")
     assert shown()["legend"] == ["step", "actor/kl (3 NaN/Inf)"]
     assert marker_pixels([32])["32"] > 3
+    # the alert they fired: its values around the onset are marked the same way
+    page.goto(page.base + f"#/alert/{RUN}/actor/NonFiniteMetric/30")
+    page.wait_for_selector("#around[data-nonfinite]")
+    assert page.get_attribute("#around", "data-nonfinite") == "30,31,32"
+    assert "actor/kl (3 NaN/Inf)" in page.inner_text("#around .u-legend")
