@@ -123,6 +123,10 @@ class ServiceCore:
         # where the GPU-hours go (goodput by bucket) and what each alert has cost since onset
         self.goodput = GoodputLedger(self.settings.goodput)
         self.costs = AlertCosts(self.goodput.price, self.goodput.run_gpus)
+        self.costs.restore(self.engine.states)  # alerts firing across a restart keep counting
+        if self.settings.liveness.gpus_per_rank != 1.0:
+            _log.warning("rlmon: liveness.gpus_per_rank is no longer read: a stall costs what "
+                         "every alert costs, with goodput.gpus_per_rank (docs/goodput.md)")
         self.metrics.goodput = self.goodput.snapshot
         self.metrics.alert_costs = lambda: self.costs.firing(self._clock())
         # The sanity layer looks at each (run, role)'s steps for values that look like training
@@ -408,7 +412,9 @@ class ServiceCore:
         deferred = self._deferred
         if stream not in self._tracker and (deferred is None or stream not in deferred.streams):
             run, role = stream
-            self.engine.states.update(self.history.alert_states(run, role))
+            restored = self.history.alert_states(run, role)
+            self.engine.states.update(restored)
+            self.costs.restore(restored)
             self.engine.last_step.update(self.history.last_steps(run, role))
             self.engine.attempts.update(self.history.latest_attempts(run, role))
         self._forget(self._tracker.seen(stream, now))
@@ -516,14 +522,16 @@ class ServiceCore:
                         view.last_step_at is None or view.last_step_at <= finished):
                     view = replace(view, state=RunState.FINISHED)  # finish_run said so
                 self._remember(stream, now)
-                self.goodput.declare(view.run, view.role, view.gpus_per_rank)
+                self.goodput.declare(view.run, view.role,
+                                     view.gpus_per_rank if view.heartbeats else None, view.ranks)
                 if self._live_states.get(stream) is not view.state:
                     self._live_states[stream] = view.state
                     changed.append((view.run, view.role, view.state.value, view.since,
                                     view.last_step, view.last_step_at,
                                     describe(view) if view.state is not RunState.RUNNING
                                     else ""))
-                mine = liveness_events(self.engine, view)
+                mine = self.costs.stamp_at(liveness_events(self.engine, view), view.at,
+                                           self.engine.states)
                 self.metrics.set_liveness(view, liveness_firing(self.engine, *stream))
                 streams.add(stream)
                 if mine:

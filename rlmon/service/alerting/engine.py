@@ -85,6 +85,10 @@ class AlertState:
     metric: str = ""  # the metric that made it fire, named again when it resolves
     history: deque[float] = field(default_factory=deque)  # stuck/trend/baseline: recent values
     score: float = 0.0  # baseline: the CUSUM evidence (rlmon.service.alerting.baseline)
+    # the condition's onset (unix seconds) and the run's GPUs then, saved with the state so a
+    # restarted service keeps counting the alert's cost (rlmon.service.goodput.alert_costs)
+    onset: float | None = None
+    gpus: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

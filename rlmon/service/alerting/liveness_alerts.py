@@ -3,7 +3,8 @@
 Each (run, role, alert) keeps the engine's :class:`AlertState`, saved in the history store like
 every other alert's, so a restarted service that is told again that a run is stalled finds the
 alert already firing and pages nothing twice. A stalled run that resumes resolves; a run that
-finishes resolves whatever fired and never pages for having stopped.
+finishes resolves whatever fired and never pages for having stopped. A firing event carries
+its condition's onset; the service prices it (:mod:`rlmon.service.goodput.alert_costs`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,17 @@ def _value(condition: Condition, view: LivenessView) -> float | None:
     return view.idle_seconds
 
 
+def _onset(condition: Condition, view: LivenessView) -> float:
+    """When the condition began (unix seconds), where its cost runs from: a stalled or dead
+    run's last step (progress stopped there), a stuck rank's entry into its stage, a slow run's
+    entry into the slow state."""
+    if condition is Condition.STAGE_STUCK and view.stuck is not None:
+        return view.stuck.since
+    if condition is Condition.STEP_TIME_REGRESSION:
+        return view.since
+    return view.at - view.idle_seconds
+
+
 def _rules(engine: AlertEngine, role: str) -> list[Rule]:
     return [r for r in engine.rules if r.condition in LIVENESS_CONDITIONS
             and (r.roles is None or role in r.roles)]
@@ -70,7 +82,8 @@ def liveness_events(engine: AlertEngine, view: LivenessView) -> list[AlertEvent]
             value=_value(rule.condition, view), summary=(rule.summary or rule.describe())
             + resolved, condition=rule.describe(),
             what_to_check=_WHAT_TO_CHECK.get(rule.condition.value, ""), attempt=attempt,
-            detail=describe(view) if holds else ""))
+            detail=describe(view) if holds else "",
+            onset=_onset(rule.condition, view) if holds else None))
     return events
 
 

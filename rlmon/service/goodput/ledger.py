@@ -106,16 +106,21 @@ class GoodputLedger:
         self._last: dict[str, tuple[int, int]] = {}  # newest (attempt, step) seen per run
         self._done: dict[str, dict[tuple[int, int], tuple[RoleTimelines, ...]]] = {}
         self._skipped: dict[tuple[str, str], float] = {}
-        self._ranks: dict[tuple[str, str], float] = {}  # (run, role) -> GPUs (ranks x per rank)
+        self._ranks: dict[tuple[str, str], int] = {}  # (run, role) -> expected ranks
         self._declared: dict[tuple[str, str], float] = {}  # (run, role) -> the Reporters' say
         self.runs: dict[str, RunGoodput] = {}
         self._classified: Classified = {}  # the held and done steps' timelines, split
 
-    def declare(self, run: str, role: str, per_rank: float) -> None:
+    def declare(self, run: str, role: str, per_rank: float | None,
+                ranks: int | None = None) -> None:
         """What the role's Reporters say each rank holds (the config's entry for the role
-        wins)."""
+        wins; None: they said nothing) and, from the liveness views, how many ranks the role
+        has when no step told it yet (a run stuck in its first step still costs its GPUs)."""
         with self._lock:
-            self._declared[(run, role)] = per_rank
+            if per_rank is not None:
+                self._declared[(run, role)] = per_rank
+            if ranks is not None and (run, role) not in self._ranks:
+                self._ranks[(run, role)] = ranks
 
     def _per_rank(self, run: str, role: str) -> float:
         table = self.config.gpus_per_rank
@@ -130,7 +135,7 @@ class GoodputLedger:
         run, role = record.run, record.role
         key = (record.attempt, record.step)
         with self._lock:
-            self._ranks[(run, role)] = record.ranks_expected * self._per_rank(run, role)
+            self._ranks[(run, role)] = record.ranks_expected
             held = self._held.setdefault(run, {}).setdefault(key, _Held())
             metrics = record.metrics
             if catalog.FRAC_REWARD_ZERO_STD in metrics:
@@ -257,7 +262,8 @@ class GoodputLedger:
     def run_gpus(self, run: str) -> float:
         """The run's GPUs: every role's expected ranks times its GPUs per rank."""
         with self._lock:
-            return sum(g for (r, _), g in self._ranks.items() if r == run)
+            return sum(n * self._per_rank(r, role) for (r, role), n in self._ranks.items()
+                       if r == run)
 
     def mfu(self, run: str) -> float | None:
         """The run's MFU so far, when the config gives the FLOPs per token and the peak."""

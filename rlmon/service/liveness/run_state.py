@@ -101,11 +101,6 @@ class LivenessView:
         return max(0.0, self.at - ref)
 
     @property
-    def cost_gpu_hours(self) -> float:
-        """GPU-hours since the last step: ranks x idle time x GPUs per rank."""
-        return self.ranks * self.gpus_per_rank * self.idle_seconds / 3600.0
-
-    @property
     def odd(self) -> tuple[Rank, ...]:
         """Ranks in a different stage from most ranks (the ones to look at first)."""
         heard = [g for g in self.where if g.stage != SILENT]
@@ -142,7 +137,8 @@ def _ranks(ranks: tuple[Rank, ...], limit: int = 6) -> str:
 
 
 def describe(view: LivenessView) -> str:
-    """Where each rank is, who is odd, what the stall cost: the text of a liveness alert."""
+    """Where each rank is, who is odd, how long since the last step: the text of a liveness
+    alert (its cost is the alert's, :mod:`rlmon.service.goodput.alert_costs`)."""
     parts = []
     for group in view.where:
         stage = group.stage or "no open span"
@@ -162,8 +158,6 @@ def describe(view: LivenessView) -> str:
              f"{_duration(view.threshold)}")
     if view.period is not None:
         text += f" (typical step {_duration(view.period)})"
-    text += (f". Cost so far: {view.ranks} ranks x {_duration(view.idle_seconds)} = "
-             f"{view.cost_gpu_hours:.2f} GPU-hours at {view.gpus_per_rank:g} GPU per rank")
     return text
 
 

@@ -147,8 +147,8 @@ def _roles(lines: Sequence[Mapping[str, Any]]) -> tuple[RoleSummary, ...]:
 def _alerts(store: HistoryStore, run: str, run_end: float | None, price: Price,
             ) -> tuple[AlertEntry, ...]:
     """Every incident, firing to resolve. One still firing at the end costs, so far, the run's
-    GPUs from its onset to the end of the run's last step (its firing row says less: the cost
-    when it fired)."""
+    GPUs from its onset to the end of the run's last step, or to when it fired where that is
+    later (a stall, a dead run: time-based alerts fire after the last step)."""
     open_: dict[tuple[str, str, int], dict[str, Any]] = {}
     done: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
     for row in store.alerts(run, cost=True):
@@ -164,11 +164,15 @@ def _alerts(store: HistoryStore, run: str, run_end: float | None, price: Price,
     for fired, resolved in sorted(done, key=lambda p: (p[0]["step"], p[0]["alert"])):
         latest = resolved or fired  # the resolve carries the whole incident's cost
         gpu_hours, money, note = latest["gpu_hours"], latest["money"], latest["cost_note"] or ""
-        if resolved is None and fired["onset"] is not None and fired["gpus"] is not None and (
-                run_end is not None):
-            cost = alert_cost(fired["onset"], max(run_end, fired["onset"]), fired["gpus"], price)
+        if resolved is None and fired["onset"] is not None and fired["gpus"]:
+            # to the run's last step, or to when it fired if that was later (a stall fires
+            # after the last step: its firing row's cost is a floor)
+            fired_at = fired["onset"] + (fired["gpu_hours"] or 0.0) * 3600.0 / fired["gpus"]
+            end = max(run_end if run_end is not None else fired_at, fired_at)
+            cost = alert_cost(fired["onset"], end, fired["gpus"], price)
             gpu_hours, money = cost.gpu_hours, cost.money
-            note = cost.describe("firing") + " (to the run's last step)"
+            note = cost.describe("firing") + (" (to the run's last step)" if end == run_end
+                                              else " (when it fired; still firing)")
         name = catalog.samples_for(fired["metric"]) if fired["metric"] else None
         samples: tuple[dict[str, Any], ...] = ()
         if name:

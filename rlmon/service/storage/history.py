@@ -67,7 +67,7 @@ CREATE TABLE IF NOT EXISTS alert_state (
     run TEXT NOT NULL, role TEXT NOT NULL, alert TEXT NOT NULL, true_steps INTEGER NOT NULL,
     false_steps INTEGER NOT NULL, firing INTEGER NOT NULL, since_step INTEGER,
     history TEXT NOT NULL, metric TEXT NOT NULL DEFAULT '', score REAL NOT NULL DEFAULT 0,
-    PRIMARY KEY (run, role, alert));
+    onset REAL, gpus REAL NOT NULL DEFAULT 0, PRIMARY KEY (run, role, alert));
 CREATE TABLE IF NOT EXISTS stream_state (
     run TEXT NOT NULL, role TEXT NOT NULL, last_step INTEGER NOT NULL, PRIMARY KEY (run, role));
 CREATE TABLE IF NOT EXISTS outbound (
@@ -152,12 +152,21 @@ _COST_COLUMNS = (("onset", "REAL"), ("gpus", "REAL"), ("gpu_hours", "REAL"), ("m
                  ("cost_note", "TEXT NOT NULL DEFAULT ''"))
 
 
+_STATE_COST_COLUMNS = (("onset", "REAL"), ("gpus", "REAL NOT NULL DEFAULT 0"))
+
+
+def _columns(db: sqlite3.Connection, table: str) -> set[str]:
+    return {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+
+
 def _add_cost(db: sqlite3.Connection) -> None:
-    """A store written before alerts carried their cost lacks its columns: they start empty."""
-    columns = [row[1] for row in db.execute("PRAGMA table_info(alerts)")]
-    for name, kind in _COST_COLUMNS:
-        if name not in columns:
-            db.execute(f"ALTER TABLE alerts ADD COLUMN {name} {kind}")
+    """A store written before alerts carried their cost lacks its columns (in the alert rows,
+    and the onset and GPUs saved with the alert states): they start empty (cost unknown)."""
+    for table, wanted in (("alerts", _COST_COLUMNS), ("alert_state", _STATE_COST_COLUMNS)):
+        columns = _columns(db, table)
+        for name, kind in wanted:
+            if name not in columns:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
 
 
 def _add_score(db: sqlite3.Connection) -> None:
@@ -284,11 +293,12 @@ class HistoryStore:
             )
             self._db.executemany(
                 "INSERT OR REPLACE INTO alert_state (run, role, alert, true_steps, false_steps, "
-                "firing, since_step, history, metric, score) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "firing, since_step, history, metric, score, onset, gpus) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (run, role, alert, st.true_steps, st.false_steps, int(st.firing),
                      st.since_step, json.dumps([float(v) for v in st.history]),
-                     str(getattr(st, "metric", "")), float(st.score))
+                     str(getattr(st, "metric", "")), float(st.score), st.onset, float(st.gpus))
                     for (run, role, alert), st in (states or {}).items()
                 ],
             )
@@ -332,15 +342,17 @@ class HistoryStore:
         every stream or of one run or (run, role)."""
         where, args = _stream_filter(run, role)
         with self._lock:
+            have = _columns(self._db, "alert_state")
+            cost = ", ".join(n if n in have else "NULL" for n, _ in _STATE_COST_COLUMNS)
             rows = self._db.execute(
                 "SELECT run, role, alert, true_steps, false_steps, firing, since_step, history, "
-                "metric, score FROM alert_state" + where, args).fetchall()
+                f"metric, score, {cost} FROM alert_state" + where, args).fetchall()
         out = {}
-        for run, role, alert, t, f, firing, since, hist, metric, score in rows:
+        for run, role, alert, t, f, firing, since, hist, metric, score, onset, gpus in rows:
             state = AlertState(true_steps=int(t), false_steps=int(f), firing=bool(firing),
                                since_step=since,
                                history=deque(float(v) for v in json.loads(hist)),
-                               score=float(score))
+                               score=float(score), onset=onset, gpus=float(gpus or 0.0))
             if hasattr(state, "metric"):
                 state.metric = metric
             out[(run, role, alert)] = state
@@ -487,18 +499,22 @@ class HistoryStore:
     def alerts(self, run: str | None = None, *, cost: bool = False) -> list[dict[str, Any]]:
         """Alert lines (the replay contract's) in the order they happened; with ``cost``, each
         also says its attempt and what its condition had cost (``onset``, ``gpus``,
-        ``gpu_hours``, ``money``, ``cost_note``; None where unknown)."""
+        ``gpu_hours``, ``money``, ``cost_note``; None where unknown, as in a store written
+        before alerts carried their cost and opened read-only)."""
         keys: tuple[str, ...] = ("run", "role", "step", "alert", "severity", "state", "metric",
                                  "value")
         if cost:
             keys += ("attempt", *(name for name, _ in _COST_COLUMNS))
-        query = f"SELECT {', '.join(keys)} FROM alerts"
         args: list[Any] = []
+        where = ""
         if run is not None:
-            query += " WHERE run = ?"
+            where = " WHERE run = ?"
             args.append(run)
         with self._lock:
-            rows = self._db.execute(query + " ORDER BY id", args).fetchall()
+            have = _columns(self._db, "alerts")
+            columns = ", ".join(k if k in have else "NULL" for k in keys)
+            rows = self._db.execute(f"SELECT {columns} FROM alerts{where} ORDER BY id",
+                                    args).fetchall()
         return [{"type": "alert", **dict(zip(keys, row, strict=True))} for row in rows]
 
     def stops(self, run: str | None = None, limit: int | None = None) -> list[StopDecision]:

@@ -1,0 +1,123 @@
+"""A stall costs what every alert costs (rlmon.service.goodput.cost): the run's GPUs as the
+goodput ledger knows them, from the last step to now, in the notification, the history row, the
+/metrics gauge and the run report; and an alert firing across a service restart still costs its
+whole span on resolve."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlmon.service.alerting.engine import AlertEvent, AlertState
+from rlmon.service.alerting.notify.render import summary_line
+from rlmon.service.config import Settings
+from rlmon.service.report.model import build_report
+from rlmon.service.service_core import ServiceCore
+from tests.unit.liveness.test_service_liveness import Cluster
+
+GPUS_PER_RANK = 4.0  # the config's entry for the role: 2 ranks x 4 = 8 GPUs
+PRICE = 2.5
+
+
+class CostCluster(Cluster):
+    """The liveness cluster with a priced goodput config, the service on unix time, and every
+    event kept whole (across restarts)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.all: list[AlertEvent] = []
+        super().__init__(tmp)
+
+    def _service(self) -> ServiceCore:
+        settings = Settings.model_validate({
+            "notifiers": {"console": {"enabled": False}},
+            "goodput": {"gpus_per_rank": {"actor": GPUS_PER_RANK},
+                        "price_per_gpu_hour": PRICE, "currency": "EUR"}})
+        return ServiceCore(settings, state_dir=self.tmp / "state", clock=self.clock.wall)
+
+    def tick(self) -> None:
+        seen = len(self.service.events)
+        super().tick()
+        self.all.extend(list(self.service.events)[seen:])
+
+    def stalled(self) -> list[AlertEvent]:
+        return [e for e in self.all if e.alert == "RunStalled"]
+
+
+def _check_cost(event: AlertEvent, seconds: float) -> None:
+    gpus = 2 * GPUS_PER_RANK
+    assert event.gpus == gpus
+    assert event.gpu_hours == pytest.approx(gpus * seconds / 3600.0, rel=1e-9)
+    assert event.money == pytest.approx(event.gpu_hours * PRICE, rel=1e-9)
+    assert "GPU-hours" in event.cost_note and "EUR" in event.cost_note
+
+
+def test_a_stall_costs_from_its_last_step_in_every_place(tmp_path: Path) -> None:
+    c = CostCluster(tmp_path)
+    c.run(30, {"r": {"step": True}})
+    c.run(100, {"r": {"span": "generate"}})
+    (fired,) = c.stalled()
+    last_step_at = c.core.liveness.view("r", "actor", c.clock.wall()).last_step_at
+    assert fired.onset == last_step_at
+    fired_at = fired.onset + fired.gpu_hours * 3600.0 / fired.gpus
+    _check_cost(fired, fired_at - fired.onset)
+    assert fired.cost_note in summary_line(fired)  # the notification's text
+    # while it fires, the gauge counts on (to the service's clock)
+    gauge = c.scrape()[("rlmon_alert_cost_gpu_hours",
+                        (("alert", "RunStalled"), ("role", "actor"), ("run", "r")))]
+    assert gauge == pytest.approx(8 * (c.clock.wall() - fired.onset) / 3600.0, rel=1e-9)
+    c.run(3, {"r": {"step": True}})
+    resolved = c.stalled()[-1]
+    assert resolved.state == "resolved" and resolved.onset == fired.onset
+    assert resolved.gpu_hours > fired.gpu_hours
+    resolved_at = resolved.onset + resolved.gpu_hours * 3600.0 / 8
+    _check_cost(resolved, resolved_at - fired.onset)
+    assert c.clock.wall() - 3 <= resolved_at <= c.clock.wall()
+    rows = [a for a in c.service.history.alerts("r", cost=True) if a["alert"] == "RunStalled"]
+    assert [(a["state"], a["onset"], a["gpu_hours"]) for a in rows] == [
+        ("firing", fired.onset, fired.gpu_hours), ("resolved", fired.onset, resolved.gpu_hours)]
+    assert rows[1]["money"] == pytest.approx(resolved.money) and rows[1]["cost_note"]
+    assert not any(k[0] == "rlmon_alert_cost_gpu_hours" for k in c.scrape())
+    report = build_report(c.service.history, "r", c.service.settings.goodput)
+    (entry,) = [a for a in report.alerts if a.alert == "RunStalled"]
+    assert entry.gpu_hours == resolved.gpu_hours and entry.money == pytest.approx(resolved.money)
+    c.service.close(0.0)
+
+
+def test_a_stall_firing_across_a_service_restart_costs_its_whole_span(tmp_path: Path) -> None:
+    c = CostCluster(tmp_path)
+    c.run(30, {"r": {"step": True}})
+    c.run(100, {"r": {"span": "train"}})
+    (fired,) = c.stalled()
+    c.restart_service()
+    c.restart_aggregator()
+    c.run(40, {"r": {"span": "train"}})
+    # the restarted service counts on from the saved onset
+    gauge = c.scrape()[("rlmon_alert_cost_gpu_hours",
+                        (("alert", "RunStalled"), ("role", "actor"), ("run", "r")))]
+    assert gauge == pytest.approx(8 * (c.clock.wall() - fired.onset) / 3600.0, rel=1e-9)
+    c.run(3, {"r": {"step": True}})
+    resolved = c.stalled()[-1]
+    assert [e.state for e in c.stalled()] == ["firing", "resolved"]
+    assert resolved.onset == fired.onset
+    span = resolved.gpu_hours * 3600.0 / 8
+    assert 140 <= span <= 147  # 40 s + 100 s stalled, to the resolve
+    _check_cost(resolved, span)
+    c.service.close(0.0)
+
+
+def test_an_alert_state_keeps_its_onset_and_gpus_across_a_restart(tmp_path: Path) -> None:
+    """The onset and GPUs saved with the state: the restarted service counts on from them,
+    on the GPUs held at onset while the ledger knows no rank of the run yet."""
+    settings = Settings.model_validate({"notifiers": {"console": {"enabled": False}}})
+    service = ServiceCore(settings, state_dir=tmp_path)
+    key = ("r", "actor", "LossNaN")
+    onset = 1_700_000_000.0
+    service.history.add([], [], states={
+        key: AlertState(true_steps=3, firing=True, onset=onset, gpus=16.0)})
+    service.close(0.0)
+    again = ServiceCore(settings, state_dir=tmp_path)
+    restored = again.engine.states[key]
+    assert (restored.onset, restored.gpus) == (onset, 16.0)
+    assert again.costs.firing(onset + 1_800.0) == {key: 8.0}
+    again.close(0.0)
