@@ -44,11 +44,17 @@ class CostCluster(Cluster):
         return [e for e in self.all if e.alert == "RunStalled"]
 
 
+def _priced(event: AlertEvent) -> tuple[float, float]:
+    """(onset, GPU-hours) of an event that carries its cost."""
+    assert event.onset is not None and event.gpu_hours is not None
+    return event.onset, event.gpu_hours
+
+
 def _check_cost(event: AlertEvent, seconds: float) -> None:
     gpus = 2 * GPUS_PER_RANK
     assert event.gpus == gpus
     assert event.gpu_hours == pytest.approx(gpus * seconds / 3600.0, rel=1e-9)
-    assert event.money == pytest.approx(event.gpu_hours * PRICE, rel=1e-9)
+    assert event.money == pytest.approx(_priced(event)[1] * PRICE, rel=1e-9)
     assert "GPU-hours" in event.cost_note and "EUR" in event.cost_note
 
 
@@ -57,21 +63,22 @@ def test_a_stall_costs_from_its_last_step_in_every_place(tmp_path: Path) -> None
     c.run(30, {"r": {"step": True}})
     c.run(100, {"r": {"span": "generate"}})
     (fired,) = c.stalled()
-    last_step_at = c.core.liveness.view("r", "actor", c.clock.wall()).last_step_at
-    assert fired.onset == last_step_at
-    fired_at = fired.onset + fired.gpu_hours * 3600.0 / fired.gpus
-    _check_cost(fired, fired_at - fired.onset)
+    onset, fired_hours = _priced(fired)
+    view = c.core.liveness.view("r", "actor", c.clock.wall())
+    assert view is not None and onset == view.last_step_at
+    fired_at = onset + fired_hours * 3600.0 / fired.gpus
+    _check_cost(fired, fired_at - onset)
     assert fired.cost_note in summary_line(fired)  # the notification's text
     # while it fires, the gauge counts on (to the service's clock)
     gauge = c.scrape()[("rlmon_alert_cost_gpu_hours",
                         (("alert", "RunStalled"), ("role", "actor"), ("run", "r")))]
-    assert gauge == pytest.approx(8 * (c.clock.wall() - fired.onset) / 3600.0, rel=1e-9)
+    assert gauge == pytest.approx(8 * (c.clock.wall() - onset) / 3600.0, rel=1e-9)
     c.run(3, {"r": {"step": True}})
     resolved = c.stalled()[-1]
-    assert resolved.state == "resolved" and resolved.onset == fired.onset
-    assert resolved.gpu_hours > fired.gpu_hours
-    resolved_at = resolved.onset + resolved.gpu_hours * 3600.0 / 8
-    _check_cost(resolved, resolved_at - fired.onset)
+    assert resolved.state == "resolved" and resolved.onset == onset
+    assert _priced(resolved)[1] > fired_hours
+    resolved_at = onset + _priced(resolved)[1] * 3600.0 / 8
+    _check_cost(resolved, resolved_at - onset)
     assert c.clock.wall() - 3 <= resolved_at <= c.clock.wall()
     rows = [a for a in c.service.history.alerts("r", cost=True) if a["alert"] == "RunStalled"]
     assert [(a["state"], a["onset"], a["gpu_hours"]) for a in rows] == [
@@ -89,18 +96,19 @@ def test_a_stall_firing_across_a_service_restart_costs_its_whole_span(tmp_path: 
     c.run(30, {"r": {"step": True}})
     c.run(100, {"r": {"span": "train"}})
     (fired,) = c.stalled()
+    onset, _ = _priced(fired)
     c.restart_service()
     c.restart_aggregator()
     c.run(40, {"r": {"span": "train"}})
     # the restarted service counts on from the saved onset
     gauge = c.scrape()[("rlmon_alert_cost_gpu_hours",
                         (("alert", "RunStalled"), ("role", "actor"), ("run", "r")))]
-    assert gauge == pytest.approx(8 * (c.clock.wall() - fired.onset) / 3600.0, rel=1e-9)
+    assert gauge == pytest.approx(8 * (c.clock.wall() - onset) / 3600.0, rel=1e-9)
     c.run(3, {"r": {"step": True}})
     resolved = c.stalled()[-1]
     assert [e.state for e in c.stalled()] == ["firing", "resolved"]
     assert resolved.onset == fired.onset
-    span = resolved.gpu_hours * 3600.0 / 8
+    span = _priced(resolved)[1] * 3600.0 / 8
     assert 140 <= span <= 147  # 40 s + 100 s stalled, to the resolve
     _check_cost(resolved, span)
     c.service.close(0.0)
