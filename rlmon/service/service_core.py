@@ -128,6 +128,7 @@ class ServiceCore:
             _log.warning("rlmon: liveness.gpus_per_rank is no longer read: a stall costs what "
                          "every alert costs, with goodput.gpus_per_rank (docs/goodput.md)")
         self.metrics.goodput = self.goodput.snapshot
+        self.metrics.goodput_rolled_back = self.goodput.rolled_back
         self.metrics.alert_costs = lambda: self.costs.firing(self._clock())
         # The sanity layer looks at each (run, role)'s steps for values that look like training
         # bugs but have known causes; findings are logged, kept and counted, not paged.

@@ -154,6 +154,9 @@ class MetricsState:
         # run -> (GPU-seconds by (role, bucket, reason), goodput, MFU or None)
         self.goodput: Callable[[], Mapping[str, tuple[Mapping[Any, float], float,
                                                      float | None]]] | None = None
+        # run -> (role, bucket) -> GPU-seconds counted productive/overhead, then rolled back
+        self.goodput_rolled_back: Callable[[], Mapping[str, Mapping[tuple[str, Any], float]]] \
+            | None = None
         # (run, role, alert) -> GPU-hours its condition has cost so far, for the alerts firing
         self.alert_costs: Callable[[], Mapping[tuple[str, str, str], float]] | None = None
         self.last_scrape_seconds = 0.0
@@ -387,6 +390,13 @@ class RlmonCollector(Collector):
             if mfu is not None and math.isfinite(mfu):
                 utilisation.add_metric([lab(run)], mfu)
         yield seconds
+        undone = series.GOODPUT_ROLLED_BACK.family()
+        rolled = (self.state.goodput_rolled_back() if self.state.goodput_rolled_back is not None
+                  else {})
+        for run, parts in sorted(rolled.items()):
+            for (role, bucket), value in sorted(parts.items(), key=lambda kv: str(kv[0])):
+                undone.add_metric([lab(run), lab(role), str(bucket)], value)
+        yield undone
         yield ratio
         yield utilisation
         costs = series.ALERT_COST.family()

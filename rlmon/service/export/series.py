@@ -20,6 +20,7 @@ __all__ = [
     "CUSTOM_METRIC",
     "GOODPUT",
     "GOODPUT_RATIO",
+    "GOODPUT_ROLLED_BACK",
     "GOODPUT_SECONDS",
     "LAST_HEARD_TIME",
     "LAST_STEP_TIME",
@@ -144,9 +145,14 @@ GOODPUT_SECONDS = Series("rlmon_goodput_gpu_seconds_total", "counter",
                          "overhead, idle, wasted) and `reason` (the span activity, why a rank "
                          "waited, or why work was wasted), per role.",
                          (*_RUN_ROLE, "bucket", "reason"))
+GOODPUT_ROLLED_BACK = Series(
+    "rlmon_goodput_rolled_back_gpu_seconds_total", "counter",
+    "GPU-seconds already counted in rlmon_goodput_gpu_seconds_total as productive or overhead "
+    "(`bucket`) that a later attempt of the run re-ran: wasted (rolled back) since; subtract "
+    "them from their bucket (docs/goodput.md).", (*_RUN_ROLE, "bucket"))
 GOODPUT_RATIO = Series("rlmon_goodput_ratio", "gauge",
-                       "Productive GPU-seconds over all GPU-seconds of the run's accounted steps.",
-                       ("run",))
+                       "Productive GPU-seconds over all GPU-seconds of the run's accounted steps "
+                       "(rolled-back work not productive).", ("run",))
 MFU = Series("rlmon_goodput_mfu", "gauge",
              "Model FLOPs utilisation of the run so far (rollout tokens x the configured FLOPs "
              "per token over its GPU-seconds x the configured peak); only when both are "
@@ -155,7 +161,7 @@ ALERT_COST = Series("rlmon_alert_cost_gpu_hours", "gauge",
                     "GPU-hours a firing alert's condition has cost since its onset (the run's "
                     "GPUs x the time since; docs/goodput.md), by `alert`.",
                     (*_RUN_ROLE, "alert"))
-GOODPUT = (GOODPUT_SECONDS, GOODPUT_RATIO, MFU, ALERT_COST)
+GOODPUT = (GOODPUT_SECONDS, GOODPUT_ROLLED_BACK, GOODPUT_RATIO, MFU, ALERT_COST)
 
 # rlmon's own health.
 PARTIALS_INGESTED = Series("rlmon_partials_ingested_total", "counter",

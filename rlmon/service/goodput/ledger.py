@@ -13,6 +13,15 @@ the role's Reporters declare (``Reporter(gpus_per_rank=...)``, riding on their h
 the config's ``*``, else 1;
 :meth:`GoodputLedger.run_gpus` is what every alert's cost multiplies by
 (:mod:`rlmon.service.goodput.cost`).
+
+A rollback (a later attempt of the run re-runs a step: its first step of the attempt is at or
+before the step) makes the earlier attempt's work of those steps wasted ``rolled_back``, as the
+offline report counts it. A step still held when the rollback is known is accounted so; one
+already added to the counters cannot be taken out of them (Prometheus counters only grow), so
+its productive and overhead GPU-seconds are added to :attr:`RunGoodput.rolled_back` instead,
+by (role, bucket they were counted in), and the goodput ratio subtracts them. The last
+``_MAX_ROLLBACK`` accounted steps of each run are remembered for this; a rollback further back
+corrects only those.
 """
 
 from __future__ import annotations
@@ -42,6 +51,8 @@ __all__ = ["GoodputLedger", "RunGoodput", "discard_reason", "gpus_per_rank", "sp
 
 log = logging.getLogger("rlmon.goodput")
 _MAX_HELD = 64  # steps held per run; beyond, the oldest is accounted with what it has
+_MAX_ROLLBACK = 1_024  # accounted steps per run whose work a later rollback can still correct
+_REDOABLE = (Bucket.PRODUCTIVE, Bucket.OVERHEAD)  # what a rollback turns into wasted
 
 
 def span_map(config: GoodputConfig) -> SpanMap:
@@ -79,14 +90,19 @@ class RunGoodput:
     seconds: dict[Key, float] = field(default_factory=dict)
     steps: int = 0
     tokens: float = 0.0
+    # (role, bucket) -> GPU-seconds counted in ``seconds`` under that productive or overhead
+    # bucket before a rollback made them wasted (``rolled_back``)
+    rolled_back: dict[tuple[str, Bucket], float] = field(default_factory=dict)
 
     def total(self, bucket: Bucket | None = None) -> float:
         return sum(v for (_, b, _), v in self.seconds.items() if bucket is None or b is bucket)
 
     @property
     def goodput(self) -> float:
+        """Productive over all GPU-seconds, the work a rollback undid not productive."""
         total = self.total()
-        return self.total(Bucket.PRODUCTIVE) / total if total > 0 else math.nan
+        undone = sum(v for (_, b), v in self.rolled_back.items() if b is Bucket.PRODUCTIVE)
+        return (self.total(Bucket.PRODUCTIVE) - undone) / total if total > 0 else math.nan
 
 
 class GoodputLedger:
@@ -109,6 +125,9 @@ class GoodputLedger:
         self._ranks: dict[tuple[str, str], int] = {}  # (run, role) -> expected ranks
         self._declared: dict[tuple[str, str], float] = {}  # (run, role) -> the Reporters' say
         self.runs: dict[str, RunGoodput] = {}
+        self._restarts: dict[str, dict[int, int]] = {}  # run -> attempt -> its first step
+        # run -> (attempt, step) -> its productive and overhead GPU-seconds by (role, bucket)
+        self._redoable: dict[str, dict[tuple[int, int], dict[tuple[str, Bucket], float]]] = {}
         self._classified: Classified = {}  # the held and done steps' timelines, split
 
     def declare(self, run: str, role: str, per_rank: float | None,
@@ -156,6 +175,28 @@ class GoodputLedger:
             last = self._last.get(run)
             if last is None or key > last:
                 self._last[run] = key
+            if record.attempt > 0:
+                starts = self._restarts.setdefault(run, {})
+                first = starts.get(record.attempt)
+                if first is None or record.step < first:
+                    starts[record.attempt] = record.step
+                    self._roll_back(run)
+
+    def _rerun_from(self, run: str, attempt: int) -> float:
+        """The first step a later attempt than ``attempt`` re-ran (inf: none)."""
+        starts = self._restarts.get(run, {})
+        return min((s for a, s in starts.items() if a > attempt), default=math.inf)
+
+    def _roll_back(self, run: str) -> None:
+        """Steps already accounted that a later attempt re-ran: their productive and overhead
+        GPU-seconds move to the run's ``rolled_back`` counter (once each)."""
+        done = self._redoable.get(run)
+        if not done:
+            return
+        totals = self.runs.setdefault(run, RunGoodput())
+        for key in [k for k in done if k[1] >= self._rerun_from(run, k[0])]:
+            for part, value in done.pop(key).items():
+                totals.rolled_back[part] = totals.rolled_back.get(part, 0.0) + value
 
     def wake(self) -> None:
         """Have the ledger's own thread account what is ready (the service calls this after a
@@ -204,6 +245,14 @@ class GoodputLedger:
                         totals.seconds[k] = totals.seconds.get(k, 0.0) + v
                     totals.steps += 1
                     totals.tokens += held.tokens
+                    redoable = self._redoable.setdefault(run, {})
+                    parts = redoable[(result.attempt, result.step)] = {}
+                    for (role, bucket, _), v in result.seconds.items():
+                        if bucket in _REDOABLE:
+                            parts[(role, bucket)] = parts.get((role, bucket), 0.0) + v
+                    while len(redoable) > _MAX_ROLLBACK:
+                        del redoable[min(redoable)]
+                    self._roll_back(run)  # a rollback known while this step was accounted
                 if results:
                     self._keep_classified()
             return [result for _, _, result in results]
@@ -216,6 +265,8 @@ class GoodputLedger:
                 self._last.pop(run, None)
                 self._done.pop(run, None)
                 self.runs.pop(run, None)
+                self._restarts.pop(run, None)
+                self._redoable.pop(run, None)
                 for key in [k for k in self._ranks if k[0] == run]:
                     self._ranks.pop(key, None)
                     self._skipped.pop(key, None)
@@ -242,7 +293,8 @@ class GoodputLedger:
                             if (attempt, n + 1) in held else ())]
             out.append((run, step, StepInput(
                 run, attempt, n, tuple(step.roles.values()), step.zero_std, step.clipped,
-                step.discarded, tuple(neighbours))))
+                step.discarded, tuple(neighbours),
+                rolled_back=n >= self._rerun_from(run, attempt))))
             done[key] = tuple(step.roles.values())
             while len(done) > 2:
                 del done[min(done)]
@@ -273,6 +325,12 @@ class GoodputLedger:
             return None
         return mfu(totals.tokens, cfg.model_flops_per_token, totals.total(),
                    cfg.peak_flops_per_gpu)
+
+    def rolled_back(self) -> dict[str, dict[tuple[str, Bucket], float]]:
+        """run -> (role, bucket) -> GPU-seconds counted productive or overhead before a
+        rollback made them wasted (the exporter's ``rlmon_goodput_rolled_back_gpu_seconds``)."""
+        with self._lock:
+            return {run: dict(t.rolled_back) for run, t in self.runs.items() if t.rolled_back}
 
     def snapshot(self) -> dict[str, tuple[dict[Key, float], float, float | None]]:
         """run -> (GPU-seconds by (role, bucket, reason), goodput, MFU or None)."""
