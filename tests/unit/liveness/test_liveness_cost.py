@@ -129,3 +129,40 @@ def test_an_alert_state_keeps_its_onset_and_gpus_across_a_restart(tmp_path: Path
     assert (restored.onset, restored.gpus) == (onset, 16.0)
     assert again.costs.firing(onset + 1_800.0) == {key: 8.0}
     again.close(0.0)
+
+
+def test_a_dead_run_costs_from_its_last_step(tmp_path: Path) -> None:
+    c = CostCluster(tmp_path)
+    c.run(30, {"r": {"step": True}})
+    c.run(60, {"r": {"beat": False}})
+    (died,) = [e for e in c.all if e.alert == "RunDied"]
+    view = c.core.liveness.view("r", "actor", c.clock.wall())
+    assert view is not None and died.onset == view.last_step_at
+    _, gpu_hours = _priced(died)
+    assert 30 <= gpu_hours * 3600.0 / 8 <= 33  # dead after 30 s of silence
+    _check_cost(died, gpu_hours * 3600.0 / 8)
+    c.service.close(0.0)
+
+
+def test_each_time_based_alert_has_its_own_onset() -> None:
+    """StageStuck from the stuck rank's entry into its stage, StepTimeRegression from the
+    run's entry into the slow state, RunStalled from the last step."""
+    from rlmon.service.alerting.engine import AlertEngine
+    from rlmon.service.alerting.liveness_alerts import liveness_events
+    from rlmon.service.alerting.rules import default_rules
+    from rlmon.service.liveness.run_state import LivenessView, RunState, StuckStage
+    from rlmon.service.metrics.rank import Rank
+
+    at = 1_700_000_000.0
+    engine = AlertEngine(default_rules())
+    stuck = StuckStage(Rank(dp=1), "reward", since=at - 200.0, usual=2.0, limit=60.0)
+    slow = LivenessView("r", "actor", RunState.SLOW, since=at - 50.0, at=at, last_step=9,
+                        last_step_at=at - 5.0, last_heard=at, period=2.0, threshold=90.0,
+                        ranks=2, stuck=stuck, slow_ratio=4.0, heartbeats=True)
+    onsets = {e.alert: e.onset for e in liveness_events(engine, slow) if e.state == "firing"}
+    assert onsets == {"StageStuck": at - 200.0, "StepTimeRegression": at - 50.0}
+    stalled = LivenessView("q", "actor", RunState.STALLED, since=at - 10.0, at=at, last_step=9,
+                           last_step_at=at - 100.0, last_heard=at, period=2.0, threshold=90.0,
+                           ranks=2, heartbeats=True)
+    onsets = {e.alert: e.onset for e in liveness_events(engine, stalled) if e.state == "firing"}
+    assert onsets == {"RunStalled": at - 100.0}
