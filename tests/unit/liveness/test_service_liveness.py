@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,7 +56,7 @@ class Cluster:
         for e in self.service.liveness(self.core.take_views()):
             self.events.append((self.clock.wall(), e.run, e.alert, e.state))
 
-    def run(self, seconds: float, runs: dict[str, dict[str, object]]) -> None:
+    def run(self, seconds: float, runs: dict[str, dict[str, Any]]) -> None:
         """Advance ``seconds`` in 1 s ticks; per run: step (bool), beat (bool), span (name)."""
         for _ in range(int(seconds)):
             self.clock.advance(1.0)
