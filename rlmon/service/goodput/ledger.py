@@ -240,6 +240,8 @@ class GoodputLedger:
                        for run, held, data in jobs]
             with self._lock:
                 for run, held, result in results:
+                    if run not in self._last:
+                        continue  # forgotten while it was accounted: bring nothing of it back
                     totals = self.runs.setdefault(run, RunGoodput())
                     for k, v in result.seconds.items():
                         totals.seconds[k] = totals.seconds.get(k, 0.0) + v

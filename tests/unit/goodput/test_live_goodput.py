@@ -150,6 +150,26 @@ def test_ledger_holds_two_steps_and_forgets() -> None:
     assert ledger.snapshot() == {} and ledger.run_gpus("synthetic") == 0
 
 
+def test_a_run_forgotten_while_its_steps_are_accounted_leaves_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The accounting runs outside the ledger's lock, on its own thread: a run the service
+    forgets meanwhile must not be brought back by the results (a leak under load)."""
+    from rlmon.service.goodput import ledger as ledger_module
+
+    ledger = GoodputLedger()
+    for r in records(5):
+        ledger.add(r)
+
+    def forgotten_meanwhile(*args: object, **kwargs: object) -> object:
+        ledger.forget(["synthetic"])
+        return account_step(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ledger_module, "account_step", forgotten_meanwhile)
+    assert [a.step for a in ledger.finish("synthetic")] == [5]  # accounted, then dropped
+    assert ledger.snapshot() == {} and ledger.run_gpus("synthetic") == 0
+    assert ledger._redoable == {} and ledger.runs == {}
+
+
 def test_gpus_per_rank_config_then_the_reporters_then_the_default() -> None:
     ledger = GoodputLedger(GoodputConfig(gpus_per_rank={"actor": 2.0, "*": 3.0}))
     ledger.declare("synthetic", "actor", 8.0)  # the config's entry for the role wins
