@@ -11,6 +11,7 @@ import atexit
 import logging
 import os
 import re
+import signal
 import sys
 import tempfile
 import threading
@@ -173,9 +174,9 @@ def _connect_ray(namespace: str, address: str | None = None) -> None:
     local Ray started after the user's (or Ray's exit hook's) ``ray.shutdown()`` would outlive
     the script and, at interpreter exit, crash beside libraries such as vLLM.
 
-    Off the main thread (a Reporter's sender), the wait is bounded by
-    ``RLMON_RAY_CONNECT_TIMEOUT`` (120 s) and by the interpreter's exit: a Ray that cannot be
-    reached is said once, in rlmon's words, and never holds the process."""
+    From any thread (a Reporter's sender, or ``ensure_runtime`` called by the script), the wait
+    is bounded by ``RLMON_RAY_CONNECT_TIMEOUT`` (120 s) and by the interpreter's exit: a Ray that
+    cannot be reached is said once, in rlmon's words, and never holds the process."""
     import ray
 
     if _state["exiting"]:
@@ -189,12 +190,13 @@ def _connect_ray(namespace: str, address: str | None = None) -> None:
     os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
     target, source = ray_address(address)
     if threading.current_thread() is threading.main_thread():
-        ray.init(address=target, namespace=namespace, include_dashboard=False,
-                 log_to_driver=True)
-        return
+        # what ray.init does on the main thread (a driver's SIGTERM exits through atexit, so
+        # the exit flush runs); the keeper thread below cannot install it
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     # Ray's local processes get SIGKILL when the *thread* that started them ends
     # (PR_SET_PDEATHSIG), and a Reporter's sender thread ends when the Reporter closes: start
-    # Ray on a daemon thread that lives as long as the process.
+    # Ray on a daemon thread that lives as long as the process. Waiting for it there bounds the
+    # wait on every thread: ray.init itself retries an unreachable address for minutes.
     started = threading.Event()
     failure: list[BaseException] = []
 
@@ -228,6 +230,10 @@ def _connect_ray(namespace: str, address: str | None = None) -> None:
     raise RuntimeGone(text)
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    sys.exit(signum)
+
+
 def _hook_exit() -> None:
     """Flush at interpreter exit while Ray is still up: Reporters send what they hold (waiting
     for Ray's start-up if the script was shorter), an owned runtime finalizes its open steps and
@@ -238,6 +244,12 @@ def _hook_exit() -> None:
         if _state["hooked"]:
             return
         _state["hooked"] = True
+    # Once the interpreter's shutdown has begun, threading refuses new _register_atexit hooks,
+    # and importing concurrent.futures.thread registers one: a script that exits straight after
+    # its last end_step has Ray imported by this exit flush, and `import ray` (through urllib3)
+    # failed there with "can't register atexit after shutdown", losing every step. Imported
+    # now, while the Reporter starts (a few milliseconds, stdlib only), it is already loaded.
+    import concurrent.futures.thread  # noqa: F401
     register = getattr(threading, "_register_atexit", None)
     try:
         if register is None:

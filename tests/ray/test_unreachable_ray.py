@@ -80,3 +80,35 @@ def test_an_unreachable_ray_address_is_said_once_and_never_holds_the_exit(
     assert len(said) == 1, done.stderr[-3000:]
     assert said[0].startswith("rlmon:")
     assert took < 60, f"the script took {took:.0f}s with an exit budget of 3s"
+
+
+ENSURE = """
+import time
+from rlmon.actors.runtime import RuntimeGone, ensure_runtime
+started = time.monotonic()
+try:
+    ensure_runtime()
+except RuntimeGone as exc:
+    print("gone after %.1fs:" % (time.monotonic() - started), exc, flush=True)
+"""
+
+
+def test_ensure_runtime_on_the_main_thread_gives_up_after_the_connect_timeout(
+        ray_tmp: Path, tmp_path: Path) -> None:
+    """A script's own ``ensure_runtime()`` (main thread) asked to join the address a dead
+    ``ray start`` left behind: before, ray.init retried it for minutes; now the wait ends at
+    ``RLMON_RAY_CONNECT_TIMEOUT`` with rlmon's error, and the process exits at once."""
+    address = (ray_tmp / "ray" / "ray_current_cluster").read_text().strip()
+    script = tmp_path / "ensure.py"
+    script.write_text(ENSURE)
+    env = _env(ray_tmp, RAY_ADDRESS=address, RLMON_RAY_CONNECT_TIMEOUT="2")
+    started = time.monotonic()
+    done = run_in_own_session([sys.executable, str(script)], timeout=90, env=env)
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("gone after "), done.stdout + done.stderr[-3000:]
+    assert f"could not reach the Ray cluster at {address} (from RAY_ADDRESS)" in done.stdout
+    assert "no answer within 2s (RLMON_RAY_CONNECT_TIMEOUT)" in done.stdout
+    waited = float(done.stdout.split()[2].rstrip("s:"))
+    assert 2.0 <= waited < 20.0, done.stdout
+    assert took < 45, f"the script took {took:.0f}s with a connect timeout of 2s"
