@@ -191,7 +191,7 @@ class GoodputLedger:
         """Steps already accounted that a later attempt re-ran: their productive and overhead
         GPU-seconds move to the run's ``rolled_back`` counter (once each)."""
         done = self._redoable.get(run)
-        if not done:
+        if not done or run not in self._restarts:  # no later attempt: nothing was re-run
             return
         totals = self.runs.setdefault(run, RunGoodput())
         for key in [k for k in done if k[1] >= self._rerun_from(run, k[0])]:
