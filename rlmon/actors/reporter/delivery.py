@@ -181,11 +181,16 @@ class Delivery(Generic[Raw]):
             self._beat(closing=True)
         with self._cond:
             self._closed = True
-            self.dropped += len(self._pending) + len(self._raw)
+            lost = len(self._pending) + len(self._raw)
+            self.dropped += lost
             self._pending.clear()
             self._raw.clear()
             self._cond.notify_all()
         self._thread.join(timeout=5.0)
+        if lost:  # never lost silently (the exit flush closes with what its budget left)
+            log.warning("rlmon: %s/%s: closed after %gs with %d step message(s) not delivered "
+                        "(counted as dropped); last error: %s", self.run, self.role, timeout,
+                        lost, self.tally.last_error or "none (still sending)")
 
     # -- the sender thread ----------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ def _stamped(msg: StepMessage, stamp: Stamp) -> StepMessage:
 
 def _delivery(sink: object, *, started: float = 100.0, **bounds: int) -> Delivery[StepMessage]:
     return Delivery(sink, _stamped, Tally("r", "actor"), run="r", role="actor",  # type: ignore[arg-type]
-                    started=started, **bounds)
+                    started=started, **bounds)  # type: ignore[arg-type]
 
 
 class AckingSink:
@@ -173,19 +173,24 @@ def test_a_closed_sink_gives_up_counts_what_it_held_and_says_so_once(
                     "(counted as dropped)"]
 
 
-def test_close_counts_what_is_still_unsent_as_dropped() -> None:
+def test_close_counts_what_is_still_unsent_as_dropped_and_says_so(
+        caplog: pytest.LogCaptureFixture) -> None:
     class Down:
         def send(self, messages: Sequence[StepMessage]) -> IngestAck:
             raise ConnectionError("no aggregator")
 
     d = _delivery(Down())
-    for step in range(2):
-        d.put(_step(step))
-    d.close(timeout=0.2)
-    assert d.closed and not d.alive
-    assert (d.dropped, d.sent, d.pending) == (2, 0, 0)
-    d.close()  # twice: harmless
+    with caplog.at_level("WARNING", logger="rlmon"):
+        for step in range(2):
+            d.put(_step(step))
+        d.close(timeout=0.2)
+        assert d.closed and not d.alive
+        assert (d.dropped, d.sent, d.pending) == (2, 0, 0)
+        d.close()  # twice: harmless
     assert d.dropped == 2
+    said = [r.getMessage() for r in caplog.records if "not delivered" in r.getMessage()]
+    assert said == ["rlmon: r/actor: closed after 0.2s with 2 step message(s) not delivered "
+                    "(counted as dropped); last error: ConnectionError: no aggregator"]
 
 
 def test_refusals_in_an_ack_are_counted_and_said_once(caplog: pytest.LogCaptureFixture) -> None:
