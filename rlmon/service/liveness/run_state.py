@@ -123,6 +123,8 @@ SILENT = "(silent)"
 
 def _duration(seconds: float) -> str:
     seconds = max(0.0, seconds)
+    if seconds < 10:  # a 0.4 s step period is not "0s"
+        return f"{seconds:.1f}s"
     if seconds < 60:
         return f"{seconds:.0f}s"
     if seconds < 3600:
@@ -141,7 +143,8 @@ def describe(view: LivenessView) -> str:
     alert (its cost is the alert's, :mod:`rlmon.service.goodput.alert_costs`)."""
     parts = []
     for group in view.where:
-        stage = group.stage or "no open span"
+        stage = ("no heartbeat" if group.stage == SILENT
+                 else group.stage or "no open span")
         how_long = f" for {_duration(view.at - group.since)}" if group.since is not None else ""
         parts.append(f"{stage}{how_long}: {len(group.ranks)} rank"
                      f"{'s' if len(group.ranks) != 1 else ''} ({_ranks(group.ranks)})")

@@ -121,6 +121,19 @@ def test_one_rank_stuck_in_its_stage_while_the_others_wait_is_named() -> None:
     assert "Last step: step 9" in text  # the cost is the alert's own (tests/unit/goodput)
 
 
+def test_the_text_of_a_fast_run_killed_says_its_period_and_who_is_silent() -> None:
+    """Seen trying it: a run of 0.4 s steps read 'typical step 0s' and '(silent) for 30s'."""
+    tracker = LivenessTracker()
+    run = Run(tracker, world=2, period=0.4, name="fast")
+    run.advance(20, every=0.2)
+    run.advance(60, steps=False, beats=False)  # SIGKILLed: no step, no heartbeat
+    view = tracker.view("fast", "actor", run.now)
+    assert view is not None and view.state is RunState.DEAD
+    text = describe(view)
+    assert "(typical step 0.4s)" in text, text
+    assert text.startswith("no heartbeat for 1m00s: 2 ranks (dp=0, dp=1)"), text
+
+
 def test_knowledge_survives_a_dump_and_load() -> None:
     tracker = LivenessTracker()
     run = Run(tracker)
