@@ -48,13 +48,18 @@ def service(tmp_path: Path, records: list[StepRecord]) -> Iterator[ServiceCore]:
 
 
 @pytest.fixture
-def page(chromium: Any, service: ServiceCore) -> Iterator[Any]:
+def page(chromium: Any, service: ServiceCore, tmp_path: Path) -> Iterator[Any]:
     context = chromium.new_context(viewport={"width": 1400, "height": 1000})
     tab = context.new_page()
     errors: list[str] = []
     tab.on("pageerror", lambda exc: errors.append(str(exc)))
+    console: list[str] = []
+    tab.on("console", lambda msg: console.append(f"{msg.type}: {msg.text}"))
     tab.base = f"http://127.0.0.1:{service.port}/?poll=250"
     yield tab
+    # what the page showed at the end (a failure's evidence), in the test's tmp dir
+    (tmp_path / "page.html").write_text(tab.content())
+    (tmp_path / "console.log").write_text("\n".join(console))
     context.close()
     assert not errors, f"the page raised: {errors}"
 
@@ -169,6 +174,28 @@ def test_alert_page_lists_the_worst_samples_and_the_timeline(page: Any,
     assert b"backward" in Path(download.value.path()).read_bytes()
     assert href.startswith("api/trace?")
     assert page.get_attribute("#around", "data-onsets") == "10"
+
+
+def test_a_late_answer_does_not_replace_the_page_navigated_to(page: Any) -> None:
+    # the service answers concurrently: the first load's /api/runs can come back after a poll's
+    # has drawn the runs table and the user has clicked an alert (seen on a loaded machine); the
+    # alert page must stay. The first answer is held until the alert page is drawn.
+    held: list[Any] = []
+    page.route("**/api/runs", lambda route: route.continue_() if held else held.append(route))
+    page.goto(page.base)
+    page.click("#runs tr[data-role=actor] a:text('ISRatioStale')")  # drawn by a poll
+    page.wait_for_selector("#samples tr.sample")
+    assert len(held) == 1
+    # the first load ends with the status "live" (a poll's says "live, updated ..."): seen once
+    # the held answer has been handled
+    page.evaluate("""() => { const status = document.getElementById('status');
+        new MutationObserver(() => { if (status.textContent === 'live') window.firstLoadDone = true; })
+            .observe(status, { childList: true, characterData: true, subtree: true }); }""")
+    held[0].continue_()
+    page.wait_for_function("() => window.firstLoadDone === true")
+    assert page.url.endswith(f"#/alert/{RUN}/actor/ISRatioStale/10")
+    assert page.query_selector("#runs") is None
+    assert page.eval_on_selector_all("#samples tr.sample", "rows => rows.length") > 0
 
 
 def test_new_steps_and_alerts_appear_without_a_reload(page: Any, service: ServiceCore,

@@ -8,7 +8,9 @@ const COLORS = ["#1f5fbf", "#c62828", "#2e7d32", "#8e24aa", "#e08600", "#00838f"
 const STEP_INCRS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6];
 const view = document.getElementById("view");
 const statusEl = document.getElementById("status");
-const page = { kind: null, key: null, run: null, charts: [], alertsSeen: null, busy: false };
+// visit: which navigation is current; a view whose data comes back after a later navigation is
+// not drawn (the server answers concurrently: a slow answer must not replace the page navigated to)
+const page = { kind: null, key: null, run: null, charts: [], alertsSeen: null, busy: false, visit: 0 };
 
 async function api(name, params) {
   const qs = new URLSearchParams();
@@ -90,16 +92,18 @@ function parseHash() {
 
 async function route() {
   const where = parseHash();
+  const visit = ++page.visit;
   for (const chart of page.charts) chart.destroy();
   page.charts = [];
   page.kind = where.kind;
   page.run = null;
+  const current = () => visit === page.visit;
   try {
-    if (where.kind === "run") await showRun(where);
-    else if (where.kind === "alert") await showAlert(where);
-    else await showRuns();
+    if (where.kind === "run") await showRun(where, current);
+    else if (where.kind === "alert") await showAlert(where, current);
+    else await showRuns(current);
   } catch (err) {
-    showError(err);
+    if (current()) showError(err);
   }
 }
 
@@ -125,8 +129,9 @@ function runsTable(data) {
   return el("table", { id: "runs" }, el("thead", {}, head), el("tbody", {}, rows));
 }
 
-async function showRuns() {
+async function showRuns(current) {
   const data = await api("runs");
+  if (!current()) return;
   page.alertsSeen = data.alerts_seen;
   const body = data.runs.length ? runsTable(data)
     : el("p", { class: "muted" }, "no steps in the history store yet");
@@ -258,9 +263,10 @@ function chartWidth() {
   return Math.floor((view.clientWidth - 12 * (columns - 1)) / columns) - 12;
 }
 
-async function showRun(where) {
+async function showRun(where, current) {
   const data = await api("curves", { run: where.run, role: where.role, from: where.from,
                                      to: where.to });
+  if (!current()) return;
   page.run = { where, data, lastShown: data.to, zoomed: where.from !== "" || where.to !== "" };
   const base = "#/run/" + encodeURIComponent(data.run);
   const tabs = el("div", { class: "tabs" }, data.roles.map((r) => el("a", {
@@ -406,8 +412,9 @@ function timelineView(timeline) {
   return root;
 }
 
-async function showAlert(where) {
+async function showAlert(where, current) {
   const a = await api("alert", { run: where.run, role: where.role, alert: where.alert, step: where.step });
+  if (!current()) return;
   const state = a.firing ? el("span", { class: "badge firing" }, "firing since step " + a.onset)
     : el("span", { class: "badge resolved" }, "fired at step " + a.onset + ", resolved at step " + a.resolved);
   const parts = [
