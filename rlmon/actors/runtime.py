@@ -223,9 +223,11 @@ def _connect_ray(namespace: str, address: str | None = None) -> None:
     why = (f"{type(failure[0]).__name__}: {failure[0]}" if failure else
            "no answer within " + ("the exit budget (RLMON_EXIT_TIMEOUT)" if _EXITING.is_set()
                                   else f"{_connect_timeout():g}s (RLMON_RAY_CONNECT_TIMEOUT)"))
+    advice = ("Raise RLMON_EXIT_TIMEOUT, or call flush() before the script ends"
+              if target == "local" and _EXITING.is_set() and not failure else
+              "Unset RAY_ADDRESS to let rlmon start its own Ray, or start the cluster it names")
     # said once, by the Reporter that asked (it names its run and what it could not send)
-    text = (f"{where}: {why}; this process's metrics are not delivered. Unset RAY_ADDRESS to "
-            "let rlmon start its own Ray, or start the cluster it names")
+    text = f"{where}: {why}; this process's metrics are not delivered. {advice}"
     _state["unreachable"] = text
     raise RuntimeGone(text)
 
@@ -280,7 +282,13 @@ def _at_exit() -> None:
     # a script shorter than Ray's start-up still gets every step through: wait for it, within
     # the exit budget; then a Ray start still in progress gives up (and releases _LOCK)
     budget = float(os.environ.get("RLMON_EXIT_TIMEOUT", "60"))
+    # at the budget's end, not after each sender's join: a sender still waiting for Ray's
+    # start-up gives up then, so the process leaves within its budget
+    out_of_budget = threading.Timer(budget, _EXITING.set)
+    out_of_budget.daemon = True
+    out_of_budget.start()
     close_open_senders(timeout=budget)
+    out_of_budget.cancel()
     _EXITING.set()
     if not _LOCK.acquire(timeout=5.0):
         log.warning("rlmon: the runtime is still busy at exit; not waiting for it")

@@ -188,9 +188,10 @@ class Delivery(Generic[Raw]):
             self._cond.notify_all()
         self._thread.join(timeout=5.0)
         if lost:  # never lost silently (the exit flush closes with what its budget left)
-            log.warning("rlmon: %s/%s: closed after %gs with %d step message(s) not delivered "
-                        "(counted as dropped); last error: %s", self.run, self.role, timeout,
-                        lost, self.tally.last_error or "none (still sending)")
+            why = "" if self._gone else (  # a sink that gave up said why itself
+                f"; last error: {self.tally.last_error or 'none (still sending)'}")
+            log.warning("rlmon: %s/%s: closed with %d step message(s) not delivered within "
+                        "%.1fs (counted as dropped)%s", self.run, self.role, lost, timeout, why)
 
     # -- the sender thread ----------------------------------------------------------------------
 
@@ -352,8 +353,11 @@ class Delivery(Generic[Raw]):
             self._retained.clear()
             self._gone = True
             self._cond.notify_all()
-        log.warning("rlmon: %s/%s: %s; %d step message(s) not sent (counted as dropped)",
-                    self.run, self.role, exc, lost)
+        if lost or not self._closed:
+            log.warning("rlmon: %s/%s: %s; %d step message(s) not sent (counted as dropped)",
+                        self.run, self.role, exc, lost)
+        else:  # close() already counted and said what it dropped
+            log.warning("rlmon: %s/%s: %s", self.run, self.role, exc)
 
     def _refused_by_aggregator(self, ack: Any) -> None:
         """What the aggregator refused of a sent batch: counted and said, like a local refusal."""

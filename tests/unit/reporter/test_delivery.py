@@ -189,7 +189,7 @@ def test_close_counts_what_is_still_unsent_as_dropped_and_says_so(
         d.close()  # twice: harmless
     assert d.dropped == 2
     said = [r.getMessage() for r in caplog.records if "not delivered" in r.getMessage()]
-    assert said == ["rlmon: r/actor: closed after 0.2s with 2 step message(s) not delivered "
+    assert said == ["rlmon: r/actor: closed with 2 step message(s) not delivered within 0.2s "
                     "(counted as dropped); last error: ConnectionError: no aggregator"]
 
 
