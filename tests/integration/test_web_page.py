@@ -189,8 +189,11 @@ def test_a_late_answer_does_not_replace_the_page_navigated_to(page: Any) -> None
     # the first load ends with the status "live" (a poll's says "live, updated ..."): seen once
     # the held answer has been handled
     page.evaluate("""() => { const status = document.getElementById('status');
-        new MutationObserver(() => { if (status.textContent === 'live') window.firstLoadDone = true; })
-            .observe(status, { childList: true, characterData: true, subtree: true }); }""")
+        new MutationObserver((changes) => {
+            if (changes.some(c => [...c.addedNodes].some(n => n.textContent === 'live'))) {
+                window.firstLoadDone = true;
+            }
+        }).observe(status, { childList: true }); }""")
     held[0].continue_()
     page.wait_for_function("() => window.firstLoadDone === true")
     assert page.url.endswith(f"#/alert/{RUN}/actor/ISRatioStale/10")
