@@ -460,11 +460,12 @@ async function showAlert(where, current) {
 async function poll() {
   if (page.busy) return;
   page.busy = true;
+  const visit = page.visit;
   try {
     const data = await api("runs");
     setStatus(true, "live, updated " + new Date().toLocaleTimeString());
     const changed = page.alertsSeen !== null && data.alerts_seen !== page.alertsSeen;
-    if (page.kind === "runs") {
+    if (page.kind === "runs" && page.visit === visit) {  // not over a later navigation's table
       const table = document.getElementById("runs");
       const fresh = data.runs.length ? runsTable(data) : null;
       if (fresh && table) table.replaceWith(fresh);
