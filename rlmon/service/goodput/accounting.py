@@ -230,33 +230,32 @@ def _nested(items: list[tuple[int, int, int, Activity]],
     segments: list[tuple[int, int, Activity]] = []
     stack: list[tuple[int, int, Activity]] = []  # (end, depth, activity), innermost last
     pos = 0
+
+    def extend(end: int, activity: Activity) -> None:
+        """[pos, end) goes to ``activity``, merged into the last segment where it continues it."""
+        if segments and segments[-1][1] == pos and segments[-1][2] is activity:
+            segments[-1] = (segments[-1][0], end, activity)
+        else:
+            segments.append((pos, end, activity))
+
     for s, e, depth, activity in items:
         while stack and stack[-1][0] <= s:
             end, _, done = stack.pop()
             if end > pos:
-                if segments and segments[-1][1] == pos and segments[-1][2] is done:
-                    segments[-1] = (segments[-1][0], end, done)
-                else:
-                    segments.append((pos, end, done))
+                extend(end, done)
             pos = end
         if stack:
             top_end, top_depth, top = stack[-1]
             if e > top_end or depth < top_depth:
                 return None
             if s > pos:
-                if segments and segments[-1][1] == pos and segments[-1][2] is top:
-                    segments[-1] = (segments[-1][0], s, top)
-                else:
-                    segments.append((pos, s, top))
+                extend(s, top)
         pos = s
         stack.append((e, depth, activity))
     while stack:
         end, _, done = stack.pop()
         if end > pos:
-            if segments and segments[-1][1] == pos and segments[-1][2] is done:
-                segments[-1] = (segments[-1][0], end, done)
-            else:
-                segments.append((pos, end, done))
+            extend(end, done)
         pos = end
     return segments
 
