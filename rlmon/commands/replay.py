@@ -13,12 +13,15 @@ import argparse
 import json
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import IO
+
+from rich.markup import escape
 
 from rlmon.commands.support.rule_files import read_rules
 from rlmon.service.alerting.backtest import RuleBacktest, backtest
 from rlmon.service.alerting.notify.render import format_value
+from rlmon.service.contract.records import MAX_LINE_BYTES
+from rlmon.service.input_files import InputFileError, LineTooLong, bounded_lines, open_regular
 from rlmon.service.metrics import catalog
 from rlmon.service.replay import ReplayResult, replay
 
@@ -45,12 +48,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run_replay)
 
 
-def _lines(path: str) -> Iterator[bytes]:
+def _lines(path: str) -> Iterator[bytes | LineTooLong]:
+    """The file's lines, read in chunks: a line over the contract's limit is never held whole
+    (it is counted and rejected); a FIFO, a device or a symlink to one is refused unopened."""
     if path == "-":
-        yield from sys.stdin.buffer
+        yield from bounded_lines(sys.stdin.buffer, MAX_LINE_BYTES)
         return
-    with Path(path).open("rb") as handle:
-        yield from handle
+    with open_regular(path) as handle:
+        yield from bounded_lines(handle, MAX_LINE_BYTES)
 
 
 def _dump(obj: object, out: IO[str]) -> None:
@@ -87,12 +92,12 @@ def print_backtest(tested: list[RuleBacktest], out: IO[str] | None = None) -> No
     for entry in tested:
         if entry.run is None:
             continue
-        table.add_row(entry.rule, entry.severity, f"{entry.run}/{entry.role}",
+        table.add_row(escape(entry.rule), entry.severity, escape(f"{entry.run}/{entry.role}"),
                       str(len(entry.episodes)), _episodes(entry))
     console.print(table)
     silent = [entry.rule for entry in tested if entry.run is None]
     if silent:
-        console.print("never fired: " + ", ".join(silent), highlight=False)
+        console.print("never fired: " + ", ".join(silent), highlight=False, markup=False)
 
 
 def print_table(result: ReplayResult) -> None:
@@ -102,7 +107,7 @@ def print_table(result: ReplayResult) -> None:
     console = Console(width=None if sys.stdout.isatty() else 140)
     errors = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
     for error in result.errors:  # rejected lines go to stderr in either mode
-        errors.print(f"[red]line {error.line}[/red]: {error.error}", highlight=False)
+        errors.print(f"[red]line {error.line}[/red]: {escape(error.error)}", highlight=False)
     present = {n for record, _ in result.steps for n in record.metrics}
     shown = [n for n in KEY_METRICS if n in present][:6]
     table = Table(title="rlmon replay", show_lines=False)
@@ -114,18 +119,21 @@ def print_table(result: ReplayResult) -> None:
             ranks = f"[red]{ranks}[/red]"
         cells = [f"{record.metrics[n]:.4g}" if n in record.metrics else "" for n in shown]
         alerts = ", ".join(
-            f"[{'red' if e.severity == 'critical' else 'yellow'}]{e.alert} {e.state}[/]"
+            f"[{'red' if e.severity == 'critical' else 'yellow'}]{escape(e.alert)} {e.state}[/]"
             for e in events
         )
-        table.add_row(record.run, record.role, str(record.step), ranks, *cells, alerts)
+        # names come from the input: text, never markup (a run "[/oops]", a [link=...] tag)
+        table.add_row(escape(record.run), escape(record.role), str(record.step), ranks, *cells,
+                      alerts)
     console.print(table)
     for _, events in result.steps:
         for e in events:
             colour = "red" if e.severity == "critical" else "yellow"
             # a resolved step may not hold the metric at all: n/a, not a made-up NaN
             console.print(
-                f"[{colour}]{e.alert} {e.state}[/] {e.run}/{e.role} step {e.step}: "
-                f"{e.metric} = {format_value(e.value)} ({e.condition})",
+                f"[{colour}]{escape(e.alert)} {e.state}[/] "
+                + escape(f"{e.run}/{e.role} step {e.step}: "
+                         f"{e.metric} = {format_value(e.value)} ({e.condition})"),
                 highlight=False,
             )
     s = result.summary()
@@ -143,6 +151,9 @@ def run_replay(args: argparse.Namespace) -> int:
         return 2
     try:
         result = replay(_lines(args.file), rules)
+    except InputFileError as exc:
+        print(f"rlmon replay: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"rlmon replay: cannot read {args.file}: {exc}", file=sys.stderr)
         return 2

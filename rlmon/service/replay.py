@@ -16,6 +16,7 @@ from rlmon.service.alerting.liveness_alerts import liveness_events
 from rlmon.service.alerting.rules import Rule, default_rules
 from rlmon.service.contract.records import ContractError, parse_line
 from rlmon.service.contract.step_record import StepRecord
+from rlmon.service.input_files import LineTooLong
 from rlmon.service.liveness.run_state import LivenessTracker
 from rlmon.service.liveness.thresholds import LivenessParams
 
@@ -61,7 +62,7 @@ class ReplayResult:
         }
 
 
-def replay(lines: Iterable[str | bytes], rules: Sequence[Rule] | None = None,
+def replay(lines: Iterable[str | bytes | LineTooLong], rules: Sequence[Rule] | None = None,
            liveness: LivenessParams | None = None) -> ReplayResult:
     """Assemble every record of ``lines`` and evaluate ``rules`` (the default pack if None)."""
     assembler = StepAssembler()
@@ -69,6 +70,9 @@ def replay(lines: Iterable[str | bytes], rules: Sequence[Rule] | None = None,
     records: list[StepRecord] = []
     for number, raw in enumerate(lines, start=1):
         result.lines = number
+        if isinstance(raw, LineTooLong):  # skipped unread by the bounded reader
+            result.errors.append(LineError(number, str(raw)))
+            continue
         if isinstance(raw, bytes):
             try:
                 raw = raw.decode("utf-8")
