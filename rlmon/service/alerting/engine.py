@@ -56,6 +56,12 @@ class AlertEvent:
     gpu_hours: float | None = None
     money: float | None = None
     cost_note: str = ""
+    # set by the service: the run's framework (RunInfo.framework, else the relayed names'
+    # prefix) that picks the configuration keys of what to change
+    # (rlmon.service.metrics.remedies), and which related metric left its baseline first
+    # before the onset (rlmon.service.alerting.first_mover)
+    framework: str = ""
+    first_moved: str = ""
 
     @property
     def dedup_key(self) -> str:
