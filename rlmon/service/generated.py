@@ -23,6 +23,7 @@ PRODUCERS: tuple[str, ...] = (
     "rlmon.service.export.exporter_doc",
     "rlmon.service.metrics.keymaps",
     "rlmon.service.helm_schema",
+    "rlmon.service.metrics.remedies",
 )
 
 
