@@ -79,7 +79,9 @@ def deliver_alerts(
                   "docs/alerting.md and docs/configuration.md)", file=err)
             outbox.close()
             return 2
-        for record, step_events in result.steps:
+        from rlmon.service.alerting.first_mover import explain_steps
+
+        for record, step_events in explain_steps(result.steps):  # what moved first, too
             dispatcher.submit(step_events, finalized_at=record.finalized_at)
         drained = dispatcher.drain(timeout)
         stats = outbox.counters()

@@ -29,6 +29,7 @@ from typing import Any
 from rlmon.service.aggregation.aggregator_stats import AggregatorStats
 from rlmon.service.aggregation.stream_tracker import Expired, Stream, StreamTracker
 from rlmon.service.alerting.engine import AlertEngine, AlertEvent, AlertState
+from rlmon.service.alerting.first_mover import FirstMovers
 from rlmon.service.alerting.liveness_alerts import liveness_events, liveness_firing
 from rlmon.service.alerting.notify.factory import build_dispatcher, open_outbox, outbox_path
 from rlmon.service.alerting.notify.render import summary_line
@@ -44,7 +45,7 @@ from rlmon.service.export.otlp import OtlpExport
 from rlmon.service.goodput.alert_costs import AlertCosts
 from rlmon.service.goodput.ledger import GoodputLedger
 from rlmon.service.liveness.run_state import LivenessView, RunState, describe
-from rlmon.service.metrics import catalog, keymaps
+from rlmon.service.metrics import catalog, keymaps, remedies
 from rlmon.service.redact import install_redaction
 from rlmon.service.storage.history import HistoryStore
 from rlmon.service.storage.stored_samples import notify_items
@@ -135,6 +136,8 @@ class ServiceCore:
         self.sanity: dict[tuple[str, str], SanityChecker] = {}
         self.run_info: dict[str, RunInfo] = {}
         self._relayed: dict[str, set[str]] = {}  # relayed key names already checked, per run
+        # the related metrics' recent values per run: what moved first before a firing
+        self.first_movers = FirstMovers()
         self.findings: deque[Finding] = deque(maxlen=1_000)
         self.finding_counts: Counter[str] = Counter()
         self.metrics.sanity = lambda: dict(self.finding_counts)
@@ -295,9 +298,12 @@ class ServiceCore:
                 self.goodput.add(record)
             for record in fresh:
                 self._remember((record.run, record.role), now)
+                self.first_movers.observe(record)
                 mine = self.costs.stamp(record, self.engine.evaluate(record),
                                         self._stream_states(record))
                 mine = self._decide_stops(record, mine, now, decided)
+                if mine:
+                    mine = self._explain(record, mine)
                 if record.samples:
                     mine = self._with_samples(record, mine)
                 streams.add((record.run, record.role))
@@ -383,6 +389,24 @@ class ServiceCore:
             out.append(event)
         return out
 
+    def _explain(self, record: StepRecord, events: list[AlertEvent]) -> list[AlertEvent]:
+        """The run's framework (what to change names its keys) and what moved first."""
+        framework = self._framework(record)
+        out = self.first_movers.explain(events)
+        return [replace(e, framework=framework) for e in out] if framework else out
+
+    def _framework(self, record: StepRecord) -> str:
+        """What the integration said (RunInfo.framework), else the prefix of a key the step
+        relays (``openrlhf/...``); "" for a home-grown loop."""
+        info = self.run_info.get(record.run)
+        if info is not None and info.framework:
+            return info.framework
+        for name in record.metrics:
+            prefix, sep, _ = name.partition("/")
+            if sep and prefix in remedies.FRAMEWORKS:
+                return prefix
+        return ""
+
     def _stop(self, decision: StopDecision) -> StopDecision:
         self.stops.pop(decision.run, None)  # insertion order is the order of decisions
         self.stops[decision.run] = decision
@@ -446,6 +470,7 @@ class ServiceCore:
         for run in expired.runs:
             self.run_info.pop(run, None)
             self._relayed.pop(run, None)
+        self.first_movers.forget(expired.runs)
         self.goodput.forget(expired.runs)
         self.costs.forget(expired.streams)
         self.removed["streams_forgotten"] += len(expired.streams)
