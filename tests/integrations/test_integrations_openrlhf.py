@@ -69,6 +69,7 @@ def test_logger_relays_status_and_driver_hook_is_exact(hub: Hub) -> None:
     batches.append(Experience(batches[0].action_log_probs, None, batches[0].action_mask))
     logger = openrlhf.RlmonLogger("or-run", reporter=hub.reporter("or-run", "driver"),
                                   eval_reporter=hub.reporter("or-run", "eval"), is_high=2.0)
+    assert hub.run_info["or-run"].framework == "openrlhf"  # what to change names its flags
     logger.record_experiences(batches)
     status = {"policy_loss": -0.02, "ppo_clip_ratio": 0.12, "actor_lr": 1e-6, "kl": 0.01,
               "rollout/reward_mean": 0.4, "generated_samples": ["text", 1.0],

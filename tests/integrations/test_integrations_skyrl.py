@@ -105,6 +105,7 @@ def test_tracker_wrapper_relays_and_delegates(hub: Hub) -> None:
 
     inner = Tracking()
     tracker = skyrl.wrap_tracker(inner, "sk", reporter=hub.reporter("sk", "driver"))
+    assert hub.run_info["sk"].framework == "skyrl"  # what to change names its config paths
     tracker.log({"policy/loss_metrics/clip_ratio": 0.2, "policy/policy_loss": 0.3,
                  "policy/rollout_train_logprobs_abs_diff_mean": 0.05}, step=4, commit=False)
     tracker.log({"timing/step": 12.5}, step=4, commit=True)  # fully-async: commit=False first

@@ -34,9 +34,11 @@ import numpy as np
 from rlmon.actors.integrations._base import (
     ReporterLike,
     as_float64,
+    framework_version,
     make_reporter,
     record_mismatch_samples,
     relay,
+    send_run_info,
 )
 from rlmon.service.metrics import catalog
 
@@ -134,6 +136,9 @@ class RlmonLogger:
         self.run = run
         self.samples_k, self.sample_payload = samples_k, sample_payload
         self.reporter = reporter or make_reporter(run, role, **reporter_kw)
+        # the service names OpenRLHF's flags in what to change (rlmon.service.metrics.remedies)
+        self.run_info = send_run_info(self.reporter, framework=FRAMEWORK,
+                                      framework_version=framework_version(FRAMEWORK))
         self.eval_reporter = eval_reporter
         self._eval_kw = reporter_kw
         self.is_low, self.is_high, self.is_mode = is_low, is_high, is_mode

@@ -29,7 +29,14 @@ from typing import Any
 
 import numpy as np
 
-from rlmon.actors.integrations._base import ReporterLike, as_float64, make_reporter, relay
+from rlmon.actors.integrations._base import (
+    ReporterLike,
+    as_float64,
+    framework_version,
+    make_reporter,
+    relay,
+    send_run_info,
+)
 from rlmon.service.metrics import catalog, keymaps
 
 __all__ = ["LOSS_REDUCTIONS", "RlmonTracking", "WorkerPath", "loss_partial", "loss_units",
@@ -230,6 +237,9 @@ class RlmonTracking:
                  role: str = "driver", **reporter_kw: Any) -> None:
         self.inner = inner
         self.reporter = reporter or make_reporter(run, role, **reporter_kw)
+        # the service names SkyRL's keys in what to change (rlmon.service.metrics.remedies)
+        self.run_info = send_run_info(self.reporter, framework=FRAMEWORK,
+                                      framework_version=framework_version(FRAMEWORK))
         self._pending: int | None = None
 
     def log(self, data: Mapping[str, Any], step: int, commit: bool = False) -> None:
