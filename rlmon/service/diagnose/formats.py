@@ -9,7 +9,6 @@ each copy the trainer state, so only the most advanced ``trainer_state.json`` of
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterable
 from enum import StrEnum
@@ -24,6 +23,7 @@ from rlmon.service.diagnose.readers import (
     wandb,
 )
 from rlmon.service.diagnose.readers.json_lines import first_object
+from rlmon.service.input_files import InputFileError, open_regular, regular_size
 
 __all__ = ["EXPECTED", "Format", "detect", "read_paths"]
 
@@ -48,6 +48,12 @@ _MAX_DEPTH = 6
 
 
 def _sniff(path: Path) -> Format | None:
+    """The format of a file (None: not recognised); LogError for a file that is not a regular
+    one (a FIFO would hang the read, a device never end), refused before it is opened."""
+    try:
+        regular_size(path)
+    except InputFileError as exc:
+        raise LogError(exc.path, exc.message) from None
     name = path.name
     if tensorboard.EVENT_FILE_MARK in name:
         return Format.TENSORBOARD
@@ -56,8 +62,10 @@ def _sniff(path: Path) -> Format | None:
     if name == hf_trainer_state.FILE_NAME:
         return Format.HF_TRAINER_STATE
     try:
-        with path.open("rb") as handle:
+        with open_regular(path) as handle:
             head = handle.read(len(rlmon_files.SQLITE_MAGIC))
+    except InputFileError as exc:
+        raise LogError(exc.path, exc.message) from None
     except OSError:
         return None
     if head == rlmon_files.SQLITE_MAGIC:
@@ -65,12 +73,7 @@ def _sniff(path: Path) -> Format | None:
     if path.suffix.lower() == ".csv":
         return Format.WANDB_CSV
     if path.suffix.lower() == ".json":
-        try:
-            state = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        return Format.HF_TRAINER_STATE if isinstance(state, dict) and "log_history" in state \
-            else None
+        return Format.HF_TRAINER_STATE if hf_trainer_state.has_log_history(path) else None
     obj = first_object(path)
     if obj is None:
         return None
@@ -83,16 +86,11 @@ def _sniff(path: Path) -> Format | None:
     return None
 
 
-def _trainer_state_step(path: Path) -> int:
-    try:
-        return int(json.loads(path.read_text(encoding="utf-8")).get("global_step", -1))
-    except (OSError, ValueError, AttributeError, TypeError):
-        return -1
-
-
-def detect(directory: Path) -> list[tuple[Format, Path]]:
+def detect(directory: Path, refused: list[ReadProblem] | None = None,
+           ) -> list[tuple[Format, Path]]:
     """The logs under a directory, each once: a TensorBoard run per directory of event files,
-    a W&B run per offline-run directory, the latest trainer state, the other files by content."""
+    a W&B run per offline-run directory, the latest trainer state, the other files by content;
+    a candidate that is not a regular file goes to ``refused``."""
     found: list[tuple[Format, Path]] = []
     states: list[Path] = []
     for root, dirs, files in os.walk(directory):
@@ -115,13 +113,18 @@ def detect(directory: Path) -> list[tuple[Format, Path]]:
             if path.suffix.lower() not in (".jsonl", ".json", ".csv", ".db", ".sqlite",
                                            ".sqlite3"):
                 continue
-            fmt = _sniff(path)
+            try:
+                fmt = _sniff(path)
+            except LogError as exc:
+                if refused is not None:
+                    refused.append(ReadProblem(exc.path, exc.message))
+                continue
             if fmt is not None and fmt is not Format.HF_TRAINER_STATE:
                 found.append((fmt, path))
             elif fmt is Format.HF_TRAINER_STATE:
                 states.append(path)
     if states:
-        found.append((Format.HF_TRAINER_STATE, max(states, key=_trainer_state_step)))
+        found.append((Format.HF_TRAINER_STATE, max(states, key=hf_trainer_state.global_step)))
     return found
 
 
@@ -137,12 +140,12 @@ _READERS: dict[Format, Callable[[Path], list[LoggedRun]]] = {
 }
 
 
-def _targets(path: Path) -> list[tuple[Format, Path]]:
+def _targets(path: Path, refused: list[ReadProblem]) -> list[tuple[Format, Path]]:
     if not path.exists():
         raise LogError(str(path), "no such file or directory")
     if path.is_dir():
-        found = detect(path)
-        if not found:
+        found = detect(path, refused)
+        if not found and not refused:
             raise LogError(str(path), f"no log recognised in this directory; expected {EXPECTED}")
         return found
     fmt = _sniff(path)
@@ -163,7 +166,7 @@ def read_paths(paths: Iterable[str | Path]) -> tuple[list[LoggedRun], list[ReadP
     for given in paths:
         path = Path(given)
         try:
-            targets = _targets(path)
+            targets = _targets(path, problems)
         except LogError as exc:
             problems.append(ReadProblem(exc.path, exc.message))
             continue

@@ -7,10 +7,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from rlmon.service.contract.records import MAX_STEP, ContractError, check_integer
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.diagnose.run_settings import RunSettings, Segment
 
-__all__ = ["LogError", "LoggedRun", "ReadProblem", "run_name", "to_float"]
+__all__ = ["LogError", "LoggedRun", "ReadProblem", "checked_step", "run_name", "to_float"]
 
 _NAME_BAD = re.compile(r"[^A-Za-z0-9_.:-]+")
 
@@ -101,3 +102,15 @@ def to_float(value: object) -> float | None:
         except ValueError:
             return None
     return None
+
+
+def checked_step(value: object) -> int | str:
+    """A logged step as the contract takes one (an integer from 0 to 2^53 - 1, an integral
+    float too), else what is wrong with it: a negative step or one of 1e29 is refused, not
+    diagnosed (it cannot be plotted, nor ordered with the others)."""
+    if isinstance(value, float) and not value.is_integer():
+        return f"must be an integer, got {value!r}"
+    try:
+        return check_integer(value, "step", low=0, high=MAX_STEP)
+    except ContractError as exc:
+        return str(exc).removeprefix("step: ")

@@ -59,9 +59,15 @@ def test_bookkeeping_is_set_apart_and_unknown_keys_listed(tmp_path: Path) -> Non
 
 
 def test_a_truncated_state_is_named(tmp_path: Path) -> None:
+    """Read an entry at a time, a state cut short keeps the entries before the cut, as a
+    truncated TensorBoard or W&B file does."""
     path = write_state(tmp_path / "trainer_state.json", trl_curves())
-    path.write_text(path.read_text()[:500])
-    runs, problems = read_paths([path])
-    assert runs == []
-    (problem,) = problems
+    text = path.read_text()
+    path.write_text(text[:text.index('"step": 6') + 3])
+    (run,), _ = read_paths([path])
+    assert sorted(run.rows) == [1, 2, 3, 4, 5]
+    (problem,) = run.problems
     assert problem.path == str(path) and "truncated" in problem.message
+    path.write_text(text[:500])  # cut before the history: nothing to diagnose
+    runs, (problem,) = read_paths([path])
+    assert runs == [] and problem.path == str(path) and "truncated" in problem.message

@@ -15,7 +15,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from rlmon.service.diagnose.logged_run import LoggedRun, ReadProblem, run_name, to_float
+from rlmon.service.diagnose.logged_run import (
+    LoggedRun,
+    ReadProblem,
+    checked_step,
+    run_name,
+    to_float,
+)
 from rlmon.service.diagnose.readers.json_lines import objects
 
 __all__ = ["is_verl_line", "read_verl_file"]
@@ -43,10 +49,13 @@ def read_verl_file(path: Path) -> LoggedRun:
     rows: dict[int, dict[str, float]] = defaultdict(dict)
     nulls = 0
     for number, obj in objects(path, problems):
-        step = obj.get("step")
-        if not is_verl_line(obj) or not isinstance(step, int) or isinstance(step, bool):
+        if not is_verl_line(obj):
             problems.append(ReadProblem(f"{path}:{number}", "expected verl's file logger line "
                                         '{"step": <int>, "data": {...}}'))
+            continue
+        step = checked_step(obj["step"])
+        if isinstance(step, str):
+            problems.append(ReadProblem(f"{path}:{number}", f"'step' {step}"))
             continue
         for key, value in _flat(obj["data"]).items():
             if value is None:

@@ -8,48 +8,120 @@ The run's settings come from the ``training_args.bin`` beside it, read without u
 
 from __future__ import annotations
 
-import json
 import re
 from collections import defaultdict
 from pathlib import Path
 
-from rlmon.service.diagnose.logged_run import LogError, LoggedRun, ReadProblem, run_name, to_float
+from rlmon.service.diagnose.logged_run import (
+    LogError,
+    LoggedRun,
+    ReadProblem,
+    checked_step,
+    run_name,
+    to_float,
+)
 from rlmon.service.diagnose.readers import training_args
+from rlmon.service.diagnose.readers.json_stream import JsonStream, JsonStreamError
 from rlmon.service.diagnose.run_settings import Segment, settings_from_config
+from rlmon.service.input_files import InputFileError, open_regular
 
-__all__ = ["FILE_NAME", "read_trainer_state"]
+__all__ = ["FILE_NAME", "MAX_STATE_BYTES", "global_step", "has_log_history",
+           "read_trainer_state"]
 
 FILE_NAME = "trainer_state.json"
+MAX_STATE_BYTES = 8 << 30  # read a value at a time: memory follows the values, not the file
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 
 
+def _open(path: Path) -> JsonStream:
+    try:
+        return JsonStream(open_regular(path, MAX_STATE_BYTES))
+    except InputFileError as exc:
+        raise LogError(str(path), exc.message) from None
+
+
+def global_step(path: Path) -> int:
+    """The state's ``global_step`` (-1 when it cannot be read), read without its history where
+    the key comes first (the Trainer sorts the keys)."""
+    try:
+        with _open(path) as stream:
+            for key in stream.object_items():
+                if key == "global_step":
+                    value = stream.value()
+                    return value if isinstance(value, int) and not isinstance(value, bool) \
+                        else -1
+                if key == "log_history" and stream.peek() == "[":
+                    for _ in stream.array_items():
+                        pass
+                else:
+                    stream.value()
+    except (LogError, JsonStreamError, OSError):
+        return -1
+    return -1
+
+
+def has_log_history(path: Path) -> bool:
+    """Whether a JSON file is an object with a top-level ``log_history`` (format detection)."""
+    try:
+        with _open(path) as stream:
+            for key in stream.object_items():
+                if key == "log_history":
+                    return stream.peek() == "["
+                stream.value()
+    except (LogError, JsonStreamError, OSError):
+        return False
+    return False
+
+
 def read_trainer_state(path: Path) -> LoggedRun:
+    """The log history, read an entry at a time (:mod:`.json_stream`): memory holds the values
+    kept, not the file."""
+    stream = _open(path)
+    problems: list[ReadProblem] = []
+    rows: dict[int, dict[str, float]] = defaultdict(dict)
+    found = False
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise LogError(str(path), f"cannot read: {exc}") from None
-    try:
-        state = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise LogError(str(path), f"not complete JSON (truncated?): {exc}") from None
-    history = state.get("log_history") if isinstance(state, dict) else None
-    if not isinstance(history, list):
+        for key in stream.object_items():
+            if key != "log_history" or found:
+                stream.value()
+                continue
+            if stream.peek() != "[":
+                break
+            found = True
+            for index, entry in enumerate(stream.array_items()):
+                _entry(path, index, entry, rows, problems)
+    except JsonStreamError as exc:
+        if not rows:
+            raise LogError(str(path), str(exc)) from None
+        problems.append(ReadProblem(str(path), f"{exc}; the entries before it are diagnosed"))
+    except OSError as exc:
+        raise LogError(str(path), f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        stream.close()
+    if not found:
         raise LogError(str(path), "expected a Hugging Face trainer state: an object with a "
                        "'log_history' list")
-    problems = []
-    rows: dict[int, dict[str, float]] = defaultdict(dict)
-    for index, entry in enumerate(history):
-        step = entry.get("step") if isinstance(entry, dict) else None
-        if not isinstance(step, int) or isinstance(step, bool):
-            problems.append(ReadProblem(f"{path}: log_history[{index}]",
-                                        "expected an object with an integer 'step'"))
-            continue
-        rows[step].update({k: v for k, v in ((k, to_float(v)) for k, v in entry.items())
-                           if v is not None})
     label = path.parent.name if path.parent.name else path.stem
     segments, notes = _settings(path.parent / training_args.FILE_NAME, min(rows, default=0))
     return LoggedRun(str(path), "hf-trainer-state", run_name(label), dict(sorted(rows.items())),
                      problems=tuple(problems), segments=segments, notes=notes)
+
+
+def _entry(path: Path, index: int, entry: object, rows: dict[int, dict[str, float]],
+           problems: list[ReadProblem]) -> None:
+    where = f"{path}: log_history[{index}]"
+    if not isinstance(entry, dict):
+        problems.append(ReadProblem(where, "expected an object with an integer 'step'"))
+        return
+    step = checked_step(entry.get("step"))
+    if isinstance(step, str):
+        problems.append(ReadProblem(where, f"'step' {step}"))
+        return
+    row = rows[step]
+    for key, value in entry.items():
+        number = to_float(value)
+        if number is not None:
+            row[key] = number
 
 
 def _checkpoints(state: Path) -> list[tuple[int, Path]]:

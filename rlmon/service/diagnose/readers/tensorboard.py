@@ -1,4 +1,5 @@
-"""TensorBoard event files, read with TensorBoard's own record reader and event protos.
+"""TensorBoard event files: TensorBoard's record framing, checked with its own checksum, and
+its event protos.
 
 Every directory holding ``events.out.tfevents.*`` files is one run (TensorBoard's own notion of
 a run); its files are read in name order (the writer's start time) and a later file's value for
@@ -6,6 +7,10 @@ a (step, tag) replaces an earlier one, as after a restart. Scalars written eithe
 ``simple_value`` (torch.utils.tensorboard, the Hugging Face callback) and scalar tensors
 (``tensorboard.summary``), both through :func:`tensorboard.data_compat.migrate_value`. A
 truncated or corrupt file keeps the events before the damage and is reported.
+
+A record's length is checked against what is left of the file before anything is allocated
+for it (a 28-byte file claiming a 2^62-byte record is damage, not a ``MemoryError``); the file
+itself must be a regular file of at most ``MAX_EVENT_FILE_BYTES``.
 
 Each file is a segment of the run (one process's writing): a text summary holding a JSON
 object (the Hugging Face callback writes its ``TrainingArguments`` so, under ``args``) gives the
@@ -15,16 +20,28 @@ settings that file was written with.
 from __future__ import annotations
 
 import json
+import struct
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from rlmon.service.diagnose.logged_run import LogError, LoggedRun, ReadProblem, run_name
+from rlmon.service.diagnose.logged_run import (
+    LogError,
+    LoggedRun,
+    ReadProblem,
+    checked_step,
+    run_name,
+)
 from rlmon.service.diagnose.run_settings import Segment, settings_from_config
+from rlmon.service.input_files import InputFileError, open_regular
 
-__all__ = ["EVENT_FILE_MARK", "event_files", "read_tensorboard"]
+__all__ = ["EVENT_FILE_MARK", "MAX_EVENT_FILE_BYTES", "event_files", "read_tensorboard"]
 
 EVENT_FILE_MARK = "tfevents"
+MAX_EVENT_FILE_BYTES = 4 << 30
+_LENGTH = struct.Struct("<Q")
+_CRC = struct.Struct("<I")
 _SCALARS = "scalars"
 _TEXT = "text"
 
@@ -33,45 +50,84 @@ def event_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.is_file() and EVENT_FILE_MARK in p.name)
 
 
-def _read_file(path: Path, rows: dict[int, dict[str, float]],
-               texts: dict[str, Any] | None = None,
-               steps: list[int] | None = None) -> tuple[int, str | None]:
+class _Damage(Exception):
+    """Where and how the framing broke; the records before it were read."""
+
+
+def _records(handle: BinaryIO, size: int) -> Iterator[bytes]:
+    """The records of an event file (TFRecord framing: a length, its masked CRC-32C, the data,
+    its masked CRC-32C), each length checked against the bytes left before it is read."""
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    offset = 0
+    while True:
+        header = handle.read(_LENGTH.size + _CRC.size)
+        if not header:
+            return
+        if len(header) < _LENGTH.size + _CRC.size:
+            raise _Damage(f"truncated record header at byte {offset}")
+        length_bytes = header[:_LENGTH.size]
+        if masked_crc32c(length_bytes) != _CRC.unpack_from(header, _LENGTH.size)[0]:
+            raise _Damage(f"record header at byte {offset} fails its crc32 check")
+        (length,) = _LENGTH.unpack(length_bytes)
+        left = size - offset - len(header) - _CRC.size
+        if length > left:
+            raise _Damage(f"the record at byte {offset} claims {length} bytes, more than the "
+                          f"{max(left, 0)} left in the file")
+        data = handle.read(length)
+        crc = handle.read(_CRC.size)
+        if len(data) < length or len(crc) < _CRC.size:
+            raise _Damage(f"truncated record at byte {offset}")
+        if masked_crc32c(data) != _CRC.unpack(crc)[0]:
+            raise _Damage(f"the record at byte {offset} fails its crc32 check")
+        offset += len(header) + length + _CRC.size
+        yield data
+
+
+def _read_file(path: Path, rows: dict[int, dict[str, float]], texts: dict[str, Any],
+               steps: list[int], problems: list[ReadProblem]) -> tuple[int, str | None]:
     """Fold one event file's scalars into ``rows`` (the steps it wrote into ``steps``, its JSON
-    text summaries into ``texts`` by tag); (events read, the damage if any)."""
+    text summaries into ``texts`` by tag, an event whose step is not one into ``problems``);
+    (events read, the damage if any)."""
     from tensorboard import data_compat
     from tensorboard.compat.proto import event_pb2
-    from tensorboard.compat.tensorflow_stub import errors, pywrap_tensorflow
     from tensorboard.util import tensor_util
 
-    reader = pywrap_tensorflow.PyRecordReader_New(str(path).encode(), 0, b"", None)
     events = 0
-    while True:
-        try:
-            reader.GetNext()
-        except errors.OutOfRangeError:
-            return events, None
-        except errors.DataLossError as exc:
-            text = str(exc).replace(repr(str(path).encode()), "").strip()
-            return events, f"damaged after {events} events ({text})"
-        try:
-            event = event_pb2.Event.FromString(reader.record())
-        except Exception as exc:  # a record that is not an Event: say so, go on
-            return events, f"record {events + 1} is not a TensorBoard Event ({exc})"
-        events += 1
-        for value in event.summary.value:
-            migrated = data_compat.migrate_value(value)
-            plugin = migrated.metadata.plugin_data.plugin_name
-            if plugin == _TEXT and texts is not None:
-                _text(value.tag, tensor_util.make_ndarray(migrated.tensor), texts)
+    with open_regular(path, MAX_EVENT_FILE_BYTES) as handle:
+        size = handle.seek(0, 2)
+        handle.seek(0)
+        records = _records(handle, size)
+        while True:
+            try:
+                record = next(records, None)
+            except _Damage as exc:
+                return events, f"damaged after {events} events ({exc})"
+            if record is None:
+                return events, None
+            try:
+                event = event_pb2.Event.FromString(record)
+            except Exception as exc:  # a record that is not an Event: say so, go on
+                return events, f"record {events + 1} is not a TensorBoard Event ({exc})"
+            events += 1
+            step = checked_step(int(event.step)) if event.summary.value else 0
+            if isinstance(step, str):
+                problems.append(ReadProblem(str(path), f"event {events}: 'step' {step}; "
+                                            "its values are skipped"))
                 continue
-            if plugin != _SCALARS:
-                continue
-            array = tensor_util.make_ndarray(migrated.tensor)
-            if array.size != 1:
-                continue
-            rows[int(event.step)][value.tag] = float(array.reshape(()).item())
-            if steps is not None:
-                steps.append(int(event.step))
+            for value in event.summary.value:
+                migrated = data_compat.migrate_value(value)
+                plugin = migrated.metadata.plugin_data.plugin_name
+                if plugin == _TEXT:
+                    _text(value.tag, tensor_util.make_ndarray(migrated.tensor), texts)
+                    continue
+                if plugin != _SCALARS:
+                    continue
+                array = tensor_util.make_ndarray(migrated.tensor)
+                if array.size != 1:
+                    continue
+                rows[step][value.tag] = float(array.reshape(()).item())
+                steps.append(step)
 
 
 def _text(tag: str, array: Any, texts: dict[str, Any]) -> None:
@@ -94,7 +150,7 @@ def read_tensorboard(directory: Path, files: list[Path] | None = None) -> Logged
     if not files:
         raise LogError(str(directory), "no TensorBoard event file (events.out.tfevents.*) here")
     rows: dict[int, dict[str, float]] = defaultdict(dict)
-    problems = []
+    problems: list[ReadProblem] = []
     damages = []
     read = 0
     segments = []
@@ -102,7 +158,10 @@ def read_tensorboard(directory: Path, files: list[Path] | None = None) -> Logged
         texts: dict[str, Any] = {}
         steps: list[int] = []
         try:
-            events, damage = _read_file(path, rows, texts, steps)
+            events, damage = _read_file(path, rows, texts, steps, problems)
+        except InputFileError as exc:
+            problems.append(ReadProblem(exc.path, exc.message))
+            continue
         except OSError as exc:
             problems.append(ReadProblem(str(path), f"cannot read: {exc.strerror or exc}"))
             continue

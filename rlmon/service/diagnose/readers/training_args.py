@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import pickletools
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
+
+from rlmon.service.input_files import InputFileError, open_regular
 
 __all__ = ["FILE_NAME", "read_training_args"]
 
 FILE_NAME = "training_args.bin"
-_MAX_BYTES = 16 << 20
+_MAX_BYTES = 16 << 20  # the file, and the pickle inflated from it (a few KiB in practice)
+_CHUNK = 1 << 16
 _MEMO = frozenset({"MEMOIZE", "BINPUT", "LONG_BINPUT", "PUT"})
 _STRINGS = frozenset({"BINUNICODE", "SHORT_BINUNICODE", "UNICODE", "BINUNICODE8"})
 _SCALARS = _STRINGS | {"BININT", "BININT1", "BININT2", "LONG1", "INT", "LONG", "BINFLOAT",
@@ -26,16 +30,29 @@ _CONSTANTS = {"NEWTRUE": True, "NEWFALSE": False, "NONE": None}
 
 
 def _pickle_bytes(path: Path) -> bytes:
-    if path.stat().st_size > _MAX_BYTES:
-        raise ValueError(f"larger than {_MAX_BYTES >> 20} MiB")
-    if not zipfile.is_zipfile(path):
-        raise ValueError("not the zip torch.save writes (an older torch's format is not read)")
-    with zipfile.ZipFile(path) as archive:
-        name = next((n for n in archive.namelist() if n.endswith("/data.pkl")
-                     or n == "data.pkl"), None)
-        if name is None:
-            raise ValueError("no data.pkl in the archive")
-        return archive.read(name)
+    """The archive's ``data.pkl``, its declared size checked before inflating it and the bytes
+    inflated counted chunk by chunk (a zip bomb's header may lie), both against the cap."""
+    with open_regular(path, _MAX_BYTES) as handle:
+        if not zipfile.is_zipfile(handle):
+            raise ValueError("not the zip torch.save writes (an older torch's format is not "
+                             "read)")
+        with zipfile.ZipFile(handle) as archive:
+            info = next((i for i in archive.infolist() if i.filename.endswith("/data.pkl")
+                         or i.filename == "data.pkl"), None)
+            if info is None:
+                raise ValueError("no data.pkl in the archive")
+            if info.file_size > _MAX_BYTES:
+                raise ValueError(f"its data.pkl inflates to {info.file_size} bytes, more than "
+                                 f"the {_MAX_BYTES >> 20} MiB read: refused")
+            parts, total = [], 0
+            with archive.open(info) as member:
+                while chunk := member.read(_CHUNK):
+                    total += len(chunk)
+                    if total > _MAX_BYTES:
+                        raise ValueError(f"its data.pkl inflates past the {_MAX_BYTES >> 20} "
+                                         "MiB read: refused")
+                    parts.append(chunk)
+            return b"".join(parts)
 
 
 def read_training_args(path: Path) -> dict[str, Any]:
@@ -43,7 +60,10 @@ def read_training_args(path: Path) -> dict[str, Any]:
     names what is wrong with a file that is not such an archive."""
     try:
         data = _pickle_bytes(path)
-    except (OSError, zipfile.BadZipFile) as exc:
+    except InputFileError as exc:
+        raise ValueError(exc.message) from None
+    except (OSError, zipfile.BadZipFile, EOFError, NotImplementedError, RuntimeError,
+            zlib.error) as exc:
         raise ValueError(f"cannot read: {exc}") from None
     fields: dict[str, Any] = {}
     key: str | None = None

@@ -20,17 +20,25 @@ import zlib
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from rlmon.service.diagnose.logged_run import (
     LogError,
     LoggedRun,
     ReadProblem,
+    checked_step,
     run_name,
     to_float,
 )
-from rlmon.service.diagnose.readers.json_lines import objects
+from rlmon.service.diagnose.readers.json_lines import MAX_LINE_BYTES, objects
 from rlmon.service.diagnose.run_settings import Segment, settings_from_config
+from rlmon.service.input_files import (
+    InputFileError,
+    LineTooLong,
+    bounded_lines,
+    open_regular,
+    read_bounded,
+)
 
 __all__ = ["STEP_KEYS", "join_resumed", "read_wandb_csv", "read_wandb_jsonl", "read_wandb_run", "run_files"]
 
@@ -39,6 +47,7 @@ _HEADER = struct.Struct("<4sHB")  # ident, magic, version
 _CHUNK = struct.Struct("<IHB")  # checksum (crc32 of type byte and data), length, type
 _IDENT, _MAGIC, _VERSION = b":W&B", 0xBEE1, 0
 _BLOCK = 32768
+MAX_RUN_FILE_BYTES = 4 << 30  # a run file is read whole; a million steps is a few hundred MB
 _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 
 
@@ -82,10 +91,19 @@ def _payloads(data: bytes, path: str, problems: list[ReadProblem]) -> Iterator[b
             pending = b""
 
 
+class _BadStep(ValueError):
+    """A row's step that is not one (negative, beyond 2^53, fractional): the row is refused."""
+
+
 def _row(items: Mapping[str, Any]) -> tuple[int | None, dict[str, float]]:
     values = {k: v for k, v in ((k, to_float(v)) for k, v in items.items()) if v is not None}
-    step = next((values[k] for k in STEP_KEYS if k in values and values[k] == values[k]), None)
-    return (None if step is None else int(step)), values
+    key = next((k for k in STEP_KEYS if k in values and values[k] == values[k]), None)
+    if key is None:
+        return None, values
+    step = checked_step(values[key])
+    if isinstance(step, str):
+        raise _BadStep(f"{key!r} {step}")
+    return step, values
 
 
 def _by_step(logged: list[tuple[int | None, int, dict[str, float]]],
@@ -128,9 +146,9 @@ def read_wandb_run(path: Path) -> LoggedRun:
     run_id = ""
     for file in files:
         try:
-            data = file.read_bytes()
-        except OSError as exc:
-            raise LogError(str(file), f"cannot read: {exc.strerror or exc}") from None
+            data = read_bounded(file, MAX_RUN_FILE_BYTES)
+        except InputFileError as exc:
+            raise LogError(exc.path, exc.message) from None
         for payload in _payloads(data, str(file), problems):
             record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
             try:
@@ -148,7 +166,11 @@ def read_wandb_run(path: Path) -> LoggedRun:
             elif kind == "history":
                 items = {"/".join(i.nested_key) if i.nested_key else i.key: json.loads(i.value_json)
                          for i in record.history.item if i.value_json}
-                step, values = _row(items)
+                try:
+                    step, values = _row(items)
+                except _BadStep as exc:
+                    problems.append(ReadProblem(str(file), f"a history row's {exc}: skipped"))
+                    continue
                 logged.append((step, record.history.step.num, values))
     if not logged and not problems:
         raise LogError(str(path), "the W&B run holds no history rows (nothing was logged)")
@@ -206,8 +228,8 @@ def _config(record: Any, into: dict[str, Any]) -> None:
 def _requirements(run_dir: Path) -> dict[str, str]:
     """``name==version`` lines of the ``files/requirements.txt`` W&B saves with a run."""
     try:
-        text = (run_dir / "files" / "requirements.txt").read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        text = read_bounded(run_dir / "files" / "requirements.txt", 1 << 20).decode("utf-8")
+    except (InputFileError, UnicodeDecodeError):
         return {}
     pins = (line.strip().split("==", 1) for line in text.splitlines() if "==" in line)
     return {name.strip().lower().replace("_", "-"): version.strip() for name, version in pins}
@@ -217,7 +239,11 @@ def read_wandb_jsonl(path: Path) -> LoggedRun:
     problems: list[ReadProblem] = []
     rows: dict[int, dict[str, float]] = defaultdict(dict)
     for number, obj in objects(path, problems):
-        step, values = _row(_flat(obj))
+        try:
+            step, values = _row(_flat(obj))
+        except _BadStep as exc:
+            problems.append(ReadProblem(f"{path}:{number}", str(exc)))
+            continue
         if step is None:
             problems.append(ReadProblem(f"{path}:{number}", "a history row without a step ("
                                         + ", ".join(STEP_KEYS) + ")"))
@@ -231,8 +257,8 @@ def read_wandb_csv(path: Path) -> LoggedRun:
     problems: list[ReadProblem] = []
     rows: dict[int, dict[str, float]] = defaultdict(dict)
     try:
-        with path.open(newline="", encoding="utf-8") as handle:
-            reader = csv.DictReader(handle)
+        with open_regular(path) as handle:
+            reader = csv.DictReader(_csv_lines(path, handle))
             fields = reader.fieldnames or []
             if not any(k in fields for k in STEP_KEYS):
                 raise LogError(str(path), "expected a W&B history export: a CSV header with a "
@@ -242,15 +268,30 @@ def read_wandb_csv(path: Path) -> LoggedRun:
                     problems.append(ReadProblem(f"{path}:{number}", "the row has "
                                                 "another number of cells than the header"))
                     continue
-                step, values = _row({k: v for k, v in row.items() if v != ""})
+                try:
+                    step, values = _row({k: v for k, v in row.items() if v != ""})
+                except _BadStep as exc:
+                    problems.append(ReadProblem(f"{path}:{number}", str(exc)))
+                    continue
                 if step is None:
                     problems.append(ReadProblem(f"{path}:{number}", "no step in this row"))
                     continue
                 rows[step].update(values)
+    except InputFileError as exc:
+        raise LogError(exc.path, exc.message) from None
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise LogError(str(path), f"cannot read as CSV: {exc}") from None
     return LoggedRun(str(path), "wandb-history-csv", run_name(path.stem),
                      dict(sorted(rows.items())), problems=tuple(problems))
+
+
+def _csv_lines(path: Path, handle: BinaryIO) -> Iterator[str]:
+    """The file's lines for the CSV reader, each read in chunks and bounded (the csv module's
+    own field limit bounds a field, not a line)."""
+    for line in bounded_lines(handle, MAX_LINE_BYTES):
+        if isinstance(line, LineTooLong):
+            raise InputFileError(path, f"a {line}: the rows after it are not read")
+        yield line.decode("utf-8") + "\n"
 
 
 def _flat(obj: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
