@@ -391,6 +391,10 @@ class Settings(BaseSettings):
     dashboard_url: str | None = Field(
         default=None, description="link template; {run} and {role} are filled in"
     )
+    public_url: str | None = Field(
+        default=None, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$",
+        description="the address people open the service's run page at (https://rlmon.example.com); "
+        "every notification links to the alert's page there")
     notifiers: NotifiersConfig = Field(default_factory=NotifiersConfig)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
     silences: list[Silence] = Field(default_factory=list)
@@ -432,6 +436,10 @@ class Settings(BaseSettings):
         return self.dashboard_url.replace("{run}", quote(run, safe="")).replace(
             "{role}", quote(role, safe="")
         )
+
+    def run_page(self) -> str | None:
+        """The run page's address without a trailing slash (None: not configured)."""
+        return self.public_url.rstrip("/") if self.public_url else None
 
     def silenced(self, run: str, role: str, alert: str) -> bool:
         return any(s.matches(run, role, alert) for s in self.silences)

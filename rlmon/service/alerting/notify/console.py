@@ -58,6 +58,14 @@ class ConsoleNotifier:
             check = alert.get("what_to_check")
             if check and alert.get("state") == "firing":
                 line += f"\n    what to check: {check}"
+            change = alert.get("what_to_change")
+            if change:
+                fw = alert.get("framework")
+                line += f"\n    what to change{f' ({fw})' if fw else ''}: {change}"
+            if alert.get("first_moved"):
+                line += f"\n    what moved first: {alert['first_moved']}"
+            if alert.get("alert_url"):
+                line += f"\n    rlmon: {alert['alert_url']}"
             if alert.get("stop"):
                 line += f"\n    {alert['stop']}"
             samples = alert.get("worst_samples")
@@ -70,6 +78,8 @@ class ConsoleNotifier:
                     line += f"\n      {n}. {item['id']}  {shown}" + (f"  {text}" if text else "")
                 line += f"\n    all of them: {samples['more']}"
             out.write(line + "\n")
+        if body.get("run_url"):
+            out.write(f"    run page: {body['run_url']}\n")
         if body.get("dashboard"):
             out.write(f"    dashboard: {body['dashboard']}\n")
         out.flush()

@@ -9,12 +9,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import quote
 
 from rlmon.service.alerting.engine import AlertEvent
+from rlmon.service.metrics import remedies
 from rlmon.service.storage.stored_samples import command_for, items_to_json
 
-__all__ = ["cost_json", "format_value", "pagerduty_body", "samples_json", "slack_body",
-           "summary_line", "webhook_body"]
+__all__ = ["alert_url", "cost_json", "format_value", "pagerduty_body", "run_url", "samples_json",
+           "slack_body", "summary_line", "webhook_body", "what_to_change"]
 
 _EMOJI = {("critical", "firing"): ":rotating_light:", ("warning", "firing"): ":warning:"}
 
@@ -39,6 +41,38 @@ def summary_line(event: AlertEvent) -> str:
     stop = " [the run was asked to stop]" if event.stop else ""
     cost = f" [{event.cost_note}]" if event.cost_note else ""
     return f"[{state}] {event.alert} on {where}{metric}{cond}{detail}{cost}{stop}"
+
+
+def alert_url(event: AlertEvent, public_url: str | None) -> str | None:
+    """The alert's page on the run page (``/#/alert/<run>/<role>/<alert>/<step>``): a firing's
+    own onset; a resolve's latest firing (the page without a step). None without a public URL."""
+    if not public_url:
+        return None
+    parts = [event.run, event.role, event.alert]
+    if event.state == "firing":
+        parts.append(str(event.step))
+    return f"{public_url.rstrip('/')}/#/alert/" + "/".join(quote(p, safe="") for p in parts)
+
+
+def run_url(run: str, role: str, public_url: str | None) -> str | None:
+    """The run's page (its curves with every alert marked). None without a public URL."""
+    if not public_url:
+        return None
+    return (f"{public_url.rstrip('/')}/#/run/{quote(run, safe='')}"
+            f"?role={quote(role, safe='')}")
+
+
+def what_to_change(event: AlertEvent) -> str:
+    """The detected framework's keys and ranges for a firing (plain words for a home-grown
+    loop); "" for a resolve or an alert no key fixes."""
+    if event.state != "firing":
+        return ""
+    return remedies.remedy_text(event.alert, event.framework)
+
+
+def _framework_label(event: AlertEvent) -> str:
+    fw = remedies.framework_of(event.framework)
+    return "" if fw == remedies.CUSTOM else f" ({event.framework})"
 
 
 def cost_json(event: AlertEvent) -> dict[str, Any]:
@@ -72,8 +106,9 @@ def _mrkdwn(text: str) -> str:
 
 
 def slack_body(events: Sequence[AlertEvent], dashboard: str | None, username: str,
-               state_dir: str | None = None) -> dict[str, Any]:
-    """One Block Kit message for the alerts of one (run, role, step)."""
+               state_dir: str | None = None, public_url: str | None = None) -> dict[str, Any]:
+    """One Block Kit message for the alerts of one (run, role, step); with ``public_url`` each
+    alert links to its page on the run page and the footer to the run."""
     first = events[0]
     firing = [e for e in events if e.state == "firing"]
     worst = "critical" if any(e.severity == "critical" for e in firing) else "warning"
@@ -106,6 +141,11 @@ def slack_body(events: Sequence[AlertEvent], dashboard: str | None, username: st
             lines.append(f":money_with_wings: Cost so far: {_mrkdwn(event.cost_note)}")
         if event.stop:
             lines.append(f":octagonal_sign: *{_mrkdwn(event.stop)}*")
+        if event.first_moved and event.state == "firing":
+            lines.append(f":footprints: What moved first: {_mrkdwn(event.first_moved)}")
+        page = alert_url(event, public_url)
+        if page:
+            lines.append(f"<{page}|Open in rlmon>")
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)}})
         if event.samples:
             blocks.append({"type": "section",
@@ -116,7 +156,17 @@ def slack_body(events: Sequence[AlertEvent], dashboard: str | None, username: st
                 "elements": [{"type": "mrkdwn",
                               "text": f":mag: What to check: {_mrkdwn(event.what_to_check)}"}],
             })
+        change = what_to_change(event)
+        if change:
+            blocks.append({
+                "type": "context",
+                "elements": [{"type": "mrkdwn", "text": (
+                    f":wrench: What to change{_framework_label(event)}: {_mrkdwn(change)}")}],
+            })
     context = f"run `{_mrkdwn(first.run)}` · role `{_mrkdwn(first.role)}` · step {first.step}"
+    run_page = run_url(first.run, first.role, public_url)
+    if run_page:
+        context += f" · <{run_page}|Open run>"
     if dashboard:
         context += f" · <{dashboard}|Open dashboard>"
     blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": context}]})
@@ -126,9 +176,10 @@ def slack_body(events: Sequence[AlertEvent], dashboard: str | None, username: st
 
 def pagerduty_body(
     event: AlertEvent, severity_map: dict[str, str], group: str, dashboard: str | None,
-    state_dir: str | None = None,
+    state_dir: str | None = None, public_url: str | None = None,
 ) -> dict[str, Any]:
-    """A v2 event without its routing key: trigger on firing, resolve on resolved."""
+    """A v2 event without its routing key: trigger on firing, resolve on resolved; with
+    ``public_url`` its links open the alert's page and the run's."""
     if event.state == "resolved":
         return {"event_action": "resolve", "dedup_key": event.dedup_key}
     details: dict[str, Any] = {
@@ -141,6 +192,16 @@ def pagerduty_body(
     }
     if event.what_to_check:
         details["what_to_check"] = event.what_to_check
+    change = what_to_change(event)
+    if change:
+        details["what_to_change"] = change
+    if event.framework:
+        details["framework"] = event.framework
+    if event.first_moved:
+        details["first_moved"] = event.first_moved
+    page = alert_url(event, public_url)
+    if page:
+        details["alert_url"] = page
     if event.detail:
         details["detail"] = event.detail
     if event.cost_note:
@@ -163,21 +224,35 @@ def pagerduty_body(
             "custom_details": details,
         },
     }
+    links = []
+    if page:
+        links.append({"href": page, "text": f"rlmon: {event.alert} on {event.run}/{event.role}"})
+    run_page = run_url(event.run, event.role, public_url)
+    if run_page:
+        links.append({"href": run_page, "text": "rlmon run page"})
     if dashboard:
-        body["links"] = [{"href": dashboard, "text": "rlmon dashboard"}]
+        links.append({"href": dashboard, "text": "rlmon dashboard"})
+    if links:
+        body["links"] = links
     return body
 
 
 def webhook_body(events: Sequence[AlertEvent], dashboard: str | None,
-                 state_dir: str | None = None) -> dict[str, Any]:
-    """The generic webhook: the replay contract's alert lines plus context, one per step."""
+                 state_dir: str | None = None, public_url: str | None = None) -> dict[str, Any]:
+    """The generic webhook: the replay contract's alert lines plus context, one per step (the
+    console notifier prints it too)."""
     first = events[0]
     alerts = []
     for event in events:
         line = event.to_json()
         line.update(summary=event.summary, condition=event.condition,
                     what_to_check=event.what_to_check, dedup_key=event.dedup_key,
-                    detail=event.detail, stop=event.stop, text=summary_line(event))
+                    detail=event.detail, stop=event.stop, text=summary_line(event),
+                    framework=event.framework, what_to_change=what_to_change(event),
+                    first_moved=event.first_moved if event.state == "firing" else "")
+        page = alert_url(event, public_url)
+        if page:
+            line["alert_url"] = page
         samples = samples_json(event, state_dir)
         if samples is not None:
             line["worst_samples"] = samples
@@ -188,6 +263,9 @@ def webhook_body(events: Sequence[AlertEvent], dashboard: str | None,
         "version": 1, "source": "rlmon", "run": first.run, "role": first.role,
         "step": first.step, "alerts": alerts,
     }
+    run_page = run_url(first.run, first.role, public_url)
+    if run_page:
+        body["run_url"] = run_page
     if dashboard:
         body["dashboard"] = dashboard
     return body

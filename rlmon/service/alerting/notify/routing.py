@@ -69,9 +69,10 @@ def route(
             out.silenced += 1
     for (dest, run, role, _step), group in groups.items():
         dashboard = settings.dashboard_link(run, role)
+        page = settings.run_page()  # links to the alert's page on rlmon's run page
         body = (
-            slack_body(group, dashboard, settings.notifiers.slack.username, state_dir)
-            if dest == "slack" else webhook_body(group, dashboard, state_dir)
+            slack_body(group, dashboard, settings.notifiers.slack.username, state_dir, page)
+            if dest == "slack" else webhook_body(group, dashboard, state_dir, page)
         )
         out.notifications.append(
             Notification(dest, _chat_key(dest, group), f"{run}/{role}", body, created)
@@ -83,6 +84,7 @@ def _pagerduty(event: AlertEvent, settings: Settings, created: float,
                state_dir: str | None) -> Notification:
     pd = settings.notifiers.pagerduty
     body = pagerduty_body(event, dict(pd.severity_map), pd.group,
-                          settings.dashboard_link(event.run, event.role), state_dir)
+                          settings.dashboard_link(event.run, event.role), state_dir,
+                          settings.run_page())
     key = f"pagerduty:{event.dedup_key}@{_at(event)}:{event.state}"
     return Notification("pagerduty", key, event.dedup_key, body, created)
