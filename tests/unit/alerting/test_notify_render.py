@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import json
+from dataclasses import replace
 
 import pytest
 
 from rlmon.service.alerting.engine import AlertEvent
+from rlmon.service.alerting.notify.console import ConsoleNotifier
+from rlmon.service.alerting.notify.render import alert_url, webhook_body
 from rlmon.service.alerting.notify.routing import route
-from rlmon.service.config import Settings, Silence
+from rlmon.service.config import ConfigError, Settings, Silence, load_config
 from rlmon.service.metrics import catalog
 
 HOOK = "https://hooks.slack.com/services/T0AAAA/B0BBBB/abcdefSECRETxyz"
@@ -107,3 +111,86 @@ def test_nan_value_renders(settings: Settings) -> None:
     body = routed.notifications[0].body
     assert body["payload"]["custom_details"]["value"] == "NaN"
     json.dumps(body, allow_nan=False)
+
+
+# --- links to the run page, what to change, what moved first (issue 30) -------------------------
+
+PAGE = "https://rlmon.example.com/"
+MOVED = ("`actor/logp_diff` rose 4 steps before `actor/is_ratio_min` fell: look at the weight "
+         "sync first")
+
+
+def stale(framework: str = "verl", state: str = "firing", run: str = "grpo 7b/a") -> AlertEvent:
+    return replace(event("ISRatioStale", "critical", state, step=48, metric="actor/is_ratio_min",
+                         value=0.05, run=run), framework=framework, first_moved=MOVED)
+
+
+ALERT_URL = "https://rlmon.example.com/#/alert/grpo%207b%2Fa/actor/ISRatioStale/48"
+RUN_URL = "https://rlmon.example.com/#/run/grpo%207b%2Fa?role=actor"
+VERL_KEY = "`algorithm.rollout_correction.rollout_is_threshold` (2 to 5)"
+
+
+def test_every_destination_links_to_the_alert_page_and_names_the_frameworks_keys(
+        settings: Settings) -> None:
+    settings.public_url = PAGE
+    routed = route([stale()], settings, {"slack", "pagerduty", "webhook"})
+    by = {n.destination: n.body for n in routed.notifications}
+    slack = json.dumps(by["slack"])
+    assert f"<{ALERT_URL}|Open in rlmon>" in slack
+    assert f"<{RUN_URL}|Open run>" in slack
+    assert "<https://grafana.example.com/d/x?var-run=grpo%207b%2Fa|Open dashboard>" in slack
+    assert ":wrench: What to change (verl): The rollout engine samples" in slack
+    assert VERL_KEY in slack
+    assert f":footprints: What moved first: {MOVED}" in slack
+    pd = by["pagerduty"]["payload"]["custom_details"]
+    assert pd["alert_url"] == ALERT_URL
+    assert VERL_KEY in pd["what_to_change"] and pd["framework"] == "verl"
+    assert pd["first_moved"] == MOVED
+    assert by["pagerduty"]["links"] == [
+        {"href": ALERT_URL, "text": "rlmon: ISRatioStale on grpo 7b/a/actor"},
+        {"href": RUN_URL, "text": "rlmon run page"},
+        {"href": "https://grafana.example.com/d/x?var-run=grpo%207b%2Fa",
+         "text": "rlmon dashboard"}]
+    hook = webhook_body([stale()], None, public_url=PAGE)
+    (line,) = hook["alerts"]
+    assert line["alert_url"] == ALERT_URL and hook["run_url"] == RUN_URL
+    assert VERL_KEY in line["what_to_change"] and line["first_moved"] == MOVED
+    out = io.StringIO()
+    ConsoleNotifier(out).send(hook)
+    console = out.getvalue()
+    assert "\n    what to change (verl): The rollout engine" in console
+    assert f"\n    what moved first: {MOVED}\n" in console
+    assert f"\n    rlmon: {ALERT_URL}\n" in console
+    assert f"    run page: {RUN_URL}\n" in console
+
+
+def test_the_keys_follow_the_detected_framework() -> None:
+    keys = {fw: webhook_body([stale(fw)], None)["alerts"][0]["what_to_change"]
+            for fw in ("verl", "openrlhf", "skyrl", "trl", "")}
+    assert "`--algo.advantage.is_correction_level` (token)" in keys["openrlhf"]
+    assert "`trainer.algorithm.off_policy_correction.tis_ratio_type` (token)" in keys["skyrl"]
+    assert "`vllm_importance_sampling_clip_max` (2 to 5 (default 3.0))" in keys["trl"]
+    assert "`" not in keys[""] and "weight sync" in keys[""]  # a home-grown loop: plain words
+    assert len(set(keys.values())) == 5
+
+
+def test_without_a_public_url_nothing_links_to_rlmon_and_a_resolve_links_its_latest_firing(
+        settings: Settings) -> None:
+    routed = route([stale()], settings, {"slack", "pagerduty"})
+    text = json.dumps([n.body for n in routed.notifications])
+    assert "rlmon.example.com" not in text and "Open in rlmon" not in text
+    assert "alert_url" not in text
+    assert "Open dashboard" in text  # the dashboard link stays
+    resolved = stale(state="resolved")
+    assert alert_url(resolved, PAGE) == (
+        "https://rlmon.example.com/#/alert/grpo%207b%2Fa/actor/ISRatioStale")
+    (line,) = webhook_body([resolved], None, public_url=PAGE)["alerts"]
+    assert line["what_to_change"] == "" and line["first_moved"] == ""  # said at the firing
+
+
+def test_public_url_is_checked() -> None:
+    assert load_config(public_url="https://rlmon.example.com/x/").run_page() == (
+        "https://rlmon.example.com/x")
+    for bad in ("rlmon.example.com", "https://rlmon.example.com/?a=1", "ftp://x"):
+        with pytest.raises(ConfigError, match="public_url"):
+            load_config(public_url=bad)
