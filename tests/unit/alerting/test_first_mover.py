@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import numpy as np
+import json
 
+import numpy as np
+import pytest
+
+from rlmon.commands.deliver import deliver_alerts
 from rlmon.service.alerting.engine import AlertEngine, evaluate_in_order
 from rlmon.service.alerting.first_mover import (
     KEEP,
@@ -15,6 +19,7 @@ from rlmon.service.alerting.first_mover import (
 )
 from rlmon.service.alerting.rules import default_rules
 from rlmon.service.metrics import catalog as c
+from rlmon.service.replay import replay
 from tests.support.records import step_record
 
 SYNC_FIRST = ("`actor/logp_diff` rose 4 steps before `actor/is_ratio_min` fell: look at the "
@@ -124,3 +129,16 @@ def test_a_replay_explains_firings_with_every_role_known() -> None:
     steps = explain_steps(evaluate_in_order(AlertEngine(default_rules()), records))
     stale = [e for _, es in steps for e in es if e.alert == "ISRatioStale" and e.state == "firing"]
     assert stale and stale[0].first_moved == SYNC_FIRST
+
+
+def test_replay_alerts_to_console_say_what_moved_first(capsys: pytest.CaptureFixture[str]) -> None:
+    """`rlmon replay FILE --alerts-to console` (the command's delivery path) prints it."""
+    s = stale_weights()
+    lines = [json.dumps({"run": "r", "role": "actor", "step": step, "metrics": {
+        c.LOGP_DIFF: {"sum": float(s[c.LOGP_DIFF][step]), "count": 1},
+        c.IS_RATIO_MIN: {"min": float(s[c.IS_RATIO_MIN][step])}}}) for step in range(60)]
+    assert deliver_alerts(replay(lines), ["console"], None, all_severities=True) == 0
+    err = capsys.readouterr().err
+    assert "ISRatioStale" in err
+    assert f"what moved first: {SYNC_FIRST}" in err
+    assert "what to change: The rollout engine samples" in err  # no framework: plain words
