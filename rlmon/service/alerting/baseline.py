@@ -35,8 +35,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from itertools import pairwise
+from typing import TYPE_CHECKING
 
 from rlmon.service.metrics.spec import BaselineParams, BaselineSpec, Direction
+
+if TYPE_CHECKING:
+    from rlmon.service.alerting.baseline_batch import SeriesPredictions
 
 __all__ = ["BaselineParams", "BaselineSpec", "Direction", "observe", "predict"]
 
@@ -91,14 +95,22 @@ def _resolution(values: list[float]) -> float:
     return min((b - a for a, b in pairwise(distinct)), default=0.0)
 
 
-def observe(params: BaselineParams, history: deque[float], score: float, value: float) -> float:
+def observe(params: BaselineParams, history: deque[float], score: float, value: float,
+            ahead: SeriesPredictions | None = None) -> float:
     """Judge ``value`` against ``history`` (its trailing window, oldest first), append it, and
-    return the new CUSUM score; the condition holds while the score is >= ``decision``."""
+    return the new CUSUM score; the condition holds while the score is >= ``decision``.
+    ``ahead``: the same predictions computed for a whole recorded series at once, where the
+    engine evaluates a batch (:mod:`rlmon.service.alerting.baseline_batch`)."""
+    known = ahead.take(len(history), value) if ahead is not None else None
     if len(history) >= params.warmup:
         # while the rule fires, expect the window's own level, not its extrapolation: a slide
         # that goes on must not become the slope the warning resolves against (it resolves
         # once the metric settles)
-        expected, scale = predict(params, history, extrapolate=score < params.decision)
+        extrapolate = score < params.decision
+        if known is not None:
+            expected, scale = known[0] if extrapolate else known[1]
+        else:
+            expected, scale = predict(params, history, extrapolate=extrapolate)
         z = (_transform(params, value) - expected) / scale
         if params.direction == "down":
             z = -z

@@ -15,7 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from rlmon.service.alerting import baseline
+from rlmon.service.alerting import baseline, baseline_batch
+from rlmon.service.alerting.baseline_batch import SeriesPredictions
 from rlmon.service.alerting.rules import ANY_METRIC, LIVENESS_CONDITIONS, Condition, Rule
 from rlmon.service.contract.step_record import StepRecord, json_number
 from rlmon.service.metrics import catalog
@@ -95,6 +96,9 @@ class AlertState:
     # restarted service keeps counting the alert's cost (rlmon.service.goodput.alert_costs)
     onset: float | None = None
     gpus: float = 0.0
+    # baseline: the predictions of a batch evaluated in order (not saved; never needed to
+    # continue: the detector predicts itself without them)
+    ahead: SeriesPredictions | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +202,7 @@ def _check(rule: Rule, record: StepRecord, state: AlertState) -> _Check:
         return _Check(True, value < rule.low or value > rule.high, rule.metric, value)
     if cond is Condition.BASELINE:
         params = rule.baseline
-        state.score = baseline.observe(params, state.history, state.score, value)
+        state.score = baseline.observe(params, state.history, state.score, value, state.ahead)
         return _Check(True, state.score >= params.decision, rule.metric, value)
     return _Check(True, _window_check(rule, state, value), rule.metric, value)
 
@@ -324,6 +328,10 @@ class AlertEngine:
 def evaluate_in_order(engine: AlertEngine, records: Iterable[StepRecord]) -> list[
     tuple[StepRecord, list[AlertEvent]]
 ]:
-    """Evaluate a batch of records per (run, role) in increasing step order."""
+    """Evaluate a batch of records per (run, role) in increasing step order (a long batch's
+    baseline predictions computed at once: the same numbers, rlmon.service.alerting.baseline_batch)."""
     ordered = sorted(records, key=lambda r: r.identity)
+    for key, series in baseline_batch.prepare(engine.rules, ordered,
+                                              lambda k: k not in engine.states).items():
+        engine.states[key] = AlertState(ahead=series)
     return [(record, engine.evaluate(record)) for record in ordered]

@@ -1,0 +1,166 @@
+"""The baseline detector's predictions for a whole recorded series at once, bit for bit.
+
+Live, the detector (:mod:`rlmon.service.alerting.baseline`) predicts each step from its trailing
+window: a few sorts of 60 values in Python, some 30 us. A recorded run of a million steps
+(``rlmon diagnose`` of a long ``trainer_state.json``, ``rlmon replay``) asks that of every step
+of every baseline rule: minutes. When a batch of steps is evaluated in order
+(:func:`~rlmon.service.alerting.engine.evaluate_in_order`) the values each rule will see are
+known in advance, so the windows' robust lines are computed here with numpy, a block of steps at
+a time, in the same floating-point operations in the same order (sorted windows, the two middle
+values' mean as ``0.5 * (a + b)``, the transform by ``math.log`` itself), so each prediction is
+the number :func:`~rlmon.service.alerting.baseline.predict` returns. The CUSUM and the alert's
+state machine still run step by step in the engine, which takes a prediction from here only
+while the value it observes is the one this series expected at that place and its window has
+the expected length; anything else (a skipped step, a restart, a window with a non-finite
+intermediate) falls back to ``predict``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from rlmon.service.alerting import baseline
+from rlmon.service.alerting.rules import Condition, Rule
+from rlmon.service.contract.step_record import StepRecord
+from rlmon.service.metrics.spec import BaselineParams
+
+__all__ = ["MIN_SERIES", "SeriesPredictions", "prepare"]
+
+MIN_SERIES = 2_000  # below this the step-by-step prediction is as fast as preparing a batch
+_BLOCK = 8_192  # windows predicted at a time (a block of 60-value windows is a few MB)
+Prediction = tuple[tuple[float, float], tuple[float, float]]
+
+
+def _median(ordered: np.ndarray) -> np.ndarray:
+    """Row medians of row-sorted windows, as ``baseline._median`` takes them."""
+    n = ordered.shape[1]
+    mid = n // 2
+    if n % 2:
+        return ordered[:, mid]
+    return 0.5 * (ordered[:, mid - 1] + ordered[:, mid])
+
+
+def _block(params: BaselineParams, windows: np.ndarray,
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(expected extrapolated, scale, expected level, scale, all finite) per window."""
+    rows, n = windows.shape
+    half = n // 2
+    if params.follow_drift:
+        slope = (_median(np.sort(windows[:, n - half:], axis=1))
+                 - _median(np.sort(windows[:, :half], axis=1))) / (n - half)
+        # min(slope, 0.0) / max(slope, 0.0) as Python picks them
+        slope = np.where(slope > 0.0, 0.0, slope) if params.direction == "down" \
+            else np.where(slope < 0.0, 0.0, slope)
+    else:
+        slope = np.zeros(rows)
+    centre = (n - 1) / 2
+    offsets = np.arange(n, dtype=np.float64) - centre
+    detrended = windows - slope[:, None] * offsets[None, :]
+    level = _median(np.sort(detrended, axis=1))
+    mad = _median(np.sort(np.abs(detrended - level[:, None]), axis=1))
+    ordered = np.sort(windows, axis=1)
+    gaps = ordered[:, 1:] - ordered[:, :-1]
+    resolution = np.where(gaps > 0.0, gaps, np.inf).min(axis=1)
+    resolution = np.where(np.isinf(resolution), 0.0, resolution)
+    spread = baseline._MAD_TO_SD * mad
+
+    def scale(expected: np.ndarray) -> np.ndarray:
+        if params.log_offset is None:
+            relative = params.relative_floor * np.abs(expected)
+            floor = np.where(relative > params.floor, relative, params.floor)
+        else:
+            floor = np.full(rows, math.log1p(params.relative_floor))
+        return np.maximum(np.maximum(np.maximum(spread, floor), resolution), baseline._TINY)
+
+    extrapolated = level + slope * (n - centre)
+    scale_extrapolated, scale_level = scale(extrapolated), scale(level)
+    finite = (np.isfinite(windows).all(axis=1) & np.isfinite(extrapolated)
+              & np.isfinite(scale_extrapolated) & np.isfinite(scale_level)
+              & np.isfinite(gaps).all(axis=1))
+    return extrapolated, scale_extrapolated, level, scale_level, finite
+
+
+class SeriesPredictions:
+    """The predictions for each value of one rule's series, handed out in order.
+
+    :meth:`take` is called once per value the detector observes, with its window; it answers
+    ((expected, scale) extrapolated, (expected, scale) at the window's level) for that place,
+    or None where the detector must predict itself (warm-up, a non-finite window, or once what
+    it observes has left the series: then never again)."""
+
+    def __init__(self, params: BaselineParams, values: Sequence[float]) -> None:
+        self.params = params
+        self._raw = np.asarray(values, dtype=np.float64)
+        self._transformed = np.array([baseline._transform(params, v) for v in values],
+                                     dtype=np.float64)
+        self._index = 0
+        self._on_track = True
+        self._block_start = -1
+        self._block: tuple[np.ndarray, ...] = ()
+
+    def _compute(self, start: int) -> None:
+        window = self.params.window
+        stop = min(start + _BLOCK, len(self._raw))
+        # the window before value i is transformed[i - window:i]
+        views = sliding_window_view(self._transformed[start - window:stop - 1], window)
+        self._block = _block(self.params, np.ascontiguousarray(views))
+        self._block_start = start
+
+    def take(self, window_length: int, value: float) -> Prediction | None:
+        i = self._index
+        window = self.params.window
+        if not self._on_track or i >= len(self._raw) or float(self._raw[i]) != value \
+                or window_length != min(i, window):
+            self._on_track = False
+            return None
+        self._index = i + 1
+        if i < window:
+            return None  # the window still filling: few values, predicted step by step
+        if not self._block or not self._block_start <= i < self._block_start + _BLOCK:
+            self._compute(i)
+        k = i - self._block_start
+        extrapolated, scale_extrapolated, level, scale_level, finite = self._block
+        if not finite[k]:
+            return None
+        return ((float(extrapolated[k]), float(scale_extrapolated[k])),
+                (float(level[k]), float(scale_level[k])))
+
+
+def prepare(rules: Sequence[Rule], ordered: Sequence[StepRecord],
+            fresh: Callable[[tuple[str, str, str]], bool],
+            ) -> dict[tuple[str, str, str], SeriesPredictions]:
+    """For each (run, role, baseline rule) with no state yet, the series of values its detector
+    will observe when ``ordered`` (sorted by identity) is evaluated: the steps the engine
+    evaluates up to the stream's first restart (a later attempt starts from a fresh state),
+    those holding the metric with a finite value. Only series of ``MIN_SERIES`` values or more."""
+    wanted = [r for r in rules if r.condition is Condition.BASELINE]
+    if not wanted or len(ordered) < MIN_SERIES:
+        return {}
+    values: dict[tuple[str, str, str], list[float]] = {}
+    first_attempt: dict[tuple[str, str], int] = {}
+    last_step: dict[tuple[str, str], int] = {}
+    streams: dict[tuple[str, str], list[tuple[str, str, str, str]]] = {}
+    for record in ordered:
+        stream = (record.run, record.role)
+        attempt = first_attempt.setdefault(stream, record.attempt)
+        if record.attempt != attempt or record.step <= last_step.get(stream, -1):
+            continue  # after a restart (states reset) or a step the engine skips
+        last_step[stream] = record.step
+        keyed = streams.get(stream)
+        if keyed is None:
+            keyed = streams[stream] = [
+                (record.run, record.role, rule.name, rule.metric) for rule in wanted
+                if (rule.roles is None or record.role in rule.roles)
+                and fresh((record.run, record.role, rule.name))]
+        metrics = record.metrics
+        for run, role, name, metric in keyed:
+            value = metrics.get(metric)
+            if value is not None and math.isfinite(value):
+                values.setdefault((run, role, name), []).append(value)
+    by_name = {rule.name: rule for rule in wanted}
+    return {key: SeriesPredictions(by_name[key[2]].baseline, series)
+            for key, series in values.items() if len(series) >= MIN_SERIES}
