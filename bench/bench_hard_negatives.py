@@ -3,7 +3,8 @@
 Each kind below is a healthy GRPO run with one benign change that a naive detector mistakes for a
 fault: a learning-rate warm-up, a fast learner, steady length growth, a curriculum switch, a slow
 KL drift, single-step gradient-norm outliers, small-batch noise, a steady one-step off-policy
-mismatch whose ``actor/logp_diff`` sits near ``LogprobMismatch``'s 0.1, and more. The runs are
+mismatch whose ``actor/logp_diff`` sits near ``LogprobMismatch``'s 0.1, an LR warm restart, a
+model that learns to be concise, and more (15 kinds). The runs are
 written as contract records (docs/contract.md, one rank per role, a step every ``--step-seconds``)
 and go through ``rlmon replay``'s own code (:func:`rlmon.service.replay.replay`: assembly, the
 default rule pack, the time-based rules), then through the service's routing with the default
@@ -240,13 +241,38 @@ def clip_warm(r: Run, _max_len: float) -> None:
     s["actor/clip_ratio"] = np.clip(r.u(0.15, 0.25) * np.exp(r.noise(0.08)), 0, 1)
 
 
+def lr_restart(r: Run, _max_len: float) -> None:
+    """A cosine schedule with a warm restart half-way: the LR falls to a tenth, then jumps back;
+    gradient norm, clip ratio and KL follow it for a while."""
+    s = r.s
+    at = int(r.u(0.4, 0.6) * r.steps)
+    phase = np.where(r.t < at, r.t / at, (r.t - at) / (r.steps - at))
+    lr = 1e-7 + 0.9e-6 * 0.5 * (1 + np.cos(np.pi * phase))
+    s["actor/lr"] = lr
+    gain = lr / 1e-6
+    s["actor/grad_norm"] = s["actor/grad_norm"] * (0.7 + 0.6 * gain)
+    s["actor/clip_ratio"] = np.clip(s["actor/clip_ratio"] * (0.3 + 1.2 * gain), 0, 1)
+    s["actor/kl"] = s["actor/kl"] * (1 + 0.5 * (r.t >= at) * gain)
+
+
+def length_shrink(r: Run, max_len: float) -> None:
+    """The model learns to be concise (a length penalty in the reward): response length falls by
+    a third to a half over 100-200 steps while the reward still rises; entropy dips a little."""
+    s = r.s
+    p = 1 - np.exp(-r.t / r.u(50, 100))
+    s["rollout/response_length"] = s["rollout/response_length"] * (1 - r.u(0.33, 0.5) * p)
+    s["rollout/clipped_ratio"] = np.clip(s["rollout/clipped_ratio"] * (1 - p), 0, 1)
+    s["actor/entropy"] = s["actor/entropy"] * (1 - 0.15 * p)
+
+
 KINDS: dict[str, Callable[[Run, float], None]] = {
     "lr_warmup": lr_warmup, "fast_learner": fast_learner, "length_growth": length_growth,
     "curriculum_switch": curriculum_switch, "kl_drift": kl_drift,
     "grad_outliers": grad_outliers, "small_batch": small_batch,
     "offpolicy_steady": offpolicy_steady, "entropy_sharpening": entropy_sharpening,
     "async_lag_jitter": async_lag_jitter, "kl_spikes": kl_spikes,
-    "saturated_reward": saturated_reward, "clip_warm": clip_warm,
+    "saturated_reward": saturated_reward, "clip_warm": clip_warm, "lr_restart": lr_restart,
+    "length_shrink": length_shrink,
 }
 
 
