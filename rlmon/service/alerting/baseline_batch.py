@@ -18,6 +18,7 @@ intermediate) falls back to ``predict``.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -94,40 +95,45 @@ class SeriesPredictions:
 
     def __init__(self, params: BaselineParams, values: Sequence[float]) -> None:
         self.params = params
-        self._raw = np.asarray(values, dtype=np.float64)
+        self._raw = array("d", values)
         self._transformed = np.array([baseline._transform(params, v) for v in values],
                                      dtype=np.float64)
         self._index = 0
         self._on_track = True
         self._block_start = -1
-        self._block: tuple[np.ndarray, ...] = ()
+        self._block: tuple[list[float], list[float], list[float], list[float], list[bool]] \
+            | None = None
 
     def _compute(self, start: int) -> None:
         window = self.params.window
         stop = min(start + _BLOCK, len(self._raw))
         # the window before value i is transformed[i - window:i]
         views = sliding_window_view(self._transformed[start - window:stop - 1], window)
-        self._block = _block(self.params, np.ascontiguousarray(views))
+        extrapolated, scale_extrapolated, level, scale_level, finite = _block(
+            self.params, np.ascontiguousarray(views))
+        # as Python floats: indexing a list is far cheaper than making a numpy scalar
+        self._block = (extrapolated.tolist(), scale_extrapolated.tolist(), level.tolist(),
+                       scale_level.tolist(), finite.tolist())
         self._block_start = start
 
     def take(self, window_length: int, value: float) -> Prediction | None:
         i = self._index
         window = self.params.window
-        if not self._on_track or i >= len(self._raw) or float(self._raw[i]) != value \
+        if not self._on_track or i >= len(self._raw) or self._raw[i] != value \
                 or window_length != min(i, window):
             self._on_track = False
             return None
         self._index = i + 1
         if i < window:
             return None  # the window still filling: few values, predicted step by step
-        if not self._block or not self._block_start <= i < self._block_start + _BLOCK:
+        if self._block is None or not self._block_start <= i < self._block_start + _BLOCK:
             self._compute(i)
+        assert self._block is not None
         k = i - self._block_start
         extrapolated, scale_extrapolated, level, scale_level, finite = self._block
         if not finite[k]:
             return None
-        return ((float(extrapolated[k]), float(scale_extrapolated[k])),
-                (float(level[k]), float(scale_level[k])))
+        return (extrapolated[k], scale_extrapolated[k]), (level[k], scale_level[k])
 
 
 def prepare(rules: Sequence[Rule], ordered: Sequence[StepRecord],

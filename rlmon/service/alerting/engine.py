@@ -11,9 +11,9 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from rlmon.service.alerting import baseline, baseline_batch
 from rlmon.service.alerting.baseline_batch import SeriesPredictions
@@ -21,7 +21,7 @@ from rlmon.service.alerting.rules import ANY_METRIC, LIVENESS_CONDITIONS, Condit
 from rlmon.service.contract.step_record import StepRecord, json_number
 from rlmon.service.metrics import catalog
 
-__all__ = ["AlertEngine", "AlertEvent", "AlertState", "evaluate_in_order"]
+__all__ = ["AlertEngine", "AlertEvent", "AlertState", "evaluate_in_order", "evaluate_sorted"]
 
 State = Literal["firing", "resolved"]
 
@@ -101,8 +101,7 @@ class AlertState:
     ahead: SeriesPredictions | None = field(default=None, compare=False, repr=False)
 
 
-@dataclass(frozen=True, slots=True)
-class _Check:
+class _Check(NamedTuple):  # one per rule per step: a tuple is built at a fraction of the cost
     applies: bool
     holds: bool = False
     metric: str = ""
@@ -201,7 +200,8 @@ def _check(rule: Rule, record: StepRecord, state: AlertState) -> _Check:
         assert rule.high is not None
         return _Check(True, value < rule.low or value > rule.high, rule.metric, value)
     if cond is Condition.BASELINE:
-        params = rule.baseline
+        # the rule's parameters (a batch's predictions were made with them: built once)
+        params = rule.baseline if state.ahead is None else state.ahead.params
         state.score = baseline.observe(params, state.history, state.score, value, state.ahead)
         return _Check(True, state.score >= params.decision, rule.metric, value)
     return _Check(True, _window_check(rule, state, value), rule.metric, value)
@@ -328,10 +328,17 @@ class AlertEngine:
 def evaluate_in_order(engine: AlertEngine, records: Iterable[StepRecord]) -> list[
     tuple[StepRecord, list[AlertEvent]]
 ]:
-    """Evaluate a batch of records per (run, role) in increasing step order (a long batch's
-    baseline predictions computed at once: the same numbers, rlmon.service.alerting.baseline_batch)."""
-    ordered = sorted(records, key=lambda r: r.identity)
+    """Evaluate a batch of records per (run, role) in increasing step order."""
+    return list(evaluate_sorted(engine, sorted(records, key=lambda r: r.identity)))
+
+
+def evaluate_sorted(engine: AlertEngine, ordered: Sequence[StepRecord],
+                    ) -> Iterator[tuple[StepRecord, list[AlertEvent]]]:
+    """Evaluate records already sorted by identity, one at a time (a long log's records can be
+    built as they are reached); a long batch's baseline predictions are computed at once (the
+    same numbers: rlmon.service.alerting.baseline_batch)."""
     for key, series in baseline_batch.prepare(engine.rules, ordered,
                                               lambda k: k not in engine.states).items():
         engine.states[key] = AlertState(ahead=series)
-    return [(record, engine.evaluate(record)) for record in ordered]
+    for record in ordered:
+        yield record, engine.evaluate(record)

@@ -12,15 +12,27 @@ jump) and what to check.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 from rlmon.service.alerting import sanity
-from rlmon.service.alerting.engine import AlertEngine, AlertEvent, evaluate_in_order
-from rlmon.service.alerting.rules import Rule, default_rules
+from rlmon.service.alerting.engine import (
+    AlertEngine,
+    AlertEvent,
+    evaluate_in_order,
+    evaluate_sorted,
+)
+from rlmon.service.alerting.rules import (
+    ANY_METRIC,
+    LIVENESS_CONDITIONS,
+    Condition,
+    Rule,
+    default_rules,
+)
 from rlmon.service.contract.step_record import StepRecord, json_number
 from rlmon.service.diagnose import signatures
+from rlmon.service.diagnose.columns import ColumnRows, RecordView
 from rlmon.service.diagnose.logged_run import LoggedRun
 from rlmon.service.diagnose.mapping import KeyMap, KeyStatus, map_keys, rlmon_key_map
 from rlmon.service.metrics import catalog as c
@@ -117,7 +129,8 @@ class Diagnosis:
     run: LoggedRun
     keymap: KeyMap
     findings: tuple[Finding, ...]
-    steps: tuple[tuple[StepRecord, tuple[AlertEvent, ...]], ...] = ()
+    # every step with its events (a long log's records built as they are looked at)
+    steps: Sequence[tuple[StepRecord, Sequence[AlertEvent]]] = ()
     lossy_keys: tuple[str, ...] = ()  # the sanity layer's word on each lossy relayed key
     no_known_keys: bool = False
 
@@ -146,11 +159,14 @@ def _fmt(value: float) -> str:
     return f"{value:.4g}"
 
 
-def to_records(run: LoggedRun, keymap: KeyMap) -> list[StepRecord]:
-    """The run's steps as step records under the mapped names (one stream per run)."""
+def to_records(run: LoggedRun, keymap: KeyMap) -> Sequence[StepRecord]:
+    """The run's steps as step records under the mapped names (one stream per run); a long
+    log's (:class:`ColumnRows`) are built one at a time as they are looked at."""
     if run.records:
         return list(run.records)
     names = {info.key: info.name for info in keymap.keys if info.name}
+    if isinstance(run.rows, ColumnRows):
+        return RecordView(run.rows, names, run.name, ROLE)
     return [
         StepRecord(run=run.name, role=ROLE, step=step, complete=True, ranks_expected=1,
                    ranks_reporting=1, missing_ranks=(),
@@ -163,21 +179,39 @@ def _stream(steps: Sequence[tuple[StepRecord, Any]], run: str, role: str) -> lis
     return [r for r, _ in steps if r.run == run and r.role == role]
 
 
-def _since(stream: list[StepRecord], event: AlertEvent, rule: Rule | None) -> int | None:
+def _index_after(stream: Sequence[StepRecord], step: int) -> int:
+    """The index of the first record after ``step`` (a log's view looks it up)."""
+    if isinstance(stream, RecordView):
+        return stream.index_after(step)
+    return next((i for i, r in enumerate(stream) if r.step > step), len(stream))
+
+
+def _since(stream: Sequence[StepRecord], event: AlertEvent, rule: Rule | None) -> int | None:
     """The first step of the run of steps (holding the metric) the rule needed to fire."""
     if rule is None or event.state != "firing":
         return None
     need = rule.for_steps
-    holding = [r.step for r in stream if r.step <= event.step
-               and (not event.metric or event.metric in r.metrics)]
+    if isinstance(stream, RecordView):  # in step order: walk back from the firing step
+        holding: list[int] = []
+        index = stream.index_after(event.step) - 1
+        while index >= 0 and len(holding) < need:
+            record = stream[index]
+            if not event.metric or event.metric in record.metrics:
+                holding.insert(0, record.step)
+            index -= 1
+    else:
+        holding = [r.step for r in stream if r.step <= event.step
+                   and (not event.metric or event.metric in r.metrics)]
     return holding[-need] if len(holding) >= need else event.step
 
 
-def _related(stream: list[StepRecord], event: AlertEvent, since: int | None,
+def _related(stream: Sequence[StepRecord], event: AlertEvent, since: int | None,
              keymap: KeyMap) -> tuple[Related, ...]:
     onset = since if since is not None else event.step
-    index = next((i for i, r in enumerate(stream) if r.step >= onset), 0)
-    end = next((i for i, r in enumerate(stream) if r.step > event.step), len(stream))
+    index = _index_after(stream, onset - 1)
+    if index >= len(stream):
+        index = 0
+    end = _index_after(stream, event.step)
     window = stream[max(0, index - _BEFORE):max(end, index + 1)]
     keys = {info.name: info.key for info in keymap.keys if info.name}
     out = []
@@ -189,12 +223,17 @@ def _related(stream: list[StepRecord], event: AlertEvent, since: int | None,
     return tuple(out)
 
 
-def _detail(stream: list[StepRecord], event: AlertEvent) -> str:
+def _detail(stream: Sequence[StepRecord], event: AlertEvent) -> str:
     if event.alert != "NonFiniteMetric" or event.state != "firing":
         return ""
-    record = next(r for r in stream if r.step == event.step)
+    if isinstance(stream, RecordView):
+        at = stream.index_after(event.step) - 1
+        record = stream[at]
+        earlier = [stream[at - 1]] if at > 0 else []
+    else:
+        record = next(r for r in stream if r.step == event.step)
+        earlier = [r for r in stream if r.step < event.step]
     bad = sorted(n for n, v in record.metrics.items() if not math.isfinite(v))
-    earlier = [r for r in stream if r.step < event.step]
     text = f"non-finite at step {event.step}: {', '.join(bad)}"
     if earlier:
         text += f"; every metric was finite at step {earlier[-1].step}"
@@ -230,11 +269,22 @@ def diagnose(run: LoggedRun, rules: Sequence[Rule] | None = None,
     rules = default_rules() if rules is None else list(rules)
     by_rule = {r.name: r for r in rules}
     records = to_records(run, keymap)
-    steps = evaluate_in_order(AlertEngine(rules), records)
+    steps: Sequence[tuple[StepRecord, Sequence[AlertEvent]]]
+    streams: dict[tuple[str, str], Sequence[StepRecord]] = {}
+    if isinstance(records, RecordView):  # a long log: one stream, in step order, built lazily
+        mapped = set(keymap.by_name())
+        engine = AlertEngine([r for r in rules if _can_apply(r, mapped)])
+        evented = [(i, tuple(e)) for i, (_, e) in enumerate(evaluate_sorted(engine, records))
+                   if e]
+        steps = LoggedSteps(records, dict(evented))
+        with_events = [(records[i], e) for i, e in evented]
+        streams[(run.name, ROLE)] = records
+    else:
+        steps = evaluate_in_order(AlertEngine(rules), records)
+        with_events = [(r, e) for r, e in steps if e]
     names = keymap.by_name()
     findings: list[Finding] = []
-    streams: dict[tuple[str, str], list[StepRecord]] = {}
-    for _, events in steps:
+    for _, events in with_events:
         for event in events:
             stream = streams.get((event.run, event.role))
             if stream is None:
@@ -256,8 +306,52 @@ def diagnose(run: LoggedRun, rules: Sequence[Rule] | None = None,
         keymap.framework, [i.key.removeprefix("train/") for i in keymap.keys])) \
         if keymap.framework else ()
     known = any(info.status in (KeyStatus.CANONICAL, KeyStatus.RELAYED) for info in keymap.keys)
-    return Diagnosis(run, keymap, tuple(findings),
-                     tuple((r, tuple(e)) for r, e in steps), lossy, not known)
+    if not isinstance(steps, LoggedSteps):
+        steps = tuple((r, tuple(e)) for r, e in steps)
+    return Diagnosis(run, keymap, tuple(findings), steps, lossy, not known)
+
+
+def _can_apply(rule: Rule, metrics: set[str]) -> bool:
+    """Whether a rule can judge any step of a log holding ``metrics``: a rule on one metric the
+    log never has, or judged by time (a log has no heartbeats), is never applicable (the engine
+    would skip it at every step; left out, a million-step log is evaluated sooner)."""
+    if rule.condition in LIVENESS_CONDITIONS:
+        return False
+    if rule.metric == ANY_METRIC or rule.condition not in _ONE_METRIC:
+        return True
+    return rule.metric in metrics
+
+
+_ONE_METRIC = frozenset({Condition.THRESHOLD, Condition.OUTSIDE, Condition.BASELINE,
+                         Condition.STUCK, Condition.TREND, Condition.NON_FINITE})
+
+
+class LoggedSteps(Sequence[tuple[StepRecord, Sequence[AlertEvent]]]):
+    """A long log's evaluated steps: its records built when looked at, the events kept."""
+
+    def __init__(self, records: RecordView, events: dict[int, tuple[AlertEvent, ...]]) -> None:
+        self._records = records
+        self._events = events
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[StepRecord, Sequence[AlertEvent]]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[tuple[StepRecord, Sequence[AlertEvent]]]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        return self._records[index], self._events.get(index, ())
+
+    def __iter__(self) -> Iterator[tuple[StepRecord, Sequence[AlertEvent]]]:
+        for index, record in enumerate(self._records):
+            yield record, self._events.get(index, ())
+
+    def __len__(self) -> int:
+        return len(self._records)
 
 
 _DPO_KEYS = frozenset({"rewards/chosen", "rewards/rejected", "rewards/margins"})
@@ -269,18 +363,26 @@ def _is_dpo(keymap: KeyMap) -> bool:
     return _DPO_KEYS.issubset(bare)
 
 
-def _sanity(records: list[StepRecord], keymap: KeyMap, run: LoggedRun) -> list[Finding]:
+def _at_step(ordered: Sequence[StepRecord], step: int) -> StepRecord | None:
+    """The (last) record of ``step``."""
+    if isinstance(ordered, RecordView):
+        index = ordered.index_after(step) - 1
+        return ordered[index] if index >= 0 and ordered[index].step == step else None
+    return {r.step: r for r in ordered}.get(step)
+
+
+def _sanity(records: Sequence[StepRecord], keymap: KeyMap, run: LoggedRun) -> list[Finding]:
     names = keymap.by_name()
     checkers: dict[tuple[str, str], sanity.SanityChecker] = {}
     # the run's metadata as the service would have it from set_run_info, built the same way
     meta = run.settings.to_run_info(keymap.framework or "", _is_dpo(keymap),
                                     run.packages.get("deepspeed", ""))
     dpo, deepspeed = sanity.checker_args(meta)
-    ordered = sorted(records, key=lambda r: r.identity)
+    ordered = records if isinstance(records, RecordView) else \
+        sorted(records, key=lambda r: r.identity)
     found_at = [(r, f) for r in ordered for f in _observe(checkers, r, dpo, deepspeed)]
-    by_step = {r.step: r for r in ordered}
     for found in signatures.scaling_signatures(run, ordered):
-        record = by_step.get(found.step if found.step is not None else -1)
+        record = _at_step(ordered, found.step if found.step is not None else -1)
         if record is not None:
             found_at.append((record, found))
     out = []
@@ -318,7 +420,8 @@ def _gaps(run: LoggedRun, keymap: KeyMap) -> list[Finding]:
     since: dict[str, int] = {}
     said: set[str] = set()
     out = []
-    for step, values in run.rows.items():
+    rows = run.rows.rows() if isinstance(run.rows, ColumnRows) else run.rows.items()
+    for step, values in rows:
         steady = {k for k, n in streak.items() if n >= _STEADY}
         missing = sorted(k for k in steady if k not in values)
         if missing and len(steady) - len(missing) >= len(missing):

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from rlmon.service.contract.records import MAX_STEP, ContractError, check_integer
 from rlmon.service.contract.step_record import StepRecord
+from rlmon.service.diagnose.columns import ColumnRows
 from rlmon.service.diagnose.run_settings import RunSettings, Segment
 
 __all__ = ["LogError", "LoggedRun", "ReadProblem", "checked_step", "run_name", "to_float"]
@@ -71,6 +72,8 @@ class LoggedRun:
 
     @property
     def keys(self) -> list[str]:
+        if isinstance(self.rows, ColumnRows):
+            return self.rows.columns
         seen: dict[str, None] = {}
         for values in self.rows.values():
             seen.update(dict.fromkeys(values))

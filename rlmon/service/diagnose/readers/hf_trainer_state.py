@@ -9,9 +9,9 @@ The run's settings come from the ``training_args.bin`` beside it, read without u
 from __future__ import annotations
 
 import re
-from collections import defaultdict
 from pathlib import Path
 
+from rlmon.service.diagnose.columns import RowsBuilder
 from rlmon.service.diagnose.logged_run import (
     LogError,
     LoggedRun,
@@ -78,7 +78,7 @@ def read_trainer_state(path: Path) -> LoggedRun:
     kept, not the file."""
     stream = _open(path)
     problems: list[ReadProblem] = []
-    rows: dict[int, dict[str, float]] = defaultdict(dict)
+    rows = RowsBuilder()
     found = False
     try:
         for key in stream.object_items():
@@ -91,7 +91,7 @@ def read_trainer_state(path: Path) -> LoggedRun:
             for index, entry in enumerate(stream.array_items()):
                 _entry(path, index, entry, rows, problems)
     except JsonStreamError as exc:
-        if not rows:
+        if not rows.steps:
             raise LogError(str(path), str(exc)) from None
         problems.append(ReadProblem(str(path), f"{exc}; the entries before it are diagnosed"))
     except OSError as exc:
@@ -102,12 +102,13 @@ def read_trainer_state(path: Path) -> LoggedRun:
         raise LogError(str(path), "expected a Hugging Face trainer state: an object with a "
                        "'log_history' list")
     label = path.parent.name if path.parent.name else path.stem
-    segments, notes = _settings(path.parent / training_args.FILE_NAME, min(rows, default=0))
-    return LoggedRun(str(path), "hf-trainer-state", run_name(label), dict(sorted(rows.items())),
+    built = rows.build()
+    segments, notes = _settings(path.parent / training_args.FILE_NAME, min(built, default=0))
+    return LoggedRun(str(path), "hf-trainer-state", run_name(label), built,
                      problems=tuple(problems), segments=segments, notes=notes)
 
 
-def _entry(path: Path, index: int, entry: object, rows: dict[int, dict[str, float]],
+def _entry(path: Path, index: int, entry: object, rows: RowsBuilder,
            problems: list[ReadProblem]) -> None:
     where = f"{path}: log_history[{index}]"
     if not isinstance(entry, dict):
@@ -117,11 +118,12 @@ def _entry(path: Path, index: int, entry: object, rows: dict[int, dict[str, floa
     if isinstance(step, str):
         problems.append(ReadProblem(where, f"'step' {step}"))
         return
-    row = rows[step]
+    row = {}
     for key, value in entry.items():
         number = to_float(value)
         if number is not None:
             row[key] = number
+    rows.add(step, row)
 
 
 def _checkpoints(state: Path) -> list[tuple[int, Path]]:

@@ -1,0 +1,169 @@
+"""A long log's values by column, and its steps as records built only when looked at.
+
+A million-entry ``trainer_state.json`` held as a dict per step, then a step record (with its own
+dict) per step, costs about 2 KB a step: gigabytes for values that are 8 bytes each. Here a run's
+rows are kept as one array of steps and, per key, an array of values and a byte per step saying
+whether the key was logged there (NaN is a value a run can log, so it cannot mark a gap): memory
+follows the values kept. The rows still read as ``Mapping[int, Mapping[str, float]]`` (a row's
+dict is built when asked), and :class:`RecordView` gives the step records the rules evaluate,
+one at a time, in step order.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from bisect import bisect_left, bisect_right
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from typing import overload
+
+from rlmon.service.contract.step_record import StepRecord
+
+__all__ = ["ColumnRows", "RecordView", "RowsBuilder"]
+
+
+class ColumnRows(Mapping[int, Mapping[str, float]]):
+    """Rows by step (ascending), stored by column."""
+
+    def __init__(self, steps: array[int], values: dict[str, array[float]],
+                 present: dict[str, bytearray]) -> None:
+        self._steps = steps
+        self._values = values
+        self._present = present
+
+    @property
+    def columns(self) -> list[str]:
+        """The keys, in the order they were first logged."""
+        return list(self._values)
+
+    def step_at(self, index: int) -> int:
+        return self._steps[index]
+
+    def row(self, index: int) -> dict[str, float]:
+        return {key: column[index] for key, column in self._values.items()
+                if self._present[key][index]}
+
+    def index_after(self, step: int) -> int:
+        """The index of the first row whose step is greater than ``step``."""
+        return bisect_right(self._steps, step)
+
+    def __getitem__(self, step: int) -> Mapping[str, float]:
+        index = bisect_left(self._steps, step)
+        if index == len(self._steps) or self._steps[index] != step:
+            raise KeyError(step)
+        return self.row(index)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._steps)
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def rows(self) -> Iterator[tuple[int, dict[str, float]]]:
+        """(step, row) in step order, each row built as it is reached."""
+        for index, step in enumerate(self._steps):
+            yield step, self.row(index)
+
+
+class RowsBuilder:
+    """Collects rows as a reader meets them; rows of one step merge (a later value of a key
+    replaces an earlier one). Steps met in ascending order go straight into columns; a step met
+    after a later one is kept aside and merged in at :meth:`build`."""
+
+    def __init__(self) -> None:
+        self._steps: array[int] = array("q")
+        self._values: dict[str, array[float]] = {}
+        self._present: dict[str, bytearray] = {}
+        self._step: int | None = None
+        self._pending: dict[str, float] = {}
+        self._late: dict[int, dict[str, float]] = defaultdict(dict)
+
+    @property
+    def steps(self) -> int:
+        """Steps met so far."""
+        return len(self._steps) + (self._step is not None) + len(self._late)
+
+    def add(self, step: int, values: Mapping[str, float]) -> None:
+        if step == self._step:
+            self._pending.update(values)
+        elif self._step is None or step > self._step:
+            self._flush()
+            self._step, self._pending = step, dict(values)
+        else:
+            self._late[step].update(values)
+
+    def _flush(self) -> None:
+        if self._step is None:
+            return
+        size = len(self._steps)
+        self._steps.append(self._step)
+        for key in self._pending:
+            if key not in self._values:  # in the order first logged
+                self._values[key] = array("d", [math.nan]) * size
+                self._present[key] = bytearray(size)
+        for key, column in self._values.items():
+            value = self._pending.get(key)
+            if value is None:
+                column.append(math.nan)
+                self._present[key].append(0)
+            else:
+                column.append(value)
+                self._present[key].append(1)
+        self._step, self._pending = None, {}
+
+    def build(self) -> Mapping[int, Mapping[str, float]]:
+        """The rows; a log whose steps went back (rare: a reader's file order) is merged into
+        plain dicts, sorted."""
+        self._flush()
+        rows = ColumnRows(self._steps, self._values, self._present)
+        if not self._late:
+            return rows
+        merged: dict[int, dict[str, float]] = {step: dict(row) for step, row in rows.rows()}
+        for step, values in self._late.items():
+            merged.setdefault(step, {}).update(values)
+        return dict(sorted(merged.items()))
+
+
+class RecordView(Sequence[StepRecord]):
+    """A log's steps as step records under the mapped names (one stream), each built when it is
+    looked at; iteration is in step order."""
+
+    def __init__(self, rows: ColumnRows, names: Mapping[str, str], run: str, role: str) -> None:
+        self._rows = rows
+        self._names = names
+        self._run = run
+        self._role = role
+
+    def _record(self, index: int) -> StepRecord:
+        names = self._names
+        return StepRecord(run=self._run, role=self._role, step=self._rows.step_at(index),
+                          complete=True, ranks_expected=1, ranks_reporting=1, missing_ranks=(),
+                          metrics={names[k]: v for k, v in self._rows.row(index).items()
+                                   if k in names})
+
+    def index_after(self, step: int) -> int:
+        """The index of the first record whose step is greater than ``step``."""
+        return self._rows.index_after(step)
+
+    @overload
+    def __getitem__(self, index: int) -> StepRecord: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[StepRecord]: ...
+
+    def __getitem__(self, index: int | slice) -> StepRecord | Sequence[StepRecord]:
+        if isinstance(index, slice):
+            return [self._record(i) for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self._record(index)
+
+    def __iter__(self) -> Iterator[StepRecord]:
+        for index in range(len(self)):
+            yield self._record(index)
+
+    def __len__(self) -> int:
+        return len(self._rows)
