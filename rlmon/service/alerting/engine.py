@@ -17,6 +17,7 @@ from typing import Any, Literal, NamedTuple
 
 from rlmon.service.alerting import baseline, baseline_batch
 from rlmon.service.alerting.baseline_batch import SeriesPredictions
+from rlmon.service.alerting.projection import alert_detail as heading
 from rlmon.service.alerting.rules import ANY_METRIC, LIVENESS_CONDITIONS, Condition, Rule
 from rlmon.service.contract.step_record import StepRecord, json_number
 from rlmon.service.metrics import catalog
@@ -273,7 +274,14 @@ class AlertEngine:
                 state.firing = True
                 state.since_step = record.step
                 state.metric = check.metric
-                return self._event(rule, record, "firing", check)
+                event = self._event(rule, record, "firing", check)
+                if rule.condition is Condition.BASELINE and state.history:
+                    # where the metric is heading (rlmon.service.alerting.projection)
+                    ahead = heading(rule.metric, state.history, self.rules)
+                    if ahead:
+                        event = replace(event, detail="; ".join(filter(None, (event.detail,
+                                                                            ahead))))
+                return event
         else:
             state.false_steps += 1
             state.true_steps = 0

@@ -1,0 +1,79 @@
+"""Projections (rlmon.service.alerting.projection): a metric heading for a level its rules page
+at reaches it when its line says, within the stated range; no projection without a trend
+towards the level; and a live EntropySliding alert says how many steps are left."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from rlmon.service.alerting.engine import AlertEngine
+from rlmon.service.alerting.projection import Target, project, project_metric, targets
+from rlmon.service.alerting.rules import default_rules
+from rlmon.service.contract.step_record import StepRecord
+
+COLLAPSE = Target("actor/entropy", 0.01, "down", "EntropyCollapse's level", log=True)
+
+
+def _decay(steps: range, seed: int = 0) -> list[float]:
+    """Entropy halving every 40 steps from 2.0, with 5 % multiplicative noise."""
+    rng = random.Random(seed)
+    return [2.0 * 0.5 ** (s / 40) * math.exp(0.05 * rng.gauss(0, 1)) for s in steps]
+
+
+def test_a_geometric_decay_reaches_the_collapse_level_when_its_line_says() -> None:
+    steps = range(100, 150)
+    found = project(list(steps), _decay(steps), COLLAPSE)
+    assert found is not None
+    truth = 40 * math.log2(2.0 / 0.01) - 149  # the noiseless curve crosses 0.01 at ~305.8
+    assert found.earliest <= truth <= found.latest
+    assert abs(found.steps - truth) < 0.15 * truth
+    assert found.at_step == 149 + round(found.steps)
+    assert "reaches EntropyCollapse's level (0.01) in about" in found.describe(30.0)
+    assert " h (" in found.describe(60.0)
+
+
+def test_no_projection_without_a_trend_towards_the_level() -> None:
+    rng = random.Random(1)
+    flat = [2.0 + 0.05 * rng.gauss(0, 1) for _ in range(50)]
+    assert project(range(50), flat, COLLAPSE) is None
+    rising = [2.0 + 0.01 * s for s in range(50)]
+    assert project(range(50), rising, COLLAPSE) is None  # heading away
+    below = [0.005 * 0.99 ** s for s in range(50)]
+    assert project(range(50), below, COLLAPSE) is None  # already there: the rule's job
+    assert project(range(5), _decay(range(5)), COLLAPSE) is None  # too few points
+
+
+def test_targets_come_from_the_rules_and_physical_bounds() -> None:
+    found = targets(default_rules())
+    assert [(t.level, t.direction) for t in found["actor/entropy"]] == [(0.01, "down")]
+    assert {(t.level, t.direction) for t in found["actor/is_ratio"]} == {(0.5, "down"),
+                                                                        (2.0, "up")}
+    assert (1.0, "up") in {(t.level, t.direction) for t in found["rollout/clipped_ratio"]}
+    climbing = [0.5 + 0.004 * s for s in range(60)]  # toward 0.8 (the rule) and 1 (all cut)
+    near, far = project_metric("rollout/clipped_ratio", range(60), climbing, default_rules())
+    assert near.target.level == 0.8 and far.target.level == 1.0
+    assert near.steps < far.steps
+
+
+def test_a_live_sliding_entropy_alert_says_how_long_is_left() -> None:
+    engine = AlertEngine(default_rules())
+    rng = random.Random(2)
+    detail = ""
+    for step in range(400):
+        entropy = 2.0 + 0.01 * rng.gauss(0, 1) if step < 150 else \
+            2.0 * 0.5 ** ((step - 150) / 30) * math.exp(0.03 * rng.gauss(0, 1))
+        record = StepRecord(run="r", role="actor", step=step, complete=True, ranks_expected=1,
+                            ranks_reporting=1, missing_ranks=(),
+                            metrics={"actor/entropy": entropy})
+        for event in engine.evaluate(record):
+            if event.alert == "EntropySliding" and event.state == "firing":
+                detail = event.detail
+                fired = step
+                break
+        if detail:
+            break
+    assert detail.startswith("actor/entropy reaches EntropyCollapse's level (0.01) in about")
+    steps_left = float(detail.split("in about ")[1].split(" ")[0])
+    truth = 150 + 30 * math.log2(2.0 / 0.01) - fired
+    assert 0.5 * truth < steps_left < 1.5 * truth
