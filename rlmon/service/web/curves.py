@@ -11,6 +11,7 @@ or a collapse inside a bucket is never averaged away.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -52,8 +53,14 @@ def _empty(metrics: Sequence[str]) -> Columns:
                    {m: np.zeros(0, bool) for m in metrics})
 
 
-def _path(metric: str) -> str:
-    return '$.metrics."' + metric.replace('"', "") + '"'
+# SQL text is constant: the metrics' names reach SQLite only as a bound JSON array, matched
+# against each step line's keys (json_each), never pasted into a JSON path (issue 32)
+_STEPS = ("SELECT step FROM steps WHERE run = ? AND role = ? AND attempt = ? AND step > ? "
+          "ORDER BY step")
+_VALUES = ("SELECT s.step, m.key, m.value FROM steps AS s, json_each(s.line, ?) AS m "
+           "WHERE s.run = ? AND s.role = ? AND s.attempt = ? AND s.step > ? "
+           "AND m.key IN (SELECT value FROM json_each(?))")
+_BEFORE_ANY = -(2**63)  # "after" when every step is wanted
 
 
 def _read_packed(store: HistoryStore, key: tuple[str, str, int], metrics: Sequence[str],
@@ -82,29 +89,24 @@ def _read(store: HistoryStore, key: tuple[str, str, int], metrics: Sequence[str]
     if packed is not None:
         return packed
     run, role, attempt = key
-    cols = "".join(f", json_extract(line, '{_path(m)}')" for m in metrics)
-    cols += "".join(f", json_extract(line, '{_path(m).replace('$.metrics', '$.nonfinite', 1)}')"
-                    for m in metrics)
-    query = f"SELECT step{cols} FROM steps WHERE run = ? AND role = ? AND attempt = ?"
-    args: list[object] = [run, role, attempt]
-    if after is not None:
-        query += " AND step > ?"
-        args.append(after)
-    rows = store.read(query + " ORDER BY step", args)
-    if not rows:
+    floor = _BEFORE_ANY if after is None else after
+    stream = (run, role, attempt, floor)
+    steps = np.fromiter((s for (s,) in store.read(_STEPS, stream)), np.int64)
+    if not len(steps):
         return _empty(metrics)
-    table = np.array(rows, dtype=object)
-    steps = table[:, 0].astype(np.int64)
-    values, nonfinite = {}, {}
-    for i, metric in enumerate(metrics, 1):
-        column = table[:, i]
-        named = table[:, i + len(metrics)]
-        reported = named != None  # noqa: E711 (elementwise)
-        column[reported] = [curve_rows.NONFINITE_VALUES[str(t)] for t in named[reported]]
-        column[column == None] = np.nan  # noqa: E711 (elementwise)
-        values[metric] = column.astype(np.float64)
-        nonfinite[metric] = reported.astype(bool)
-    return Columns(steps, values, len(rows), nonfinite)
+    index = {m: i for i, m in enumerate(metrics)}
+    values = np.full((len(metrics), len(steps)), np.nan)
+    nonfinite = np.zeros((len(metrics), len(steps)), bool)
+    names = json.dumps(list(metrics))
+    for step, metric, value in store.read(_VALUES, ("$.metrics", *stream, names)):
+        if value is not None:
+            values[index[metric], np.searchsorted(steps, step)] = value
+    for step, metric, text in store.read(_VALUES, ("$.nonfinite", *stream, names)):
+        at = np.searchsorted(steps, step)
+        values[index[metric], at] = curve_rows.NONFINITE_VALUES[str(text)]
+        nonfinite[index[metric], at] = True
+    return Columns(steps, {m: values[i] for m, i in index.items()}, len(steps),
+                   {m: nonfinite[i] for m, i in index.items()})
 
 
 class ColumnCache:
