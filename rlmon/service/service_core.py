@@ -28,7 +28,8 @@ from typing import Any
 
 from rlmon.service.aggregation.aggregator_stats import AggregatorStats
 from rlmon.service.aggregation.stream_tracker import Expired, Stream, StreamTracker
-from rlmon.service.alerting.engine import AlertEngine, AlertEvent, AlertState
+from rlmon.service.alerting.alert_types import AlertEvent
+from rlmon.service.alerting.engine import AlertEngine
 from rlmon.service.alerting.first_mover import FirstMovers
 from rlmon.service.alerting.liveness_alerts import liveness_events, liveness_firing
 from rlmon.service.alerting.notify.factory import build_dispatcher, open_outbox, outbox_path
@@ -92,11 +93,10 @@ class ServiceCore:
             _log.warning("rlmon: %s", warning)
         # A restarted service continues every (run, role, alert) where it stopped: a firing
         # alert still resolves, a pending one still needs only its remaining bad steps.
-        self.engine.states.update(self.history.alert_states())
-        self.engine.last_step.update(self.history.last_steps())
-        self.engine.attempts.update(self.history.latest_attempts())
+        restored = self.history.alert_states()
+        self.engine.restore(restored, self.history.last_steps(), self.history.latest_attempts())
         self._restored_firing: dict[tuple[str, str], list[str]] = {}
-        for (run, role, alert), st in self.engine.states.items():
+        for (run, role, alert), st in restored.items():
             if st.firing:
                 self._restored_firing.setdefault((run, role), []).append(alert)
         retention = self.settings.retention
@@ -124,7 +124,7 @@ class ServiceCore:
         # where the GPU-hours go (goodput by bucket) and what each alert has cost since onset
         self.goodput = GoodputLedger(self.settings.goodput)
         self.costs = AlertCosts(self.goodput.price, self.goodput.run_gpus)
-        self.costs.restore(self.engine.states)  # alerts firing across a restart keep counting
+        self.costs.restore(restored)  # alerts firing across a restart keep counting
         if self.settings.liveness.gpus_per_rank != 1.0:
             _log.warning("rlmon: liveness.gpus_per_rank is no longer read: a stall costs what "
                          "every alert costs, with goodput.gpus_per_rank (docs/goodput.md)")
@@ -167,7 +167,7 @@ class ServiceCore:
                          "action (actions: [stop] in the rule file)")
         self._lock = threading.Lock()
         now = self._clock()
-        for stream in sorted(set(self.engine.last_step) | {k[:2] for k in self.engine.states}):
+        for stream in sorted(self.engine.streams()):
             self._forget(self._tracker.seen(stream, now))  # restored streams age from now
         self.server: MetricsServer | None = None
         self.wanted_port = port
@@ -196,9 +196,10 @@ class ServiceCore:
         read-only connection, never under the lock the alert path writes with (an in-memory
         store, in tests, has only the one connection)."""
         import ipaddress
+        from urllib.parse import urlsplit
 
         from rlmon.service.web.api import WebApi
-        from rlmon.service.web.server import CacheWarmer, WebApp
+        from rlmon.service.web.server import CacheWarmer, HostCheck, WebApp
 
         reader = self.history
         if state is not None:
@@ -217,7 +218,10 @@ class ServiceCore:
                                       self.goodput.snapshot().items()})
         if state is not None:
             self._web_warmer = CacheWarmer(api)
-        return WebApp(api, token.get_secret_value() if token is not None else None)
+        public = urlsplit(self.settings.run_page() or "").hostname
+        hosts = HostCheck(self.host, [*self.settings.exporter.allowed_hosts,
+                                      *([public] if public else [])])
+        return WebApp(api, token.get_secret_value() if token is not None else None, hosts)
 
     @classmethod
     def from_config(
@@ -299,8 +303,9 @@ class ServiceCore:
             for record in fresh:
                 self._remember((record.run, record.role), now)
                 self.first_movers.observe(record)
-                mine = self.costs.stamp(record, self.engine.evaluate(record),
-                                        self._stream_states(record))
+                mine = self.costs.stamp(record, self.engine.evaluate(record), [
+                    (alert, st) for (_r, _o, alert), st
+                    in self.engine.stream_states(record.run, record.role).items()])
                 mine = self._decide_stops(record, mine, now, decided)
                 if mine:
                     mine = self._explain(record, mine)
@@ -313,9 +318,8 @@ class ServiceCore:
                     batches.append((record.finalized_at, mine))
                 self._check_sanity(record)
             crash_point("publish.before_history")
-            self.history.add(fresh, events, states=self._states_of(streams),
-                             last_steps={k: self.engine.last_step[k] for k in streams
-                                         if k in self.engine.last_step},
+            self.history.add(fresh, events, states=self.engine.states_of(streams),
+                             last_steps=self.engine.last_steps_of(streams),
                              outbound=batches, stops=list(decided.values()))
             self._forget_deferred()
             self.removed["sample_payloads_cut"] = self.history.sample_payloads_cut
@@ -369,7 +373,7 @@ class ServiceCore:
             out.append(event)
         known = self.stops.get(run)
         if known is not None and known.at < now and known.alert in self._stoppers:
-            state = self.engine.states.get((run, record.role, known.alert))
+            state = self.engine.state(run, record.role, known.alert)
             if state is not None and state.firing and not state.false_steps:
                 decided[run] = self._stop(replace(known, role=record.role, step=record.step,
                                                   at=now))
@@ -438,10 +442,9 @@ class ServiceCore:
         if stream not in self._tracker and (deferred is None or stream not in deferred.streams):
             run, role = stream
             restored = self.history.alert_states(run, role)
-            self.engine.states.update(restored)
+            self.engine.restore(restored, self.history.last_steps(run, role),
+                                self.history.latest_attempts(run, role))
             self.costs.restore(restored)
-            self.engine.last_step.update(self.history.last_steps(run, role))
-            self.engine.attempts.update(self.history.latest_attempts(run, role))
         self._forget(self._tracker.seen(stream, now))
 
     def _forget_deferred(self) -> None:
@@ -459,12 +462,8 @@ class ServiceCore:
             self._deferred.streams.extend(expired.streams)
             self._deferred.runs.extend(expired.runs)
             return
-        states = self.engine.states
+        self.engine.forget_streams(expired.streams)
         for run, role in expired.streams:
-            for rule in self.engine.rules:
-                states.pop((run, role, rule.name), None)
-            self.engine.last_step.pop((run, role), None)
-            self.engine.attempts.pop((run, role), None)
             self.sanity.pop((run, role), None)
             self._restored_firing.pop((run, role), None)
         for run in expired.runs:
@@ -490,23 +489,6 @@ class ServiceCore:
         self.removed["history_alerts"] += pruned.alerts
         self.removed["history_runs"] += len(pruned.runs)
 
-    def _stream_states(self, record: StepRecord) -> list[tuple[str, AlertState]]:
-        """(alert, state) of the record's stream, for the alert costs' onsets."""
-        states = self.engine.states
-        return [(rule.name, states[(record.run, record.role, rule.name)])
-                for rule in self.engine.rules
-                if (record.run, record.role, rule.name) in states]
-
-    def _states_of(self, streams: set[tuple[str, str]]) -> dict[tuple[str, str, str], AlertState]:
-        states = self.engine.states
-        out = {}
-        for run, role in streams:
-            for rule in self.engine.rules:
-                key = (run, role, rule.name)
-                if key in states:
-                    out[key] = states[key]
-        return out
-
     def _restored(self, record: StepRecord) -> list[AlertEvent]:
         """Alerts that were firing before a restart, shown again on the stream's first step."""
         alerts = self._restored_firing.pop((record.run, record.role), None)
@@ -515,8 +497,7 @@ class ServiceCore:
         return [
             AlertEvent(record.run, record.role, record.step, alert,
                        self.engine.severity_of(alert), "firing", "", None)
-            for alert in alerts if self.engine.states.get((record.run, record.role, alert),
-                                                          AlertState()).firing
+            for alert in alerts if self.engine.is_firing(record.run, record.role, alert)
         ]
 
     def set_run_info(self, run: str, info: RunInfo | Mapping[str, Any]) -> None:
@@ -557,14 +538,15 @@ class ServiceCore:
                                     describe(view) if view.state is not RunState.RUNNING
                                     else ""))
                 mine = self.costs.stamp_at(liveness_events(self.engine, view), view.at,
-                                           self.engine.states)
+                                           self.engine.all_states())
                 self.metrics.set_liveness(view, liveness_firing(self.engine, *stream))
                 streams.add(stream)
                 if mine:
                     events.extend(mine)
                     batches.append((view.at, mine))
             if events:
-                self.history.add([], events, states=self._states_of(streams), outbound=batches)
+                self.history.add([], events, states=self.engine.states_of(streams),
+                                 outbound=batches)
                 self.events.extend(events)
             self._forget_deferred()
             if changed:  # for `rlmon alerts` (the state of each run, by time)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlmon.service.alerting.engine import AlertEvent
+from rlmon.service.alerting.alert_types import AlertEvent
 from rlmon.service.alerting.rules import Rule
 from rlmon.service.contract.step_record import StepRecord
 

@@ -10,97 +10,19 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal, NamedTuple
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
+from types import MappingProxyType
+from typing import NamedTuple
 
 from rlmon.service.alerting import baseline, baseline_batch
-from rlmon.service.alerting.baseline_batch import SeriesPredictions
+from rlmon.service.alerting.alert_types import AlertEvent, AlertState, State
 from rlmon.service.alerting.projection import alert_detail as heading
 from rlmon.service.alerting.rules import ANY_METRIC, LIVENESS_CONDITIONS, Condition, Rule
-from rlmon.service.contract.step_record import StepRecord, json_number
+from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.metrics import catalog
 
 __all__ = ["AlertEngine", "AlertEvent", "AlertState", "evaluate_in_order", "evaluate_sorted"]
-
-State = Literal["firing", "resolved"]
-
-
-@dataclass(frozen=True, slots=True)
-class AlertEvent:
-    """An alert changed state at one step."""
-
-    run: str
-    role: str
-    step: int
-    alert: str
-    severity: str
-    state: State
-    metric: str
-    value: float | None
-    summary: str = ""
-    condition: str = ""
-    what_to_check: str = ""
-    # set by the service when this firing asked the run to stop: the rule and the run glob that
-    # allowed it (rlmon.service.contract.stop_decision)
-    stop: str = ""
-    attempt: int = 0  # the run's attempt (restart count) the step belongs to
-    detail: str = ""  # what the step itself says (StragglerRank: the slow rank and its span)
-    # set by the service on a firing whose metric has a sample metric (catalog MetricSpec
-    # .samples) that the step holds: its first few items, payloads cut (rlmon.service.storage.stored_samples)
-    samples_metric: str = ""
-    samples: tuple[tuple[float, str, str], ...] = ()
-    # set by the service: what the condition has cost since its onset (unix seconds), on the
-    # run's GPUs (rlmon.service.goodput.cost); cost_note says it in words
-    onset: float | None = None
-    gpus: float = 0.0
-    gpu_hours: float | None = None
-    money: float | None = None
-    cost_note: str = ""
-    # set by the service: the run's framework (RunInfo.framework, else the relayed names'
-    # prefix) that picks the configuration keys of what to change
-    # (rlmon.service.metrics.remedies), and which related metric left its baseline first
-    # before the onset (rlmon.service.alerting.first_mover)
-    framework: str = ""
-    first_moved: str = ""
-
-    @property
-    def dedup_key(self) -> str:
-        """One incident per (run, role, alert): a resolve closes what the trigger opened."""
-        return f"{self.run}/{self.role}/{self.alert}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "type": "alert",
-            "run": self.run,
-            "role": self.role,
-            "step": self.step,
-            "alert": self.alert,
-            "severity": self.severity,
-            "state": self.state,
-            "metric": self.metric,
-            "value": json_number(self.value),
-        }
-
-
-@dataclass(slots=True)
-class AlertState:
-    true_steps: int = 0
-    false_steps: int = 0
-    firing: bool = False
-    since_step: int | None = None
-    metric: str = ""  # the metric that made it fire, named again when it resolves
-    history: deque[float] = field(default_factory=deque)  # stuck/trend/baseline: recent values
-    score: float = 0.0  # baseline: the CUSUM evidence (rlmon.service.alerting.baseline)
-    # the condition's onset (unix seconds) and the run's GPUs then, saved with the state so a
-    # restarted service keeps counting the alert's cost (rlmon.service.goodput.alert_costs)
-    onset: float | None = None
-    gpus: float = 0.0
-    # baseline: the predictions of a batch evaluated in order (not saved; never needed to
-    # continue: the detector predicts itself without them)
-    ahead: SeriesPredictions | None = field(default=None, compare=False, repr=False)
-
 
 class _Check(NamedTuple):  # one per rule per step: a tuple is built at a fraction of the cost
     applies: bool
@@ -230,10 +152,79 @@ class AlertEngine:
 
     def forget(self, run: str) -> None:
         """Drop the state of a finished run."""
-        for key in [k for k in self.states if k[0] == run]:
-            del self.states[key]
-        for stream in [k for k in self.last_step if k[0] == run]:
-            del self.last_step[stream]
+        self.forget_streams({k[:2] for k in self.states if k[0] == run}
+                            | {k for k in self.last_step if k[0] == run})
+
+    # --- the state it owns: restored, read and forgotten only through these ----------------------
+
+    def restore(self, states: Mapping[tuple[str, str, str], AlertState],
+                last_steps: Mapping[tuple[str, str], int] | None = None,
+                attempts: Mapping[tuple[str, str], int] | None = None) -> None:
+        """Continue from saved state (a restarted service, a stream back in memory): each
+        (run, role, alert) where it stopped, each stream's last evaluated step and attempt."""
+        self.states.update(states)
+        self.last_step.update(last_steps or {})
+        self.attempts.update(attempts or {})
+
+    def forget_streams(self, streams: Iterable[tuple[str, str]]) -> None:
+        """Drop what the engine keeps of these (run, role) streams (saved in the history
+        store, restored when a stream comes back)."""
+        for run, role in streams:
+            for rule in self.rules:
+                self.states.pop((run, role, rule.name), None)
+            self.last_step.pop((run, role), None)
+            self.attempts.pop((run, role), None)
+
+    def streams(self) -> set[tuple[str, str]]:
+        """Every (run, role) the engine holds state of."""
+        return set(self.last_step) | {k[:2] for k in self.states}
+
+    def state(self, run: str, role: str, alert: str) -> AlertState | None:
+        return self.states.get((run, role, alert))
+
+    def is_firing(self, run: str, role: str, alert: str) -> bool:
+        state = self.states.get((run, role, alert))
+        return state is not None and state.firing
+
+    def attempt_of(self, run: str, role: str) -> int:
+        """The latest attempt (restart count) seen of (run, role)."""
+        return self.attempts.get((run, role), 0)
+
+    def stream_states(self, run: str, role: str) -> dict[tuple[str, str, str], AlertState]:
+        """(run, role, alert) -> state of one stream, in the rules' order."""
+        states = self.states
+        return {key: states[key] for rule in self.rules
+                if (key := (run, role, rule.name)) in states}
+
+    def states_of(self, streams: Iterable[tuple[str, str]],
+                  ) -> dict[tuple[str, str, str], AlertState]:
+        """The states of several streams (what a batch stores with its steps)."""
+        out: dict[tuple[str, str, str], AlertState] = {}
+        for run, role in streams:
+            out.update(self.stream_states(run, role))
+        return out
+
+    def last_steps_of(self, streams: Iterable[tuple[str, str]]) -> dict[tuple[str, str], int]:
+        return {s: self.last_step[s] for s in streams if s in self.last_step}
+
+    def all_states(self) -> Mapping[tuple[str, str, str], AlertState]:
+        """Every state (read only: for the cost accounting's restore)."""
+        return MappingProxyType(self.states)
+
+    def judge(self, run: str, role: str, rule: Rule, holds: bool, step: int) -> bool:
+        """A condition judged outside the steps (the liveness timer's): set (run, role,
+        rule)'s state; True when it changed (fired or resolved)."""
+        key = (run, role, rule.name)
+        state = self.states.get(key)
+        if state is None:
+            state = self.states[key] = AlertState()
+        if holds == state.firing:
+            return False
+        state.firing = holds
+        state.true_steps, state.false_steps = (1, 0) if holds else (0, 1)
+        if holds:
+            state.since_step = step
+        return True
 
     def evaluate(self, record: StepRecord) -> list[AlertEvent]:
         """Feed one finalized step; returns the alerts that fired or resolved at it."""

@@ -1,6 +1,7 @@
 """Liveness views into alert transitions: the time-based rules of the pack (docs/liveness.md).
 
-Each (run, role, alert) keeps the engine's :class:`AlertState`, saved in the history store like
+Each (run, role, alert) keeps its state in the engine (which owns it: set through
+:meth:`AlertEngine.judge`), saved in the history store like
 every other alert's, so a restarted service that is told again that a run is stalled finds the
 alert already firing and pages nothing twice. A stalled run that resumes resolves; a run that
 finishes resolves whatever fired and never pages for having stopped. A firing event carries
@@ -9,7 +10,8 @@ its condition's onset; the service prices it (:mod:`rlmon.service.goodput.alert_
 
 from __future__ import annotations
 
-from rlmon.service.alerting.engine import AlertEngine, AlertEvent, AlertState
+from rlmon.service.alerting.alert_types import AlertEvent
+from rlmon.service.alerting.engine import AlertEngine
 from rlmon.service.alerting.rules import LIVENESS_CONDITIONS, Condition, Rule
 from rlmon.service.liveness.run_state import LivenessView, RunState, describe
 from rlmon.service.metrics import catalog
@@ -59,21 +61,12 @@ def _rules(engine: AlertEngine, role: str) -> list[Rule]:
 def liveness_events(engine: AlertEngine, view: LivenessView) -> list[AlertEvent]:
     """The transitions ``view`` makes in the engine's liveness alert states (which it updates)."""
     events = []
-    stream = (view.run, view.role)
-    attempt = engine.attempts.get(stream, 0)
+    attempt = engine.attempt_of(view.run, view.role)
     step = view.last_step if view.last_step is not None else 0
     for rule in _rules(engine, view.role):
-        key = (view.run, view.role, rule.name)
-        state = engine.states.get(key)
-        if state is None:
-            state = engine.states[key] = AlertState()
-        holds = _holds(rule.condition, view, state.firing)
-        if holds == state.firing:
+        holds = _holds(rule.condition, view, engine.is_firing(view.run, view.role, rule.name))
+        if not engine.judge(view.run, view.role, rule, holds, step):
             continue
-        state.firing = holds
-        state.true_steps, state.false_steps = (1, 0) if holds else (0, 1)
-        if holds:
-            state.since_step = step
         resolved = "" if holds else (" (the run finished)" if view.state is RunState.FINISHED
                                      else " (progress resumed)")
         events.append(AlertEvent(
@@ -91,7 +84,6 @@ def liveness_firing(engine: AlertEngine, run: str, role: str) -> dict[str, str]:
     """The liveness alerts of (run, role) firing now: alert -> severity (for /metrics)."""
     out = {}
     for rule in _rules(engine, role):
-        state = engine.states.get((run, role, rule.name))
-        if state is not None and state.firing:
+        if engine.is_firing(run, role, rule.name):
             out[rule.name] = rule.severity.value
     return out

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from rlmon.service.alerting.engine import AlertEvent
+from rlmon.service.alerting.alert_types import AlertEvent
 from rlmon.service.alerting.notify.message import Delivery, Notifier
 from rlmon.service.alerting.notify.outbox import Outbox, PendingRow
 from rlmon.service.alerting.notify.routing import route

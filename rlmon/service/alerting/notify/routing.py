@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-from rlmon.service.alerting.engine import AlertEvent
+from rlmon.service.alerting.alert_types import AlertEvent
 from rlmon.service.alerting.notify.message import Notification
 from rlmon.service.alerting.notify.render import pagerduty_body, slack_body, webhook_body
 from rlmon.service.config import Settings
