@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 from collections.abc import Collection
 from datetime import UTC, datetime
 from pathlib import Path
@@ -252,18 +253,43 @@ class ExporterConfig(_Section):
     # token (docs/page.md); from RLMON_EXPORTER__TOKEN or a file, never the YAML file itself
     token: SecretStr | None = None
     token_file: Path | None = None
+    # the names the page may be reached by besides an IP address and localhost (the Host header
+    # is checked: DNS rebinding); public_url's host is added by the service
+    allowed_hosts: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _resolve_token(self) -> ExporterConfig:
-        value = self.token.get_secret_value() if self.token is not None else ""
-        if not value and self.token_file is not None:
+        # fail closed: a token asked for but empty would leave the page open (issue 32)
+        value, source = None, "RLMON_EXPORTER__TOKEN"
+        if self.token is not None:
+            value = self.token.get_secret_value().strip()
+        elif self.token_file is not None:
+            source = f"token_file {self.token_file}"
             try:
                 value = Path(self.token_file).read_text(encoding="utf-8").strip()
-            except OSError as exc:
+            except (OSError, UnicodeDecodeError) as exc:
                 raise ValueError(f"token_file: cannot read {self.token_file}: "
-                                 f"{exc.strerror}") from None
+                                 f"{getattr(exc, 'strerror', None) or exc}") from None
+        if value is not None:
+            _check_page_token(value, source)
         object.__setattr__(self, "token", SecretStr(value) if value else None)
         return self
+
+
+# a bearer token's characters (RFC 6750 b64token): it travels in an Authorization header
+_PAGE_TOKEN = re.compile(r"[A-Za-z0-9._~+/-]+=*")
+
+
+def _check_page_token(value: str, source: str) -> None:
+    if not value:
+        raise ValueError(f"token: {source} is empty: the run page would be open to anyone; "
+                         "write a token in it (e.g. openssl rand -hex 32) or unset it")
+    if not _PAGE_TOKEN.fullmatch(value):
+        bad = next((c for c in value if not re.fullmatch(r"[A-Za-z0-9._~+/=-]", c)), "=")
+        what = "whitespace" if bad.isspace() else (
+            f"U+{ord(bad):04X}" if not bad.isascii() or not bad.isprintable() else repr(bad))
+        raise ValueError(f"token: {source} holds {what}: a page token may hold only letters, "
+                         "digits and -._~+/ (then =), as a bearer token (RFC 6750)")
 
 
 class RetentionConfig(_Section):

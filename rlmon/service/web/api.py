@@ -237,6 +237,10 @@ class WebApi:
     def _attempt(self, run: str, role: str, params: Mapping[str, str]) -> int:
         asked = _int_param(params, "attempt")
         if asked is not None:
+            if not self.store.read("SELECT 1 FROM steps WHERE run = ? AND role = ? AND "
+                                   "attempt = ? LIMIT 1", (run, role, asked)):
+                raise ApiError(404, f"no steps of run {run!r} role {role!r} attempt {asked} "
+                                    "in the history store")
             return asked
         (attempt,), = self.store.read(
             "SELECT MAX(attempt) FROM steps WHERE run = ? AND role = ?", (run, role))

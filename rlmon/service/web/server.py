@@ -1,16 +1,26 @@
 """The run page's WSGI app: ``/`` and ``/static/`` (the page, shipped in the package) and
 ``/api/`` (:mod:`rlmon.service.web.api`), mounted beside ``/metrics`` on the exporter's server.
 
-With a token configured (``exporter.token_file`` or ``RLMON_EXPORTER__TOKEN``), the page and the
-API answer only a request that carries it: ``Authorization: Bearer <token>``, or the cookie that
-opening ``/?token=<token>`` once sets. ``/metrics`` and ``/healthz`` stay as they are (probes and
-scrapers). See docs/page.md.
+With a token configured (``exporter.token_file`` or ``RLMON_EXPORTER__TOKEN``), the API answers
+only a request that carries it, ``Authorization: Bearer <token>`` (any case of "bearer"), or the
+page key derived from it (an HMAC of the token) that the page asks for once with the token and
+keeps in the browser's storage of this origin (scheme, host and port: a server on another port
+never sees it; no cookie is set, cookies ignore ports). The page's own files hold no data and
+are served to anyone. ``/metrics`` and ``/healthz`` stay as they are (probes and scrapers).
+
+Every request's Host header is checked (DNS rebinding: a web page of another site that points
+its name at 127.0.0.1 must not read the page): an IP address, ``localhost``, this machine's name
+when bound beyond loopback, or a name configured in ``exporter.allowed_hosts``. See docs/page.md.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import ipaddress
+import json
 import logging
+import socket
 import threading
 from collections.abc import Callable, Iterable
 from http import HTTPStatus
@@ -20,9 +30,8 @@ from urllib.parse import parse_qsl
 
 from rlmon.service.web.api import ApiError, WebApi
 
-__all__ = ["COOKIE", "CacheWarmer", "WebApp"]
+__all__ = ["CacheWarmer", "HostCheck", "WebApp", "page_key"]
 
-COOKIE = "rlmon_token"
 _log = logging.getLogger("rlmon.web")
 _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
           ".css": "text/css; charset=utf-8", ".txt": "text/plain; charset=utf-8",
@@ -72,24 +81,66 @@ class CacheWarmer:
         self._thread.join(5.0)
 
 
+def page_key(token: str) -> str:
+    """The value the page keeps instead of the token (a browser never stores the token)."""
+    return hmac.new(token.encode(), b"rlmon run page key", hashlib.sha256).hexdigest()
+
+
+def _host_name(header: str) -> str:
+    """The name of a Host header, without its port (an IPv6 literal without its brackets)."""
+    if header.startswith("["):
+        return header[1:header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+class HostCheck:
+    """Which Host headers the page answers: an IP address, localhost, the configured names and,
+    bound beyond loopback, this machine's names."""
+
+    def __init__(self, bound: str, names: Iterable[str] = ()) -> None:
+        self.names = {n.lower().rstrip(".") for n in names} | {"localhost"}
+        try:
+            loopback = ipaddress.ip_address(bound).is_loopback
+        except ValueError:
+            loopback = bound == "localhost"
+        if not loopback:
+            self.names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+            if bound not in ("", "0.0.0.0", "::"):
+                self.names.add(bound.lower())
+
+    def allows(self, header: str) -> bool:
+        name = _host_name(header.strip()).lower().rstrip(".")
+        if name in self.names:
+            return True
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            return False
+        return True
+
+
 class WebApp:
     """Routes the page's requests; ``token`` None: open (the exporter's bind rules apply)."""
 
-    def __init__(self, api: WebApi, token: str | None = None) -> None:
+    def __init__(self, api: WebApi, token: str | None = None,
+                 hosts: HostCheck | None = None) -> None:
         self.api = api
         self._token = token
+        self._key = page_key(token) if token else None
+        self._hosts = hosts or HostCheck("127.0.0.1")
+
+    def _bearer(self, environ: dict[str, Any]) -> str:
+        scheme, _, given = environ.get("HTTP_AUTHORIZATION", "").strip().partition(" ")
+        return given.strip() if scheme.lower() == "bearer" else ""
 
     def _authorized(self, environ: dict[str, Any]) -> bool:
-        if not self._token:
+        if not self._token or not self._key:
             return True
-        header = environ.get("HTTP_AUTHORIZATION", "")
-        given = header[7:] if header.startswith("Bearer ") else ""
-        if not given:
-            for part in environ.get("HTTP_COOKIE", "").split(";"):
-                key, _, value = part.strip().partition("=")
-                if key == COOKIE:
-                    given = value
-        return hmac.compare_digest(given.encode(), self._token.encode())
+        given = self._bearer(environ).encode("latin-1", "replace")
+        # both compared, in constant time, whichever matches
+        token_ok = hmac.compare_digest(given, self._token.encode())
+        key_ok = hmac.compare_digest(given, self._key.encode())
+        return token_ok | key_ok
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse,
                  ) -> Iterable[bytes]:
@@ -97,17 +148,27 @@ class WebApp:
         params = dict(parse_qsl(environ.get("QUERY_STRING", ""), keep_blank_values=True))
         if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
             return self._reply(start_response, 405, "text/plain", b"the page is read-only\n")
-        if (path == "/" and self._token and "token" in params
-                and hmac.compare_digest(params["token"].encode(), self._token.encode())):
-            start_response(_status(303), [
-                ("Location", "./"),
-                ("Set-Cookie", f"{COOKIE}={self._token}; HttpOnly; SameSite=Strict; Path=/")])
-            return [b""]
-        if not self._authorized(environ):
-            return self._reply(start_response, 401, "text/plain",
-                               b"rlmon: this page needs the token (Authorization: Bearer, or "
-                               b"open /?token=... once)\n",
+        host = environ.get("HTTP_HOST") or environ.get("SERVER_NAME", "")
+        if not self._hosts.allows(host):
+            return self._reply(start_response, 421, "text/plain",
+                               b"rlmon: this page answers only its own names (an IP address, "
+                               b"localhost, or a name in exporter.allowed_hosts)\n")
+        if path.startswith("/api/") and not self._authorized(environ):
+            return self._reply(start_response, 401, "application/json",
+                               _error("this page needs the token: open /#token=<token> once, "
+                                      "or send Authorization: Bearer <token>"),
                                [("WWW-Authenticate", 'Bearer realm="rlmon"')])
+        if path == "/api/key":
+            # the page trades the token (not a key) for the key it keeps
+            if not self._token or not self._key:
+                return self._reply(start_response, 200, "application/json", b'{"key": null}')
+            given = self._bearer(environ).encode("latin-1", "replace")
+            if not hmac.compare_digest(given, self._token.encode()):
+                return self._reply(start_response, 401, "application/json",
+                                   _error("the key is given for the token only"))
+            return self._reply(start_response, 200, "application/json",
+                               json.dumps({"key": self._key}).encode(),
+                               [("Cache-Control", "no-store")])
         if path.startswith("/api/"):
             try:
                 kind, body = self.api.handle(path, params)
@@ -144,6 +205,4 @@ class WebApp:
 
 
 def _error(message: str) -> bytes:
-    import json
-
     return json.dumps({"error": message}).encode()
