@@ -6,6 +6,9 @@ the store is a file), so a slow request never holds the lock the alert path writ
 - ``GET /api/runs``: every (run, role) with its state, last step, ranks reporting, firing alerts
 - ``GET /api/curves?run=R&role=A[&from=S&to=S&points=N]``: the key curves, downsampled, with the
   alert transitions in the range
+- ``GET /api/curves?...&metrics=M1%0AM2``: those metrics instead, one panel each (any metric
+  the stream reported: the key curves from their packed rows, others from the step lines)
+- ``GET /api/metrics?run=R&role=A[&attempt=N]``: every metric the stream reported, its attempts
 - ``GET /api/alerts[?run=R&firing=1&limit=N]``: what ``rlmon alerts --json`` prints
 - ``GET /api/alert?run=R&role=A&alert=NAME[&step=S]``: one alert: its condition, the values
   around its onset, what to check, its worst samples and the onset step's timeline per rank
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,9 +30,10 @@ import numpy as np
 
 from rlmon.service.alerting.rules import Rule
 from rlmon.service.metrics import catalog
+from rlmon.service.storage import curve_rows
 from rlmon.service.storage.history import HistoryStore
 from rlmon.service.storage.stored_samples import items_to_json
-from rlmon.service.web.curves import ColumnCache, downsample
+from rlmon.service.web.curves import ColumnCache, Columns, downsample
 
 __all__ = ["PANELS", "ApiError", "Panel", "WebApi", "alerts_json"]
 
@@ -60,6 +65,13 @@ PANELS: tuple[Panel, ...] = (
 _KEY_METRICS = tuple(m for p in PANELS for m in p.metrics)
 _MAX_OTHER = 12  # a role without any key metric shows up to this many of its own
 _AROUND = 20  # steps either side of an alert's onset
+_MAX_PICKED = 24  # metrics picked by name in one request
+# every metric and non-finite value's name in a stream's steps (after, last]: bound parameters
+_METRIC_NAMES = (
+    "SELECT j.key FROM steps s, json_each(s.line, '$.metrics') j WHERE s.run = ?1 AND "
+    "s.role = ?2 AND s.attempt = ?3 AND s.step > ?4 AND s.step <= ?5 UNION "
+    "SELECT j.key FROM steps s, json_each(s.line, '$.nonfinite') j WHERE s.run = ?1 AND "
+    "s.role = ?2 AND s.attempt = ?3 AND s.step > ?4 AND s.step <= ?5")
 
 
 class ApiError(Exception):
@@ -86,6 +98,14 @@ def _int_param(params: Mapping[str, str], name: str, default: int | None = None,
     if not low <= value <= high:
         raise ApiError(400, f"{name}: {value} is outside [{low}, {high}]")
     return value
+
+
+def _picked(params: Mapping[str, str]) -> tuple[str, ...]:
+    """The metrics asked for by name (``metrics``: names separated by newlines)."""
+    names = tuple(dict.fromkeys(n for n in params.get("metrics", "").split("\n") if n))
+    if len(names) > _MAX_PICKED:
+        raise ApiError(400, f"metrics: {len(names)} names, at most {_MAX_PICKED}")
+    return names
 
 
 def _required(params: Mapping[str, str], name: str) -> str:
@@ -140,6 +160,9 @@ class WebApi:
         self.goodput = goodput
         self.clock = clock
         self.columns = ColumnCache(store)
+        # every metric name of a stream, read once and then from its new steps only
+        self._names: dict[tuple[str, str, int], tuple[int, frozenset[str]]] = {}
+        self._names_lock = threading.Lock()
 
     def handle(self, path: str, params: Mapping[str, str]) -> tuple[str, bytes]:
         """(content type, body) of ``GET path``; raises :class:`ApiError`."""
@@ -148,6 +171,7 @@ class WebApi:
         handlers: dict[str, Callable[[Mapping[str, str]], Any]] = {
             "/api/runs": self.runs, "/api/curves": self.curves, "/api/alerts": self.alerts,
             "/api/alert": self.alert,
+            "/api/metrics": self.metrics,
         }
         handler = handlers.get(path.rstrip("/"))
         if handler is None:
@@ -280,9 +304,10 @@ class WebApi:
         last = _int_param(params, "to")
         buckets = _int_param(params, "points", 500, 1, 100_000)
         assert buckets is not None
-        panels = self._panels(run, role, attempt)
+        picked = _picked(params)
+        panels = [Panel(m, (m,)) for m in picked] if picked else self._panels(run, role, attempt)
         metrics = tuple(dict.fromkeys(m for p in panels for m in p.metrics))
-        cols = self.columns.get(run, role, attempt, metrics)
+        cols = self._columns(run, role, attempt, metrics)
         total_first = int(cols.steps[0]) if len(cols.steps) else None
         total_last = int(cols.steps[-1]) if len(cols.steps) else None
         shown = cols.window(first, last)
@@ -310,6 +335,44 @@ class WebApi:
             "panels": out_panels,
             "alerts": self._transitions(run, role, attempt, lo, hi),
         }
+
+    def _columns(self, run: str, role: str, attempt: int, metrics: tuple[str, ...]) -> Columns:
+        """The columns of ``metrics``: the key curves from the packed rows, any other metric
+        from the step lines (each set cached on its own, so picking one metric does not read
+        the key curves out of the step lines)."""
+        packed = tuple(m for m in metrics if m in curve_rows.CURVE_METRICS)
+        other = tuple(m for m in metrics if m not in curve_rows.CURVE_METRICS)
+        if not packed or not other:
+            return self.columns.get(run, role, attempt, metrics)
+        a = self.columns.get(run, role, attempt, packed)
+        b = self.columns.get(run, role, attempt, other)
+        if not np.array_equal(a.steps, b.steps):  # a step arrived between the two reads
+            return self.columns.get(run, role, attempt, metrics)
+        return Columns(a.steps, {**a.values, **b.values}, a.count,
+                       {**a.nonfinite, **b.nonfinite})
+
+    def metrics(self, params: Mapping[str, str]) -> dict[str, Any]:
+        """Every metric the stream reported (for the page's picker) and its attempts."""
+        run = _required(params, "run")
+        role = _required(params, "role")
+        attempt = self._attempt(run, role, params)
+        key = (run, role, attempt)
+        with self._names_lock:
+            after, names = self._names.get(key, (-(2**63), frozenset()))
+        (last,), = self.store.read("SELECT MAX(step) FROM steps WHERE run = ? AND role = ? AND "
+                                   "attempt = ?", key)
+        if last is not None and last > after:
+            fresh = {n for (n,) in self.store.read(_METRIC_NAMES, (*key, after, last))}
+            names = names | fresh
+            with self._names_lock:
+                self._names[key] = (int(last), names)
+                while len(self._names) > 64:
+                    self._names.pop(next(iter(self._names)))
+        attempts = [a for (a,) in self.store.read(
+            "SELECT DISTINCT attempt FROM steps WHERE run = ? AND role = ? ORDER BY attempt",
+            (run, role))]
+        return {"run": run, "role": role, "attempt": attempt, "attempts": attempts,
+                "metrics": sorted(names)}
 
     def _transitions(self, run: str, role: str, attempt: int, lo: int | None,
                      hi: int | None) -> list[dict[str, Any]]:

@@ -297,3 +297,20 @@ def test_downsampling_keeps_everything_when_few() -> None:
     steps = np.arange(50)
     assert downsample(steps, [np.sin(steps)], 800).tolist() == list(range(50))
     assert len(downsample(np.arange(3200), [np.zeros(3200)], 800)) == 3200  # 4 per bucket
+
+
+def test_any_metric_is_answered_by_name_from_packed_rows_or_step_lines(
+        service: ServiceCore) -> None:
+    names = ["actor/loss", "actor/kl", "perf/straggler_ratio"]  # a key curve between two others
+    status, body, _ = get(service, f"/api/curves?run={RUN}&role=actor&metrics="
+                          + "%0A".join(n.replace("/", "%2F") for n in names))
+    assert status == 200 and [p["metrics"] for p in body["panels"]] == [[n] for n in names]
+    for panel in body["panels"]:
+        stored = service.history.series(RUN, "actor", panel["metrics"][0])
+        assert list(zip(panel["x"], panel["y"][0], strict=True)) == stored
+    status, body, _ = get(service, f"/api/metrics?run={RUN}&role=actor")
+    assert status == 200 and {"actor/loss", "actor/kl", "perf/straggler_ratio"} <= set(
+        body["metrics"]) and body["attempts"] == [0] and body["metrics"] == sorted(body["metrics"])
+    too_many = "%0A".join(f"m{i}" for i in range(30))
+    status, body, _ = get(service, f"/api/curves?run={RUN}&role=actor&metrics={too_many}")
+    assert status == 400 and body["error"].startswith("metrics:")

@@ -64,3 +64,8 @@ def test_a_hostile_name_picked_by_name_is_plotted_as_reported(service: ServiceCo
         body = get(service, "/api/curves", run=RUN, role="probe", metrics=name)
         assert [(p["metrics"], p["y"]) for p in body["panels"]] == [
             ([name], [[value + s for s in range(5)]])]
+
+
+def test_every_metric_reported_is_listed_for_the_picker(service: ServiceCore) -> None:
+    body = get(service, "/api/metrics", run=RUN, role="probe")
+    assert body["metrics"] == sorted(HOSTILE) and body["attempts"] == [0]
