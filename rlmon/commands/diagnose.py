@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,7 +47,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
     p.add_argument("--fail-on", choices=("warning", "critical"), default=None,
                    help="exit 1 when a finding of this severity (or worse) fired")
+    p.add_argument("--gpus", type=_positive, default=None, metavar="N",
+                   help="GPUs the run used, for GPU-hours (default: the world size its "
+                   "settings record, where they do)")
+    p.add_argument("--price-per-gpu-hour", type=_positive, default=None, metavar="PRICE",
+                   help="price the GPU-hours (e.g. 3.0 for $3 a GPU-hour)")
     p.set_defaults(func=run_diagnose)
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
 
 
 def _gates(finding: Finding, level: str | None) -> bool:
@@ -69,7 +85,8 @@ def run_diagnose(args: argparse.Namespace) -> int:
     if rules is None:
         return EXIT_INPUT
     runs, problems = read_paths(args.paths)
-    diagnoses = [diagnose(run, rules, args.framework) for run in runs]
+    diagnoses = [diagnose(run, rules, args.framework, args.gpus, args.price_per_gpu_hour)
+                 for run in runs]
     for run in runs:
         problems.extend(run.problems)
     problems.extend(_no_known_keys(d) for d in diagnoses if d.no_known_keys)
@@ -160,6 +177,10 @@ def _print_terminal(diagnoses: Sequence[Diagnosis], problems: Sequence[ReadProbl
             plain(f"  settings from step {segment.first_step}: {segment.settings.describe()}")
         for note in run.notes:
             plain(f"  note: {note}")
+        if d.clock is not None:
+            plain(f"  {d.clock.describe()}")
+        for projection in d.projections:
+            plain(f"  heading: {projection.describe(d.seconds_per_step)}")
         if not d.findings:
             console.print("  [green]no finding[/green]")
         for f in d.findings:
@@ -193,5 +214,7 @@ def _print_finding(console: object, f: Finding) -> None:
         console.print("    around the onset:")
         for related in f.related:
             console.print(f"      {related.describe()}", markup=False)
+    if f.cost is not None:
+        console.print(f"    cost: {f.cost.describe()}", markup=False)
     if f.what_to_check:
         console.print(f"    check: {f.what_to_check}", markup=False)

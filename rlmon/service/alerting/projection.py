@@ -91,7 +91,9 @@ def _count(steps: float) -> str:
 
 
 def _hours(seconds: float) -> str:
-    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.2g} s"
 
 
 # physical bounds the rules do not name (the brief's "clipped ratio to 1")

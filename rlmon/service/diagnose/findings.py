@@ -23,6 +23,7 @@ from rlmon.service.alerting.engine import (
     evaluate_in_order,
     evaluate_sorted,
 )
+from rlmon.service.alerting.projection import Projection
 from rlmon.service.alerting.rules import (
     ANY_METRIC,
     LIVENESS_CONDITIONS,
@@ -31,8 +32,9 @@ from rlmon.service.alerting.rules import (
     default_rules,
 )
 from rlmon.service.contract.step_record import StepRecord, json_number
-from rlmon.service.diagnose import signatures
+from rlmon.service.diagnose import course, signatures
 from rlmon.service.diagnose.columns import ColumnRows, RecordView
+from rlmon.service.diagnose.cost import RunClock, SpanCost
 from rlmon.service.diagnose.logged_run import LoggedRun
 from rlmon.service.diagnose.mapping import KeyMap, KeyStatus, map_keys, rlmon_key_map
 from rlmon.service.metrics import catalog as c
@@ -110,6 +112,7 @@ class Finding:
     related: tuple[Related, ...] = ()
     detail: str = ""
     source: str = "rules"  # rules | sanity
+    cost: SpanCost | None = None  # a firing's span: its steps' time and GPU-hours (.cost)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -121,6 +124,7 @@ class Finding:
             "since": self.since, "condition": self.condition, "value_is": self.value_is,
             "lossy": self.lossy, "detail": self.detail, "what_to_check": self.what_to_check,
             "related": [r.to_json() for r in self.related], "source": self.source,
+            "cost": self.cost.to_json() if self.cost is not None else None,
         }
 
 
@@ -133,6 +137,8 @@ class Diagnosis:
     steps: Sequence[tuple[StepRecord, Sequence[AlertEvent]]] = ()
     lossy_keys: tuple[str, ...] = ()  # the sanity layer's word on each lossy relayed key
     no_known_keys: bool = False
+    clock: RunClock | None = None  # step times, GPUs and price, from what the files carry
+    projections: tuple[Projection, ...] = ()  # where metrics were heading at the run's end
 
     def worst(self) -> str | None:
         severities = {f.severity for f in self.findings if f.state != "resolved"}
@@ -148,7 +154,13 @@ class Diagnosis:
             "lossy_keys": list(self.lossy_keys), "findings": len(self.findings),
             "settings": [{"from_step": seg.first_step, "file": seg.source,
                           **seg.settings.to_json()} for seg in run.segments],
+            "cost": self.clock.to_json() if self.clock is not None else None,
+            "projections": [p.to_json(self.seconds_per_step) for p in self.projections],
         }
+
+    @property
+    def seconds_per_step(self) -> float | None:
+        return self.clock.seconds_per_step if self.clock is not None else None
 
 
 def _fmt(value: float) -> str:
@@ -262,8 +274,11 @@ def _hint(event: AlertEvent, related: tuple[Related, ...]) -> str:
 
 
 def diagnose(run: LoggedRun, rules: Sequence[Rule] | None = None,
-             framework: str | None = None) -> Diagnosis:
-    """Map the run's keys, evaluate the rules and the sanity layer step by step."""
+             framework: str | None = None, gpus: float | None = None,
+             price: float | None = None) -> Diagnosis:
+    """Map the run's keys, evaluate the rules and the sanity layer step by step; price each
+    finding's span with the run's step times (``gpus``: else the world size its settings read;
+    ``price``: per GPU-hour) and project where its metrics were heading."""
     keys = run.keys
     keymap = rlmon_key_map(keys) if run.records else map_keys(keys, framework, run.framework)
     rules = default_rules() if rules is None else list(rules)
@@ -308,7 +323,9 @@ def diagnose(run: LoggedRun, rules: Sequence[Rule] | None = None,
     known = any(info.status in (KeyStatus.CANONICAL, KeyStatus.RELAYED) for info in keymap.keys)
     if not isinstance(steps, LoggedSteps):
         steps = tuple((r, tuple(e)) for r, e in steps)
-    return Diagnosis(run, keymap, tuple(findings), steps, lossy, not known)
+    clock = course.clock_of(run, keymap, gpus, price)
+    return Diagnosis(run, keymap, tuple(course.priced(findings, clock)), steps, lossy,
+                     not known, clock, tuple(course.projections(records, rules)))
 
 
 def _can_apply(rule: Rule, metrics: set[str]) -> bool:

@@ -31,7 +31,8 @@ def _finding_row(f: Finding) -> str:
             f"{escape(f.severity)} {escape(f.state)}</td><td><code>{escape(f.key)}</code>"
             f"{'' if f.key == f.metric else ' &rarr; ' + escape(f.metric)} = {value}"
             f"<br>{escape(f.value_is)}</td><td>{escape(f.detail)}"
-            f"{'<br>' if f.detail and context else ''}{context}</td>"
+            f"{'<br>' if f.detail and context else ''}{context}"
+            f"{'<br>cost: ' + escape(f.cost.describe()) if f.cost is not None else ''}</td>"
             f"<td>{escape(f.what_to_check)}</td></tr>")
 
 
@@ -48,6 +49,10 @@ def _section(d: Diagnosis) -> tuple[str, str]:
     parts.append("<details><summary>keys</summary><table><tr><th>logged key</th><th>status"
                  f"</th><th>evaluated as</th><th>value</th></tr>{rows}</table></details>")
     parts += [f"<p>note: {escape(n)}</p>" for n in run.notes]
+    if d.clock is not None:
+        parts.append(f"<p>{escape(d.clock.describe())}</p>")
+    parts += [f"<p>heading: {escape(p.describe(d.seconds_per_step))}</p>"
+              for p in d.projections]
     if d.findings:
         parts.append("<table><tr><th>step</th><th>finding</th><th>value</th><th>around the "
                      "onset</th><th>what to check</th></tr>"

@@ -60,6 +60,9 @@ class LoggedRun:
     packages: Mapping[str, str] = field(default_factory=dict)  # as the run recorded them
     segments: tuple[Segment, ...] = ()
     run_id: str = ""  # the tracker's id, shared by a resumed run's files (W&B)
+    # unix seconds each step was written at, where the format keeps it apart from the values
+    # (TensorBoard's event wall times; W&B keeps _timestamp among them)
+    times: Mapping[int, float] = field(default_factory=dict)
 
     @property
     def settings(self) -> RunSettings:

@@ -33,7 +33,7 @@ from rlmon.service.diagnose.logged_run import (
     checked_step,
     run_name,
 )
-from rlmon.service.diagnose.run_settings import Segment, settings_from_config
+from rlmon.service.diagnose.run_settings import Segment, flatten, settings_from_config
 from rlmon.service.input_files import InputFileError, open_regular
 
 __all__ = ["EVENT_FILE_MARK", "MAX_EVENT_FILE_BYTES", "event_files", "read_tensorboard"]
@@ -85,7 +85,8 @@ def _records(handle: BinaryIO, size: int) -> Iterator[bytes]:
 
 
 def _read_file(path: Path, rows: dict[int, dict[str, float]], texts: dict[str, Any],
-               steps: list[int], problems: list[ReadProblem]) -> tuple[int, str | None]:
+               steps: list[int], problems: list[ReadProblem],
+               times: dict[int, float]) -> tuple[int, str | None]:
     """Fold one event file's scalars into ``rows`` (the steps it wrote into ``steps``, its JSON
     text summaries into ``texts`` by tag, an event whose step is not one into ``problems``);
     (events read, the damage if any)."""
@@ -128,6 +129,7 @@ def _read_file(path: Path, rows: dict[int, dict[str, float]], texts: dict[str, A
                     continue
                 rows[step][value.tag] = float(array.reshape(()).item())
                 steps.append(step)
+                times[step] = max(times.get(step, 0.0), float(event.wall_time))
 
 
 def _text(tag: str, array: Any, texts: dict[str, Any]) -> None:
@@ -151,6 +153,7 @@ def read_tensorboard(directory: Path, files: list[Path] | None = None) -> Logged
         raise LogError(str(directory), "no TensorBoard event file (events.out.tfevents.*) here")
     rows: dict[int, dict[str, float]] = defaultdict(dict)
     problems: list[ReadProblem] = []
+    times: dict[int, float] = {}  # the latest wall time of each step's scalars
     damages = []
     read = 0
     segments = []
@@ -158,7 +161,7 @@ def read_tensorboard(directory: Path, files: list[Path] | None = None) -> Logged
         texts: dict[str, Any] = {}
         steps: list[int] = []
         try:
-            events, damage = _read_file(path, rows, texts, steps, problems)
+            events, damage = _read_file(path, rows, texts, steps, problems, times)
         except InputFileError as exc:
             problems.append(ReadProblem(exc.path, exc.message))
             continue
@@ -169,7 +172,7 @@ def read_tensorboard(directory: Path, files: list[Path] | None = None) -> Logged
         config = {k: v for text in texts.values() for k, v in text.items()}
         settings = settings_from_config(config, f"{path.name} text {', '.join(texts)}")
         if settings.known and steps:
-            segments.append(Segment(min(steps), settings, str(path)))
+            segments.append(Segment(min(steps), settings, str(path), flatten(config)))
         if damage is not None:
             damages.append(f"{path.name}: {damage}")
             problems.append(ReadProblem(
@@ -183,4 +186,5 @@ def read_tensorboard(directory: Path, files: list[Path] | None = None) -> Logged
     return LoggedRun(str(directory), "tensorboard", run_name(directory.name),
                      {step: dict(values) for step, values in sorted(rows.items())},
                      problems=tuple(problems),
-                     segments=tuple(sorted(segments, key=lambda s: s.first_step)))
+                     segments=tuple(sorted(segments, key=lambda s: s.first_step)),
+                     times=dict(sorted(times.items())))
