@@ -1,10 +1,15 @@
 """``rlmon report RUN [--json | --html FILE]``: a run's health, cost and goodput in one place,
-from the history store, offline (no Ray, no service)."""
+from the history store, offline (no Ray, no service).
+
+``RUN`` may also be a foreign log (a path ``rlmon diagnose`` reads: TensorBoard, W&B, a
+``trainer_state.json`` ...): its report is built from the diagnosed steps and alerts, with the
+step times, GPU-hours and projections the files allow (``--gpus``, ``--price-per-gpu-hour``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -21,12 +26,17 @@ __all__ = ["register", "write_report"]
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("report", help="a run's steps, alerts and their cost, goodput, slowest "
                        "ranks and stages, worst samples and key curves")
-    p.add_argument("run", help="the run id")
+    p.add_argument("run", help="the run id, or the path of a foreign log (as rlmon diagnose)")
     p.add_argument("--json", action="store_true", help="the report as one JSON object")
     p.add_argument("--html", default=None, metavar="FILE",
                    help="write the report as one self-contained HTML file (plots embedded)")
     p.add_argument("--config", default=None,
                    help="YAML settings: goodput.gpus_per_rank, spans, price, MFU inputs")
+    p.add_argument("--gpus", type=_positive, default=None, metavar="N",
+                   help="a foreign log's GPUs, for GPU-hours (default: the world size its "
+                   "settings record)")
+    p.add_argument("--price-per-gpu-hour", type=_positive, default=None, metavar="PRICE",
+                   help="a foreign log's price per GPU-hour")
     add_store_arguments(p)
     p.set_defaults(func=run_report)
 
@@ -53,10 +63,62 @@ def write_report(db: Path, run: str, html_path: str | Path | None = None,
     return report
 
 
+def _foreign_report(args: argparse.Namespace) -> int:
+    """A log's report: each run it holds diagnosed (as rlmon diagnose), then reported."""
+    from rlmon.service.diagnose.findings import diagnose
+    from rlmon.service.diagnose.formats import read_paths
+    from rlmon.service.diagnose.html import render_html, run_report
+    from rlmon.service.report.text import render_text
+
+    runs, problems = read_paths([args.run])
+    problems.extend(p for run in runs for p in run.problems)
+    for problem in problems:
+        print(f"rlmon report: cannot read {problem.path}: {problem.message}", file=sys.stderr)
+    diagnoses = [diagnose(run, gpus=args.gpus, price=args.price_per_gpu_hour) for run in runs]
+    for d in diagnoses:
+        report = run_report(d)
+        if args.json:
+            print(json.dumps({**report.to_json(), "source": d.run.source,
+                              "cost": d.clock.to_json() if d.clock is not None else None,
+                              "findings_cost": [
+                                  {"alert": f.alert, "step": f.step, **f.cost.to_json()}
+                                  for f in d.findings if f.cost is not None],
+                              "projections": [p.to_json(d.seconds_per_step)
+                                              for p in d.projections]}, allow_nan=False))
+            continue
+        sys.stdout.write(render_text(report))
+        print(f"from {d.run.source} ({d.run.format})")
+        print(d.clock.describe() if d.clock is not None
+              else "time: the files carry no step times")
+        for f in d.findings:
+            if f.cost is not None:
+                print(f"  {f.alert} from step {f.cost.first}: {f.cost.describe()}")
+        for p in d.projections:
+            print(f"heading: {p.describe(d.seconds_per_step)}")
+    if args.html and diagnoses:
+        tmp = f"{args.html}.tmp"
+        Path(tmp).write_text(render_html(diagnoses, problems), encoding="utf-8")
+        os.replace(tmp, args.html)
+        print(f"report written to {args.html}", file=sys.stderr if args.json else sys.stdout)
+    return 2 if problems or not diagnoses else 0
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
 def run_report(args: argparse.Namespace) -> int:
     from rlmon.service.config import ConfigError
     from rlmon.service.report.text import render_text
 
+    if Path(args.run).exists():  # a path: a foreign log, not a run of the history store
+        return _foreign_report(args)
     db = history_path(args, "report")
     if db is None:
         return 2

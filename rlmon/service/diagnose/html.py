@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from html import escape
+from typing import TYPE_CHECKING
 
 from rlmon.service.diagnose.findings import Diagnosis, Finding
 from rlmon.service.diagnose.logged_run import ReadProblem
 from rlmon.service.diagnose.mapping import KeyStatus
 
-__all__ = ["render_html"]
+if TYPE_CHECKING:
+    from rlmon.service.report.model import RunReport
+
+__all__ = ["render_html", "run_report"]
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#222}
 h1{font-size:1.4em}h2{font-size:1.15em;margin-top:2em;border-bottom:1px solid #ccc}
@@ -64,10 +68,9 @@ def _section(d: Diagnosis) -> tuple[str, str]:
     return style, "\n".join(parts)
 
 
-def _run_report(d: Diagnosis) -> tuple[str, str]:
-    """(stylesheet, body) of ``rlmon report``'s page for this run, from its steps and
-    transitions."""
-    from rlmon.service.report.html import render_html as report_html
+def run_report(d: Diagnosis) -> RunReport:
+    """``rlmon report``'s report of a diagnosed run, from its steps and transitions (an
+    in-memory history store)."""
     from rlmon.service.report.model import build_report
     from rlmon.service.storage.history import HistoryStore
 
@@ -75,9 +78,17 @@ def _run_report(d: Diagnosis) -> tuple[str, str]:
     try:
         store.add([record for record, _ in d.steps],
                   [event for _, events in d.steps for event in events])
-        page = report_html(build_report(store, d.run.name))
+        return build_report(store, d.run.name)
     finally:
         store.close()
+
+
+def _run_report(d: Diagnosis) -> tuple[str, str]:
+    """(stylesheet, body) of ``rlmon report``'s page for this run, from its steps and
+    transitions."""
+    from rlmon.service.report.html import render_html as report_html
+
+    page = report_html(run_report(d))
     style = page.split("<style>", 1)[1].split("</style>", 1)[0]
     body = page.split("<body>", 1)[1].rsplit("</body>", 1)[0]
     for tag in ("h1", "h2"):  # under this run's heading

@@ -119,3 +119,20 @@ def test_the_terminal_says_time_cost_and_heading(tmp_path: Path,
     assert "time: 60 steps, 30.0 min (30 s a step; TensorBoard event wall times); 8 GPUs " \
            "(--gpus): 4 GPU-hours, 0.0667 a step, about $12.00 at $3/GPU-hour" in out
     assert "heading: actor/entropy reaches EntropyCollapse's level (0.01) in about" in out
+
+
+def test_report_over_a_foreign_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``rlmon report`` of a TensorBoard directory (it refused: "no history store at ...")."""
+    write_timed_tensorboard(tmp_path / "run", trl_curves(fault="tied_rewards", at=25))
+    assert main(["report", str(tmp_path), "--gpus", "8", "--price-per-gpu-hour", "3",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["cost"]["gpu_hours"] == pytest.approx(40 * 30 * 8 / 3600)
+    (wasted,) = [c for c in report["findings_cost"] if c["alert"] == "NoLearningSignal"]
+    assert wasted["money"] == pytest.approx(16 * 30 * 8 / 3600 * 3)
+    assert {a["alert"] for a in report["alerts"]} >= {"NoLearningSignal"}
+    page = tmp_path / "report.html"
+    assert main(["report", str(tmp_path / "run"), "--gpus", "8", "--html", str(page)]) == 0
+    out = capsys.readouterr().out
+    assert "wasted while no learning signal" in out
+    assert "wasted while no learning signal" in page.read_text()
