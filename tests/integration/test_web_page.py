@@ -295,3 +295,94 @@ def test_nan_and_inf_values_are_marked_and_counted(page: Any, service: ServiceCo
     page.wait_for_selector("#around[data-nonfinite]")
     assert page.get_attribute("#around", "data-nonfinite") == "30,31,32"
     assert "actor/kl (3 NaN/Inf)" in page.inner_text("#around .u-legend")
+
+
+def test_a_token_is_traded_for_a_key_that_another_port_never_receives(
+        chromium: Any, tmp_path: Path, records: list[StepRecord]) -> None:
+    """Cookies ignore ports, so none is set: the page keeps the key derived from the token in
+    its origin's storage (scheme, host, port) and sends it in the Authorization header. A
+    second loopback server, on another port of the same host, is opened in the same browser:
+    it receives neither the token, nor the key, nor a cookie, and its pages cannot read it."""
+    import http.server
+    import threading
+
+    from rlmon.service.web.server import page_key
+
+    token = "s3cret-token"
+    (tmp_path / "token").write_text(token)
+    core = fed_service(tmp_path / "state", records, exporter={"token_file": str(tmp_path / "token")})
+    seen: list[dict[str, str]] = []
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(dict(self.headers))
+            body = b"<html><body>another service</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Other)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    context = chromium.new_context()
+    try:
+        tab = context.new_page()
+        base = f"http://127.0.0.1:{core.port}/"
+        tab.goto(base)  # without the token: the page says what it needs
+        tab.wait_for_selector("p.error")
+        assert "needs the token" in tab.inner_text("p.error")
+        requests: list[dict[str, str]] = []
+        tab.on("request", lambda r: requests.append(r.headers) if "/api/" in r.url else None)
+        tab.goto(base + f"#token={token}")
+        tab.wait_for_selector("#runs tbody tr")
+        assert tab.url == base + "#/"  # the token is dropped from the address
+        key = tab.evaluate("() => localStorage.getItem('rlmon.key')")
+        assert key == page_key(token) and token not in key
+        assert context.cookies() == []
+        assert any(h.get("authorization") == f"Bearer {key}" for h in requests)
+        tab.reload()  # the key is kept: no token needed again
+        tab.wait_for_selector("#runs tbody tr")
+        tab.goto(f"http://127.0.0.1:{other.server_address[1]}/")
+        tab.wait_for_selector("text=another service")
+        assert tab.evaluate("() => localStorage.getItem('rlmon.key')") is None
+        assert seen and all("Cookie" not in h and "Authorization" not in h for h in seen)
+        assert not any(token in v or key in v for h in seen for v in h.values())
+    finally:
+        context.close()
+        other.shutdown()
+        core.close(0.0)
+
+
+def test_careless_addresses_are_handled(page: Any, service: ServiceCore,
+                                        records: list[StepRecord]) -> None:
+    """?poll= out of bounds or not a number polls at a sane rate; a malformed %-escape in the
+    address is an error on the page, not an uncaught URIError; the alert page's timeline draws
+    each span after its parent (a child listed first is not hidden under its parent's bar)."""
+    base = page.base.replace("?poll=250", "")
+    for asked, used in (("abc", 2000), ("3000000000", 60000), ("0", 200), ("-5", 200),
+                        ("750", 750)):
+        page.goto(base + f"?poll={asked}")
+        page.wait_for_selector("#runs tbody tr")
+        assert page.evaluate("() => window.rlmonPollMs") == used, asked
+    page.goto(base + "#/run/%E0%A4%A")
+    page.wait_for_selector("p.error")
+    assert "not well formed" in page.inner_text("p.error")
+    # a timeline whose child span comes first in the record
+    from rlmon.service.contract.timeline import Span
+
+    template = next(r for r in records if r.role == "actor" and r.step == 10)
+    timelines = tuple(replace(t, timeline=replace(t.timeline, spans=tuple(sorted(
+        t.timeline.spans, key=lambda s: -s.depth)))) for t in template.timelines)
+    assert isinstance(timelines[0].timeline.spans[0], Span) and timelines[0].timeline.spans[0].depth == 1
+    service.history.add([replace(template, timelines=timelines)], [], states={})
+    page.goto(page.base + f"#/alert/{RUN}/actor/ISRatioStale/10")
+    page.wait_for_selector("#timeline rect.span")
+    depths = page.eval_on_selector_all("#timeline rect.span", "r => r.map(e => Number(e.dataset.depth))")
+    per_rank = [depths[i:i + 3] for i in range(0, len(depths), 3)]
+    assert len(per_rank) == 4 and all(d == [0, 0, 1] for d in per_rank)
+    names = page.eval_on_selector_all("#timeline rect.span", "r => r.map(e => e.dataset.name)")
+    assert names[2::3] == ["backward"] * 4  # the child last in each rank, over its parent

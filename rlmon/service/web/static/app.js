@@ -3,7 +3,13 @@
 "use strict";
 
 const QUERY = new URLSearchParams(location.search);
-const POLL_MS = Math.max(Number(QUERY.get("poll") || 2000), 200);
+// ?poll=ms, within 0.2 s and a minute (anything else: the default 2 s)
+const POLL_ASKED = Number(QUERY.get("poll"));
+const POLL_MS = QUERY.get("poll") && Number.isFinite(POLL_ASKED)
+  ? Math.min(Math.max(POLL_ASKED, 200), 60000) : 2000;
+// with a token configured the page keeps the key the service derives from it (never the token),
+// in this origin's storage (scheme, host and port: another port's server never sees it)
+const KEY_ITEM = "rlmon.key";
 const COLORS = ["#1f5fbf", "#c62828", "#2e7d32", "#8e24aa", "#e08600", "#00838f"];
 const STEP_INCRS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6];
 const view = document.getElementById("view");
@@ -17,11 +23,33 @@ async function api(name, params) {
   for (const [k, v] of Object.entries(params || {})) {
     if (v !== undefined && v !== null && v !== "") qs.set(k, v);
   }
-  const resp = await fetch("api/" + name + (qs.toString() ? "?" + qs : ""),
-                           { credentials: "same-origin" });
+  const headers = authHeaders();
+  const resp = await fetch("api/" + name + (qs.toString() ? "?" + qs : ""), { headers });
   const body = await resp.json().catch(() => ({ error: resp.statusText }));
+  if (resp.status === 401 && headers.Authorization === authHeaders().Authorization) {
+    localStorage.removeItem(KEY_ITEM);  // a key of another token: open /#token=... again
+  }
   if (!resp.ok) throw new Error(body.error || resp.statusText);
   return body;
+}
+
+function authHeaders() {
+  const key = localStorage.getItem(KEY_ITEM);
+  return key ? { Authorization: "Bearer " + key } : {};
+}
+
+async function takeToken() {
+  // /#token=... (never sent to the server) or /?token=...: traded once for the page key, then
+  // dropped from the address
+  const hash = location.hash.match(/^#token=([^&]*)/);
+  const token = hash ? decodeURIComponent(hash[1]) : QUERY.get("token");
+  if (!token) return;
+  QUERY.delete("token");
+  history.replaceState(null, "", location.pathname + (QUERY.toString() ? "?" + QUERY : "") +
+                       (hash ? "#/" : location.hash));
+  const resp = await fetch("api/key", { headers: { Authorization: "Bearer " + token } });
+  const body = await resp.json().catch(() => ({}));
+  if (resp.ok && body.key) localStorage.setItem(KEY_ITEM, body.key);
 }
 
 function el(tag, attrs, ...children) {
@@ -78,7 +106,12 @@ function showError(err) {
 function parseHash() {
   const hash = location.hash.replace(/^#\/?/, "");
   const [path, query] = hash.split("?");
-  const parts = path.split("/").filter((p) => p !== "").map(decodeURIComponent);
+  let parts;
+  try {
+    parts = path.split("/").filter((p) => p !== "").map(decodeURIComponent);
+  } catch (err) {  // a malformed %-escape in a pasted address
+    return { kind: "bad", error: new Error("this address is not well formed (" + err.message + "): #" + hash) };
+  }
   const params = new URLSearchParams(query || "");
   if (parts[0] === "run" && parts.length >= 2) {
     return { kind: "run", run: parts[1], role: params.get("role") || "",
@@ -101,6 +134,7 @@ async function route() {
   try {
     if (where.kind === "run") await showRun(where, current);
     else if (where.kind === "alert") await showAlert(where, current);
+    else if (where.kind === "bad") throw where.error;
     else await showRuns(current);
   } catch (err) {
     if (current()) showError(err);
@@ -391,10 +425,12 @@ function timelineView(timeline) {
                               height: rowH - 8, fill: "#eef1f5", class: "rank-step" });
     bar.append(svg("title", {}, "step: " + ((r.end - r.start) / 1e6).toFixed(1) + " ms"));
     root.append(bar);
-    for (const [name, s, e, depth] of r.spans) {
+    // parents before children: a later rect covers an earlier one
+    const spans = [...r.spans].sort((p, q) => p[3] - q[3] || p[1] - q[1]);
+    for (const [name, s, e, depth] of spans) {
       const rect = svg("rect", { x: scale(s), y: y + 4 + 3 * depth, width: Math.max(scale(e) - scale(s), 1),
                                  height: rowH - 12 - 3 * depth, fill: spanColor(name), class: "span",
-                                 "data-name": name });
+                                 "data-name": name, "data-depth": depth });
       rect.append(svg("title", {}, name + ": " + ((e - s) / 1e6).toFixed(1) + " ms"));
       root.append(rect);
     }
@@ -437,6 +473,16 @@ async function showAlert(where, current) {
                           download: a.run + "-step" + a.onset + ".pftrace" }, "Perfetto trace"),
                 el("span", { class: "muted" }, " (open at ui.perfetto.dev)")), tl);
   view.replaceChildren(...parts);
+  const perfetto = document.getElementById("perfetto");
+  perfetto.onclick = async (event) => {  // a link cannot send the key: fetch it, then save it
+    if (!localStorage.getItem(KEY_ITEM)) return;
+    event.preventDefault();
+    const resp = await fetch(perfetto.getAttribute("href"), { headers: authHeaders() });
+    const url = URL.createObjectURL(await resp.blob());
+    const save = el("a", { href: url, download: perfetto.getAttribute("download") });
+    save.click();
+    setTimeout(() => URL.revokeObjectURL(url), 10000);
+  };
   if (a.timeline) tl.append(timelineView(a.timeline));
   else tl.append(el("p", { class: "muted" }, "no timeline stored for this step"));
   if (a.around && a.around.x.length) {
@@ -486,6 +532,8 @@ async function poll() {
 }
 
 window.rlmonCharts = () => page.charts;  // the uPlot instances shown (for tests and scripts)
-window.addEventListener("hashchange", route);
-route().then(() => setStatus(true, "live"));
+window.rlmonPollMs = POLL_MS;
+const start = () => takeToken().catch(() => {}).then(route);
+window.addEventListener("hashchange", start);
+start().then(() => setStatus(true, "live"));
 setInterval(poll, POLL_MS);
