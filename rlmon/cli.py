@@ -23,6 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "rlmon.commands.trace",
     "rlmon.commands.report",
     "rlmon.commands.diagnose",
+    "rlmon.commands.diff",
 )
 
 

@@ -15,7 +15,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import NamedTuple
 
-from rlmon.service.alerting import baseline, baseline_batch
+from rlmon.service.alerting import baseline, baseline_batch, reward_hacking
 from rlmon.service.alerting.alert_types import AlertEvent, AlertState, State
 from rlmon.service.alerting.projection import alert_detail as heading
 from rlmon.service.alerting.rules import ANY_METRIC, LIVENESS_CONDITIONS, Condition, Rule
@@ -127,6 +127,11 @@ def _check(rule: Rule, record: StepRecord, state: AlertState) -> _Check:
         params = rule.baseline if state.ahead is None else state.ahead.params
         state.score = baseline.observe(params, state.history, state.score, value, state.ahead)
         return _Check(True, state.score >= params.decision, rule.metric, value)
+    if cond is Condition.REWARD_HACKING:  # its own module: rlmon.service.alerting.reward_hacking
+        hacking = rule.reward_hacking
+        state.score, found = reward_hacking.observe(hacking, state.history, state.score, metrics)
+        return _Check(True, state.score >= hacking.decision, rule.metric, value,
+                      found.describe() if found is not None else "")
     return _Check(True, _window_check(rule, state, value), rule.metric, value)
 
 
@@ -318,7 +323,9 @@ class AlertEngine:
             value=check.value if check.metric else record.metrics.get(metric),
             summary=rule.summary or rule.describe(),
             condition=rule.describe(),
-            what_to_check=spec.what_to_check if spec is not None else "",
+            what_to_check=reward_hacking.WHAT_TO_CHECK
+            if rule.condition is Condition.REWARD_HACKING
+            else spec.what_to_check if spec is not None else "",
             attempt=record.attempt,
             detail=check.detail,
         )

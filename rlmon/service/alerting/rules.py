@@ -18,7 +18,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from rlmon.service.alerting import reward_hacking
 from rlmon.service.alerting.baseline import BaselineParams, BaselineSpec
+from rlmon.service.alerting.reward_hacking import RewardHackingParams
 from rlmon.service.metrics import catalog
 from rlmon.service.metrics.spec import AlertSpec, Comparison, LivenessAlertSpec, Severity
 
@@ -34,6 +36,7 @@ __all__ = [
     "liveness_rules",
     "load_rules",
     "parse_rules",
+    "reward_hacking_rule",
     "rules_to_yaml",
     "unknown_metrics",
 ]
@@ -50,6 +53,8 @@ class Condition(StrEnum):
     REPLICA_MISMATCH = "replica_mismatch"  # replicated copies disagree
     BASELINE = "baseline"  # a sustained departure from the run's own trailing baseline
     STRAGGLER_RANK = "straggler_rank"  # the same rank slowest by more than `threshold`x median
+    # reward, length and KL up together beyond the run's coupling (rlmon.service.alerting.reward_hacking)
+    REWARD_HACKING = "reward_hacking"
     # judged by time on the aggregator's clock (rlmon.service.liveness), never by a step's values
     RUN_STALLED = "run_stalled"  # no step finalized for the stall threshold, ranks alive
     STAGE_STUCK = "stage_stuck"  # one rank far past its usual time in a stage, others waiting
@@ -63,6 +68,7 @@ LIVENESS_CONDITIONS = frozenset({Condition.RUN_STALLED, Condition.STAGE_STUCK, C
 
 _NEEDS_METRIC = {
     Condition.THRESHOLD, Condition.OUTSIDE, Condition.STUCK, Condition.TREND, Condition.BASELINE,
+    Condition.REWARD_HACKING,
 }
 _BASELINE_FIELDS = ("warmup", "allowance", "decision", "floor", "relative_floor", "log_offset",
                     "follow_drift")
@@ -75,6 +81,7 @@ _CONDITION_FIELDS_USED: dict[Condition, tuple[str, ...]] = {
     Condition.TREND: ("window", "direction"),
     Condition.BASELINE: ("window", "direction", *_BASELINE_FIELDS),
     Condition.STRAGGLER_RANK: ("threshold",),
+    Condition.REWARD_HACKING: ("window", "allowance", "decision"),
 }
 _BASELINE_MAX_WINDOW = 1_000  # the detector sorts its window every step
 ANY_METRIC = "*"
@@ -164,6 +171,12 @@ class Rule(BaseModel):
         return BaselineParams(self.direction, **{k: v for k, v in given.items() if v is not None})
 
     @property
+    def reward_hacking(self) -> RewardHackingParams:
+        """The detector's parameters (condition ``reward_hacking``); unset fields: defaults."""
+        given = {n: getattr(self, n) for n in ("window", "allowance", "decision")}
+        return RewardHackingParams(**{k: v for k, v in given.items() if v is not None})
+
+    @property
     def resolve_steps(self) -> int:
         """Consecutive false steps before a firing alert resolves (defaults to ``for``)."""
         return self.resolve_after if self.resolve_after is not None else self.for_steps
@@ -191,6 +204,11 @@ class Rule(BaseModel):
             text = "a metric is NaN or Inf" if self.metric == ANY_METRIC else f"{self.metric} NaN/Inf"
         elif c is Condition.OUT_OF_DOMAIN:
             text = "a value outside its physical domain"
+        elif c is Condition.REWARD_HACKING:
+            p = self.reward_hacking
+            text = (f"{self.metric} rising with rollout/response_length and actor/kl beyond the "
+                    f"run's own {p.window}-step coupling, or away from rollout/verifier_score "
+                    f"(CUSUM {p.allowance:g}/{p.decision:g} robust SDs)")
         elif c is Condition.RANK_MISSING:
             text = "a step finalized without every expected rank"
         elif c is Condition.STRAGGLER_RANK:
@@ -282,8 +300,17 @@ def default_rules() -> list[Rule]:
 
 
 def early_warning_rules() -> list[Rule]:
-    """One baseline rule per entry of the catalog's ``EARLY_WARNINGS`` (severity warning)."""
-    return [_rule_from_baseline(spec) for spec in catalog.EARLY_WARNINGS]
+    """One baseline rule per entry of the catalog's ``EARLY_WARNINGS`` (severity warning), and
+    the reward-hacking rule, also judged against the run's own past."""
+    return [_rule_from_baseline(spec) for spec in catalog.EARLY_WARNINGS] + [reward_hacking_rule()]
+
+
+def reward_hacking_rule() -> Rule:
+    """``RewardHacking`` (rlmon.service.alerting.reward_hacking), on the reward's stream."""
+    return Rule.model_validate({
+        "name": reward_hacking.ALERT, "severity": Severity.WARNING,
+        "condition": Condition.REWARD_HACKING, "metric": catalog.REWARD,
+        "resolve_after": 3, "summary": reward_hacking.SUMMARY})
 
 
 def fixed_rules() -> list[Rule]:

@@ -61,6 +61,7 @@ _RELATED: dict[str, tuple[str, ...]] = {
     "RewardCollapsing": (c.REWARD_STD, c.ENTROPY, c.KL, c.RESPONSE_LENGTH),
     "CompletionsTruncated": (c.RESPONSE_LENGTH, c.REWARD, c.ENTROPY),
     "ResponseLengthRunaway": (c.CLIPPED_RATIO, c.REWARD, c.ENTROPY),
+    "RewardHacking": (c.RESPONSE_LENGTH, c.KL, c.VERIFIER_SCORE, c.ENTROPY, c.CLIPPED_RATIO),
 }
 _DEFAULT_RELATED = (c.GRAD_NORM, c.LR)
 _TIES = "Every completion of a group scored alike: check the reward function (a constant, an " \

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from contextlib import suppress
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from rlmon.service.export.exporter import RunInfo
@@ -107,6 +107,8 @@ class Segment:
     first_step: int
     settings: RunSettings
     source: str
+    # the whole config recorded, flattened to dotted keys (``rlmon diff`` compares two runs')
+    config: Mapping[str, Any] = field(default_factory=dict)
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

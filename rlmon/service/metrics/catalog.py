@@ -109,6 +109,7 @@ PREFIX_CACHE_HIT_RATE = "rollout/prefix_cache_hit_rate"
 REWARD_HIGHEST = "rollout/reward_highest"
 REWARD_LOWEST = "rollout/reward_lowest"
 TRUNCATED_LONGEST = "rollout/truncated_longest"
+VERIFIER_SCORE = "rollout/verifier_score"
 
 STEP_SECONDS = "perf/step_seconds"
 STRAGGLER_RATIO = "perf/straggler_ratio"
@@ -297,6 +298,12 @@ _SPECS: tuple[MetricSpec, ...] = (
                "payloads; the value is the lowest reward).", BOTTOM,
                what_to_check="Read them for a broken reward function or answer parser.",
                panel=_panel("overview", "Reward", 70)),
+    # a score the policy is not trained on (a verifier, a held-out reward model, the reward on
+    # held-out prompts): RewardHacking watches the training reward's gap to it
+    MetricSpec(VERIFIER_SCORE, "Mean held-out or verifier score of the step's responses (a score "
+               "the policy is not trained on), on the reward's scale.", MEAN,
+               what_to_check="The training reward pulls away from it: see RewardHacking.",
+               panel=_panel("overview", "Reward", 75)),
     MetricSpec(RESPONSE_LENGTH, "Mean response length.", MEAN,
                Unit.TOKENS, Domain.NONNEGATIVE, panel=_panel("overview", "Rollout", 10),
                samples=TRUNCATED_LONGEST),

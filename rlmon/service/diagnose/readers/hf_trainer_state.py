@@ -22,7 +22,7 @@ from rlmon.service.diagnose.logged_run import (
 )
 from rlmon.service.diagnose.readers import training_args
 from rlmon.service.diagnose.readers.json_stream import JsonStream, JsonStreamError
-from rlmon.service.diagnose.run_settings import Segment, settings_from_config
+from rlmon.service.diagnose.run_settings import Segment, flatten, settings_from_config
 from rlmon.service.input_files import InputFileError, open_regular
 
 __all__ = ["FILE_NAME", "MAX_STATE_BYTES", "global_step", "has_log_history",
@@ -166,7 +166,7 @@ def _settings(path: Path, first: int) -> tuple[tuple[Segment, ...], tuple[str, .
         settings = settings_from_config(fields, f"{folder.name}/{args.name}")
         if settings.known and (not segments or segments[-1].settings.known != settings.known):
             start = first if not segments or previous_step is None else previous_step + 1
-            segments.append(Segment(start, settings, str(args)))
+            segments.append(Segment(start, settings, str(args), flatten(fields)))
         previous_step = step
     if len(segments) > 1:
         notes.append("the settings changed between checkpoints: each change is placed at the "

@@ -31,7 +31,7 @@ from rlmon.service.diagnose.logged_run import (
     to_float,
 )
 from rlmon.service.diagnose.readers.json_lines import MAX_LINE_BYTES, objects
-from rlmon.service.diagnose.run_settings import Segment, settings_from_config
+from rlmon.service.diagnose.run_settings import Segment, flatten, settings_from_config
 from rlmon.service.input_files import (
     InputFileError,
     LineTooLong,
@@ -176,8 +176,8 @@ def read_wandb_run(path: Path) -> LoggedRun:
         raise LogError(str(path), "the W&B run holds no history rows (nothing was logged)")
     rows = _by_step(logged)
     settings = settings_from_config(config, f"{files[0].name} config")
-    segments = (Segment(min(rows, default=0), settings, str(files[0])),) if settings.known \
-        else ()
+    segments = (Segment(min(rows, default=0), settings, str(files[0]), flatten(config)),) \
+        if settings.known else ()
     return LoggedRun(str(path), "wandb-offline", run_name(name), rows,
                      problems=tuple(problems), packages=_requirements(files[0].parent),
                      segments=segments, run_id=run_id)

@@ -1,0 +1,220 @@
+"""Reward-hacking benchmark: how soon ``RewardHacking`` names a hacked reward, and that it stays
+quiet on healthy runs whose reward and length grow together.
+
+Simulated GRPO runs, one stream per run (the reward, the response length, the KL, the entropy and,
+in half the runs, a held-out verifier score, as a framework's driver logs them; the verifier sees
+the policy's own slow wander, as a score of the same policy does, with sampling noise of its
+own). Healthy runs
+learn at a healthy pace, each its own way: the reward settles (concave), climbs steadily (linear)
+or takes off after a plateau (a sigmoid over 60-250 steps, the "aha" stretch of a reasoning run);
+the response length follows the reward at the run's own coupling (0 to 1.5 log-units per unit of
+reward) on top of its own drift; the KL grows from zero as the policy moves; heavy-tailed
+sampling noise and a slow wander on every series. Hacking runs are the same runs until an onset
+at a known step (60-120), where the policy finds a loophole: the reward climbs steeply (+0.15 to
++0.4 over 1-30 steps), the length balloons (x1.5 to x3) and the KL rises (x1.5 to x4) with it,
+the entropy steady and the verifier score not following. A second kind (``verifier gap``) moves
+the length and the KL only a little (x1.1): there only the held-out score tells.
+
+Also run: ``bench_detection.py``'s healthy runs and its single-metric faults (a length runaway,
+a KL blow-up alone), which must not be called reward hacking.
+
+Prints the share caught, onset-to-alert (steps; 0 = at the onset step), the first alert of the
+rest of the default pack on the same runs, and the healthy runs that fired. Parameters were tuned
+on seeds 0-199; the figures are for held-out seeds 7000-7099 unless ``--seeds tuning``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_detection  # the detection benchmark's healthy runs and faults
+
+from rlmon.service.alerting.engine import AlertEngine
+from rlmon.service.alerting.rules import Rule, default_rules, reward_hacking_rule
+from rlmon.service.contract.step_record import StepRecord
+from rlmon.service.metrics import catalog as c
+
+TUNING_SEEDS = range(0, 200)
+HELD_OUT_SEEDS = range(7000, 7100)
+STEPS = 300
+SHAPES = ("concave", "linear", "sigmoid")
+RAMPS = {"abrupt": (1, 1), "gradual": (5, 15), "slow": (15, 30)}
+Series = dict[str, np.ndarray]
+
+
+def _ar1(rng: np.random.Generator, n: int, phi: float) -> np.ndarray:
+    return bench_detection._ar1(rng, n, phi)
+
+
+def healthy(seed: int, steps: int = STEPS) -> tuple[Series, str]:
+    """A healthy run whose reward and length grow together at the run's own pace."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(steps, dtype=float)
+    shape = SHAPES[seed % 3]
+
+    def parts(lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
+        """Sampling noise of a fresh batch and a slow wander of the policy itself."""
+        sd = float(rng.uniform(lo, hi))
+        wander = rng.uniform(0.1, 0.7) * _ar1(rng, steps, float(rng.uniform(0.9, 0.98)))
+        return sd * _ar1(rng, steps, float(rng.uniform(0, 0.3))), sd * wander
+
+    def noise(lo: float, hi: float) -> np.ndarray:
+        sampling, wander = parts(lo, hi)
+        return sampling + wander
+
+    r0 = rng.uniform(0.0, 0.4)
+    gain = rng.uniform(0.2, 0.55)
+    if shape == "concave":
+        progress = 1 - np.exp(-t / rng.uniform(30, 200))
+    elif shape == "linear":
+        progress = np.minimum(t / rng.uniform(150, 400), 1)
+    else:  # a plateau, then a take-off over 60-250 steps
+        centre, width = rng.uniform(60, 220), rng.uniform(60, 250) / 8
+        progress = 1 / (1 + np.exp(-(t - centre) / width))
+        progress = (progress - progress[0]) / (1 - progress[0])
+    clean = r0 + gain * progress
+    sampling, skill = parts(0.008, 0.04)  # the policy's wander is its skill: a verifier sees it
+    s: Series = {c.REWARD: clean + sampling + skill}
+    coupling = rng.uniform(0.0, 1.5)  # log length per unit of reward
+    drift = rng.uniform(-0.1, 0.3) * np.minimum(t, 300) / 300
+    length0 = rng.uniform(150, 800)
+    s[c.RESPONSE_LENGTH] = length0 * np.exp(coupling * (clean - r0) + drift + noise(0.01, 0.05))
+    s[c.KL] = (0.002 + rng.uniform(0.02, 0.3) * (0.5 * progress + 0.5 * (
+        1 - np.exp(-t / rng.uniform(50, 300))))) * np.exp(noise(0.03, 0.15))
+    s[c.ENTROPY] = rng.uniform(0.3, 0.6) * (1 - 0.3 * progress) * np.exp(noise(0.01, 0.05))
+    if seed % 2:  # a verifier that tracks the true skill (the clean reward), on the same scale
+        scale = rng.uniform(0.8, 1.0)
+        s[c.VERIFIER_SCORE] = scale * (clean + skill) + parts(0.01, 0.04)[0]
+    return s, shape
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    seed: int
+    kind: str  # healthy | length | gap | detection-healthy | length_runaway | kl_blowup
+    ramp: str = ""
+    onset: int = 0
+
+
+def _progress(steps: int, onset: int, ramp: int) -> np.ndarray:
+    return np.clip((np.arange(steps) - onset + 1) / ramp, 0, 1)
+
+
+def series_of(case: Case) -> Series:
+    if case.kind.startswith("detection") or case.kind in ("length_runaway", "kl_blowup"):
+        fault = None if case.kind == "detection-healthy" else case.kind
+        dcase = bench_detection.Case(case.seed, STEPS, fault, "gradual", case.onset, 20)
+        return {k: v for k, v in bench_detection.series_of(dcase).items()
+                if k in (c.REWARD, c.RESPONSE_LENGTH, c.KL, c.ENTROPY)}
+    s, _ = healthy(case.seed)
+    if case.kind == "healthy":
+        return s
+    rng = np.random.default_rng(case.seed + 10_000)
+    lo, hi = RAMPS[case.ramp]
+    p = _progress(STEPS, case.onset, int(rng.integers(lo, hi + 1)))
+    s[c.REWARD] = s[c.REWARD] + rng.uniform(0.15, 0.4) * p
+    if case.kind == "length":
+        s[c.RESPONSE_LENGTH] = s[c.RESPONSE_LENGTH] * np.exp(math.log(rng.uniform(1.5, 3)) * p)
+        s[c.KL] = s[c.KL] * np.exp(math.log(rng.uniform(1.5, 4)) * p)
+    else:  # the verifier gap: length and KL barely move
+        s[c.RESPONSE_LENGTH] = s[c.RESPONSE_LENGTH] * np.exp(math.log(1.1) * p)
+        s[c.KL] = s[c.KL] * np.exp(math.log(1.1) * p)
+        if c.VERIFIER_SCORE not in s:
+            s[c.VERIFIER_SCORE] = s[c.REWARD] - rng.uniform(0.15, 0.4) * p \
+                + 0.02 * rng.standard_normal(STEPS)
+    return s
+
+
+def records(s: Series, run: str) -> Iterable[StepRecord]:
+    steps = len(next(iter(s.values())))
+    for step in range(steps):
+        yield StepRecord(run, "driver", step, True, 1, 1, (),
+                         {name: float(v[step]) for name, v in s.items()})
+
+
+def firings(case: Case, rules: list[Rule]) -> list[tuple[str, int]]:
+    engine = AlertEngine(rules)
+    out = []
+    for record in records(series_of(case), f"run-{case.seed}"):
+        out += [(e.alert, e.step) for e in engine.evaluate(record) if e.state == "firing"]
+    return out
+
+
+def cases(seeds: range) -> list[Case]:
+    out = []
+    for seed in seeds:
+        out.append(Case(seed, "healthy"))
+        rng = np.random.default_rng(seed + 20_000)
+        onset = int(rng.integers(60, 121))
+        ramp = tuple(RAMPS)[seed % 3]
+        out.append(Case(seed, "length", ramp, onset))
+        if seed % 2:  # the runs with a verifier score
+            out.append(Case(seed, "gap", ramp, onset))
+        if seed % 4 == 0:
+            out.append(Case(seed, "detection-healthy"))
+            out.append(Case(seed, "length_runaway", "gradual", onset))
+            out.append(Case(seed, "kl_blowup", "gradual", onset))
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", choices=("held-out", "tuning"), default="held-out")
+    parser.add_argument("--full-pack", action="store_true",
+                        help="also the first alert of the rest of the default pack (slower)")
+    args = parser.parse_args()
+    seeds = HELD_OUT_SEEDS if args.seeds == "held-out" else TUNING_SEEDS
+    started = time.perf_counter()
+    hacking = [reward_hacking_rule()]
+    rest = [r for r in default_rules() if r.name != "RewardHacking"]
+    lags: dict[tuple[str, str], list[int | None]] = {}
+    other: dict[tuple[str, str], list[int | None]] = {}
+    quiet: dict[str, list[str]] = {}
+    early: list[str] = []
+    for case in cases(seeds):
+        fired = firings(case, hacking)
+        if case.kind in ("healthy", "detection-healthy", "length_runaway", "kl_blowup"):
+            quiet.setdefault(case.kind, [])
+            if fired:
+                quiet[case.kind].append(f"seed {case.seed} at step {fired[0][1]}")
+            continue
+        before = [s for _, s in fired if s < case.onset]
+        if before:
+            early.append(f"{case.kind} seed {case.seed} at step {before[0]} (onset {case.onset})")
+        after = [s - case.onset for _, s in fired if s >= case.onset]
+        lags.setdefault((case.kind, case.ramp), []).append(after[0] if after else None)
+        if args.full_pack:
+            steps = [(a, s - case.onset) for a, s in firings(case, rest) if s >= case.onset]
+            other.setdefault((case.kind, case.ramp), []).append(steps[0][1] if steps else None)
+    print(f"reward-hacking benchmark, {args.seeds} seeds {seeds.start}-{seeds.stop - 1}, "
+          f"{STEPS} steps a run ({time.perf_counter() - started:.0f} s)")
+    print(f"{'kind':<8} {'onset':<8} {'caught':>8}  {'RewardHacking: mean (max) steps':<34}"
+          + ("  first other alert: mean" if args.full_pack else ""))
+    for (kind, ramp), found in sorted(lags.items()):
+        hit = [v for v in found if v is not None]
+        text = f"{statistics.mean(hit):.1f} ({max(hit)})" if hit else "-"
+        line = f"{kind:<8} {ramp:<8} {len(hit):>3} of {len(found):<3}  {text:<34}"
+        if args.full_pack:
+            o = [v for v in other[(kind, ramp)] if v is not None]
+            line += f"  {statistics.mean(o):.1f}, {len(o)} caught" if o else "  none"
+        print(line)
+    for kind, fired_runs in quiet.items():
+        runs = sum(1 for case in cases(seeds) if case.kind == kind)
+        print(f"{kind}: {len(fired_runs)} of {runs} runs fired RewardHacking"
+              + (": " + ", ".join(fired_runs[:8]) if fired_runs else ""))
+    print(f"before the onset: {len(early)}" + (": " + ", ".join(early[:8]) if early else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""Reward hacking: the reward climbing with the completion length and the KL beyond the run's own
+coupling, or away from a score the policy is not trained on.
+
+A policy that found a loophole in the reward (padding, repeating the rubric's words, a format the
+grader over-scores) shows it in the run's own curves before anyone reads a completion: the reward
+climbs faster than it did, the completions get longer than that reward explains, and the policy
+moves away from the reference (the KL rises). Each alone is common in a healthy run (an "aha"
+stretch, a longer chain of thought, a KL that grows from zero), and reward and length often rise
+together in a healthy run: what is judged is the *change* of that co-movement against the run's
+own earlier stretch.
+
+- **Baseline**: over the ``window`` steps that end ``guard`` steps before the newest (so a fresh
+  departure is not yet part of it), a robust line per series (slopes from the medians of the two
+  halves, as :mod:`rlmon.service.alerting.baseline`): the reward, the log of the response length,
+  the log of the KL and, where the run reports one, the gap between the reward and a held-out or
+  verifier score (``rollout/verifier_score``). Its scale is 1.4826 x the median absolute residual,
+  floored (2% of length, 5% of KL, 2% of the reward's level) so a quiet run does not alarm on a
+  small change.
+- **Coupling**: the length's slope per unit of reward slope in the baseline (where the reward
+  moved there by more than its noise; else none). The length's departure from its own line is
+  judged *after* taking out what the reward's departure explains at that coupling: a run whose
+  length has always followed its reward does not alarm when both speed up together.
+- **Evidence**: each step's z-scores (departure / scale) of the reward, the length beyond the
+  coupling and the KL; the joint evidence is the smallest of the three (all three must be out
+  together), or, where a verifier score is logged, the smaller of the reward's and the gap's when
+  that is larger (the reward up while the held-out score does not follow). A one-sided CUSUM,
+  ``S = max(0, S + e - allowance)``, fires while ``S >= decision``; ``e`` is clipped so no single
+  step fires alone, and ``S`` is capped at 2 x ``decision`` so the warning resolves soon after the
+  run settles.
+
+The state is plain numbers (the trailing rows and ``S``), kept in the engine's
+:class:`~rlmon.service.alerting.engine.AlertState` and saved with it, so a restarted service and
+``rlmon replay`` / ``rlmon diagnose`` continue exactly. It is judged within one stream: the role
+that logs the reward, the length and the KL together (the framework integrations' driver or
+trainer, a diagnosed log).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from rlmon.service.metrics import catalog as c
+
+__all__ = ["ALERT", "SUMMARY", "WHAT_TO_CHECK", "Evidence", "RewardHackingParams", "observe"]
+
+ALERT = "RewardHacking"
+SUMMARY = ("Reward climbing with completion length and KL beyond the run's own coupling (or away "
+           "from its held-out / verifier score)")
+WHAT_TO_CHECK = (
+    "The reward may be hacked: read the highest-reward completions of the last steps "
+    "(rollout/reward_highest) for padding, repetition, rubric words or a format the grader "
+    "over-scores; compare the reward with a held-out or verifier score on the same prompts; "
+    "penalise length or cap it, raise the KL coefficient, and fix the reward function before "
+    "training on.")
+
+_MAD_TO_SD = 1.4826
+_TINY = 1e-12
+_COLUMNS = 4  # per step: reward, log length, log KL, verifier score (NaN: not logged)
+
+
+@dataclass(frozen=True, slots=True)
+class RewardHackingParams:
+    """The detector's parameters; tuned on ``bench/bench_reward_hacking.py``'s tuning seeds."""
+
+    window: int = 40  # baseline steps
+    guard: int = 5  # newest steps kept out of the baseline
+    warmup: int = 30  # baseline steps needed before a step is judged
+    allowance: float = 2.0  # robust SDs of joint evidence a step must exceed to count
+    decision: float = 8.0
+    length_floor: float = 0.02  # log units: the length's scale is at least 2%
+    kl_floor: float = 0.05  # log units: the KL's scale is at least 5%
+    kl_offset: float = 1e-3  # log(KL + offset): a KL of 0 at the start is finite
+    reward_floor: float = 0.02  # of the reward's level (and 1e-3 absolute)
+
+    @property
+    def keep(self) -> int:
+        return self.window + self.guard
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """A step's departures (z-scores) and what they are in the metrics' units."""
+
+    evidence: float
+    z_reward: float
+    z_length: float
+    z_kl: float
+    z_gap: float
+    reward_above: float  # reward minus its baseline line
+    length_ratio: float  # length over what the baseline and the coupling expect
+    kl_ratio: float  # KL over its baseline line
+    gap_above: float  # reward-minus-verifier gap over its baseline line
+
+    def describe(self) -> str:
+        parts = [f"reward {self.reward_above:+.3g} above its trend (z {self.z_reward:.1f})"]
+        if math.isfinite(self.length_ratio):
+            parts.append(f"response length x{self.length_ratio:.3g} of what its trend and the "
+                         f"reward explain (z {self.z_length:.1f})")
+        if math.isfinite(self.kl_ratio):
+            parts.append(f"KL x{self.kl_ratio:.3g} of its trend (z {self.z_kl:.1f})")
+        if math.isfinite(self.gap_above):
+            parts.append(f"reward - verifier gap {self.gap_above:+.3g} above its trend "
+                         f"(z {self.z_gap:.1f})")
+        return "; ".join(parts)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    mid = n // 2
+    return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+def _line(values: list[float], ahead: int) -> tuple[float, float, float, float]:
+    """(value expected ``ahead`` steps after the last, slope per step, robust scale, level)
+    of a robust line through ``values`` (the NaN-free ones, in order)."""
+    n = len(values)
+    half = n // 2
+    slope = (_median(values[n - half:]) - _median(values[:half])) / (n - half)
+    centre = (n - 1) / 2
+    detrended = [v - slope * (i - centre) for i, v in enumerate(values)]
+    level = _median(detrended)
+    mad = _median([abs(d - level) for d in detrended])
+    return level + slope * (n - 1 + ahead - centre), slope, _MAD_TO_SD * mad, level
+
+
+def _column(rows: list[float], index: int) -> list[float]:
+    return rows[index::_COLUMNS]
+
+
+def _finite(values: list[float]) -> bool:
+    return all(math.isfinite(v) for v in values)
+
+
+def _evidence(p: RewardHackingParams, rows: list[float], new: tuple[float, ...]
+              ) -> Evidence | None:
+    """The new step's evidence against the baseline ``rows`` (flat, oldest first)."""
+    n = len(rows) // _COLUMNS
+    base = rows[:(n - p.guard) * _COLUMNS]
+    ahead = p.guard + 1
+    rewards, lengths, kls = _column(base, 0), _column(base, 1), _column(base, 2)
+    if not (_finite(rewards) and _finite(lengths)):
+        return None
+    exp_r, slope_r, sd_r, level_r = _line(rewards, ahead)
+    sd_r = max(sd_r, p.reward_floor * abs(level_r), 1e-3)
+    exp_l, slope_l, sd_l, _ = _line(lengths, ahead)
+    sd_l = max(sd_l, p.length_floor)
+    # the coupling: how much log length a unit of reward has brought in this run, where the
+    # reward's trend over the window is larger than its noise (else it cannot be told)
+    moved = slope_r * len(rewards) / 2
+    coupling = max(0.0, slope_l / slope_r) if moved > 2 * sd_r and slope_r > 0 else 0.0
+    reward, length, kl, verifier = new
+    reward_above = reward - exp_r
+    z_r = reward_above / sd_r
+    excess = (length - exp_l) - coupling * reward_above
+    z_l = excess / sd_l
+    z_k = math.inf
+    kl_ratio = math.nan
+    if math.isfinite(kl) and _finite(kls):
+        exp_k, _, sd_k, _ = _line(kls, ahead)
+        z_k = (kl - exp_k) / max(sd_k, p.kl_floor, _TINY)
+        kl_ratio = math.exp(kl - exp_k)
+    evidence = min(z_r, z_l, z_k)
+    z_g = gap_above = math.nan
+    verifiers = _column(base, 3)
+    if math.isfinite(verifier) and _finite(verifiers):
+        gaps = [r - v for r, v in zip(rewards, verifiers, strict=True)]
+        exp_g, _, sd_g, _ = _line(gaps, ahead)
+        gap_above = (reward - verifier) - exp_g
+        z_g = gap_above / max(sd_g, p.reward_floor * abs(level_r), 1e-3)
+        evidence = max(evidence, min(z_r, z_g))
+    return Evidence(evidence, z_r, z_l, z_k, z_g, reward_above, math.exp(excess), kl_ratio,
+                    gap_above)
+
+
+def row(params: RewardHackingParams, metrics: Mapping[str, float]) -> tuple[float, ...] | None:
+    """The step's values as the detector keeps them; None where the reward or the length is
+    missing or not finite (the step is not judged)."""
+    reward = metrics.get(c.REWARD)
+    length = metrics.get(c.RESPONSE_LENGTH)
+    if reward is None or length is None or not math.isfinite(reward) \
+            or not math.isfinite(length) or length <= 0:
+        return None
+    kl = metrics.get(c.KL, math.nan)
+    log_kl = math.log(max(kl, 0.0) + params.kl_offset) if math.isfinite(kl) else math.nan
+    verifier = metrics.get(c.VERIFIER_SCORE, math.nan)
+    return reward, math.log(length), log_kl, verifier if math.isfinite(verifier) else math.nan
+
+
+def observe(params: RewardHackingParams, history: deque[float], score: float,
+            metrics: Mapping[str, float]) -> tuple[float, Evidence | None]:
+    """Judge the step's ``metrics`` against ``history`` (the trailing rows, flat), append them,
+    and return the new CUSUM score (the condition holds while it is >= ``decision``) and the
+    step's evidence (None: not judged)."""
+    new = row(params, metrics)
+    if new is None:
+        return score, None
+    found = None
+    if len(history) // _COLUMNS >= min(params.warmup, params.window) + params.guard:
+        found = _evidence(params, list(history), new)
+        if found is not None:
+            cap = params.allowance + params.decision / 3  # three steps at the cap fire
+            e = min(max(found.evidence, -cap), cap)
+            score = min(max(0.0, score + e - params.allowance), 2 * params.decision)
+    history.extend(new)
+    while len(history) > params.keep * _COLUMNS:
+        for _ in range(_COLUMNS):
+            history.popleft()
+    return score, found
