@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from rlmon.actors.process_probe import RayProcessProbe
 from rlmon.service.aggregation.aggregator import AggregatorCore, AggregatorServer
 from rlmon.service.aggregation.aggregator_stats import AggregatorStats
 from rlmon.service.aggregation.deadline import DeadlinePolicy
@@ -48,6 +49,8 @@ def aggregator_actor_class() -> Any:
                 store = WatermarkStore(Path(state_dir) / f"watermark-{shard}.sqlite")
             core = AggregatorCore(deadline=DeadlinePolicy(fixed=deadline_s), store=store,
                                   liveness=liveness)
+            # before a silent run is called dead: Ray's knowledge of its driver and actors
+            core.liveness.probe = RayProcessProbe()
             self.namespace, self.service_name = namespace, service_name
             self._service: Any = None
             self.server = AggregatorServer(core, self._publish, shard, tick_s,

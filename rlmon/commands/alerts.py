@@ -42,9 +42,10 @@ def run_alerts(args: argparse.Namespace) -> int:
         if not args.firing:
             found["recent"] = store.recent_alerts(args.run, max(args.limit, 0))
         found["stops"] = [d.to_json() for d in store.stops(args.run)]
-        # runs not simply running, by time (docs/liveness.md): slow, stalled, dead
-        found["liveness"] = [row for row in store.liveness(args.run)
-                             if row["state"] in ("slow", "stalled", "dead")]
+        # runs not simply running, by time (docs/liveness.md): slow, stalled, frozen, dead,
+        # failed, preempted
+        found["liveness"] = [row for row in store.liveness(args.run) if row["state"] in (
+            "slow", "stalled", "frozen", "dead", "failed", "preempted")]
     finally:
         store.close()
     if args.json:
@@ -88,7 +89,7 @@ def _print_tables(found: dict[str, list[dict[str, Any]]]) -> None:
                           _when(a["time"]))
         console.print(table)
     if found.get("liveness"):
-        table = Table(title="runs not making progress (liveness)")
+        table = Table(title="runs not making progress or ended badly (liveness)")
         for col in ("state", "run", "role", "since (UTC)", "last step", "where"):
             table.add_column(col)
         for row in found["liveness"]:

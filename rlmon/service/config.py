@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from rlmon.service.liveness.thresholds import LivenessParams
+from rlmon.service.liveness.thresholds import COLD_SPAN_WORDS, SYNC_SPAN_WORDS, LivenessParams
 from rlmon.service.redact import Redactor
 
 __all__ = [
@@ -389,7 +389,11 @@ class LivenessConfig(_Section):
     heartbeat_seconds: float = Field(default=5.0, gt=0.0)  # a Reporter's sender thread
     stall_factor: float = Field(default=4.0, gt=0.0)  # k: stalled after k typical step periods
     stall_floor_seconds: float = Field(default=90.0, gt=0.0)  # ... and never before this
-    first_step_seconds: float = Field(default=3600.0, gt=0.0)  # a run's first two steps
+    first_step_seconds: float = Field(default=3600.0, gt=0.0)  # before step 0, in no telling span
+    cold_span_seconds: float = Field(default=3600.0, gt=0.0)  # first time in load/compile/...
+    sync_span_seconds: float = Field(default=300.0, gt=0.0)  # in a weight sync before step 0
+    cold_span_words: list[str] = Field(default_factory=lambda: list(COLD_SPAN_WORDS))
+    sync_span_words: list[str] = Field(default_factory=lambda: list(SYNC_SPAN_WORDS))
     dead_after_seconds: float = Field(default=30.0, gt=0.0)  # every rank silent this long
     slow_factor: float = Field(default=3.0, gt=1.0)  # step intervals this far over baseline
     slow_steps: int = Field(default=3, ge=1)  # ... this many in a row: StepTimeRegression

@@ -25,10 +25,18 @@ _WHAT_TO_CHECK: dict[str, str] = {
 def _holds(condition: Condition, view: LivenessView, firing: bool) -> bool:
     state = view.state
     if condition is Condition.RUN_STALLED:
-        # a stalled run whose processes then die stays stalled (RunDied fires beside it)
-        return state is RunState.STALLED or (state is RunState.DEAD and firing)
+        # a stalled run whose processes then die stays stalled (RunDied fires beside it); a
+        # frozen one past the stall threshold is a stall too
+        return state is RunState.STALLED or (state is RunState.DEAD and firing) or (
+            state is RunState.FROZEN and (firing or view.overdue))
     if condition is Condition.RUN_DIED:
         return state is RunState.DEAD
+    if condition is Condition.RUN_FAILED:  # on the roles whose ranks failed
+        return state is RunState.FAILED and bool(view.ends)
+    if condition is Condition.RUN_PREEMPTED:
+        return state is RunState.PREEMPTED and bool(view.ends)
+    if condition is Condition.RUN_FROZEN:
+        return state is RunState.FROZEN
     if condition is Condition.STAGE_STUCK:
         return view.stuck is not None and state not in (RunState.DEAD, RunState.FINISHED)
     return state is RunState.SLOW  # STEP_TIME_REGRESSION
@@ -39,6 +47,8 @@ def _value(condition: Condition, view: LivenessView) -> float | None:
         return view.at - view.stuck.since
     if condition is Condition.STEP_TIME_REGRESSION:
         return view.slow_ratio
+    if condition in (Condition.RUN_FAILED, Condition.RUN_PREEMPTED):
+        return float(len(view.ends))  # ranks that ended badly
     return view.idle_seconds
 
 
@@ -50,7 +60,29 @@ def _onset(condition: Condition, view: LivenessView) -> float:
         return view.stuck.since
     if condition is Condition.STEP_TIME_REGRESSION:
         return view.since
+    if condition in (Condition.RUN_FAILED, Condition.RUN_PREEMPTED) and view.ended_at:
+        return view.ended_at  # its GPUs idle (or released) from the end on
+    if condition is Condition.RUN_FROZEN:
+        return max(view.last_heard or view.since, view.last_step_at or 0.0)
     return view.at - view.idle_seconds
+
+
+def _resolved_because(condition: Condition, view: LivenessView) -> str:
+    """Why a liveness alert resolved, in the words of the state the run is in now."""
+    state = view.state
+    if state is RunState.FINISHED:
+        return " (the run finished)"
+    if state is RunState.FAILED:
+        return " (the run failed)"
+    if state is RunState.PREEMPTED:
+        return " (the run was stopped by a signal)"
+    if state is RunState.DEAD:
+        return " (its processes are gone)"
+    if state is RunState.FROZEN:
+        return " (its processes still exist)"
+    if condition in (Condition.RUN_FAILED, Condition.RUN_PREEMPTED):
+        return " (a rerun of the run reported)"
+    return " (progress resumed)"
 
 
 def _rules(engine: AlertEngine, role: str) -> list[Rule]:
@@ -67,8 +99,7 @@ def liveness_events(engine: AlertEngine, view: LivenessView) -> list[AlertEvent]
         holds = _holds(rule.condition, view, engine.is_firing(view.run, view.role, rule.name))
         if not engine.judge(view.run, view.role, rule, holds, step):
             continue
-        resolved = "" if holds else (" (the run finished)" if view.state is RunState.FINISHED
-                                     else " (progress resumed)")
+        resolved = "" if holds else _resolved_because(rule.condition, view)
         events.append(AlertEvent(
             run=view.run, role=view.role, step=step, alert=rule.name,
             severity=rule.severity.value, state="firing" if holds else "resolved", metric="",

@@ -59,11 +59,15 @@ class Condition(StrEnum):
     RUN_STALLED = "run_stalled"  # no step finalized for the stall threshold, ranks alive
     STAGE_STUCK = "stage_stuck"  # one rank far past its usual time in a stage, others waiting
     RUN_DIED = "run_died"  # every Reporter silent without closing
+    RUN_FAILED = "run_failed"  # a rank's process ended by an exception, an exit code, a signal
+    RUN_PREEMPTED = "run_preempted"  # ranks stopped by a signal from outside (SIGTERM)
+    RUN_FROZEN = "run_frozen"  # every Reporter silent, but a process of the run still exists
     STEP_TIME_REGRESSION = "step_time_regression"  # steps far slower than the run's baseline
 
 
 LIVENESS_CONDITIONS = frozenset({Condition.RUN_STALLED, Condition.STAGE_STUCK, Condition.RUN_DIED,
-                                 Condition.STEP_TIME_REGRESSION})
+                                 Condition.STEP_TIME_REGRESSION, Condition.RUN_FAILED,
+                                 Condition.RUN_PREEMPTED, Condition.RUN_FROZEN})
 
 
 _NEEDS_METRIC = {
@@ -220,6 +224,12 @@ class Rule(BaseModel):
             text = "one rank far past its usual time in a stage while the others wait"
         elif c is Condition.RUN_DIED:
             text = "every Reporter of the run silent without closing"
+        elif c is Condition.RUN_FAILED:
+            text = "a rank's process ended by an exception, a non-zero exit or a fatal signal"
+        elif c is Condition.RUN_PREEMPTED:
+            text = "the run's processes stopped by a signal from outside (SIGTERM, SIGINT)"
+        elif c is Condition.RUN_FROZEN:
+            text = "every Reporter of the run silent while its processes still exist"
         elif c is Condition.STEP_TIME_REGRESSION:
             text = "step time far above the run's own baseline, the run still progressing"
         else:

@@ -44,7 +44,8 @@ __all__ = [
 
 _STREAM_SERIES = len(series.STREAM_STATE)
 _LIVENESS_SERIES = len(RunState) + len(series.LIVENESS) - 1
-_HELD = (RunState.STALLED, RunState.DEAD)  # kept on /metrics until resolved or finished
+# kept on /metrics until resolved, finished or rerun
+_HELD = (RunState.STALLED, RunState.DEAD, RunState.FROZEN, RunState.FAILED, RunState.PREEMPTED)
 
 _MAX_LABEL = 128
 

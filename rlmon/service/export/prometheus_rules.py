@@ -65,6 +65,15 @@ _LIVENESS = {
         f'{series.RUN_STATE.name}{{state="dead"}} == 1',
         "rlmon's liveness state: telling a dead run from a hung one takes the per-rank "
         "heartbeats, which are not exported"),
+    # how a process ended and whether a silent one exists are said by the Reporters and the
+    # process probe, not exported: rlmon's state says them
+    Condition.RUN_FAILED: (f'{series.RUN_STATE.name}{{state="failed"}} == 1',
+                           "rlmon's liveness state (a rank's closing heartbeat said how it "
+                           "ended)"),
+    Condition.RUN_PREEMPTED: (f'{series.RUN_STATE.name}{{state="preempted"}} == 1',
+                              "rlmon's liveness state (ranks stopped by SIGTERM, SIGINT)"),
+    Condition.RUN_FROZEN: (f'{series.RUN_STATE.name}{{state="frozen"}} == 1',
+                           "rlmon's liveness state (silent ranks whose processes exist)"),
 }
 
 

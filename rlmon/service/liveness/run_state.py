@@ -1,4 +1,5 @@
-"""The state of each (run, role) by time, not by steps: running, slow, stalled, dead, finished.
+"""The state of each (run, role) by time, not by steps: running, slow, stalled, frozen, dead,
+failed, preempted, finished.
 
 :class:`LivenessTracker` is told what the aggregator hears (step messages, heartbeats, finalized
 steps, a clean close) with the unix time it heard it, and :meth:`LivenessTracker.evaluate` is
@@ -6,9 +7,14 @@ called on a timer: a run that produces no step still changes state, which is the
 knowledge is plain data (:meth:`LivenessTracker.dump` / :meth:`LivenessTracker.load`) so a
 restarted aggregator continues where it stopped instead of waiting to relearn who is dead.
 
+- failed: a rank's closing heartbeat said its process ended by an exception, a non-zero exit or
+  a fatal signal (or another role of the run failed);
+- preempted: ranks ended by a signal from outside (SIGTERM, SIGINT, SIGHUP), none failed;
 - finished: every rank that spoke closed cleanly, or the run said ``finish_run``;
-- dead: the stream heartbeats, and every rank has been silent (no heartbeat, no step) for
-  ``dead_after_seconds``;
+- dead: the stream heartbeats, every rank has been silent (no heartbeat, no step) for
+  ``dead_after_seconds``, and its processes are gone, or the probe cannot tell;
+- frozen: silent as dead, but a process of the run still exists (stopped, in a debugger, a
+  call holding the GIL): :mod:`rlmon.service.liveness.process_probe`;
 - stalled: ranks are alive but no step finalized for the stall threshold
   (:mod:`rlmon.service.liveness.thresholds`);
 - slow: steps still finalize, but ``slow_steps`` intervals in a row were ``slow_factor`` times
@@ -26,13 +32,26 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from rlmon.service.contract.heartbeat import Heartbeat, OpenSpan
+from rlmon.service.contract.heartbeat import (
+    Heartbeat,
+    OpenSpan,
+    Outcome,
+    OutcomeKind,
+    ProcessId,
+)
 from rlmon.service.contract.timeline import Timeline
-from rlmon.service.liveness.thresholds import LivenessParams, StepPeriods
+from rlmon.service.liveness.process_probe import (
+    ProcessFate,
+    ProcessProbe,
+    SameNodeProbe,
+    Sighting,
+    judge_sightings,
+)
+from rlmon.service.liveness.thresholds import LivenessParams, StepPeriods, early_deadline
 from rlmon.service.metrics.rank import Rank
 
-__all__ = ["LivenessTracker", "LivenessView", "RunState", "StageGroup", "StuckStage",
-           "rank_label"]
+__all__ = ["LivenessTracker", "LivenessView", "RankEnd", "RunState", "StageGroup", "StuckStage",
+           "describe_end", "rank_label"]
 
 Stream = tuple[str, str]
 _MAX_STAGE_NAMES = 256  # span names whose usual duration a stream remembers
@@ -45,6 +64,22 @@ class RunState(StrEnum):
     STALLED = "stalled"
     DEAD = "dead"
     FINISHED = "finished"
+    FAILED = "failed"  # a rank ended by an exception, a non-zero exit or a fatal signal
+    PREEMPTED = "preempted"  # ranks ended by a signal from outside (SIGTERM), none failed
+    FROZEN = "frozen"  # every rank silent, but a process of the run still exists
+
+
+# signals that stop a process from outside (a scheduler's preemption, Ctrl-C, a closed
+# terminal): the run did not fail, it was stopped; SIGSEGV, SIGABRT, SIGBUS are failures
+_STOP_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP"})
+
+
+def is_stop(outcome: Outcome) -> bool:
+    """Whether ``outcome`` is a stop from outside (preemption) rather than a failure."""
+    if outcome.kind is OutcomeKind.SIGNAL:
+        return outcome.signal in _STOP_SIGNALS
+    return outcome.kind is OutcomeKind.EXCEPTION and outcome.exc_type.endswith(
+        "KeyboardInterrupt")
 
 
 def rank_label(rank: Rank) -> str:
@@ -74,6 +109,21 @@ class StuckStage:
 
 
 @dataclass(frozen=True, slots=True)
+class RankEnd:
+    """How a rank's process ended badly, with where it was and the last step it ended."""
+
+    rank: Rank
+    outcome: Outcome
+    at: float  # when its closing heartbeat arrived (unix seconds)
+    stage: str  # the spans open at the end, else the last ones heard ("": none)
+    last_step: int | None
+
+    @property
+    def stop(self) -> bool:
+        return is_stop(self.outcome)
+
+
+@dataclass(frozen=True, slots=True)
 class LivenessView:
     """What the service needs to alert and export one stream's liveness at time ``at``."""
 
@@ -93,6 +143,12 @@ class LivenessView:
     gpus_per_rank: float = 1.0
     slow_ratio: float | None = None  # recent interval over the baseline period
     heartbeats: bool = False  # the stream heartbeats (else it cannot be called dead)
+    ends: tuple[RankEnd, ...] = ()  # failed or preempted ranks of this (run, role)
+    failed_roles: tuple[str, ...] = ()  # the run's other roles with failed ranks
+    processes: ProcessFate | None = None  # a silent run: do its processes still exist?
+    sightings: tuple[str, ...] = ()  # what the probe saw, per process
+    overdue: bool = False  # no finalized step for the stall threshold (whatever the state)
+    first_heard: float | None = None
 
     @property
     def idle_seconds(self) -> float:
@@ -103,7 +159,7 @@ class LivenessView:
     @property
     def odd(self) -> tuple[Rank, ...]:
         """Ranks in a different stage from most ranks (the ones to look at first)."""
-        heard = [g for g in self.where if g.stage != SILENT]
+        heard = [g for g in self.where if g.stage not in (SILENT, SILENT_ALIVE)]
         if len(heard) < 2:
             return ()
         biggest = max(len(g.ranks) for g in heard)
@@ -112,13 +168,19 @@ class LivenessView:
             majority = [max(majority, key=lambda g: g.since or 0.0)]
         return tuple(r for g in heard if g is not majority[0] for r in g.ranks)
 
+    @property
+    def ended_at(self) -> float | None:
+        """When the first of its ranks ended badly."""
+        return min((e.at for e in self.ends), default=None)
+
     def key(self) -> tuple[Any, ...]:
         """What a change of makes the view worth publishing at once."""
         stuck = (self.stuck.rank, self.stuck.stage) if self.stuck is not None else None
-        return self.state, stuck
+        return self.state, stuck, self.overdue, len(self.ends)
 
 
 SILENT = "(silent)"
+SILENT_ALIVE = "(silent, process alive)"
 
 
 def _duration(seconds: float) -> str:
@@ -138,12 +200,64 @@ def _ranks(ranks: tuple[Rank, ...], limit: int = 6) -> str:
     return shown + (f" and {more} more" if more > 0 else "")
 
 
+def _outcome_text(outcome: Outcome) -> str:
+    if outcome.kind is OutcomeKind.SIGNAL:
+        return f"killed by {outcome.signal or 'a signal'}"
+    if outcome.kind is OutcomeKind.EXIT:
+        return f"exited with code {outcome.exit_code}"
+    message = outcome.message.strip().splitlines()[0] if outcome.message.strip() else ""
+    text = f"{outcome.exc_type or 'an exception'}" + (f": {message}" if message else "")
+    if outcome.frames:
+        text += f" (at {outcome.frames[-1]})"
+    return text
+
+
+def describe_end(view: LivenessView) -> str:
+    """A failed or preempted run: which ranks ended how, in which stage, after which step, and
+    what the run had cost until then (GPU-hours from first heard to the first end)."""
+    groups: dict[tuple[str, str], list[RankEnd]] = {}
+    for end in view.ends:
+        groups.setdefault((_outcome_text(end.outcome), end.stage), []).append(end)
+    parts = []
+    for (what, stage), ends in groups.items():
+        ranks = tuple(e.rank for e in ends)
+        steps = sorted({e.last_step for e in ends if e.last_step is not None})
+        last = (f"last step {steps[-1]}" if len(steps) == 1 else
+                f"last steps {steps[0]}-{steps[-1]}" if steps else "no step ended")
+        parts.append(f"{_ranks(ranks)}: {what}; in {stage or 'no open span'}, {last}")
+    text = "; ".join(parts)
+    if not view.ends and view.failed_roles:
+        text = f"the run's role {', '.join(view.failed_roles)} failed"
+    ended = view.ended_at
+    if ended is not None and view.first_heard is not None:
+        gpus = view.ranks * view.gpus_per_rank
+        hours = max(0.0, ended - view.first_heard) / 3600 * gpus
+        text += (f". The run had run {_duration(ended - view.first_heard)} on {gpus:g} GPUs "
+                 f"({hours:.3g} GPU-hours) when it ended")
+    last = f"step {view.last_step}" if view.last_step is not None else "no step"
+    return text + f". Last finalized: {last}"
+
+
+def _processes_text(view: LivenessView) -> str:
+    if view.processes is None:
+        return ""
+    seen = "; ".join(view.sightings[:4]) + (
+        f" and {len(view.sightings) - 4} more" if len(view.sightings) > 4 else "")
+    head = {ProcessFate.ALIVE: "Processes still exist, silent",
+            ProcessFate.GONE: "Processes gone",
+            ProcessFate.UNKNOWN: "Whether the processes still exist is unknown"}[view.processes]
+    return f". {head}" + (f" ({seen})" if seen else "")
+
+
 def describe(view: LivenessView) -> str:
     """Where each rank is, who is odd, how long since the last step: the text of a liveness
     alert (its cost is the alert's, :mod:`rlmon.service.goodput.alert_costs`)."""
+    if view.state in (RunState.FAILED, RunState.PREEMPTED):
+        return describe_end(view)
     parts = []
     for group in view.where:
         stage = ("no heartbeat" if group.stage == SILENT
+                 else "no heartbeat, process alive" if group.stage == SILENT_ALIVE
                  else group.stage or "no open span")
         how_long = f" for {_duration(view.at - group.since)}" if group.since is not None else ""
         parts.append(f"{stage}{how_long}: {len(group.ranks)} rank"
@@ -161,7 +275,7 @@ def describe(view: LivenessView) -> str:
              f"{_duration(view.threshold)}")
     if view.period is not None:
         text += f" (typical step {_duration(view.period)})"
-    return text
+    return text + _processes_text(view)
 
 
 @dataclass(slots=True)
@@ -169,6 +283,47 @@ class _Rank:
     heard: float
     spans: tuple[OpenSpan, ...] = ()
     closed: bool = False
+    stage: str = ""  # the last open spans heard, "a/b" (where a failed rank was)
+    last_step: int | None = None
+    process: ProcessId | None = None
+    process_since: float = 0.0  # when this process was first heard
+    end: RankEnd | None = None  # how the rank ended badly (None: running or clean)
+    closed_sent: float = 0.0  # the closing heartbeat's send time (older beats are not a rerun)
+
+    def to_json(self, rank: Rank) -> list[Any]:
+        proc = self.process
+        end = self.end
+        return [list(rank), self.heard, self.closed, {
+            "stage": self.stage, "last_step": self.last_step, "closed_sent": self.closed_sent,
+            "process": None if proc is None else [proc.hostname, proc.pid, proc.node_id,
+                                                  proc.job_id, proc.worker_id, proc.actor_id],
+            "process_since": self.process_since,
+            "end": None if end is None else {
+                "kind": end.outcome.kind.value, "exc_type": end.outcome.exc_type,
+                "message": end.outcome.message, "frames": list(end.outcome.frames),
+                "exit_code": end.outcome.exit_code, "signal": end.outcome.signal,
+                "at": end.at, "stage": end.stage, "last_step": end.last_step}}]
+
+    @classmethod
+    def from_json(cls, item: list[Any]) -> tuple[Rank, _Rank]:
+        rank = Rank(*map(int, item[0]))
+        seen = cls(float(item[1]), (), bool(item[2]))
+        extra = item[3] if len(item) > 3 and isinstance(item[3], dict) else {}
+        seen.stage = str(extra.get("stage", ""))
+        seen.last_step = extra.get("last_step")
+        seen.closed_sent = float(extra.get("closed_sent", 0.0))
+        proc = extra.get("process")
+        if proc:
+            seen.process = ProcessId(str(proc[0]), int(proc[1]), *map(str, proc[2:6]))
+        seen.process_since = float(extra.get("process_since", 0.0))
+        end = extra.get("end")
+        if end:
+            outcome = Outcome(OutcomeKind(end["kind"]), str(end["exc_type"]),
+                              str(end["message"]), tuple(map(str, end["frames"])),
+                              end["exit_code"], str(end["signal"]))
+            seen.end = RankEnd(rank, outcome, float(end["at"]), str(end["stage"]),
+                               end["last_step"])
+        return rank, seen
 
 
 @dataclass(slots=True)
@@ -190,11 +345,17 @@ class _Stream:
     gpus_per_rank: float | None = None
     stuck: StuckStage | None = None
     published: tuple[Any, ...] | None = None
+    step0_seconds: float | None = None  # step 0's duration (its timelines), for the first steps
+    processes: ProcessFate | None = None  # the probe's verdict while every rank is silent
+    sightings: tuple[str, ...] = ()
+    probe_due: float = 0.0
+    overdue: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
             "first_heard": self.first_heard, "world_size": self.world_size,
-            "ranks": [[list(r), s.heard, s.closed] for r, s in self.ranks.items()],
+            "ranks": [s.to_json(r) for r, s in self.ranks.items()],
+            "step0_seconds": self.step0_seconds,
             "heartbeats": self.heartbeats, "last_step": self.last_step,
             "last_step_at": self.last_step_at, "steps": self.steps,
             "periods": self.periods.to_json(), "usual": self.usual, "state": self.state.value,
@@ -204,8 +365,9 @@ class _Stream:
     @classmethod
     def from_json(cls, run: str, role: str, obj: dict[str, Any]) -> _Stream:
         stream = cls(run, role, float(obj["first_heard"]), int(obj.get("world_size", 1)))
-        stream.ranks = {Rank(*map(int, r)): _Rank(float(at), (), bool(closed))
-                        for r, at, closed in obj.get("ranks", ())}
+        stream.ranks = dict(_Rank.from_json(item) for item in obj.get("ranks", ()))
+        step0 = obj.get("step0_seconds")
+        stream.step0_seconds = float(step0) if step0 is not None else None
         stream.heartbeats = bool(obj.get("heartbeats"))
         stream.last_step = obj.get("last_step")
         stream.last_step_at = obj.get("last_step_at")
@@ -217,15 +379,19 @@ class _Stream:
         stream.finished = bool(obj.get("finished"))
         gpus = obj.get("gpus_per_rank")
         stream.gpus_per_rank = float(gpus) if gpus is not None else None
-        stream.published = (stream.state, None)  # what it said before the restart
+        stream.published = (stream.state, None, stream.state is RunState.STALLED, sum(
+            1 for r in stream.ranks.values() if r.end is not None))  # said before the restart
         return stream
 
 
 class LivenessTracker:
     """Per (run, role) liveness on the caller's unix clock (``now`` is passed in)."""
 
-    def __init__(self, params: LivenessParams | None = None) -> None:
+    def __init__(self, params: LivenessParams | None = None,
+                 probe: ProcessProbe | None = None) -> None:
         self.params = params or LivenessParams()
+        # asked before a silent run is called dead (the Ray actors set Ray's own)
+        self.probe: ProcessProbe = probe if probe is not None else SameNodeProbe()
         self._streams: dict[Stream, _Stream] = {}
 
     def __len__(self) -> int:
@@ -258,13 +424,30 @@ class LivenessTracker:
         stream.world_size = beat.world.size
         stream.heartbeats = True
         stream.gpus_per_rank = beat.gpus_per_rank
+        outcome = beat.outcome if beat.outcome is not None and beat.outcome.failed else None
+        rerun = False
         for item in beat.ranks:
             seen = stream.ranks.get(item.rank)
             if seen is None:
                 seen = stream.ranks[item.rank] = _Rank(now)
+            # a rank that ended speaks again, later than its end: a rerun (a new attempt)
+            rerun |= not beat.closing and seen.end is not None and beat.sent > seen.closed_sent
             seen.heard = max(seen.heard, now)
             seen.spans = item.spans
+            if item.spans:
+                seen.stage = "/".join(s.name for s in item.spans)
+            if item.last_step is not None:
+                seen.last_step = item.last_step
+            if beat.process is not None and beat.process != seen.process:
+                seen.process, seen.process_since = beat.process, now
             seen.closed = beat.closing
+            if beat.closing:
+                seen.closed_sent = beat.sent
+                seen.end = None if outcome is None else RankEnd(
+                    item.rank, outcome, now, seen.stage, seen.last_step)
+        if rerun:
+            for other in stream.ranks.values():
+                other.end = None
         if not beat.closing and stream.finished and stream.state is RunState.FINISHED:
             stream.finished = False  # heartbeats again after the end: a rerun
 
@@ -285,6 +468,8 @@ class LivenessTracker:
     def spans(self, run: str, role: str, timeline: Timeline, now: float) -> None:
         """Learn the usual duration of each stage from a rank's step timeline."""
         stream = self._stream(run, role, now)
+        if not stream.periods.recent:  # the first steps: step 0's duration bounds the next
+            stream.step0_seconds = max(stream.step0_seconds or 0.0, timeline.seconds)
         longest: dict[str, float] = {}
         for span in timeline.spans:
             seconds = span.seconds
@@ -308,12 +493,21 @@ class LivenessTracker:
 
     # --- the timer -------------------------------------------------------------------------------
 
+    def _failed_roles(self) -> dict[str, list[str]]:
+        """Run -> its roles with a rank that ended badly (the whole run failed with them)."""
+        out: dict[str, list[str]] = {}
+        for (run, role), stream in self._streams.items():
+            if any(r.end is not None for r in stream.ranks.values()):
+                out.setdefault(run, []).append(role)
+        return out
+
     def evaluate(self, now: float) -> list[LivenessView]:
         """Re-evaluate every stream at ``now``; returns the views whose state (or stuck stage)
         changed since they were last returned."""
         changed = []
+        failed = self._failed_roles()
         for stream in self._streams.values():
-            view = self._judge(stream, now)
+            view = self._judge(stream, now, failed.get(stream.run, ()))
             if view.key() != stream.published:
                 stream.published = view.key()
                 changed.append(view)
@@ -321,24 +515,75 @@ class LivenessTracker:
 
     def views(self, now: float) -> list[LivenessView]:
         """Every stream's view at ``now`` (no state change is recorded)."""
-        return [self._view(s, now) for s in self._streams.values()]
+        failed = self._failed_roles()
+        return [self._view(s, now, failed.get(s.run, ())) for s in self._streams.values()]
 
     def view(self, run: str, role: str, now: float) -> LivenessView | None:
         stream = self._streams.get((run, role))
-        return self._view(stream, now) if stream is not None else None
+        if stream is None:
+            return None
+        return self._view(stream, now, self._failed_roles().get(run, ()))
 
-    def _judge(self, stream: _Stream, now: float) -> LivenessView:
+    def _threshold(self, stream: _Stream, now: float) -> float:
+        """Seconds after the last progress (the last step, else first heard) that a stream
+        without a finalized step is stalled: from two steps on the run's period decides, before
+        that what it said so far (:func:`~rlmon.service.liveness.thresholds.early_deadline`)."""
+        p = self.params
+        progress = stream.last_step_at if stream.last_step_at is not None else stream.first_heard
+        if stream.steps >= 2 and stream.periods.recent:
+            return stream.periods.stall_threshold(p, stream.steps)
+        live = [r.spans for r in stream.ranks.values()
+                if not r.closed and now - r.heard < p.dead_after_seconds]
+        step0 = stream.step0_seconds if stream.steps >= 1 else None
+        return early_deadline(p, progress, step0, live, stream.usual) - progress
+
+    def _processes(self, stream: _Stream, now: float) -> ProcessFate:
+        """Whether the processes of a silent stream still exist (asked again every heartbeat
+        period while it stays silent; a probe that fails says unknown)."""
+        if stream.processes is not None and now < stream.probe_due:
+            return stream.processes
+        ranks = [r for r in stream.ranks.values() if not r.closed]
+        named = {r.process: r.process_since for r in ranks if r.process is not None}
+        sightings: list[Sighting] = []
+        if named:
+            try:
+                seen = self.probe.check(list(named), named)
+                sightings = [seen.get(proc) or Sighting(ProcessFate.UNKNOWN, "not answered")
+                             for proc in named]
+            except Exception as exc:  # a probe's failure must not stop the timer
+                sightings = [Sighting(ProcessFate.UNKNOWN, f"the process probe failed: {exc}")]
+        unnamed = sum(1 for r in ranks if r.process is None)
+        if unnamed:
+            sightings.append(Sighting(ProcessFate.UNKNOWN, f"{unnamed} rank(s) never named "
+                                      "their process (an older Reporter)"))
+        stream.processes = judge_sightings(sightings)
+        stream.sightings = tuple(s.how for s in sightings)
+        stream.probe_due = now + self.params.heartbeat_seconds
+        return stream.processes
+
+    def _judge(self, stream: _Stream, now: float, failed_roles: Any = ()) -> LivenessView:
         p = self.params
         alive = [r for r in stream.ranks.values()
                  if not r.closed and now - r.heard < p.dead_after_seconds]
         open_ranks = [r for r in stream.ranks.values() if not r.closed]
         progress = stream.last_step_at if stream.last_step_at is not None else stream.first_heard
-        threshold = stream.periods.stall_threshold(p, stream.steps)
-        if stream.finished or (stream.ranks and not open_ranks):
+        threshold = self._threshold(stream, now)
+        stream.overdue = now - progress > threshold
+        ends = [r.end for r in stream.ranks.values() if r.end is not None]
+        if alive:
+            stream.processes, stream.sightings, stream.probe_due = None, (), 0.0
+        if ends or (failed_roles and not stream.finished and open_ranks):
+            everyone = ends or [r.end for (run, _role), other in self._streams.items()
+                                if run == stream.run for r in other.ranks.values()
+                                if r.end is not None]
+            state = (RunState.PREEMPTED if everyone and all(e.stop for e in everyone)
+                     else RunState.FAILED)
+        elif stream.finished or (stream.ranks and not open_ranks):
             state = RunState.FINISHED
         elif stream.heartbeats and not alive:
-            state = RunState.DEAD
-        elif now - progress > threshold:
+            fate = self._processes(stream, now)
+            state = RunState.FROZEN if fate is ProcessFate.ALIVE else RunState.DEAD
+        elif stream.overdue:
             state = RunState.STALLED
         elif stream.periods.is_slow(p) or (stream.state is RunState.SLOW
                                            and not stream.periods.recovered(p)):
@@ -349,7 +594,7 @@ class LivenessTracker:
             stream.state, stream.since = state, now
         stream.stuck = self._stuck(stream, now) if state in (
             RunState.RUNNING, RunState.SLOW, RunState.STALLED) else None
-        return self._view(stream, now)
+        return self._view(stream, now, failed_roles)
 
     def _stuck(self, stream: _Stream, now: float) -> StuckStage | None:
         """The rank furthest past its stage's limit, when it is in a stage other ranks are not
@@ -380,13 +625,15 @@ class LivenessTracker:
                 worst = (over, StuckStage(rank, span.name, span.since, usual, limit))
         return worst[1] if worst is not None else None
 
-    def _view(self, stream: _Stream, now: float) -> LivenessView:
+    def _view(self, stream: _Stream, now: float, failed_roles: Any = ()) -> LivenessView:
         p = self.params
         groups: dict[str, list[tuple[Rank, float | None]]] = {}
         for rank, r in sorted(stream.ranks.items()):
             if r.closed:
                 continue
-            if now - r.heard >= p.dead_after_seconds:
+            if stream.state is RunState.FROZEN and now - r.heard >= p.dead_after_seconds:
+                groups.setdefault(SILENT_ALIVE, []).append((rank, r.heard))
+            elif now - r.heard >= p.dead_after_seconds:
                 groups.setdefault(SILENT, []).append((rank, r.heard))
             elif r.spans:
                 path = "/".join(s.name for s in r.spans)
@@ -403,11 +650,17 @@ class LivenessTracker:
         return LivenessView(
             stream.run, stream.role, stream.state, stream.since, now, stream.last_step,
             stream.last_step_at, max(heard) if heard else None, stream.periods.typical(),
-            stream.periods.stall_threshold(p, stream.steps),
+            self._threshold(stream, now),
             max(stream.world_size, len(stream.ranks)), where, stream.stuck,
             stream.gpus_per_rank if stream.gpus_per_rank is not None else p.gpus_per_rank,
             recent / reference if recent is not None and reference else None,
-            stream.heartbeats)
+            stream.heartbeats,
+            tuple(sorted((r.end for r in stream.ranks.values() if r.end is not None),
+                         key=lambda e: e.rank)),
+            tuple(role for role in failed_roles if role != stream.role),
+            stream.processes if stream.state in (RunState.DEAD, RunState.FROZEN) else None,
+            stream.sightings if stream.state in (RunState.DEAD, RunState.FROZEN) else (),
+            stream.overdue, stream.first_heard)
 
     # --- durable knowledge -----------------------------------------------------------------------
 

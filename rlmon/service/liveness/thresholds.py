@@ -10,15 +10,71 @@ is no period; its first step may take ``first_step_seconds``. A stage is stuck w
 been in it for ``max(stuck_factor x its usual duration, stuck_floor)``, the usual duration being
 the longest recent span of that name in the run's step timelines (or the step period when the
 timelines never named it). See docs/liveness.md for the figures behind the defaults.
+
+The first steps have no period yet, so they are judged by what the run has said so far
+(:func:`early_deadline`): once step 0 finalized, ``max(k x its duration, floor)`` from it, the
+stages it timed bounding the same stages after it; before that, the spans open now. A span's
+name says whether a long wait is expected: loading, compiling, warming up, the first generation
+of a cold engine (``cold``: an hour by default, and only the first time the run enters a stage
+of that name) or not: a weight sync, a collective, a broadcast (``sync``: five minutes).
 """
 
 from __future__ import annotations
 
+import re
 from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from statistics import median
 
-__all__ = ["LivenessParams", "StepPeriods"]
+from rlmon.service.contract.heartbeat import OpenSpan
+
+__all__ = ["COLD_SPAN_WORDS", "SYNC_SPAN_WORDS", "LivenessParams", "SpanKind", "StepPeriods",
+           "early_deadline", "span_kind"]
+
+# Words in a span's name that say a long first wait is expected, or that it is not. Matched as
+# whole words of the name split at anything not a letter or digit ("rollout/generate",
+# "load_model", "sync-weights"); a word counts when the name's word starts with it ("compiling",
+# "loading", "generation", "broadcasting").
+COLD_SPAN_WORDS = ("load", "loading", "compile", "compiling", "warmup", "warm", "init",
+                   "initialize", "startup", "capture", "cudagraph", "download", "restore",
+                   "generate", "generation", "rollout", "sample", "sampling")
+SYNC_SPAN_WORDS = ("sync", "weight_sync", "broadcast", "allreduce", "all_reduce", "allgather",
+                   "all_gather", "reduce_scatter", "barrier", "collective", "nccl", "gloo")
+
+
+class SpanKind(StrEnum):
+    COLD = "cold"  # a long first wait is expected: loading, compiling, a cold engine's first go
+    SYNC = "sync"  # never long: a weight sync, a collective
+    OTHER = "other"  # the name says neither
+
+
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def _words(name: str) -> list[str]:
+    return _WORD.findall(name.lower())
+
+
+def span_kind(name: str, cold: Sequence[str] = COLD_SPAN_WORDS,
+              sync: Sequence[str] = SYNC_SPAN_WORDS) -> SpanKind:
+    """A span's kind from its name; ``cold`` wins a tie (a wait the name allows is never paged
+    early). Multi-word entries ("weight_sync") match consecutive words."""
+    words = _words(name)
+
+    def has(entries: Sequence[str]) -> bool:
+        for entry in entries:
+            parts = _words(entry)
+            n = len(parts)
+            for i in range(len(words) - n + 1):
+                if words[i:i + n - 1] == parts[:-1] and words[i + n - 1].startswith(parts[-1]):
+                    return True
+        return False
+
+    if has(cold):
+        return SpanKind.COLD
+    return SpanKind.SYNC if has(sync) else SpanKind.OTHER
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +83,11 @@ class LivenessParams:
     stall_factor: float = 4.0  # k: stalled after k typical step periods without a step
     stall_floor_seconds: float = 90.0  # ... and never before this
     max_interval_margin: float = 1.25  # ... nor before this x the longest recent interval
-    first_step_seconds: float = 3600.0  # a run's first two steps may take this long
+    first_step_seconds: float = 3600.0  # before step 0 finalized, outside any span that says
+    cold_span_seconds: float = 3600.0  # the first time in a cold span (loading, compiling, ...)
+    sync_span_seconds: float = 300.0  # in a sync span (a weight sync, a collective) before step 0
+    cold_span_words: Sequence[str] = COLD_SPAN_WORDS
+    sync_span_words: Sequence[str] = SYNC_SPAN_WORDS
     dead_after_seconds: float = 30.0  # every rank silent (no heartbeat, no step) this long
     slow_factor: float = 3.0  # slow: recent step intervals this far above the baseline
     slow_steps: int = 3  # ... for this many intervals in a row
@@ -40,12 +100,21 @@ class LivenessParams:
 
     def __post_init__(self) -> None:
         for name in ("heartbeat_seconds", "stall_factor", "stall_floor_seconds",
-                     "first_step_seconds", "dead_after_seconds", "slow_factor", "stuck_factor",
+                     "first_step_seconds", "cold_span_seconds", "sync_span_seconds",
+                     "dead_after_seconds", "slow_factor", "stuck_factor",
                      "stuck_floor_seconds", "evaluate_seconds"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"liveness.{name} must be > 0, got {getattr(self, name)!r}")
         if self.window < 3 or self.baseline_window < 8 or self.slow_steps < 1:
             raise ValueError("liveness: window >= 3, baseline_window >= 8, slow_steps >= 1")
+        for name in ("cold_span_words", "sync_span_words"):
+            words = getattr(self, name)
+            if isinstance(words, str) or not all(isinstance(w, str) and _words(w) for w in words):
+                raise ValueError(f"liveness.{name} must be a list of words, got {words!r}")
+            object.__setattr__(self, name, tuple(words))  # a config's list, kept immutable
+
+    def kind(self, name: str) -> SpanKind:
+        return span_kind(name, self.cold_span_words, self.sync_span_words)
 
 
 @dataclass(slots=True)
@@ -82,7 +151,8 @@ class StepPeriods:
         return median(self.recent) if self.recent else None
 
     def stall_threshold(self, params: LivenessParams, steps: int) -> float:
-        """Seconds without a finalized step before the stream is stalled."""
+        """Seconds without a finalized step before the stream is stalled (from two finalized
+        steps on; before that :func:`early_deadline` decides)."""
         if steps < 2 or not self.recent:
             return max(params.first_step_seconds, params.stall_floor_seconds)
         # the last three intervals too: once a slowdown is three steps old, the stall threshold
@@ -107,3 +177,55 @@ class StepPeriods:
         return cls(deque(float(v) for v in obj.get("recent", ())),
                    deque(float(v) for v in obj.get("baseline", ())),
                    int(obj.get("slow_run", [0.0])[0]))
+
+
+def _span_allowance(span: OpenSpan, params: LivenessParams, usual: Mapping[str, float],
+                    before_step0: bool) -> float | None:
+    """How long a rank may stay in ``span`` in a run's first steps (None: the span says
+    nothing). A stage the run has timed is bounded by its own duration; a cold stage the run
+    never finished gets the cold allowance; a sync span, before step 0, the sync allowance."""
+    known = usual.get(span.name)
+    if known is not None:
+        return max(params.stuck_factor * known, params.stall_floor_seconds)
+    kind = params.kind(span.name)
+    if kind is SpanKind.COLD:
+        return params.cold_span_seconds
+    if before_step0:
+        return params.sync_span_seconds if kind is SpanKind.SYNC else params.first_step_seconds
+    return None
+
+
+def early_deadline(params: LivenessParams, progress: float, step0_seconds: float | None,
+                   ranks: Iterable[tuple[OpenSpan, ...]], usual: Mapping[str, float]) -> float:
+    """When a stream that has not finalized two steps is stalled (unix seconds).
+
+    ``progress``: when step 0 finalized, else when the stream was first heard;
+    ``step0_seconds``: step 0's duration (None: step 0 has not finalized, or came without a
+    timeline); ``ranks``: the open spans of each live rank, outermost first.
+
+    With step 0's duration: ``max(k x it, floor)`` after it, later only for a rank inside a
+    stage that may take longer (a cold stage entered for the first time, a timed stage within
+    its own bound). Without it, each live rank's spans decide (the longest allowance of any
+    span it is in, from the span's start: a broadcast inside ``load_model`` waits for the
+    load), a rank in no span ``first_step_seconds``; the run is stalled when every live rank is
+    past its allowance.
+    """
+    if step0_seconds is not None:
+        deadline = progress + max(params.stall_factor * step0_seconds,
+                                  params.stall_floor_seconds)
+        for spans in ranks:
+            for span in spans:
+                allowance = _span_allowance(span, params, usual, before_step0=False)
+                if allowance is not None:
+                    deadline = max(deadline, span.since + allowance)
+        return deadline
+    latest: float | None = None
+    for spans in ranks:
+        allowances = [span.since + a for span in spans
+                      if (a := _span_allowance(span, params, usual, before_step0=True))
+                      is not None]
+        rank = max(allowances) if allowances else progress + params.first_step_seconds
+        latest = rank if latest is None else max(latest, rank)
+    if latest is None:
+        return progress + params.first_step_seconds
+    return max(latest, progress + params.stall_floor_seconds)

@@ -475,10 +475,36 @@ LIVENESS_ALERTS: tuple[LivenessAlertSpec, ...] = (
         "whatever the stage waits on (the rollout engine, the reward server, a weight sync)."),
     LivenessAlertSpec(
         "RunDied", CRIT, "run_died",
-        "Every Reporter of the run went silent without closing (killed, crashed or node lost)",
-        "The processes are gone: check the driver's exit (OOM killer in dmesg, the scheduler's "
-        "eviction or preemption events, ray status for lost nodes) and restart from the last "
-        "checkpoint. Some ranks gone while steps still finalize is RankMissing instead."),
+        "Every Reporter of the run went silent without closing, and its processes are gone or "
+        "cannot be seen (killed, crashed without a word, node lost)",
+        "The alert says whether the processes are gone or could not be checked (a process on a "
+        "node rlmon cannot see). Gone: check the driver's exit (OOM killer in dmesg, the "
+        "scheduler's eviction or preemption events, ray status for lost nodes) and restart from "
+        "the last checkpoint. Not checked: look for the processes first (ps, ray list workers); "
+        "alive means frozen, not dead. Some ranks gone while steps still finalize is "
+        "RankMissing instead."),
+    LivenessAlertSpec(
+        "RunFailed", CRIT, "run_failed",
+        "A rank's process ended by an uncaught exception, a non-zero exit or a fatal signal",
+        "The alert names the ranks, the exception and the stage each was in: CUDA out of memory "
+        "(lower the micro-batch, max_num_batched_tokens or gpu_memory_utilization), an NCCL "
+        "error (NCCL_DEBUG=INFO, the node's NIC and GPU Xid errors in dmesg), a bad batch or a "
+        "reward function that raised (the traceback's last frames). Fix, then rerun from the "
+        "last checkpoint under the same run name: the rerun resolves this alert."),
+    LivenessAlertSpec(
+        "RunPreempted", WARN, "run_preempted",
+        "The run's processes were stopped by a signal from outside (SIGTERM, SIGINT, SIGHUP)",
+        "A scheduler's preemption or eviction (SLURM, Kubernetes, spot instances) or a person "
+        "stopped the run. Check the scheduler's events for why, and resubmit from the last "
+        "checkpoint: the rerun resolves this alert. A run preempted often wants a checkpoint "
+        "on SIGTERM and a shorter checkpoint interval."),
+    LivenessAlertSpec(
+        "RunFrozen", WARN, "run_frozen",
+        "Every Reporter of the run went silent, but its processes still exist",
+        "The processes are alive but cannot even heartbeat: stopped (SIGSTOP, Ctrl-Z; ps shows "
+        "state T), paused in a debugger, or a native call holding the GIL. py-spy dump --pid "
+        "PID shows where; kill -CONT PID resumes a stopped one. If it stays silent past the "
+        "stall threshold RunStalled pages too."),
     LivenessAlertSpec(
         "StepTimeRegression", WARN, "step_time_regression",
         "Step time far above the run's own baseline while the run still progresses",

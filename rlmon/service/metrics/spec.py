@@ -107,7 +107,8 @@ class LivenessAlertSpec:
 
     name: str
     severity: Severity
-    condition: Literal["run_stalled", "stage_stuck", "run_died", "step_time_regression"]
+    condition: Literal["run_stalled", "stage_stuck", "run_died", "step_time_regression",
+                       "run_failed", "run_preempted", "run_frozen"]
     summary: str
     what_to_check: str
 

@@ -130,6 +130,12 @@ def render_html(report: RunReport) -> str:
         + (f", MFU {_num(report.mfu, 3)}" if report.mfu is not None else "")
         + f"; {len(report.alerts)} alert(s)"
         + (f', <span class="firing">{firing} still firing</span>' if firing else "") + ".</p>")
+    if report.run_states:
+        parts.append('<h2 id="state">Run state</h2>')
+        parts.append(_table(["role", "state", "last step", "where / how it ended"], [
+            [_e(st["role"]), _e(st["state"]),
+             "" if st["last_step"] is None else str(st["last_step"]), _e(st["detail"])]
+            for st in report.run_states], {2}))
     parts.append('<h2 id="steps">Steps and attempts</h2>')
     parts.append(_table(["role", "steps", "first", "last", "ranks", "incomplete", "attempts"], [
         [_e(r.role), str(r.steps), str(r.first), str(r.last), str(r.ranks), str(r.incomplete),

@@ -11,6 +11,7 @@ and the key curves with alert markers. :mod:`rlmon.service.report.text` and
 from __future__ import annotations
 
 import math
+import sqlite3
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -107,6 +108,9 @@ class RunReport:
     price_per_gpu_hour: float | None = None
     currency: str = "USD"
     notes: tuple[str, ...] = field(default=())
+    # each role's liveness state as the service last saw it: running, slow, stalled, frozen,
+    # dead, failed, preempted, finished (docs/liveness.md), with since and where / how it ended
+    run_states: tuple[dict[str, Any], ...] = field(default=())
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -292,6 +296,15 @@ def _curves(lines: Sequence[Mapping[str, Any]], alerts: Sequence[AlertEntry]) ->
     return out
 
 
+def _run_states(store: HistoryStore, run: str) -> tuple[dict[str, Any], ...]:
+    try:
+        rows = store.liveness(run)
+    except sqlite3.OperationalError:  # a store written before liveness was kept
+        return ()
+    return tuple({"role": r["role"], "state": r["state"], "since": r["since"],
+                  "last_step": r["last_step"], "detail": r["detail"] or ""} for r in rows)
+
+
 def build_report(store: HistoryStore, run: str, config: GoodputConfig | None = None,
                  now: float | None = None) -> RunReport:
     """The report of ``run`` from ``store`` (``config``: GPUs per rank, the span map, price,
@@ -330,4 +343,5 @@ def build_report(store: HistoryStore, run: str, config: GoodputConfig | None = N
         tuple((s.attempt, s.step, {b.value: v for b, v in s.by_bucket().items()})
               for s in steps),
         unmapped, tuple(slow_ranks), tuple(slow_stages), tuple(_curves(lines, alerts)),
-        utilisation, config.price_per_gpu_hour, config.currency, tuple(notes))
+        utilisation, config.price_per_gpu_hour, config.currency, tuple(notes),
+        _run_states(store, run))

@@ -21,6 +21,13 @@ def _pct(part: float, whole: float) -> str:
 
 def render_text(report: RunReport) -> str:
     out = [f"rlmon report: run {report.run}", ""]
+    if report.run_states:
+        out.append("Run state")
+        for st in report.run_states:
+            last = "" if st["last_step"] is None else f", last step {st['last_step']}"
+            out.append(f"  {st['role']:<10} {st['state']}{last}"
+                       + (f": {st['detail']}" if st["detail"] else ""))
+        out.append("")
     out.append("Steps")
     for r in report.roles:
         out.append(f"  {r.role:<10} {r.steps:>6} steps ({r.first}..{r.last}), {r.ranks} ranks, "

@@ -123,9 +123,10 @@ def alerts_json(store: HistoryStore, run: str | None = None, firing_only: bool =
     if not firing_only:
         found["recent"] = store.recent_alerts(run, max(limit, 0))
     found["stops"] = [d.to_json() for d in store.stops(run)]
-    # runs not simply running, by time (docs/liveness.md): slow, stalled, dead
-    found["liveness"] = [row for row in store.liveness(run)
-                         if row["state"] in ("slow", "stalled", "dead")]
+    # runs not simply running, by time (docs/liveness.md): slow, stalled, frozen, dead, failed,
+    # preempted
+    found["liveness"] = [row for row in store.liveness(run) if row["state"] in (
+        "slow", "stalled", "frozen", "dead", "failed", "preempted")]
     return found
 
 

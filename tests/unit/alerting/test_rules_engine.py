@@ -34,6 +34,10 @@ DESIGN_TABLE = {
     "StageStuck": ("warning", "*", 1),
     "RunDied": ("critical", "*", 1),
     "StepTimeRegression": ("warning", "*", 1),
+    # issue 29: how a process ended, and a silent run whose processes still exist
+    "RunFailed": ("critical", "*", 1),
+    "RunPreempted": ("warning", "*", 1),
+    "RunFrozen": ("warning", "*", 1),
 }
 
 

@@ -10,7 +10,8 @@ from rlmon.service.metrics.remedies import CUSTOM, FRAMEWORKS, REMEDIES
 
 # the default pack's rules that no configuration key fixes: they keep their what-to-check line
 NO_KEY = {"ReplicaMismatch", "MetricOutOfDomain", "RankMissing", "StragglerRank", "RunStalled",
-          "RunDied", "StageStuck", "StepTimeRegression"}
+          "RunDied", "StageStuck", "StepTimeRegression", "RunFailed", "RunPreempted",
+          "RunFrozen"}
 
 
 def test_every_alert_of_the_table_is_a_default_rule_and_every_rule_is_covered() -> None:
