@@ -386,3 +386,89 @@ def test_careless_addresses_are_handled(page: Any, service: ServiceCore,
     assert len(per_rank) == 4 and all(d == [0, 0, 1] for d in per_rank)
     names = page.eval_on_selector_all("#timeline rect.span", "r => r.map(e => e.dataset.name)")
     assert names[2::3] == ["backward"] * 4  # the child last in each rank, over its parent
+
+
+def test_a_metric_picked_by_search_is_drawn_and_the_address_restores_the_view(
+        page: Any, service: ServiceCore) -> None:
+    page.goto(page.base + f"#/run/{RUN}?role=actor")
+    page.wait_for_selector("#panels .panel[data-points]")
+    keys = [p["title"] for p in panels(page)]
+    page.fill("#metric-search", "straggl")
+    page.click(".metric-option[data-metric='perf/straggler_ratio']")
+    picked = "#panels .panel[data-picked][data-metrics='perf/straggler_ratio']"
+    page.wait_for_selector(picked + "[data-points]")
+    want = api(service, f"/api/curves?run={RUN}&role=actor&metrics=perf%2Fstraggler_ratio")
+    drawn = panels(page)
+    assert drawn[0]["metrics"] == ["perf/straggler_ratio"]
+    assert drawn[0]["points"] == len(want["panels"][0]["x"]) == 30
+    assert drawn[0]["series"] == str(sum(v is not None for v in want["panels"][0]["y"][0]))
+    # the values drawn are the stored ones (uPlot's data), and the key panels stay below
+    data = page.evaluate("() => window.rlmonCharts()[0].data")
+    assert data == [want["panels"][0]["x"], want["panels"][0]["y"][0]]
+    assert [p["title"] for p in drawn[1:]] == keys
+    shared = page.url
+    assert "m=perf%2Fstraggler_ratio" in shared
+    # the address, opened in another tab, restores the view
+    other = page.context.new_page()
+    other.goto(shared)
+    other.wait_for_selector(picked + "[data-points='30']")
+    assert other.eval_on_selector_all("#panels .panel", "ps => ps.length") == len(keys) + 1
+    assert other.eval_on_selector_all(".chip[data-metric]", "cs => cs.map(c => c.dataset.metric)") \
+        == ["perf/straggler_ratio"]
+    other.close()
+
+
+def test_runs_and_attempts_are_overlaid_by_step_each_in_its_colour(
+        page: Any, service: ServiceCore, records: list[StepRecord]) -> None:
+    actor = [r for r in records if r.role == "actor"]
+    # another run: a KL half again as large, and only from step 5; a run with two attempts
+    service.publish([replace(r, run="grpo-demo-1", metrics={
+        **r.metrics, "actor/kl": 1.5 * r.metrics["actor/kl"]}) for r in actor if r.step >= 5])
+    service.publish([replace(r, run="rerun") for r in actor])
+    service.publish([replace(r, run="rerun", attempt=1, metrics={
+        **r.metrics, "actor/kl": 2 * r.metrics["actor/kl"]}) for r in actor[:12]])
+    page.goto(page.base + f"#/run/{RUN}?role=actor")
+    page.wait_for_selector("#overlay-run")
+    page.fill("#overlay-run", "grpo-demo-1")
+    page.click("#overlay-add")
+    kl = "#panels .panel[data-metrics='actor/kl']"
+    page.wait_for_selector(kl + "[data-overlay-onsets]")
+    assert "with=grpo-demo-1" in page.url
+
+    def chart(sel: str) -> dict[str, Any]:
+        return dict(page.evaluate("""(sel) => {
+            const u = window.rlmonCharts().find(c => c.rlmon.panelEl.matches(sel));
+            return { data: u.data, labels: u.series.slice(1).map(s => s.label),
+                     strokes: u.series.slice(1).map(s => s._stroke || s.stroke()),
+                     onsets: u.rlmon.panelEl.dataset.onsets,
+                     overlay: u.rlmon.panelEl.dataset.overlayOnsets };
+        }""", sel))
+
+    shown = chart(kl)
+    mine = api(service, f"/api/curves?run={RUN}&role=actor")
+    theirs = api(service, "/api/curves?run=grpo-demo-1&role=actor")
+    x = shown["data"][0]
+    assert x == list(range(30))
+    assert shown["labels"] == [f"{RUN}: actor/kl", "grpo-demo-1: actor/kl"]
+    assert shown["strokes"][0] != shown["strokes"][1]
+    kl_of = {p["metrics"][0]: p for p in mine["panels"]}["actor/kl"]
+    assert shown["data"][1] == kl_of["y"][0]
+    their_kl = {p["metrics"][0]: p for p in theirs["panels"]}["actor/kl"]
+    assert shown["data"][2] == [None] * 5 + their_kl["y"][0]  # aligned by step
+    assert theirs["alerts"]
+    onsets = sorted({a["step"] for a in theirs["alerts"] if a["state"] == "firing"})
+    assert shown["overlay"] == ",".join(f"grpo-demo-1@{s}" for s in onsets)
+    assert shown["onsets"] == ",".join(map(str, sorted(
+        {a["step"] for a in mine["alerts"] if a["state"] == "firing"})))
+    # the attempts of one run: the latest shown, an earlier one overlaid
+    page.goto(page.base + "#/run/rerun?role=actor")
+    page.wait_for_selector("#overlay-attempt")
+    page.select_option("#overlay-attempt", "0")
+    page.wait_for_function("() => location.hash.includes('att=0')")
+    page.wait_for_selector(kl + "[data-points='30']")
+    shown = chart(kl)
+    assert shown["labels"] == ["rerun (attempt 1): actor/kl", "rerun (attempt 0): actor/kl"]
+    first = {p["metrics"][0]: p for p in api(
+        service, "/api/curves?run=rerun&role=actor&attempt=0")["panels"]}["actor/kl"]["y"][0]
+    assert shown["data"][2] == first
+    assert shown["data"][1][:12] == [2 * v for v in first[:12]] and shown["data"][1][12:] == [None] * 18

@@ -88,6 +88,18 @@ function runLink(run, role, text) {
             text || run);
 }
 
+function runHash(w) {
+  // the whole view in the address, so that it can be shared
+  const qs = new URLSearchParams();
+  if (w.role) qs.set("role", w.role);
+  if (w.from !== "" && w.from !== undefined) qs.set("from", w.from);
+  if (w.to !== "" && w.to !== undefined) qs.set("to", w.to);
+  for (const m of w.m || []) qs.append("m", m);
+  for (const r of w.with || []) qs.append("with", r);
+  for (const a of w.att || []) qs.append("att", a);
+  return "#/run/" + encodeURIComponent(w.run) + (qs.toString() ? "?" + qs : "");
+}
+
 function alertHref(run, role, alert, step) {
   return "#/alert/" + [run, role, alert, step].map(encodeURIComponent).join("/");
 }
@@ -114,8 +126,10 @@ function parseHash() {
   }
   const params = new URLSearchParams(query || "");
   if (parts[0] === "run" && parts.length >= 2) {
+    // m: metrics picked by name; with: other runs overlaid; att: attempts of this run overlaid
     return { kind: "run", run: parts[1], role: params.get("role") || "",
-             from: params.get("from") || "", to: params.get("to") || "" };
+             from: params.get("from") || "", to: params.get("to") || "",
+             m: params.getAll("m"), with: params.getAll("with"), att: params.getAll("att") };
   }
   if (parts[0] === "alert" && parts.length >= 4) {
     return { kind: "alert", run: parts[1], role: parts[2], alert: parts[3], step: parts[4] || "" };
@@ -180,25 +194,28 @@ function markerPlugin(panelEl, state) {
     hooks: {
       draw: [(u) => {
         const ctx = u.ctx;
-        const drawn = { onsets: [], resolves: [] };
+        const drawn = { onsets: [], resolves: [], overlay: [] };
         ctx.save();
         ctx.lineWidth = 1.5 * devicePixelRatio;
         for (const t of state.alerts) {
           const x = Math.round(u.valToPos(t.step, "x", true));
           if (x < u.bbox.left - 1 || x > u.bbox.left + u.bbox.width + 1) continue;
           const firing = t.state === "firing";
-          ctx.strokeStyle = firing ? (t.severity === "critical" ? "#c62828" : "#e08600") : "#2e7d32";
+          ctx.strokeStyle = t.color || (firing ? (t.severity === "critical" ? "#c62828" : "#e08600") : "#2e7d32");
           ctx.setLineDash(firing ? [6, 4] : [2, 4]);
           ctx.beginPath();
           ctx.moveTo(x, u.bbox.top);
           ctx.lineTo(x, u.bbox.top + u.bbox.height);
           ctx.stroke();
-          (firing ? drawn.onsets : drawn.resolves).push(t.step);
+          // an overlaid run's transitions in its colour, kept apart from the shown run's
+          if (t.source) { if (firing) drawn.overlay.push(t.source + "@" + t.step); }
+          else (firing ? drawn.onsets : drawn.resolves).push(t.step);
           if (state.metrics.includes(t.metric)) {
             ctx.setLineDash([]);
             ctx.fillStyle = ctx.strokeStyle;
             ctx.font = (11 * devicePixelRatio) + "px sans-serif";
-            ctx.fillText((firing ? "" : "resolved ") + t.alert, x + 4, u.bbox.top + 12 * devicePixelRatio);
+            ctx.fillText((t.source ? t.source + ": " : "") + (firing ? "" : "resolved ") + t.alert,
+                         x + 4, u.bbox.top + 12 * devicePixelRatio);
           }
         }
         // a NaN or infinite value is a gap in its curve: a triangle at the top marks its step
@@ -223,6 +240,7 @@ function markerPlugin(panelEl, state) {
         const uniq = (a) => [...new Set(a)].sort((p, q) => p - q).join(",");
         panelEl.dataset.onsets = uniq(drawn.onsets);
         panelEl.dataset.resolves = uniq(drawn.resolves);
+        if (drawn.overlay.length) panelEl.dataset.overlayOnsets = [...new Set(drawn.overlay)].join(",");
         panelEl.dataset.nonfinite = uniq(marked);
       }],
     },
@@ -239,7 +257,7 @@ function seriesLabel(metric, marks) {
 function relabel(chart) {
   const { panelEl, state } = chart.rlmon;
   const labels = chart.root.querySelectorAll(".u-legend .u-series .u-label");
-  state.metrics.forEach((m, i) => {
+  state.labels.forEach((m, i) => {
     if (labels[i + 1]) labels[i + 1].textContent = seriesLabel(m, state.nonfinite[i]);
   });
   panelEl.dataset.nonfiniteCounts = state.nonfinite.map((n) => n.count).join(",");
@@ -256,9 +274,13 @@ function countPoints(panelEl, data) {
 
 function makeChart(panel, alerts, width, onZoom) {
   const panelEl = el("div", { class: "panel", "data-title": panel.title,
-                              "data-metrics": panel.metrics.join(",") });
+                              "data-metrics": panel.metrics.join(","),
+                              "data-picked": panel.picked ? "1" : null });
   const none = { count: 0, x: [], value: [] };
-  const state = { alerts, metrics: panel.metrics, nonfinite: panel.metrics.map((m, i) => {
+  // one series per metric, or per (run, metric) when runs are overlaid (panel.series)
+  const series = panel.series || panel.metrics.map((m, i) => ({ label: m, color: COLORS[i % COLORS.length] }));
+  const state = { alerts, metrics: panel.metrics, labels: series.map((s) => s.label),
+                  nonfinite: series.map((s, i) => {
     const n = (panel.nonfinite || [])[i] || none;
     return { count: n.count, x: [...n.x], value: [...n.value] };
   }) };
@@ -270,9 +292,9 @@ function makeChart(panel, alerts, width, onZoom) {
     scales: { x: { time: false } },
     legend: { live: true },
     cursor: { sync: { key: "rlmon-steps" }, drag: { x: true, y: false, setScale: false } },
-    series: [{ label: "step" }, ...panel.metrics.map((m, i) => ({
-      label: seriesLabel(m, state.nonfinite[i]), stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true,
-      points: { show: few, size: 4 } }))],
+    series: [{ label: "step" }, ...series.map((s, i) => ({
+      label: seriesLabel(s.label, state.nonfinite[i]), stroke: s.color, dash: s.dash, width: 1.5,
+      spanGaps: true, points: { show: few, size: 4 } }))],
     axes: [{ label: "step", size: 40, incrs: STEP_INCRS }, { size: 64 }],
     plugins: [markerPlugin(panelEl, state)],
     hooks: { setSelect: [(u) => {
@@ -297,33 +319,140 @@ function chartWidth() {
   return Math.floor((view.clientWidth - 12 * (columns - 1)) / columns) - 12;
 }
 
+function sourceLabel(src) {
+  return src.attempt !== "" ? src.run + " (attempt " + src.attempt + ")" : src.run;
+}
+
+async function runCurves(src, where, picked) {
+  // the key panels and the metrics picked by name, of one (run, role, attempt)
+  const params = { run: src.run, role: where.role, attempt: src.attempt, from: where.from, to: where.to };
+  const [key, named] = await Promise.all([
+    api("curves", params),
+    picked.length ? api("curves", { ...params, metrics: picked.join("\n") }) : null]);
+  if (named) key.panels = [...named.panels.map((p) => ({ ...p, picked: true })), ...key.panels];
+  return key;
+}
+
+function overlaid(panel, sources) {
+  // the panel of the shown run with every overlaid run's values of the same metrics, aligned by
+  // step (one x axis: the union of their steps), each run in its own colour
+  const xs = [...new Set(sources.flatMap((s) => (s.panel ? s.panel.x : [])))].sort((a, b) => a - b);
+  const at = new Map(xs.map((x, i) => [x, i]));
+  const out = { ...panel, x: xs, y: [], nonfinite: [], series: [] };
+  const none = { count: 0, x: [], value: [] };
+  sources.forEach((s, si) => {
+    panel.metrics.forEach((m, j) => {
+      const ys = new Array(xs.length).fill(null);
+      const k = s.panel ? s.panel.metrics.indexOf(m) : -1;
+      if (k >= 0) s.panel.x.forEach((x, n) => { ys[at.get(x)] = s.panel.y[k][n]; });
+      out.y.push(ys);
+      out.nonfinite.push(k >= 0 ? s.panel.nonfinite[k] : none);
+      out.series.push({ label: s.label + ": " + m, color: COLORS[si % COLORS.length],
+                        dash: j ? [[6, 3], [2, 3], [8, 3, 2, 3]][(j - 1) % 3] : undefined });
+    });
+  });
+  return out;
+}
+
+function runControls(where, data, names, runs, attempts) {
+  // the metric picker (search over every metric the role reported) and the overlays
+  const go = (w) => { location.hash = runHash({ ...where, ...w }); };
+  const search = el("input", { type: "search", id: "metric-search", class: "wide",
+                               placeholder: "search " + names.length + " metrics" });
+  const list = el("div", { id: "metric-list" });
+  search.oninput = () => {
+    const q = search.value.trim().toLowerCase();
+    const found = q ? names.filter((n) => n.toLowerCase().includes(q) && !where.m.includes(n)) : [];
+    list.replaceChildren(...found.slice(0, 40).map((n) => {
+      const b = el("button", { class: "metric-option", "data-metric": n }, n);
+      b.onclick = () => go({ m: [...where.m, n] });
+      return b;
+    }), found.length > 40 ? el("span", { class: "muted" }, "... " + (found.length - 40) + " more") : null);
+  };
+  const chip = (text, color, drop, attrs) => {
+    const x = el("button", { class: "drop", title: "remove" }, "\u00d7");
+    x.onclick = drop;
+    return el("span", { class: "chip", ...attrs }, color ? el("span", { class: "swatch", style: "background:" + color }) : null, text, x);
+  };
+  const picked = where.m.map((m) => chip(m, null, () => go({ m: where.m.filter((n) => n !== m) }),
+                                         { "data-metric": m }));
+  const others = runs.filter((r) => r !== data.run && !where.with.includes(r));
+  const runInput = el("input", { id: "overlay-run", class: "wide", list: "overlay-runs",
+                                 placeholder: "overlay a run" });
+  const runList = el("datalist", { id: "overlay-runs" }, others.map((r) => el("option", { value: r })));
+  const add = el("button", { id: "overlay-add" }, "overlay");
+  add.onclick = () => { if (runInput.value) go({ with: [...where.with, runInput.value] }); };
+  const more = attempts.filter((a) => String(a) !== String(data.attempt) && !where.att.includes(String(a)));
+  const attempt = more.length ? el("select", { id: "overlay-attempt" }, el("option", { value: "" }, "overlay an attempt"),
+                                   more.map((a) => el("option", { value: a }, "attempt " + a))) : null;
+  if (attempt) attempt.onchange = () => { if (attempt.value) go({ att: [...where.att, attempt.value] }); };
+  const shownRuns = [chip(sourceLabel({ run: data.run, attempt: where.att.length ? String(data.attempt) : "" }),
+                          COLORS[0], null, { class: "chip main" })];
+  shownRuns[0].querySelector(".drop").remove();
+  let i = 1;
+  for (const r of where.with) {
+    shownRuns.push(chip(r, COLORS[i++ % COLORS.length], () => go({ with: where.with.filter((x) => x !== r) }),
+                        { "data-run": r }));
+  }
+  for (const a of where.att) {
+    shownRuns.push(chip("attempt " + a, COLORS[i++ % COLORS.length], () => go({ att: where.att.filter((x) => x !== a) }),
+                        { "data-attempt": a }));
+  }
+  return el("div", { class: "controls" },
+    el("div", { class: "toolbar" }, "metrics", search, picked, el("span", { class: "muted" },
+       where.m.length ? "" : "(the key panels are shown; pick any metric to add its panel)")),
+    list,
+    el("div", { class: "toolbar", id: "overlays" }, "runs", shownRuns, runInput, runList, add, attempt));
+}
+
 async function showRun(where, current) {
-  const data = await api("curves", { run: where.run, role: where.role, from: where.from,
-                                     to: where.to });
+  const main = await runCurves({ run: where.run, attempt: "" }, where, where.m);
   if (!current()) return;
-  page.run = { where, data, lastShown: data.to, zoomed: where.from !== "" || where.to !== "" };
-  const base = "#/run/" + encodeURIComponent(data.run);
+  const role = main.role;
+  const full = { ...where, role };
+  const sources = [...where.with.map((run) => ({ run, attempt: "" })),
+                   ...where.att.map((attempt) => ({ run: where.run, attempt }))];
+  const [names, runs, extra] = await Promise.all([
+    api("metrics", { run: main.run, role, attempt: main.attempt }).catch(() => ({ metrics: [], attempts: [] })),
+    api("runs").then((d) => [...new Set(d.runs.map((r) => r.run))]).catch(() => []),
+    Promise.all(sources.map((src) => runCurves(src, full, where.m).then(
+      (d) => ({ ...src, data: d }), (err) => ({ ...src, error: err }))))]);
+  if (!current()) return;
+  const data = main;
+  page.run = { where: full, data, lastShown: data.to, zoomed: where.from !== "" || where.to !== "",
+               overlays: extra, rerouted: Date.now() };
   const tabs = el("div", { class: "tabs" }, data.roles.map((r) => el("a", {
-    href: base + "?role=" + encodeURIComponent(r), class: r === data.role ? "active" : null }, r)));
+    href: runHash({ ...where, role: r, m: [], from: "", to: "" }), class: r === data.role ? "active" : null }, r)));
   const from = el("input", { type: "number", id: "zoom-from", value: data.from ?? "" });
   const to = el("input", { type: "number", id: "zoom-to", value: data.to ?? "" });
-  const zoomTo = (lo, hi) => {
-    location.hash = base + "?role=" + encodeURIComponent(data.role) + "&from=" + lo + "&to=" + hi;
-  };
+  const zoomTo = (lo, hi) => { location.hash = runHash({ ...full, from: lo, to: hi }); };
   const apply = el("button", { id: "zoom-apply" }, "zoom");
   apply.onclick = () => zoomTo(from.value, to.value);
-  const reset = el("a", { href: base + "?role=" + encodeURIComponent(data.role), id: "zoom-reset" },
-                   "all steps");
+  const reset = el("a", { href: runHash({ ...full, from: "", to: "" }), id: "zoom-reset" }, "all steps");
   const shown = el("span", { class: "muted", id: "shown" });
   const toolbar = el("div", { class: "toolbar" }, "steps", from, "to", to, apply, reset, shown);
   const alertList = el("div", { id: "alert-list" });
   const grid = el("div", { class: "grid", id: "panels" });
-  view.replaceChildren(el("h1", {}, "run ", el("span", { id: "run-name" }, data.run)), tabs, toolbar,
-                       alertList, grid);
+  const problems = extra.filter((s) => s.error).map((s) => el("p", { class: "error" },
+    "rlmon: " + sourceLabel(s) + ": " + s.error.message));
+  view.replaceChildren(el("h1", {}, "run ", el("span", { id: "run-name" }, data.run)), tabs,
+                       runControls(where, data, names.metrics, runs, names.attempts), toolbar,
+                       ...problems, alertList, grid);
   if (!data.panels.length) grid.append(el("p", { class: "muted" }, "no metrics in this role"));
   const width = chartWidth();
-  for (const panel of data.panels) {
-    const chart = makeChart(panel, data.alerts, width, zoomTo);
+  const others = extra.filter((s) => s.data);
+  let alerts = data.alerts;
+  if (others.length) {
+    const labels = [sourceLabel({ run: data.run, attempt: where.att.length ? String(data.attempt) : "" }),
+                    ...others.map(sourceLabel)];
+    alerts = [...data.alerts, ...others.flatMap((s, i) => s.data.alerts.map((a) => ({
+      ...a, source: labels[i + 1], color: COLORS[(i + 1) % COLORS.length] })))];
+    data.shownPanels = data.panels.map((p) => overlaid(p, [{ label: labels[0], panel: p },
+      ...others.map((s, i) => ({ label: labels[i + 1],
+                                 panel: s.data.panels.find((q) => q.title === p.title) || null }))]));
+  }
+  for (const panel of data.shownPanels || data.panels) {
+    const chart = makeChart(panel, alerts, width, zoomTo);
     grid.append(chart.rlmon.panelEl);
     page.charts.push(chart);
   }
@@ -348,8 +477,13 @@ async function refreshRun(stream) {
   // new steps of the shown (run, role): append them (the page shows every step, not a zoom)
   const run = page.run;
   if (!run || run.zoomed || stream.last_step <= run.lastShown) return;
-  const fresh = await api("curves", { run: run.data.run, role: run.data.role,
-                                      from: run.lastShown + 1 });
+  if (run.overlays.length) {
+    // overlaid runs: drawn again with the new steps, at most every 10 s
+    if (Date.now() - run.rerouted > 10000) await route();
+    return;
+  }
+  const fresh = await runCurves({ run: run.data.run, attempt: "" },
+                                { ...run.where, from: run.lastShown + 1, to: "" }, run.where.m);
   if (page.run !== run) return;
   const titles = (d) => d.panels.map((p) => p.title).join("|");
   const tooMany = page.charts.some((c) => c.data[0].length + fresh.shown_steps > 4 * 2 * run.data.points);
