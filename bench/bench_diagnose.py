@@ -60,8 +60,9 @@ def measure(what: str, path: Path, pythonpath: str | None) -> dict[str, float]:
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
+    # run outside the repository, so the rlmon imported is the installed (or the given) one
     out = subprocess.run([sys.executable, "-c", _MEASURE, what, str(path)], env=env,
-                         capture_output=True, text=True, check=True)
+                         cwd=path.parent, capture_output=True, text=True, check=True)
     result: dict[str, float] = json.loads(out.stdout.splitlines()[-1])
     return result
 
