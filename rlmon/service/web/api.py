@@ -255,6 +255,7 @@ class WebApi:
             panels = self._panels(run, role, attempt)
             self.columns.get(run, role, attempt,
                              tuple(dict.fromkeys(m for p in panels for m in p.metrics)))
+            self.metrics({"run": run, "role": role, "attempt": str(attempt)})  # the picker's
         return len(rows)
 
     # --- curves --------------------------------------------------------------------------------
@@ -272,6 +273,17 @@ class WebApi:
         if attempt is None:
             raise ApiError(404, f"no steps of run {run!r} role {role!r} in the history store")
         return int(attempt)
+
+    def _attempts(self, run: str, role: str) -> list[int]:
+        """The stream's attempts, a seek in the steps' primary key each (not a scan of its
+        steps)."""
+        found: list[int] = []
+        while True:
+            (nxt,), = self.store.read("SELECT MIN(attempt) FROM steps WHERE run = ? AND role = ? "
+                                      "AND attempt > ?", (run, role, found[-1] if found else -1))
+            if nxt is None:
+                return found
+            found.append(int(nxt))
 
     def _roles(self, run: str) -> list[str]:
         return [r for (r,) in self.store.read(
@@ -329,8 +341,9 @@ class WebApi:
             })
         lo = first if first is not None else total_first
         hi = last if last is not None else total_last
+        attempts = self._attempts(run, role)
         return {
-            "run": run, "role": role, "attempt": attempt, "roles": roles,
+            "run": run, "role": role, "attempt": attempt, "attempts": attempts, "roles": roles,
             "first_step": total_first, "last_step": total_last, "steps": len(cols.steps),
             "from": lo, "to": hi, "shown_steps": len(shown.steps), "points": buckets,
             "panels": out_panels,
@@ -369,9 +382,7 @@ class WebApi:
                 self._names[key] = (int(last), names)
                 while len(self._names) > 64:
                     self._names.pop(next(iter(self._names)))
-        attempts = [a for (a,) in self.store.read(
-            "SELECT DISTINCT attempt FROM steps WHERE run = ? AND role = ? ORDER BY attempt",
-            (run, role))]
+        attempts = self._attempts(run, role)
         return {"run": run, "role": role, "attempt": attempt, "attempts": attempts,
                 "metrics": sorted(names)}
 

@@ -354,11 +354,14 @@ function overlaid(panel, sources) {
   return out;
 }
 
-function runControls(where, data, names, runs, attempts) {
-  // the metric picker (search over every metric the role reported) and the overlays
+function runControls(where, data) {
+  // the metric picker (search over every metric the role reported) and the overlays; the
+  // metrics' names and the other runs come after the panels are drawn (a long run's names are
+  // read from its step lines once)
   const go = (w) => { location.hash = runHash({ ...where, ...w }); };
+  let names = [];
   const search = el("input", { type: "search", id: "metric-search", class: "wide",
-                               placeholder: "search " + names.length + " metrics" });
+                               placeholder: "search every metric" });
   const list = el("div", { id: "metric-list" });
   search.oninput = () => {
     const q = search.value.trim().toLowerCase();
@@ -376,13 +379,12 @@ function runControls(where, data, names, runs, attempts) {
   };
   const picked = where.m.map((m) => chip(m, null, () => go({ m: where.m.filter((n) => n !== m) }),
                                          { "data-metric": m }));
-  const others = runs.filter((r) => r !== data.run && !where.with.includes(r));
   const runInput = el("input", { id: "overlay-run", class: "wide", list: "overlay-runs",
                                  placeholder: "overlay a run" });
-  const runList = el("datalist", { id: "overlay-runs" }, others.map((r) => el("option", { value: r })));
+  const runList = el("datalist", { id: "overlay-runs" });
   const add = el("button", { id: "overlay-add" }, "overlay");
   add.onclick = () => { if (runInput.value) go({ with: [...where.with, runInput.value] }); };
-  const more = attempts.filter((a) => String(a) !== String(data.attempt) && !where.att.includes(String(a)));
+  const more = (data.attempts || []).filter((a) => String(a) !== String(data.attempt) && !where.att.includes(String(a)));
   const attempt = more.length ? el("select", { id: "overlay-attempt" }, el("option", { value: "" }, "overlay an attempt"),
                                    more.map((a) => el("option", { value: a }, "attempt " + a))) : null;
   if (attempt) attempt.onchange = () => { if (attempt.value) go({ att: [...where.att, attempt.value] }); };
@@ -398,6 +400,17 @@ function runControls(where, data, names, runs, attempts) {
     shownRuns.push(chip("attempt " + a, COLORS[i++ % COLORS.length], () => go({ att: where.att.filter((x) => x !== a) }),
                         { "data-attempt": a }));
   }
+  api("metrics", { run: data.run, role: data.role, attempt: data.attempt }).then((d) => {
+    names = d.metrics;
+    search.placeholder = "search " + names.length + " metrics";
+    search.dataset.count = names.length;
+    if (search.value) search.oninput();
+  }).catch(() => {});
+  api("runs").then((d) => {
+    const runs = [...new Set(d.runs.map((r) => r.run))];
+    runList.replaceChildren(...runs.filter((r) => r !== data.run && !where.with.includes(r))
+      .map((r) => el("option", { value: r })));
+  }).catch(() => {});
   return el("div", { class: "controls" },
     el("div", { class: "toolbar" }, "metrics", search, picked, el("span", { class: "muted" },
        where.m.length ? "" : "(the key panels are shown; pick any metric to add its panel)")),
@@ -412,11 +425,8 @@ async function showRun(where, current) {
   const full = { ...where, role };
   const sources = [...where.with.map((run) => ({ run, attempt: "" })),
                    ...where.att.map((attempt) => ({ run: where.run, attempt }))];
-  const [names, runs, extra] = await Promise.all([
-    api("metrics", { run: main.run, role, attempt: main.attempt }).catch(() => ({ metrics: [], attempts: [] })),
-    api("runs").then((d) => [...new Set(d.runs.map((r) => r.run))]).catch(() => []),
-    Promise.all(sources.map((src) => runCurves(src, full, where.m).then(
-      (d) => ({ ...src, data: d }), (err) => ({ ...src, error: err }))))]);
+  const extra = await Promise.all(sources.map((src) => runCurves(src, full, where.m).then(
+    (d) => ({ ...src, data: d }), (err) => ({ ...src, error: err }))));
   if (!current()) return;
   const data = main;
   page.run = { where: full, data, lastShown: data.to, zoomed: where.from !== "" || where.to !== "",
@@ -436,7 +446,7 @@ async function showRun(where, current) {
   const problems = extra.filter((s) => s.error).map((s) => el("p", { class: "error" },
     "rlmon: " + sourceLabel(s) + ": " + s.error.message));
   view.replaceChildren(el("h1", {}, "run ", el("span", { id: "run-name" }, data.run)), tabs,
-                       runControls(where, data, names.metrics, runs, names.attempts), toolbar,
+                       runControls(where, data), toolbar,
                        ...problems, alertList, grid);
   if (!data.panels.length) grid.append(el("p", { class: "muted" }, "no metrics in this role"));
   const width = chartWidth();
