@@ -287,6 +287,7 @@ def diagnose(run: LoggedRun, rules: Sequence[Rule] | None = None,
     records = to_records(run, keymap)
     steps: Sequence[tuple[StepRecord, Sequence[AlertEvent]]]
     streams: dict[tuple[str, str], Sequence[StepRecord]] = {}
+    with_events: list[tuple[StepRecord, Sequence[AlertEvent]]]
     if isinstance(records, RecordView):  # a long log: one stream, in step order, built lazily
         mapped = set(keymap.by_name())
         engine = AlertEngine([r for r in rules if _can_apply(r, mapped)])
