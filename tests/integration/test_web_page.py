@@ -460,6 +460,20 @@ def test_runs_and_attempts_are_overlaid_by_step_each_in_its_colour(
     assert shown["overlay"] == ",".join(f"grpo-demo-1@{s}" for s in onsets)
     assert shown["onsets"] == ",".join(map(str, sorted(
         {a["step"] for a in mine["alerts"] if a["state"] == "firing"})))
+    # where the two part ways (rlmon diff's answer), one click away
+    from rlmon.service.diff import diff_runs
+    from rlmon.service.diff.runs import from_step_lines
+
+    page.click("#diff-link")
+    page.wait_for_selector("#diff-headline")
+    want = diff_runs(*(from_step_lines(service.history.steps(r), r, "history store")
+                       for r in (RUN, "grpo-demo-1")))
+    assert page.inner_text("#diff-headline") == want.headline()
+    assert page.get_attribute("#diff-headline", "data-metric") == (
+        want.first.metric if want.first else "")
+    assert want.common_steps == 25 and want.headline().endswith("metrics compared)")
+    drawn = page.eval_on_selector_all("#panels .panel", "ps => ps.map(p => p.dataset.title)")
+    assert drawn == list(want.curves)
     # the attempts of one run: the latest shown, an earlier one overlaid
     page.goto(page.base + "#/run/rerun?role=actor")
     page.wait_for_selector("#overlay-attempt")

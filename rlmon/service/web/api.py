@@ -9,6 +9,7 @@ the store is a file), so a slow request never holds the lock the alert path writ
 - ``GET /api/curves?...&metrics=M1%0AM2``: those metrics instead, one panel each (any metric
   the stream reported: the key curves from their packed rows, others from the step lines)
 - ``GET /api/metrics?run=R&role=A[&attempt=N]``: every metric the stream reported, its attempts
+- ``GET /api/diff?a=R&b=R``: where two stored runs part ways (``rlmon diff A B --json``)
 - ``GET /api/alerts[?run=R&firing=1&limit=N]``: what ``rlmon alerts --json`` prints
 - ``GET /api/alert?run=R&role=A&alert=NAME[&step=S]``: one alert: its condition, the values
   around its onset, what to check, its worst samples and the onset step's timeline per rank
@@ -173,6 +174,7 @@ class WebApi:
             "/api/runs": self.runs, "/api/curves": self.curves, "/api/alerts": self.alerts,
             "/api/alert": self.alert,
             "/api/metrics": self.metrics,
+            "/api/diff": self.diff,
         }
         handler = handlers.get(path.rstrip("/"))
         if handler is None:
@@ -385,6 +387,19 @@ class WebApi:
         attempts = self._attempts(run, role)
         return {"run": run, "role": role, "attempt": attempt, "attempts": attempts,
                 "metrics": sorted(names)}
+
+    def diff(self, params: Mapping[str, str]) -> dict[str, Any]:
+        """Where two stored runs part ways (what ``rlmon diff A B --json`` prints for them)."""
+        from rlmon.service.diff import diff_runs
+        from rlmon.service.diff.runs import from_step_lines
+
+        series = []
+        for name in ("a", "b"):
+            run = _required(params, name)
+            if not self._roles(run):
+                raise ApiError(404, f"{name}: no steps of run {run!r} in the history store")
+            series.append(from_step_lines(self.store.steps(run), run, "history store"))
+        return diff_runs(*series).to_json()
 
     def _transitions(self, run: str, role: str, attempt: int, lo: int | None,
                      hi: int | None) -> list[dict[str, Any]]:

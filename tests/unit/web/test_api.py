@@ -314,3 +314,22 @@ def test_any_metric_is_answered_by_name_from_packed_rows_or_step_lines(
     too_many = "%0A".join(f"m{i}" for i in range(30))
     status, body, _ = get(service, f"/api/curves?run={RUN}&role=actor&metrics={too_many}")
     assert status == 400 and body["error"].startswith("metrics:")
+
+
+def test_diff_answers_what_rlmon_diff_finds_for_two_stored_runs(
+        service: ServiceCore, records: list[StepRecord]) -> None:
+    from rlmon.service.diff import diff_runs
+    from rlmon.service.diff.runs import from_step_lines
+
+    # the same run with its entropy collapsing from step 12: it parts ways there
+    service.publish([replace(r, run="other", metrics={
+        **r.metrics, **({"actor/entropy": r.metrics["actor/entropy"] * 0.05}
+                        if r.role == "actor" and r.step >= 12 else {})}) for r in records])
+    status, body, _ = get(service, f"/api/diff?a={RUN}&b=other")
+    want = diff_runs(*(from_step_lines(service.history.steps(r), r, "history store")
+                       for r in (RUN, "other"))).to_json()
+    assert status == 200 and body == json.loads(json.dumps(want))
+    entropy = next(m for m in body["metrics"] if m["metric"] == "actor/entropy")
+    assert entropy["diverged"] and 12 <= entropy["onset"] <= 16
+    status, body, _ = get(service, f"/api/diff?a={RUN}&b=nothing")
+    assert status == 404 and body["error"].startswith("b: no steps of run 'nothing'")

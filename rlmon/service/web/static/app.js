@@ -131,6 +131,7 @@ function parseHash() {
              from: params.get("from") || "", to: params.get("to") || "",
              m: params.getAll("m"), with: params.getAll("with"), att: params.getAll("att") };
   }
+  if (parts[0] === "diff" && parts.length >= 3) return { kind: "diff", a: parts[1], b: parts[2] };
   if (parts[0] === "alert" && parts.length >= 4) {
     return { kind: "alert", run: parts[1], role: parts[2], alert: parts[3], step: parts[4] || "" };
   }
@@ -148,6 +149,7 @@ async function route() {
   try {
     if (where.kind === "run") await showRun(where, current);
     else if (where.kind === "alert") await showAlert(where, current);
+    else if (where.kind === "diff") await showDiff(where, current);
     else if (where.kind === "bad") throw where.error;
     else await showRuns(current);
   } catch (err) {
@@ -415,7 +417,9 @@ function runControls(where, data) {
     el("div", { class: "toolbar" }, "metrics", search, picked, el("span", { class: "muted" },
        where.m.length ? "" : "(the key panels are shown; pick any metric to add its panel)")),
     list,
-    el("div", { class: "toolbar", id: "overlays" }, "runs", shownRuns, runInput, runList, add, attempt));
+    el("div", { class: "toolbar", id: "overlays" }, "runs", shownRuns, runInput, runList, add, attempt,
+       where.with.length === 1 ? el("a", { id: "diff-link", href: "#/diff/" + [data.run, where.with[0]]
+         .map(encodeURIComponent).join("/") }, "where they part ways") : null));
 }
 
 async function showRun(where, current) {
@@ -642,6 +646,44 @@ async function showAlert(where, current) {
     page.charts.push(chart);
   } else {
     around.append(el("p", { class: "muted" }, "no values of " + (a.metric || "a metric") + " stored"));
+  }
+}
+
+// --- two runs compared -----------------------------------------------------------------------
+
+async function showDiff(where, current) {
+  // where two runs part ways beyond their own noise (rlmon diff), and their curves side by side
+  const d = await api("diff", { a: where.a, b: where.b });
+  if (!current()) return;
+  const rows = d.metrics.filter((m) => m.diverged).map((m) => el("tr", { class: "diverged", "data-metric": m.metric },
+    el("td", {}, m.metric), el("td", { class: "num" }, m.onset),
+    el("td", { class: "num" }, fmt(m.a_value)), el("td", { class: "num" }, fmt(m.b_value)),
+    el("td", {}, m.exact ? "no noise in either run: a setting or a schedule" : fmt(m.score) + "x the bar")));
+  const settings = d.settings.map((x) => el("tr", {}, el("td", {}, x.key), el("td", {}, fmt(x.a)),
+                                                 el("td", {}, fmt(x.b))));
+  const grid = el("div", { class: "grid", id: "panels" });
+  view.replaceChildren(
+    el("h1", {}, runLink(d.a.run, "", d.a.run), " vs ", runLink(d.b.run, "", d.b.run)),
+    el("p", { id: "diff-headline", "data-step": d.step ?? "", "data-metric": d.metric ?? "" }, d.headline),
+    el("p", {}, el("a", { href: runHash({ run: d.a.run, with: [d.b.run] }) }, "overlay them on the run page")),
+    rows.length ? el("table", { id: "diff-metrics" }, el("thead", {}, el("tr", {},
+      ["metric", "parts at step", d.a.run, d.b.run, "how far"].map((h) => el("th", {}, h)))), el("tbody", {}, rows))
+      : el("p", { class: "muted" }, "no metric parts ways beyond the runs' own noise"),
+    settings.length ? el("h2", {}, "settings that differ") : null,
+    settings.length ? el("table", { id: "diff-settings" }, el("tbody", {}, settings)) : null,
+    grid);
+  const width = chartWidth();
+  for (const [name, c] of Object.entries(d.curves)) {
+    const panel = overlaid({ title: name, unit: "", metrics: [name], help: [] }, [d.a, d.b].map((r, i) => {
+      const pts = i ? c.b : c.a;
+      return { label: r.run, panel: { metrics: [name], x: pts.map((p) => p[0]), y: [pts.map((p) => p[1])],
+                                      nonfinite: [{ count: 0, x: [], value: [] }] } };
+    }));
+    const onsets = d.metrics.filter((m) => m.metric === name && m.diverged).map((m) => ({
+      step: m.onset, alert: "parts ways", state: "firing", severity: "warning", metric: name }));
+    const chart = makeChart(panel, onsets, width, () => {});
+    grid.append(chart.rlmon.panelEl);
+    page.charts.push(chart);
   }
 }
 
