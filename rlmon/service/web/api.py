@@ -390,16 +390,16 @@ class WebApi:
 
     def diff(self, params: Mapping[str, str]) -> dict[str, Any]:
         """Where two stored runs part ways (what ``rlmon diff A B --json`` prints for them)."""
-        from rlmon.service.diff import diff_runs
+        from rlmon.service.diff import RunSeries, diff_runs
         from rlmon.service.diff.runs import from_step_lines
 
-        series = []
-        for name in ("a", "b"):
+        def stored(name: str) -> RunSeries:
             run = _required(params, name)
             if not self._roles(run):
                 raise ApiError(404, f"{name}: no steps of run {run!r} in the history store")
-            series.append(from_step_lines(self.store.steps(run), run, "history store"))
-        return diff_runs(*series).to_json()
+            return from_step_lines(self.store.steps(run), run, "history store")
+
+        return diff_runs(stored("a"), stored("b")).to_json()
 
     def _transitions(self, run: str, role: str, attempt: int, lo: int | None,
                      hi: int | None) -> list[dict[str, Any]]:
