@@ -59,6 +59,13 @@ class AlertEvent:
     # before the onset (rlmon.service.alerting.first_mover)
     framework: str = ""
     first_moved: str = ""
+    # the engine's notification policy: the severity a warning escalated from (this event is
+    # the escalation, at the new severity), a re-send of a still-firing critical alert (not a
+    # transition: not stored as one), and False where the per-hour bound held it back (stored,
+    # not sent)
+    escalated_from: str = ""
+    repeat: bool = False
+    notify: bool = True
 
     @property
     def dedup_key(self) -> str:
@@ -81,6 +88,8 @@ class AlertEvent:
 
 @dataclass(slots=True)
 class AlertState:
+    """One (run, role, alert)'s state machine, owned by the engine and saved with each step."""
+
     true_steps: int = 0
     false_steps: int = 0
     firing: bool = False
@@ -92,6 +101,14 @@ class AlertState:
     # restarted service keeps counting the alert's cost (rlmon.service.goodput.alert_costs)
     onset: float | None = None
     gpus: float = 0.0
+    # while firing: its severity now (a warning may escalate), and for a baseline rule the
+    # level before the onset (expected, scale; in the detector's space) it is judged against
+    severity: str = ""
+    reference: tuple[float, float] | None = None
+    # the notifications of the last hour (unix seconds; the per-hour bound), and whether the
+    # firing was held back (its resolve is then held back too)
+    sent: deque[float] = field(default_factory=deque)
+    held: bool = False
     # baseline: the predictions of a batch evaluated in order (not saved; never needed to
     # continue: the detector predicts itself without them)
     ahead: SeriesPredictions | None = field(default=None, compare=False, repr=False)

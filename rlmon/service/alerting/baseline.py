@@ -24,8 +24,10 @@ metric *should* be from its own trailing window and accumulates evidence that it
 
 Nothing accumulates during the first ``warmup`` values. While the rule fires, the step is judged
 against the window's own level (its centre), not the line's extrapolation, so a slide that goes on
-keeps it firing; once the metric settles, the new level becomes the baseline within about a window
-and the warning resolves; the fixed thresholds still judge absolute levels. The state is the
+keeps it firing; and the engine also holds it firing while the value stays away from the level
+before the onset (:func:`reference`, :func:`departed`), so a collapse that settles at its new level
+is not learnt as the run's new normal: the warning resolves once the metric returns, or hands over
+to the fixed rule that judges that level. The state is the
 trailing window and ``S``: plain numbers, saved with the rest of the alert state, so a restarted
 service and ``rlmon replay`` continue bit for bit.
 """
@@ -42,7 +44,8 @@ from rlmon.service.metrics.spec import BaselineParams, BaselineSpec, Direction
 if TYPE_CHECKING:
     from rlmon.service.alerting.baseline_batch import SeriesPredictions
 
-__all__ = ["BaselineParams", "BaselineSpec", "Direction", "observe", "predict"]
+__all__ = ["BaselineParams", "BaselineSpec", "Direction", "departed", "observe", "predict",
+           "reference"]
 
 _MAD_TO_SD = 1.4826  # MAD of a Gaussian x this = its standard deviation
 _SCORE_CAP = 2.0  # of `decision`: bounds the steps a long fault takes to resolve
@@ -121,3 +124,20 @@ def observe(params: BaselineParams, history: deque[float], score: float, value: 
     while len(history) > params.window:
         history.popleft()
     return score
+
+
+def reference(params: BaselineParams, history: deque[float]) -> tuple[float, float]:
+    """The level before an onset, taken when the rule fires: what the window (without the step
+    that fired it) expected at this step, and its scale, in the detector's space. The window is
+    mostly pre-onset steps when a rule fires, and its medians ignore the few that are not."""
+    values = list(history)[:-1] if len(history) > params.warmup else list(history)
+    return predict(params, values)
+
+
+def departed(params: BaselineParams, ref: tuple[float, float], value: float) -> bool:
+    """Whether ``value`` is still away from the pre-onset level ``ref`` in the watched direction
+    by more than the CUSUM's allowance: a firing rule holds while it is (a collapse that settles
+    at its new level is not the run's new normal)."""
+    expected, scale = ref
+    z = (_transform(params, value) - expected) / scale
+    return (-z if params.direction == "down" else z) > params.allowance

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -21,8 +22,10 @@ from rlmon.service.alerting.projection import alert_detail as heading
 from rlmon.service.alerting.rules import ANY_METRIC, LIVENESS_CONDITIONS, Condition, Rule
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.metrics import catalog
+from rlmon.service.metrics.spec import Severity
 
-__all__ = ["AlertEngine", "AlertEvent", "AlertState", "evaluate_in_order", "evaluate_sorted"]
+__all__ = ["AlertEngine", "AlertEvent", "AlertState", "NotifyPolicy", "evaluate_in_order",
+           "evaluate_sorted"]
 
 class _Check(NamedTuple):  # one per rule per step: a tuple is built at a fraction of the cost
     applies: bool
@@ -114,19 +117,26 @@ def _check(rule: Rule, record: StepRecord, state: AlertState) -> _Check:
     value = metrics.get(rule.metric)
     if value is None or not math.isfinite(value):
         return _NOT_APPLICABLE  # absent is not zero; NaN is NonFiniteMetric's job
+    # a firing threshold rule counts a step as good only beyond its resolve margin
+    margin = rule.resolve_margin if state.firing and rule.resolve_margin else 0.0
     if cond is Condition.THRESHOLD:
         assert rule.op is not None
         assert rule.threshold is not None
-        return _Check(True, _compare(rule.op, value, rule.threshold), rule.metric, value)
+        bound = rule.threshold + (margin if rule.op in ("<", "<=", "abs<") else -margin)
+        return _Check(True, _compare(rule.op, value, bound), rule.metric, value)
     if cond is Condition.OUTSIDE:
         assert rule.low is not None
         assert rule.high is not None
-        return _Check(True, value < rule.low or value > rule.high, rule.metric, value)
+        return _Check(True, value < rule.low + margin or value > rule.high - margin,
+                      rule.metric, value)
     if cond is Condition.BASELINE:
         # the rule's parameters (a batch's predictions were made with them: built once)
         params = rule.baseline if state.ahead is None else state.ahead.params
         state.score = baseline.observe(params, state.history, state.score, value, state.ahead)
-        return _Check(True, state.score >= params.decision, rule.metric, value)
+        holds = state.score >= params.decision
+        if not holds and state.firing and state.reference is not None:
+            holds = baseline.departed(params, state.reference, value)  # not yet back
+        return _Check(True, holds, rule.metric, value)
     if cond is Condition.REWARD_HACKING:  # its own module: rlmon.service.alerting.reward_hacking
         hacking = rule.reward_hacking
         state.score, found = reward_hacking.observe(hacking, state.history, state.score, metrics)
@@ -135,11 +145,31 @@ def _check(rule: Rule, record: StepRecord, state: AlertState) -> _Check:
     return _Check(True, _window_check(rule, state, value), rule.metric, value)
 
 
+@dataclass(frozen=True, slots=True)
+class NotifyPolicy:
+    """How often one alert may reach a person, on the steps' own clock (their finalization or
+    record time; a step without one is not bounded): a still-firing critical alert is re-sent
+    every ``repeat_seconds``; one (run, role, alert) sends at most ``per_hour`` notifications
+    in any hour (the last says so; the rest are stored, not sent)."""
+
+    repeat_seconds: float = 4 * 3600.0  # Alertmanager's default repeat_interval
+    per_hour: int = 6
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:g} h" if seconds >= 3600 else f"{seconds / 60:g} min"
+
+
+def _clock(at: float) -> str:
+    return time.strftime("%H:%M UTC", time.gmtime(at))
+
+
 class AlertEngine:
     """Evaluates rules on finalized steps and emits firing / resolved events."""
 
-    def __init__(self, rules: Sequence[Rule]) -> None:
+    def __init__(self, rules: Sequence[Rule], policy: NotifyPolicy | None = None) -> None:
         self.rules = list(rules)
+        self.policy = policy or NotifyPolicy()
         self.states: dict[tuple[str, str, str], AlertState] = {}
         self.last_step: dict[tuple[str, str], int] = {}
         self.attempts: dict[tuple[str, str], int] = {}  # latest attempt seen per (run, role)
@@ -263,30 +293,102 @@ class AlertEngine:
     def _step(
         self, rule: Rule, record: StepRecord, state: AlertState, check: _Check
     ) -> AlertEvent | None:
+        now = record.finalized_at if record.finalized_at is not None else record.time
+        level = self.states.get((record.run, record.role, rule.level_rule)) \
+            if rule.level_rule else None
+        handed = level is not None and level.firing  # its level rule speaks for it now
         if check.holds:
             state.true_steps += 1
             state.false_steps = 0
-            if not state.firing and state.true_steps >= rule.for_steps:
+            if not state.firing and state.true_steps >= rule.for_steps and not handed:
                 state.firing = True
                 state.since_step = record.step
                 state.metric = check.metric
-                event = self._event(rule, record, "firing", check)
+                state.severity = (Severity.CRITICAL.value if rule.crosses_critical(check.value)
+                                  else rule.severity.value)
+                if rule.condition is Condition.BASELINE:  # the level before the onset
+                    params = rule.baseline if state.ahead is None else state.ahead.params
+                    state.reference = baseline.reference(params, state.history)
+                event = self._event(rule, record, "firing", check, state.severity)
                 if rule.condition is Condition.BASELINE and state.history:
                     # where the metric is heading (rlmon.service.alerting.projection)
                     ahead = heading(rule.metric, state.history, self.rules)
                     if ahead:
                         event = replace(event, detail="; ".join(filter(None, (event.detail,
                                                                             ahead))))
-                return event
+                return self._notify(state, event, now)
         else:
             state.false_steps += 1
             state.true_steps = 0
-            if state.firing and state.false_steps >= rule.resolve_steps:
-                state.firing = False
-                if not check.metric and state.metric:
-                    check = _Check(True, False, state.metric, record.metrics.get(state.metric))
-                return self._event(rule, record, "resolved", check)
+        if not state.firing:
+            return None
+        if (not check.holds and state.false_steps >= rule.resolve_steps) or handed:
+            return self._resolve(rule, record, state, check, now, handed_to=(
+                rule.level_rule if check.holds else ""))
+        if check.holds and state.severity == Severity.WARNING.value and (
+                rule.crosses_critical(check.value) or (
+                    rule.escalate_after is not None and state.since_step is not None
+                    and record.step - state.since_step >= rule.escalate_after)):
+            return self._escalate(rule, record, state, check, now)
+        if state.severity == Severity.CRITICAL.value and now is not None and state.sent \
+                and now - state.sent[-1] >= self.policy.repeat_seconds:
+            event = self._event(rule, record, "firing", check, state.severity)
+            return self._notify(state, replace(event, repeat=True, summary=(
+                f"{event.summary} (still firing since step {state.since_step}: re-sent every "
+                f"{_hours(self.policy.repeat_seconds)})")), now)
         return None
+
+    def _resolve(self, rule: Rule, record: StepRecord, state: AlertState, check: _Check,
+                 now: float | None, handed_to: str) -> AlertEvent:
+        state.firing = False
+        if not check.metric and state.metric:
+            check = _Check(True, False, state.metric, record.metrics.get(state.metric))
+        event = self._event(rule, record, "resolved", check, state.severity or None)
+        if handed_to:
+            event = replace(event, summary=f"{event.summary}: handed over to {handed_to}, "
+                            "which judges this level and fires now")
+        state.severity, state.reference = "", None
+        if state.held:  # its firing was not sent: neither is its resolve
+            state.held = False
+            return replace(event, notify=False)
+        return self._notify(state, event, now)
+
+    def _escalate(self, rule: Rule, record: StepRecord, state: AlertState, check: _Check,
+                  now: float | None) -> AlertEvent:
+        """One alert whose severity changes: a single event at the new severity (routed by
+        it), saying why."""
+        state.severity = Severity.CRITICAL.value
+        event = self._event(rule, record, "firing", check, state.severity)
+        if rule.crosses_critical(check.value):
+            why = f"{event.metric} crossed the critical level {rule.critical:g}"
+        else:
+            why = f"firing for {record.step - (state.since_step or 0)} steps"
+        event = replace(event, escalated_from=Severity.WARNING.value,
+                        summary=f"{event.summary} (escalated to critical: {why})")
+        state.held = False  # the escalation is its own trigger
+        return self._notify(state, event, now)
+
+    def _notify(self, state: AlertState, event: AlertEvent, now: float | None) -> AlertEvent:
+        """Apply the per-hour bound: an event over it is stored, not sent; the last one sent
+        says so."""
+        if now is None:  # no clock on the step (a bare record): nothing to bound by
+            return event
+        sent = state.sent
+        while sent and now - sent[0] >= 3600.0:
+            sent.popleft()
+        limit = self.policy.per_hour
+        if len(sent) >= limit:
+            if event.state == "firing" and not event.repeat:
+                state.held = True
+            return replace(event, notify=False)
+        sent.append(now)
+        if len(sent) == limit:
+            until = sent[0] + 3600.0
+            event = replace(event, summary=(
+                f"{event.summary} [rlmon: {limit} notifications of {event.alert} for this run "
+                f"within the hour, the most it sends: further changes before "
+                f"{_clock(until)} are stored, not sent]"))
+        return event
 
     def _restart(self, record: StepRecord) -> list[AlertEvent]:
         """A rerun under the same name starts afresh: the last attempt's firing alerts resolve
@@ -303,13 +405,15 @@ class AlertEngine:
                 continue
             self.states[key] = AlertState()  # saved with the step, so a restart keeps it reset
             if state.firing:
-                event = self._event(rule, record, "resolved", _Check(True, False, state.metric))
+                event = self._event(rule, record, "resolved", _Check(True, False, state.metric),
+                                    state.severity or None)
                 resolved.append(replace(event, value=None,
                                         summary=f"{event.summary} (the run restarted)"))
         return resolved
 
     @staticmethod
-    def _event(rule: Rule, record: StepRecord, state: State, check: _Check) -> AlertEvent:
+    def _event(rule: Rule, record: StepRecord, state: State, check: _Check,
+               severity: str | None = None) -> AlertEvent:
         metric = check.metric or (rule.metric if rule.metric != ANY_METRIC else "")
         spec = catalog.lookup(metric)
         return AlertEvent(
@@ -317,7 +421,7 @@ class AlertEngine:
             role=record.role,
             step=record.step,
             alert=rule.name,
-            severity=rule.severity.value,
+            severity=severity or rule.severity.value,
             state=state,
             metric=metric,
             value=check.value if check.metric else record.metrics.get(metric),

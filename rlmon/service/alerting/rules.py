@@ -116,7 +116,17 @@ class Rule(BaseModel):
     log_offset: float | None = Field(default=None, gt=0.0)
     follow_drift: bool | None = None
     for_steps: int = Field(default=1, ge=1, le=100_000, alias="for")
+    # hysteresis: good steps before a firing alert resolves (Prometheus' keep_firing_for), and
+    # for threshold/outside rules a margin (in the metric's units) the value must clear the
+    # threshold by before a step counts as good
     resolve_after: int | None = Field(default=None, ge=1, le=100_000)
+    resolve_margin: float | None = Field(default=None, ge=0.0)
+    # escalation of a warning (threshold/baseline): critical once the value crosses `critical`
+    # (on the rule's side) or once it has fired for `escalate_after` steps
+    critical: float | None = None
+    escalate_after: int | None = Field(default=None, ge=1, le=1_000_000)
+    # baseline: the fixed rule judging the level the slide heads to (hands over to it)
+    level_rule: str = ""
     roles: tuple[str, ...] | None = None
     summary: str = ""
     # besides notifying: "stop" asks the run to stop, where the config's stop.runs allows it
@@ -150,7 +160,25 @@ class Rule(BaseModel):
             raise ValueError("condition 'trend' needs 'direction' (up or down)")
         if cond is Condition.BASELINE:
             self._check_baseline()
+        self._check_hysteresis()
         return self
+
+    def _check_hysteresis(self) -> None:
+        cond = self.condition
+        if self.resolve_margin is not None and cond not in (Condition.THRESHOLD,
+                                                            Condition.OUTSIDE):
+            raise ValueError(f"'resolve_margin' does not apply to condition {cond.value!r}")
+        if self.critical is not None:
+            if cond not in (Condition.THRESHOLD, Condition.BASELINE):
+                raise ValueError(f"'critical' does not apply to condition {cond.value!r}")
+            if not math.isfinite(self.critical):
+                raise ValueError(f"'critical' must be a finite number, got {self.critical}")
+            if cond is Condition.THRESHOLD and self.op == "abs<":
+                raise ValueError("'critical' does not apply to op 'abs<'")
+        if (self.critical is not None or self.escalate_after is not None) \
+                and self.severity is Severity.CRITICAL:
+            raise ValueError("'critical' and 'escalate_after' escalate a warning; this rule is "
+                             "critical already")
 
     def _check_baseline(self) -> None:
         if self.direction is None:
@@ -179,6 +207,15 @@ class Rule(BaseModel):
         """The detector's parameters (condition ``reward_hacking``); unset fields: defaults."""
         given = {n: getattr(self, n) for n in ("window", "allowance", "decision")}
         return RewardHackingParams(**{k: v for k, v in given.items() if v is not None})
+
+    def crosses_critical(self, value: float | None) -> bool:
+        """Whether ``value`` is on the rule's side of its critical bound."""
+        bound = self.critical
+        if bound is None or value is None or not math.isfinite(value):
+            return False
+        side = self.direction if self.condition is Condition.BASELINE else (
+            "up" if self.op in (">", ">=") else "down")
+        return value >= bound if side == "up" else value <= bound
 
     @property
     def resolve_steps(self) -> int:
@@ -264,7 +301,9 @@ def _rule_from_spec(metric: str, spec: AlertSpec) -> Rule:
             "condition": Condition.THRESHOLD, "op": spec.comparison.value,
             "threshold": spec.threshold,
         }
-    fields.update(name=spec.name, severity=spec.severity, metric=metric, summary=spec.summary)
+    fields.update(name=spec.name, severity=spec.severity, metric=metric, summary=spec.summary,
+                  resolve_after=spec.resolve_after, critical=spec.critical,
+                  escalate_after=spec.escalate_after)
     fields["for"] = spec.for_steps
     return Rule.model_validate(fields)
 
@@ -277,6 +316,7 @@ def _rule_from_baseline(spec: BaselineSpec) -> Rule:
         "allowance": p.allowance, "decision": p.decision, "relative_floor": p.relative_floor,
         "follow_drift": p.follow_drift, "for": spec.for_steps,
         "resolve_after": spec.resolve_after, "summary": spec.summary,
+        "level_rule": spec.level_rule,
     }
     if p.log_offset is not None:
         fields["log_offset"] = p.log_offset
@@ -289,7 +329,7 @@ def _straggler_rule(spec: AlertSpec) -> Rule:
     return Rule.model_validate({
         "name": spec.name, "severity": spec.severity, "condition": Condition.STRAGGLER_RANK,
         "metric": catalog.STRAGGLER_METRIC, "threshold": spec.threshold, "for": spec.for_steps,
-        "summary": spec.summary,
+        "resolve_after": spec.resolve_after, "summary": spec.summary,
     })
 
 

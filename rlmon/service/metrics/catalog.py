@@ -27,6 +27,7 @@ __all__ = [
     "CATALOG",
     "EARLY_WARNINGS",
     "LIVENESS_ALERTS",
+    "NO_CRITICAL",
     "STRAGGLER_ALERT",
     "STRAGGLER_METRIC",
     "STRAGGLER_SOURCE",
@@ -49,6 +50,12 @@ TOP = (Form.TOP,)
 BOTTOM = (Form.BOTTOM,)
 CRIT = Severity.CRITICAL
 WARN = Severity.WARNING
+# Hysteresis of the fixed rules: good steps in a row before a firing alert resolves (Prometheus'
+# keep_firing_for). Measured on healthy-but-noisy runs (bench/bench_hard_negatives.py's kinds,
+# seeds 9000-9002, not the bench's own): a metric sitting near its threshold leaves it for up to
+# 30 steps between crossings (95th percentile); 20 cut its flaps from 83 to 4 there (figures in
+# docs/alerting.md, "Hysteresis").
+RESOLVE_AFTER = 20
 
 
 # The canonical names, each typed here once: the declarations below and every other module
@@ -144,7 +151,8 @@ _SPECS: tuple[MetricSpec, ...] = (
         what_to_check="Policy moves too far per update: lower the learning rate or the number of "
         "PPO epochs / mini-batches per rollout.",
         alerts=(AlertSpec("ClipRatioHigh", WARN, Comparison.GT, 0.3, for_steps=3,
-                          summary="PPO clip ratio above 0.3"),),
+                          summary="PPO clip ratio above 0.3", resolve_after=RESOLVE_AFTER,
+                          critical=0.5),),
         panel=_panel("overview", "Optimisation", 20),
     ),
     MetricSpec(
@@ -153,7 +161,8 @@ _SPECS: tuple[MetricSpec, ...] = (
         what_to_check="The policy became deterministic: check the KL coefficient, the reward for "
         "hacking, and the sampling temperature.",
         alerts=(AlertSpec("EntropyCollapse", CRIT, Comparison.LT, 0.01, for_steps=3,
-                          summary="Policy entropy collapsed below 0.01"),),
+                          summary="Policy entropy collapsed below 0.01",
+                          resolve_after=RESOLVE_AFTER),),
         panel=_panel("overview", "Optimisation", 30),
     ),
     MetricSpec(
@@ -162,7 +171,8 @@ _SPECS: tuple[MetricSpec, ...] = (
         what_to_check="The policy drifts from the reference: raise the KL coefficient or check "
         "for reward hacking.",
         alerts=(AlertSpec("KLDivergence", WARN, Comparison.GT, 2.0, for_steps=3,
-                          summary="KL to the reference above 2.0"),),
+                          summary="KL to the reference above 2.0", resolve_after=RESOLVE_AFTER,
+                          critical=10.0),),
         panel=_panel("overview", "Optimisation", 40),
     ),
     MetricSpec(
@@ -178,7 +188,8 @@ _SPECS: tuple[MetricSpec, ...] = (
         what_to_check="Exploding gradients: check for NaN inputs, the learning rate and the "
         "loss scale; under DeepSpeed 0.13.5-0.14.0 a NaN norm is a known bug.",
         alerts=(AlertSpec("GradNormHigh", WARN, Comparison.GT, 10.0, for_steps=3,
-                          summary="Gradient norm above 10"),),
+                          summary="Gradient norm above 10", resolve_after=RESOLVE_AFTER,
+                          critical=1e3),),
         panel=_panel("overview", "Optimisation", 50),
     ),
     MetricSpec(LR, "Learning rate.", VALUE, Unit.NONE, Domain.NONNEGATIVE,
@@ -205,7 +216,8 @@ _SPECS: tuple[MetricSpec, ...] = (
         what_to_check="Rollout and trainer policies disagree: check weight sync to the rollout "
         "engine, its dtype and sampling parameters, and the IS correction.",
         alerts=(AlertSpec("ISRatioDivergence", CRIT, Comparison.OUTSIDE, 0.5, 2.0,
-                          summary="Token-mean IS ratio outside [0.5, 2.0]"),),
+                          summary="Token-mean IS ratio outside [0.5, 2.0]",
+                          resolve_after=RESOLVE_AFTER),),
         panel=_panel("overview", "Rollout / trainer mismatch", 10), samples=IS_RATIO_LOWEST,
     ),
     MetricSpec(
@@ -213,7 +225,7 @@ _SPECS: tuple[MetricSpec, ...] = (
         Unit.NONE, Domain.NONNEGATIVE,
         what_to_check="Some tokens come from a stale policy: check the policy lag and weight sync.",
         alerts=(AlertSpec("ISRatioStale", WARN, Comparison.LT, 0.1,
-                          summary="Smallest IS ratio below 0.1"),),
+                          summary="Smallest IS ratio below 0.1", resolve_after=RESOLVE_AFTER),),
         panel=_panel("overview", "Rollout / trainer mismatch", 20), samples=IS_RATIO_LOWEST,
     ),
     MetricSpec(IS_RATIO_MAX, "Largest token importance ratio in the step.", MAX,
@@ -226,9 +238,11 @@ _SPECS: tuple[MetricSpec, ...] = (
         "weights out of sync.",
         alerts=(
             AlertSpec("LogprobMismatch", WARN, Comparison.GT, 0.1,
-                      summary="Token-mean logprob difference above 0.1"),
+                      summary="Token-mean logprob difference above 0.1",
+                      resolve_after=RESOLVE_AFTER, critical=0.3),
             AlertSpec("LogprobDivergence", CRIT, Comparison.GT, 1.0,
-                      summary="Token-mean logprob difference above 1.0"),
+                      summary="Token-mean logprob difference above 1.0",
+                      resolve_after=RESOLVE_AFTER),
         ),
         panel=_panel("overview", "Rollout / trainer mismatch", 40), samples=LOGP_DIFF_WORST,
     ),
@@ -272,7 +286,8 @@ _SPECS: tuple[MetricSpec, ...] = (
         REWARD, "Mean reward per response.", MEAN,
         what_to_check="Reward is flat at zero: check the reward function and the answer parser.",
         alerts=(AlertSpec("RewardStuck", WARN, Comparison.ABS_LT, 1e-9, for_steps=20,
-                          summary="Mean reward stuck at zero"),),
+                          summary="Mean reward stuck at zero", resolve_after=RESOLVE_AFTER,
+                          escalate_after=100),),
         panel=_panel("overview", "Reward", 10), samples=REWARD_LOWEST,
     ),
     MetricSpec(REWARD_STD, "Standard deviation of rewards over responses.", MOMENTS,
@@ -287,7 +302,8 @@ _SPECS: tuple[MetricSpec, ...] = (
         what_to_check="No group has a reward spread, so GRPO advantages are zero: the task is too "
         "easy or too hard, or the reward is broken.",
         alerts=(AlertSpec("NoLearningSignal", CRIT, Comparison.GE, 0.99, for_steps=3,
-                          summary="Almost every prompt group has tied rewards"),),
+                          summary="Almost every prompt group has tied rewards",
+                          resolve_after=RESOLVE_AFTER),),
         panel=_panel("overview", "Reward", 50),
     ),
     MetricSpec(REWARD_HIGHEST, "The responses with the highest reward (top-k with ids and "
@@ -316,7 +332,8 @@ _SPECS: tuple[MetricSpec, ...] = (
         Unit.RATIO, Domain.FRACTION, healthy=(0.0, 0.2),
         what_to_check="Responses run into max length: raise the limit or penalise length.",
         alerts=(AlertSpec("CompletionsTruncated", WARN, Comparison.GT, 0.8, for_steps=3,
-                          summary="Most completions truncated at the length limit"),),
+                          summary="Most completions truncated at the length limit",
+                          resolve_after=RESOLVE_AFTER, critical=0.95),),
         panel=_panel("overview", "Rollout", 30), samples=TRUNCATED_LONGEST,
     ),
     MetricSpec(TRUNCATED_LONGEST, "The longest responses that hit the length limit (top-k by "
@@ -405,7 +422,7 @@ STRAGGLER_METRIC = STRAGGLER_RATIO
 # slowest, by more than `threshold` times the median rank's step time (from the ranks'
 # timelines); the notification names the rank and the span that made it slow.
 STRAGGLER_ALERT = AlertSpec(
-    "StragglerRank", WARN, Comparison.GT, 1.5, for_steps=5,
+    "StragglerRank", WARN, Comparison.GT, 1.5, for_steps=5, resolve_after=RESOLVE_AFTER,
     summary="The same rank is the slowest, by more than 1.5x the median rank, step after step")
 
 # Early-warning rules (severity warning): each metric against its run's own trailing baseline
@@ -418,35 +435,43 @@ EARLY_WARNINGS: tuple[BaselineSpec, ...] = (
     BaselineSpec("EntropySliding", ENTROPY,
                  BaselineParams("down", window=60, allowance=3, decision=3.5,
                                 relative_floor=0.03, log_offset=1e-4),
-                 summary="Policy entropy sliding below the run's own baseline"),
+                 summary="Policy entropy sliding below the run's own baseline",
+                 level_rule="EntropyCollapse"),
     BaselineSpec("KLClimbing", KL,
                  BaselineParams("up", window=60, allowance=2.5, decision=10, log_offset=0.02),
-                 summary="KL to the reference climbing above the run's own baseline"),
+                 summary="KL to the reference climbing above the run's own baseline",
+                 level_rule="KLDivergence"),
     BaselineSpec("LogprobMismatchClimbing", LOGP_DIFF,
                  BaselineParams("up", window=60, allowance=2, decision=16, log_offset=0.005,
                                 follow_drift=False),
-                 summary="Trainer/rollout logprob difference climbing above its baseline"),
+                 summary="Trainer/rollout logprob difference climbing above its baseline",
+                 level_rule="LogprobMismatch"),
     # two steps over: two gradient spikes in a row are common and not yet a blow-up
     BaselineSpec("GradNormBlowingUp", GRAD_NORM,
                  BaselineParams("up", window=60, allowance=3, decision=3, log_offset=0.01,
                                 follow_drift=False),
-                 summary="Gradient norm blowing up from the run's own baseline", for_steps=2),
+                 summary="Gradient norm blowing up from the run's own baseline", for_steps=2,
+                 level_rule="GradNormHigh"),
     BaselineSpec("ClipRatioClimbing", CLIP_RATIO,
                  BaselineParams("up", window=30, allowance=2, decision=8, floor=0.01,
                                 relative_floor=0.1),
-                 summary="PPO clip ratio climbing above the run's own baseline"),
+                 summary="PPO clip ratio climbing above the run's own baseline",
+                 level_rule="ClipRatioHigh"),
     BaselineSpec("ResponseLengthRunaway", RESPONSE_LENGTH,
                  BaselineParams("up", window=30, allowance=2.5, decision=6,
                                 relative_floor=0.03),
-                 summary="Response length running away towards the length limit"),
+                 summary="Response length running away towards the length limit",
+                 level_rule="CompletionsTruncated"),
     BaselineSpec("RewardCollapsing", REWARD,
                  BaselineParams("down", window=60, allowance=1.5, decision=8, floor=0.02),
-                 summary="Mean reward collapsing below the run's own baseline"),
+                 summary="Mean reward collapsing below the run's own baseline",
+                 level_rule="RewardStuck"),
     # the share of prompt groups whose completions all scored alike: no advantage, no gradient
     BaselineSpec("LearningSignalFading", FRAC_REWARD_ZERO_STD,
                  BaselineParams("up", window=60, allowance=2, decision=10, floor=0.01,
                                 relative_floor=0.0),
-                 summary="More prompt groups without reward variance than the run's baseline"),
+                 summary="More prompt groups without reward variance than the run's baseline",
+                 level_rule="NoLearningSignal"),
     # lag is a whole number of steps: one step of jitter is the floor of its scale; a healthy
     # asynchronous run's lag has no drift, so the baseline is a level
     BaselineSpec("PolicyLagGrowing", POLICY_LAG,
@@ -454,6 +479,39 @@ EARLY_WARNINGS: tuple[BaselineSpec, ...] = (
                                 relative_floor=0.0, follow_drift=False),
                  summary="Rollouts ever staler: policy lag growing (asynchronous runs)"),
 )
+
+
+# Why a warning of the default pack has no critical level (AlertSpec.critical, .escalate_after):
+# every default rule is critical, escalates, or says why not here (docs/alerting.md's table).
+_EARLY = "an early warning, judged against the run's own past: "
+NO_CRITICAL: Mapping[str, str] = MappingProxyType({
+    "ISRatioStale": "one stale token's ratio is not damage; the token mean's ISRatioDivergence "
+    "is the critical level",
+    "StragglerRank": "a slow rank costs time, not the run's correctness; RunStalled pages when "
+    "it stops progress",
+    "StageStuck": "a hang seen early; RunStalled pages once progress stops",
+    "StepTimeRegression": "slower steps cost time, not correctness; RunStalled pages when steps "
+    "stop",
+    "RunPreempted": "stopped from outside (a scheduler or a person), nothing broke: resubmitting "
+    "resolves it; RunFailed is the critical alert for a crash",
+    "RunFrozen": "the processes live and may resume (SIGCONT, a debugger); RunStalled pages "
+    "(critical) once it is silent past the stall threshold",
+    "EntropySliding": _EARLY + "EntropyCollapse (critical) judges the level",
+    "KLClimbing": _EARLY + "KLDivergence judges the level and is critical from 10",
+    "LogprobMismatchClimbing": _EARLY + "LogprobMismatch is critical from 0.3, "
+    "LogprobDivergence at 1.0",
+    "GradNormBlowingUp": _EARLY + "GradNormHigh judges the level and is critical from 1e3",
+    "ClipRatioClimbing": _EARLY + "ClipRatioHigh judges the level and is critical from 0.5",
+    "ResponseLengthRunaway": _EARLY + "CompletionsTruncated judges the cap and is critical "
+    "from 0.95",
+    "RewardCollapsing": _EARLY + "a harder curriculum lowers the reward too; RewardStuck "
+    "escalates a reward gone flat",
+    "LearningSignalFading": _EARLY + "NoLearningSignal (critical) judges the level",
+    "PolicyLagGrowing": _EARLY + "staler rollouts waste compute slowly; ISRatioDivergence "
+    "(critical) pages when the staleness breaks the update",
+    "RewardHacking": _EARLY + "whether the reward is gamed needs a person to read the samples; "
+    "a critical page would be a guess",
+})
 
 
 # Liveness alerts (rlmon.service.liveness, docs/liveness.md): judged by time on the

@@ -98,6 +98,13 @@ class AlertSpec:
     high: float = 0.0  # upper bound for OUTSIDE; `threshold` is then the lower bound
     for_steps: int = 1
     summary: str = ""
+    # good steps before a firing alert resolves (hysteresis; None: ``for_steps``)
+    resolve_after: int | None = None
+    # a warning becomes critical (one alert whose severity changes) when the value crosses
+    # ``critical`` (compared as the rule compares ``threshold``) or after firing for
+    # ``escalate_after`` steps; a warning with neither says why in the catalog's NO_CRITICAL
+    critical: float | None = None
+    escalate_after: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,3 +201,6 @@ class BaselineSpec:
     summary: str = ""
     for_steps: int = 1  # steps at or over `decision` before it fires
     resolve_after: int = 3  # steps back under `decision` before it resolves
+    # the fixed rule that judges the level this slide heads to: while it fires on the same
+    # stream, this warning hands over to it (resolves, naming it)
+    level_rule: str = ""

@@ -67,7 +67,9 @@ CREATE TABLE IF NOT EXISTS alert_state (
     run TEXT NOT NULL, role TEXT NOT NULL, alert TEXT NOT NULL, true_steps INTEGER NOT NULL,
     false_steps INTEGER NOT NULL, firing INTEGER NOT NULL, since_step INTEGER,
     history TEXT NOT NULL, metric TEXT NOT NULL DEFAULT '', score REAL NOT NULL DEFAULT 0,
-    onset REAL, gpus REAL NOT NULL DEFAULT 0, PRIMARY KEY (run, role, alert));
+    onset REAL, gpus REAL NOT NULL DEFAULT 0, severity TEXT NOT NULL DEFAULT '',
+    reference TEXT, sent TEXT NOT NULL DEFAULT '[]', held INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (run, role, alert));
 CREATE TABLE IF NOT EXISTS stream_state (
     run TEXT NOT NULL, role TEXT NOT NULL, last_step INTEGER NOT NULL, PRIMARY KEY (run, role));
 CREATE TABLE IF NOT EXISTS outbound (
@@ -153,6 +155,11 @@ _COST_COLUMNS = (("onset", "REAL"), ("gpus", "REAL"), ("gpu_hours", "REAL"), ("m
 
 
 _STATE_COST_COLUMNS = (("onset", "REAL"), ("gpus", "REAL NOT NULL DEFAULT 0"))
+# what the engine's notification policy keeps (issue 30): the severity now (an escalated
+# warning), a baseline rule's pre-onset level, the last hour's notifications
+_STATE_POLICY_COLUMNS = (("severity", "TEXT NOT NULL DEFAULT ''"), ("reference", "TEXT"),
+                         ("sent", "TEXT NOT NULL DEFAULT '[]'"),
+                         ("held", "INTEGER NOT NULL DEFAULT 0"))
 
 
 def _columns(db: sqlite3.Connection, table: str) -> set[str]:
@@ -161,8 +168,12 @@ def _columns(db: sqlite3.Connection, table: str) -> set[str]:
 
 def _add_cost(db: sqlite3.Connection) -> None:
     """A store written before alerts carried their cost lacks its columns (in the alert rows,
-    and the onset and GPUs saved with the alert states): they start empty (cost unknown)."""
-    for table, wanted in (("alerts", _COST_COLUMNS), ("alert_state", _STATE_COST_COLUMNS)):
+    and the onset and GPUs saved with the alert states): they start empty (cost unknown). One
+    written before the notification policy lacks its state columns: a firing alert keeps its
+    rule's severity, has no pre-onset level (its CUSUM alone judges it, as before) and no
+    notifications counted."""
+    for table, wanted in (("alerts", _COST_COLUMNS), ("alert_state", _STATE_COST_COLUMNS),
+                          ("alert_state", _STATE_POLICY_COLUMNS)):
         columns = _columns(db, table)
         for name, kind in wanted:
             if name not in columns:
@@ -288,17 +299,19 @@ class HistoryStore:
                      e.value if e.value is not None and math.isfinite(e.value) else None,
                      e.attempt, e.onset, e.gpus if e.cost_note else None, e.gpu_hours, e.money,
                      e.cost_note)
-                    for e in events
+                    for e in events if not e.repeat  # a re-send is not a transition
                 ],
             )
             self._db.executemany(
                 "INSERT OR REPLACE INTO alert_state (run, role, alert, true_steps, false_steps, "
-                "firing, since_step, history, metric, score, onset, gpus) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "firing, since_step, history, metric, score, onset, gpus, severity, reference, "
+                "sent, held) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (run, role, alert, st.true_steps, st.false_steps, int(st.firing),
                      st.since_step, json.dumps([float(v) for v in st.history]),
-                     str(getattr(st, "metric", "")), float(st.score), st.onset, float(st.gpus))
+                     str(getattr(st, "metric", "")), float(st.score), st.onset, float(st.gpus),
+                     st.severity, None if st.reference is None else json.dumps(st.reference),
+                     json.dumps(list(st.sent)), int(st.held))
                     for (run, role, alert), st in (states or {}).items()
                 ],
             )
@@ -343,16 +356,24 @@ class HistoryStore:
         where, args = _stream_filter(run, role)
         with self._lock:
             have = _columns(self._db, "alert_state")
-            cost = ", ".join(n if n in have else "NULL" for n, _ in _STATE_COST_COLUMNS)
+            cost = ", ".join(n if n in have else "NULL" for n, _ in
+                             (*_STATE_COST_COLUMNS, *_STATE_POLICY_COLUMNS))
             rows = self._db.execute(
                 "SELECT run, role, alert, true_steps, false_steps, firing, since_step, history, "
                 f"metric, score, {cost} FROM alert_state" + where, args).fetchall()
         out = {}
-        for run, role, alert, t, f, firing, since, hist, metric, score, onset, gpus in rows:
+        for (run, role, alert, t, f, firing, since, hist, metric, score, onset, gpus, severity,
+             ref, sent, held) in rows:
+            reference = json.loads(ref) if ref else None
             state = AlertState(true_steps=int(t), false_steps=int(f), firing=bool(firing),
                                since_step=since,
                                history=deque(float(v) for v in json.loads(hist)),
-                               score=float(score), onset=onset, gpus=float(gpus or 0.0))
+                               score=float(score), onset=onset, gpus=float(gpus or 0.0),
+                               severity=severity or "",
+                               reference=(float(reference[0]), float(reference[1]))
+                               if reference else None,
+                               sent=deque(float(v) for v in json.loads(sent or "[]")),
+                               held=bool(held))
             if hasattr(state, "metric"):
                 state.metric = metric
             out[(run, role, alert)] = state

@@ -192,15 +192,30 @@ def test_no_alert_before_warmup_even_on_a_collapse() -> None:
     assert run_engine([rule], records(values)) == []
 
 
-def test_sustained_slide_fires_then_resolves_when_it_is_the_new_normal() -> None:
+def test_a_collapse_that_settles_stays_firing_until_the_metric_returns() -> None:
+    # issue 30: the new level is not learnt as the run's new normal while the alert fires; it
+    # is judged against the level before the onset (before: resolved at the settled 0.2)
     rule = entropy_rule()
-    values = healthy(30) + [0.4 - 0.03 * i for i in range(1, 8)] + [0.2] * 40
+    values = (healthy(30) + [0.4 - 0.03 * i for i in range(1, 8)] + [0.2] * 80
+              + healthy(20, seed=1))
     events = transitions(run_engine([rule], records(values)))
     assert events[0][:2] == ("Slide", "firing")
     assert 30 <= events[0][2] <= 33  # within three steps of the slide's start
-    assert events[1][:2] == ("Slide", "resolved")  # the new level became the baseline
-    assert events[1][2] > 37
-    assert len(events) == 2
+    back = 30 + 7 + 80  # the first step at the old level again
+    assert events[1:] == [("Slide", "resolved", back + 1)]  # resolve_after 2 good steps
+
+
+def test_a_settled_slide_hands_over_to_its_level_rule_naming_it() -> None:
+    rule = entropy_rule(level_rule="Floor")
+    floor = Rule.model_validate({"name": "Floor", "severity": "critical",
+                                 "condition": "threshold", "metric": ENTROPY, "op": "<",
+                                 "threshold": 0.25, "for": 3})
+    values = healthy(30) + [0.4 - 0.03 * i for i in range(1, 8)] + [0.2] * 30
+    events = run_engine([floor, rule], records(values))
+    assert [(e.alert, e.state) for e in events] == [
+        ("Slide", "firing"), ("Floor", "firing"), ("Slide", "resolved")]
+    assert events[1].step == events[2].step  # handed over at the step the level rule fired
+    assert "handed over to Floor" in events[2].summary
 
 
 def test_a_slide_that_goes_on_keeps_firing_until_it_settles() -> None:
@@ -212,8 +227,7 @@ def test_a_slide_that_goes_on_keeps_firing_until_it_settles() -> None:
     values = healthy(30) + slide + [slide[-1]] * 60
     events = transitions(run_engine([rule], records(values)))
     assert events[0][:2] == ("Slide", "firing") and 30 <= events[0][2] <= 36
-    assert events[1][:2] == ("Slide", "resolved") and events[1][2] > 30 + 40  # once it settled
-    assert len(events) == 2
+    assert len(events) == 1  # and stays firing once it settled (issue 30: not the new normal)
 
 
 def test_single_spike_never_fires_and_the_other_direction_is_ignored() -> None:

@@ -10,6 +10,7 @@ import pytest
 from rlmon.service.alerting.engine import AlertEngine
 from rlmon.service.alerting.rules import RuleError, default_rules, fixed_rules, parse_rules
 from rlmon.service.contract.step_record import StepRecord
+from rlmon.service.metrics import catalog
 
 # docs/design.md, "Default alert rules" (normative): name -> (severity, metric, for)
 DESIGN_TABLE = {
@@ -53,7 +54,10 @@ def test_default_pack_is_exactly_the_design_table() -> None:
     for name, (severity, metric, for_steps) in DESIGN_TABLE.items():
         rule = rules[name]
         assert (rule.severity.value, rule.metric, rule.for_steps) == (severity, metric, for_steps)
-        assert rule.resolve_steps == for_steps
+        # hysteresis (issue 30): every step-judged rule keeps firing for the catalog's measured
+        # RESOLVE_AFTER good steps; the time-based ones resolve on the liveness timer's word
+        timed = rule.condition.value in {s.condition for s in catalog.LIVENESS_ALERTS}
+        assert rule.resolve_steps == (for_steps if timed else catalog.RESOLVE_AFTER)
 
 
 @pytest.mark.parametrize(
@@ -83,10 +87,12 @@ def test_thresholds_of_default_rules(name: str, metric: str, fire: list[float], 
 def test_for_n_and_resolve_after_n() -> None:
     rule = next(r for r in default_rules() if r.name == "ClipRatioHigh")
     engine = AlertEngine([rule])
-    values = [0.5, 0.5, 0.5, 0.5, 0.1, 0.1, 0.5, 0.1, 0.1, 0.1]
+    good = catalog.RESOLVE_AFTER
+    values = [0.4, 0.4, 0.4, 0.4] + [0.1] * (good - 1) + [0.4] + [0.1] * good
     events = [(e.step, e.state) for n, v in enumerate(values)
               for e in engine.evaluate(step(n, **{"actor/clip_ratio": v}))]
-    assert events == [(2, "firing"), (9, "resolved")]
+    # fires at the 3rd bad step; a bad step before the RESOLVE_AFTER-th good one keeps it
+    assert events == [(2, "firing"), (len(values) - 1, "resolved")]
 
 
 def test_absent_metric_does_not_break_the_streak() -> None:

@@ -25,6 +25,7 @@ __all__ = ["Routed", "route"]
 class Routed:
     notifications: list[Notification] = field(default_factory=list)
     silenced: int = 0
+    held: int = 0  # over the engine's per-hour bound for their alert (stored, not sent)
     unroutable: dict[str, int] = field(default_factory=dict)  # destination not configured
 
 
@@ -48,6 +49,9 @@ def route(
     out = Routed()
     groups: dict[tuple[str, str, str, int], list[AlertEvent]] = defaultdict(list)
     for event in events:
+        if not event.notify:
+            out.held += 1
+            continue
         silenced = settings.silenced(event.run, event.role, event.alert)
         wanted = settings.routing.destinations(event.run, event.severity)
         if "console" in available and not any(d in available for d in wanted):
