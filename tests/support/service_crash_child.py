@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 import time
 
+from rlmon.service.alerting.rules import default_rules
 from rlmon.service.config import load_config
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.metrics import catalog
@@ -34,7 +35,10 @@ def main(state_dir: str, destination: str, mode: str) -> int:
         routing={"critical": [destination], "warning": [destination]},
         outbox={"backoff_initial_seconds": 0.05, "backoff_max_seconds": 0.2},
     )
-    core = ServiceCore(settings, state_dir=state_dir)
+    # without hysteresis (resolve after one good step) so that every step is a transition: the
+    # crash points are about delivery, not about when an alert resolves
+    rules = [r.model_copy(update={"resolve_after": 1}) for r in default_rules()]
+    core = ServiceCore(settings, state_dir=state_dir, rules=rules)
     for n, ratio in enumerate(STEPS):
         core.publish([StepRecord(run=RUN, role="actor", step=n, complete=True, ranks_expected=1,
                                  ranks_reporting=1, missing_ranks=(), metrics={IS_RATIO: ratio},

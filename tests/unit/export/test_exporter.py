@@ -71,8 +71,9 @@ def test_incomplete_step_nan_and_alerts() -> None:
               if name == "rlmon_alert_firing" and v == 1}
     assert firing == {"ISRatioDivergence": "critical", "NonFiniteMetric": "critical",
                       "RankMissing": "critical"}
-    ok = record(4, actor__is_ratio=1.0, actor__loss=0.1)
-    state.update(ok, engine.evaluate(ok))
+    for n in range(4, 4 + catalog.RESOLVE_AFTER):  # good steps in a row resolve (hysteresis)
+        ok = record(n, actor__is_ratio=1.0, actor__loss=0.1)
+        state.update(ok, engine.evaluate(ok))
     got = scrape(state)
     assert not [k for k in got if k[0] == "rlmon_alert_firing"]  # resolved series vanish
 

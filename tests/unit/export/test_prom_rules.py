@@ -44,7 +44,8 @@ def test_for_and_keep_firing_follow_the_step_period() -> None:
     by_name = {r.alert: r for r in translated}
     # rlmon fires at the Nth bad step, (N-1) periods after the first: for = (N-1) x period
     assert by_name["ClipRatioHigh"].for_ == "1m30s"  # 3 steps: 2 x 45 s
-    assert by_name["ClipRatioHigh"].keep_firing_for == "1m30s"  # resolves at the 3rd good step
+    # resolves at the RESOLVE_AFTER-th (20th) good step: 19 x 45 s (hysteresis, issue 30)
+    assert by_name["ClipRatioHigh"].keep_firing_for == "14m15s"
     assert by_name["RewardStuck"].for_ == "14m15s"  # 20 steps: 19 x 45 s
     assert by_name["ISRatioDivergence"].for_ is None
     assert by_name["ISRatioDivergence"].expr == (

@@ -53,8 +53,10 @@ def test_firing_alert_resolves_after_restart(tmp_path: Path) -> None:
     core.close()
     again = ServiceCore(quiet(), state_dir=tmp_path)
     try:
-        events = again.publish([step("r", 1, **{IS_RATIO: 1.0})])
-        assert [(e.alert, e.state) for e in events] == [("ISRatioDivergence", "resolved")]
+        good = catalog.RESOLVE_AFTER  # hysteresis: it resolves at the RESOLVE_AFTER-th good step
+        events = again.publish([step("r", n, **{IS_RATIO: 1.0}) for n in range(1, good + 1)])
+        assert [(e.alert, e.state, e.step) for e in events] == [
+            ("ISRatioDivergence", "resolved", good)]
         assert ("r", "ISRatioDivergence") not in firing_series(again)
         # a redelivered old step is still ignored, not evaluated out of order
         assert again.publish([step("r", 0, **{IS_RATIO: 3.0})]) == []
@@ -66,7 +68,8 @@ def test_pending_counters_and_exported_firing_survive_restart(tmp_path: Path) ->
     core = ServiceCore(quiet(), state_dir=tmp_path)
     core.publish([step("r", s, **{CLIP: 0.5, ENTROPY: 0.001}) for s in range(3)])
     assert ("r", "EntropyCollapse") in firing_series(core)
-    core.publish([step("r", 3, **{CLIP: 0.1, ENTROPY: 1.0})])  # one good step of three
+    good = catalog.RESOLVE_AFTER  # good steps in a row before they resolve (hysteresis)
+    core.publish([step("r", 3, **{CLIP: 0.1, ENTROPY: 1.0})])  # one good step of them
     core.publish([step("s", 0, **{CLIP: 0.5}), step("s", 1, **{CLIP: 0.5})])  # 2 of 3 bad
     core.close()
     again = ServiceCore(quiet(), state_dir=tmp_path)
@@ -74,9 +77,10 @@ def test_pending_counters_and_exported_firing_survive_restart(tmp_path: Path) ->
         fired = again.publish([step("s", 2, **{CLIP: 0.5})])
         assert [(e.alert, e.state) for e in fired] == [("ClipRatioHigh", "firing")]
         # still firing after the restart, and shown so on the run's next step
-        assert again.publish([step("r", 4, **{CLIP: 0.1, ENTROPY: 1.0})]) == []
+        assert again.publish([step("r", n, **{CLIP: 0.1, ENTROPY: 1.0})
+                              for n in range(4, 2 + good)]) == []
         assert ("r", "EntropyCollapse") in firing_series(again)
-        resolved = again.publish([step("r", 5, **{CLIP: 0.1, ENTROPY: 1.0})])
+        resolved = again.publish([step("r", 2 + good, **{CLIP: 0.1, ENTROPY: 1.0})])
         assert {(e.alert, e.state) for e in resolved} == {
             ("EntropyCollapse", "resolved"), ("ClipRatioHigh", "resolved")}
         assert ("r", "EntropyCollapse") not in firing_series(again)

@@ -105,7 +105,9 @@ def test_a_stream_back_from_expiry_resumes_its_alert_state(tmp_path: Path) -> No
         assert ("r", "actor") not in core._tracker
         assert not any(key[0] == "r" for key in core.engine.states)
         assert core.removed["streams_forgotten"] == 1
-        (resolved,) = core.publish([step("r", 1, clock.now, **{IS_RATIO: 1.0})])
+        # restored, it resolves after the rule's good steps in a row (hysteresis), counted on
+        (resolved,) = core.publish([step("r", n, clock.now, **{IS_RATIO: 1.0})
+                                    for n in range(1, catalog.RESOLVE_AFTER + 1)])
         assert (resolved.alert, resolved.state) == ("ISRatioDivergence", "resolved")
     finally:
         core.close()
