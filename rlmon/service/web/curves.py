@@ -11,7 +11,6 @@ or a collapse inside a bucket is never averaged away.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -53,14 +52,32 @@ def _empty(metrics: Sequence[str]) -> Columns:
                    {m: np.zeros(0, bool) for m in metrics})
 
 
-# SQL text is constant: the metrics' names reach SQLite only as a bound JSON array, matched
-# against each step line's keys (json_each), never pasted into a JSON path (issue 32)
+# SQL text is constant: the metrics' names reach SQLite only as bound parameters, never pasted
+# into the SQL (issue 32). A name of plain ASCII without a quote or backslash is looked up
+# through a bound JSON path ('$.metrics."<name>"': SQLite parses a line once for all the paths of
+# a row); any other name (a '"' cannot be written in a path) is matched against each line's keys.
+_PATHS = 32  # JSON paths per query, unused ones padded with a path no line holds
+_BY_PATH = (
+    "SELECT step, "
+    "json_extract(line, ?), json_extract(line, ?), json_extract(line, ?), json_extract(line, ?), "
+    "json_extract(line, ?), json_extract(line, ?), json_extract(line, ?), json_extract(line, ?), "
+    "json_extract(line, ?), json_extract(line, ?), json_extract(line, ?), json_extract(line, ?), "
+    "json_extract(line, ?), json_extract(line, ?), json_extract(line, ?), json_extract(line, ?), "
+    "json_extract(line, ?), json_extract(line, ?), json_extract(line, ?), json_extract(line, ?), "
+    "json_extract(line, ?), json_extract(line, ?), json_extract(line, ?), json_extract(line, ?), "
+    "json_extract(line, ?), json_extract(line, ?), json_extract(line, ?), json_extract(line, ?), "
+    "json_extract(line, ?), json_extract(line, ?), json_extract(line, ?), json_extract(line, ?) "
+    "FROM steps WHERE run = ? AND role = ? AND attempt = ? AND step > ? ORDER BY step")
+_NO_PATH = "$.rlmon_none"
+_BY_KEY = ("SELECT s.step, m.value FROM steps AS s, json_each(s.line, ?) AS m "
+           "WHERE s.run = ? AND s.role = ? AND s.attempt = ? AND s.step > ? AND m.key = ?")
 _STEPS = ("SELECT step FROM steps WHERE run = ? AND role = ? AND attempt = ? AND step > ? "
           "ORDER BY step")
-_VALUES = ("SELECT s.step, m.key, m.value FROM steps AS s, json_each(s.line, ?) AS m "
-           "WHERE s.run = ? AND s.role = ? AND s.attempt = ? AND s.step > ? "
-           "AND m.key IN (SELECT value FROM json_each(?))")
 _BEFORE_ANY = -(2**63)  # "after" when every step is wanted
+
+
+def _pathable(metric: str) -> bool:
+    return metric.isascii() and metric.isprintable() and '"' not in metric and "\\" not in metric
 
 
 def _read_packed(store: HistoryStore, key: tuple[str, str, int], metrics: Sequence[str],
@@ -89,24 +106,50 @@ def _read(store: HistoryStore, key: tuple[str, str, int], metrics: Sequence[str]
     if packed is not None:
         return packed
     run, role, attempt = key
-    floor = _BEFORE_ANY if after is None else after
-    stream = (run, role, attempt, floor)
+    stream = (run, role, attempt, _BEFORE_ANY if after is None else after)
     steps = np.fromiter((s for (s,) in store.read(_STEPS, stream)), np.int64)
     if not len(steps):
         return _empty(metrics)
-    index = {m: i for i, m in enumerate(metrics)}
     values = np.full((len(metrics), len(steps)), np.nan)
     nonfinite = np.zeros((len(metrics), len(steps)), bool)
-    names = json.dumps(list(metrics))
-    for step, metric, value in store.read(_VALUES, ("$.metrics", *stream, names)):
-        if value is not None:
-            values[index[metric], np.searchsorted(steps, step)] = value
-    for step, metric, text in store.read(_VALUES, ("$.nonfinite", *stream, names)):
-        at = np.searchsorted(steps, step)
-        values[index[metric], at] = curve_rows.NONFINITE_VALUES[str(text)]
-        nonfinite[index[metric], at] = True
-    return Columns(steps, {m: values[i] for m, i in index.items()}, len(steps),
-                   {m: nonfinite[i] for m, i in index.items()})
+
+    by_path = [i for i, m in enumerate(metrics) if _pathable(m)]
+    per_query = _PATHS // 2
+    for first in range(0, len(by_path), per_query):
+        chunk = by_path[first:first + per_query]
+        paths = [p for i in chunk for p in (f'$.metrics."{metrics[i]}"',
+                                            f'$.nonfinite."{metrics[i]}"')]
+        paths += [_NO_PATH] * (_PATHS - len(paths))
+        rows = store.read(_BY_PATH, (*paths, *stream))
+        if not rows:
+            continue
+        table = np.array(rows, dtype=object)
+        # placed by step: a step written between the queries is left for the next read
+        found = table[:, 0].astype(np.int64)
+        at = np.minimum(np.searchsorted(steps, found), len(steps) - 1)
+        known = steps[at] == found
+        at = at[known]
+        for j, i in enumerate(chunk):
+            column, named = table[known, 1 + 2 * j], table[known, 2 + 2 * j]
+            reported = named != None  # noqa: E711 (elementwise)
+            column[reported] = [curve_rows.NONFINITE_VALUES[str(t)] for t in named[reported]]
+            column[column == None] = np.nan  # noqa: E711 (elementwise)
+            values[i, at] = column.astype(np.float64)
+            nonfinite[i, at] = reported.astype(bool)
+    for i, metric in enumerate(metrics):
+        if i in by_path:
+            continue
+        for step, value in store.read(_BY_KEY, ("$.metrics", *stream, metric)):
+            at = np.searchsorted(steps, step)
+            if at < len(steps) and steps[at] == step:  # else: written between the queries
+                values[i, at] = np.nan if value is None else value
+        for step, text in store.read(_BY_KEY, ("$.nonfinite", *stream, metric)):
+            at = np.searchsorted(steps, step)
+            if at < len(steps) and steps[at] == step:
+                values[i, at] = curve_rows.NONFINITE_VALUES[str(text)]
+                nonfinite[i, at] = True
+    return Columns(steps, {m: values[i] for i, m in enumerate(metrics)}, len(steps),
+                   {m: nonfinite[i] for i, m in enumerate(metrics)})
 
 
 class ColumnCache:

@@ -27,6 +27,8 @@ HOSTILE = {
     "r' || (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 1000) "
     "SELECT COUNT(*) FROM c) || '": 4.0,
     "qm": 42.0,
+    "eval/back\\slash": 5.0,
+    "eval/r\u00e9compense": 6.0,
 }
 
 
