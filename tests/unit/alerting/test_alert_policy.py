@@ -63,7 +63,7 @@ def test_a_warning_that_climbs_escalates_once_routed_by_its_new_severity() -> No
     events = run(engine, records(values))
     assert [(e.state, e.severity, e.escalated_from) for e in events] == [
         ("firing", "warning", ""), ("firing", "critical", "warning")]
-    warning, escalation = events
+    _, escalation = events
     assert escalation.value is not None and escalation.value >= 0.3 > values[escalation.step - 1]
     assert "escalated to critical" in escalation.summary
     assert engine.state("r", "actor", "LogprobMismatch").severity == "critical"  # type: ignore[union-attr]
