@@ -11,7 +11,6 @@ import atexit
 import logging
 import os
 import re
-import signal
 import sys
 import tempfile
 import threading
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlmon.actors.aggregator_actor import aggregator_actor_class
+from rlmon.actors.reporter import outcome
 from rlmon.actors.reporter.sink import SinkClosed, close_open_senders
 from rlmon.actors.service_actor import SERVICE, service_actor_class
 from rlmon.service.aggregation.tier_messages import IngestAck
@@ -189,10 +189,12 @@ def _connect_ray(namespace: str, address: str | None = None) -> None:
         raise RuntimeGone(str(_state["unreachable"]))
     os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
     target, source = ray_address(address)
-    if threading.current_thread() is threading.main_thread():
-        # what ray.init does on the main thread (a driver's SIGTERM exits through atexit, so
-        # the exit flush runs); the keeper thread below cannot install it
-        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    # A driver's SIGTERM runs the exit flush before the process dies of it (what ray.init's own
+    # handler would do on the main thread; the keeper thread below cannot install one). Chained,
+    # never over a handler of the user's: rlmon.actors.reporter.outcome
+    outcome.install()
+    if target == "local":
+        _state["local_ray"] = True  # rlmon starts this Ray: the exit stops it whole
     # Ray's local processes get SIGKILL when the *thread* that started them ends
     # (PR_SET_PDEATHSIG), and a Reporter's sender thread ends when the Reporter closes: start
     # Ray on a daemon thread that lives as long as the process. Waiting for it there bounds the
@@ -218,22 +220,24 @@ def _connect_ray(namespace: str, address: str | None = None) -> None:
             break
     if started.is_set() and not failure:
         return
-    where = (f"could not start {source}" if target == "local"
-             else f"could not reach the Ray cluster at {target} (from {source})")
-    why = (f"{type(failure[0]).__name__}: {failure[0]}" if failure else
-           "no answer within " + ("the exit budget (RLMON_EXIT_TIMEOUT)" if _EXITING.is_set()
-                                  else f"{_connect_timeout():g}s (RLMON_RAY_CONNECT_TIMEOUT)"))
-    advice = ("Raise RLMON_EXIT_TIMEOUT, or call flush() before the script ends"
-              if target == "local" and _EXITING.is_set() and not failure else
-              "Unset RAY_ADDRESS to let rlmon start its own Ray, or start the cluster it names")
     # said once, by the Reporter that asked (it names its run and what it could not send)
-    text = f"{where}: {why}; this process's metrics are not delivered. {advice}"
+    text = _not_connected(target, source, failure[0] if failure else None, _EXITING.is_set())
     _state["unreachable"] = text
     raise RuntimeGone(text)
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    sys.exit(signum)
+def _not_connected(target: str, source: str, failure: BaseException | None,
+                   at_exit: bool) -> str:
+    """Why this process's metrics are not delivered, and what to do, in rlmon's words."""
+    where = (f"could not start {source}" if target == "local"
+             else f"could not reach the Ray cluster at {target} (from {source})")
+    why = (f"{type(failure).__name__}: {failure}" if failure is not None else
+           "no answer within " + ("the exit budget (RLMON_EXIT_TIMEOUT)" if at_exit
+                                  else f"{_connect_timeout():g}s (RLMON_RAY_CONNECT_TIMEOUT)"))
+    advice = ("Raise RLMON_EXIT_TIMEOUT, or call flush() before the script ends"
+              if target == "local" and at_exit and failure is None else
+              "Unset RAY_ADDRESS to let rlmon start its own Ray, or start the cluster it names")
+    return f"{where}: {why}; this process's metrics are not delivered. {advice}"
 
 
 def _hook_exit() -> None:
@@ -253,6 +257,7 @@ def _hook_exit() -> None:
     # now, while the Reporter starts (a few milliseconds, stdlib only), it is already loaded.
     import concurrent.futures.thread  # noqa: F401
     register = getattr(threading, "_register_atexit", None)
+    outcome.exit_flush(_at_exit)  # what a SIGTERM runs before the process dies of it
     try:
         if register is None:
             raise RuntimeError("no threading._register_atexit")
@@ -273,36 +278,74 @@ def before_exit_flush(callback: Callable[[], None]) -> None:
             _BEFORE_EXIT_FLUSH.append(callback)
 
 
+def exit_budget() -> float:
+    """``RLMON_EXIT_TIMEOUT`` (60 s): the most time rlmon adds to the process's exit."""
+    return float(os.environ.get("RLMON_EXIT_TIMEOUT", "60"))
+
+
+_FLUSHED = threading.Lock()  # held for good by the first exit flush: it runs once
+
+
 def _at_exit() -> None:
+    """The exit flush, within ``RLMON_EXIT_TIMEOUT`` whatever Ray does (starting, shut down by
+    the user, unreachable): Reporters send what they hold (waiting for Ray's start-up if the
+    script was shorter), an owned runtime finalizes its open steps and delivers its alerts, and
+    a local Ray that rlmon started is stopped whole (rlmon.actors.local_ray). Every wait is
+    bounded by one deadline; a part the budget did not reach is said, never waited for."""
+    if not _FLUSHED.acquire(blocking=False):
+        return
+    deadline = time.monotonic() + exit_budget()
+
+    def left() -> float:
+        return max(0.0, deadline - time.monotonic())
+
     for callback in list(_BEFORE_EXIT_FLUSH):
         try:
             callback()
         except Exception as exc:  # never turn a clean exit into a traceback, but say it
             log.warning("rlmon: exit callback %s failed: %s", callback, exc)
+    local = bool(_state.get("local_ray"))
+    # Stopping a local Ray takes a moment (killing and reaping its processes): kept from the
+    # Reporters' share of the budget, so that the stop is inside it too
+    senders_until = deadline - (min(_STOP_RESERVE_S, exit_budget() / 4) if local else 0.0)
     # a script shorter than Ray's start-up still gets every step through: wait for it, within
-    # the exit budget; then a Ray start still in progress gives up (and releases _LOCK)
-    budget = float(os.environ.get("RLMON_EXIT_TIMEOUT", "60"))
-    # at the budget's end, not after each sender's join: a sender still waiting for Ray's
-    # start-up gives up then, so the process leaves within its budget
-    out_of_budget = threading.Timer(budget, _EXITING.set)
+    # the budget; at the budget's end (not after each sender's join) a sender still waiting for
+    # Ray's start-up gives up, and so does the start itself (releasing _LOCK)
+    out_of_budget = threading.Timer(max(0.0, senders_until - time.monotonic()), _EXITING.set)
     out_of_budget.daemon = True
     out_of_budget.start()
-    close_open_senders(timeout=budget)
+    close_open_senders(timeout=max(0.0, senders_until - time.monotonic()))
     out_of_budget.cancel()
     _EXITING.set()
-    if not _LOCK.acquire(timeout=5.0):
+    owned: list[str] = []
+    if _LOCK.acquire(timeout=left()):
+        try:
+            _state["exiting"] = True
+            owned = [rt.namespace for rt in _RUNTIMES.values() if rt.owned and not rt.detached]
+        finally:
+            _LOCK.release()
+    else:
         log.warning("rlmon: the runtime is still busy at exit; not waiting for it")
-        return
-    try:
-        _state["exiting"] = True
-        owned = [rt.namespace for rt in _RUNTIMES.values() if rt.owned and not rt.detached]
-    finally:
-        _LOCK.release()
     for namespace in owned:
         try:
-            shutdown_runtime(namespace, timeout=10.0)
+            shutdown_runtime(namespace, timeout=min(10.0, left()), deadline=deadline)
         except Exception as exc:  # never let rlmon turn a clean exit into a traceback
             log.warning("rlmon: shutting down namespace %r at exit failed: %s", namespace, exc)
+    if local:
+        from rlmon.actors.local_ray import stop_local_ray
+
+        try:
+            alive = stop_local_ray(max(deadline, time.monotonic() + _STOP_MIN_S))
+        except Exception as exc:
+            log.warning("rlmon: stopping the local Ray at exit failed: %s", exc)
+        else:
+            if alive:
+                log.warning("rlmon: the local Ray's processes %s were still stopping when the "
+                            "exit budget (RLMON_EXIT_TIMEOUT) ran out", ", ".join(alive))
+
+
+_STOP_RESERVE_S = 1.0  # of the exit budget, kept for stopping a local Ray rlmon started
+_STOP_MIN_S = 0.2  # ... and at least this, even when the budget is spent: SIGKILL and a reap
 
 
 def _liveness_params(opts: RuntimeOptions) -> Any:
@@ -533,6 +576,17 @@ class RaySink:
         for method, args in calls:
             getattr(self._service, method).remote(*args)
 
+    def undelivered(self) -> str | None:
+        """Why messages are still held when the Reporter closes, when the sink knows better than
+        its last error: Ray was still starting (or being reached) as the exit budget ran out."""
+        if self._shards is not None or not _FLUSHED.locked():  # not in the exit flush
+            return None
+        initialized = getattr(sys.modules.get("ray"), "is_initialized", None)  # maybe mid-import
+        if initialized is not None and initialized():
+            return None
+        target, source = ray_address(self.options.address if self.options else None)
+        return _not_connected(target, source, None, at_exit=True)
+
     def call_service(self, method: str, *args: Any) -> None:
         """Call a service method without waiting; before the first send it is queued, so the
         training thread never starts Ray."""
@@ -606,12 +660,17 @@ class RaySink:
             return self.last_ack
 
 
-def shutdown_runtime(namespace: str = "rlmon", timeout: float = 10.0, kill: bool = True) -> bool:
+def shutdown_runtime(namespace: str = "rlmon", timeout: float = 10.0, kill: bool = True,
+                     deadline: float | None = None) -> bool:
     """Graceful stop: aggregators finalize and deliver, the service drains its outbox; then kill.
 
-    Returns whether everything was delivered in time.
+    ``deadline`` (monotonic) bounds every wait (the exit flush's budget). Returns whether
+    everything was delivered in time.
     """
     import ray
+
+    def cap(wait: float) -> float:
+        return wait if deadline is None else max(0.0, min(wait, deadline - time.monotonic()))
 
     if not ray.is_initialized():
         return False
@@ -621,13 +680,13 @@ def shutdown_runtime(namespace: str = "rlmon", timeout: float = 10.0, kill: bool
     try:
         service = runtime.service if runtime is not None else ray.get_actor(
             SERVICE, namespace=namespace)
-        layout: Any = ray.get(service.layout.remote(), timeout=timeout)
+        layout: Any = ray.get(service.layout.remote(), timeout=cap(timeout))
         shards = int(layout["shards"])
     except Exception:
         return False
     for handle in (runtime.node_mergers.values() if runtime is not None else ()):
         try:  # hand the node merger's pre-merged states to the root first
-            ray.get(handle.flush.remote(), timeout=timeout)
+            ray.get(handle.flush.remote(), timeout=cap(timeout))
         except Exception:
             ok = False
         if kill:
@@ -638,14 +697,14 @@ def shutdown_runtime(namespace: str = "rlmon", timeout: float = 10.0, kill: bool
         if agg is None:
             continue
         try:  # its close publishes (10 s bound) and joins its thread (5 s) inside this wait
-            ok = bool(ray.get(agg.close.remote(), timeout=timeout + 20)) and ok
+            ok = bool(ray.get(agg.close.remote(), timeout=cap(timeout + 20))) and ok
         except Exception:
             ok = False
         if kill:
             ray.kill(agg, no_restart=True)
     try:
-        ok = bool(ray.get(service.close.remote(timeout), timeout=timeout + 5)) and ok
-        _print_console(service, timeout)  # the alerts of the last steps, before Ray stops
+        ok = bool(ray.get(service.close.remote(timeout), timeout=cap(timeout + 5))) and ok
+        _print_console(service, cap(timeout))  # the alerts of the last steps, before Ray stops
     except Exception:
         ok = False
     if kill:

@@ -22,6 +22,7 @@ Nothing here waits on the training thread: it only appends to the queue (:meth:`
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -42,7 +43,12 @@ log = logging.getLogger(__name__)
 
 PROBE_S = 0.5  # how often a reporter holding retained messages asks the aggregator who it is
 _PROBE_RETRY_S = 0.2  # after a probe that failed
+_CLOSING_SHARE_S = 0.5  # of a close's timeout, kept for the closing heartbeat
 _BACKOFF_S = (0.05, 2.0)  # a failed send is retried after the first, doubling up to the second
+
+
+def _no_reason() -> str | None:
+    return None
 
 
 class _Stepped(Protocol):
@@ -123,6 +129,7 @@ class Delivery(Generic[Raw]):
         self._incarnation: str | None = None
         self._probes = _Probes()
         self._closed = False
+        self._calling = False  # the sender thread is inside a call to the sink
         self._gone = False  # the sink said Ray is gone for good: nothing more can be sent
         self._thread = threading.Thread(target=self._send_loop, name="rlmon-reporter", daemon=True)
         self._thread.start()
@@ -175,10 +182,16 @@ class Delivery(Generic[Raw]):
         dropped. Closing twice is harmless."""
         if self._closed:
             return
-        self.flush(timeout)
-        if self.sent and not self._gone:  # a clean close: the stream finished, it did not die
+        # Everything within ``timeout`` (at exit, what is left of RLMON_EXIT_TIMEOUT): the
+        # flush, then the closing heartbeat (a share kept for it), then the sender's join
+        deadline = time.monotonic() + timeout
+        self.flush(timeout - min(_CLOSING_SHARE_S, timeout / 4))
+        if self.sent and not self._gone:  # the stream ended (how: its outcome), it did not vanish
             self._said_closing = True
-            self._beat(closing=True)
+            closing = threading.Thread(target=self._beat, kwargs={"closing": True}, daemon=True,
+                                       name="rlmon-closing-heartbeat")
+            closing.start()
+            closing.join(max(0.0, deadline - time.monotonic()))
         with self._cond:
             self._closed = True
             lost = len(self._pending) + len(self._raw)
@@ -186,8 +199,18 @@ class Delivery(Generic[Raw]):
             self._pending.clear()
             self._raw.clear()
             self._cond.notify_all()
-        self._thread.join(timeout=5.0)
+        # A sender waiting for work stops at once; one still inside a call to the sink (Ray
+        # starting, or still being imported) is a daemon, waited for only within ``timeout``
+        self._thread.join(timeout=max(0.0, min(5.0, deadline - time.monotonic()))
+                          if self._calling else 5.0)
         if lost:  # never lost silently (the exit flush closes with what its budget left)
+            reason = None
+            with contextlib.suppress(Exception):  # the line below says what was lost all the same
+                reason = None if self._gone else getattr(self.sink, "undelivered", _no_reason)()
+            if reason:  # Ray still starting at the exit budget's end: the sink says it plainly
+                log.warning("rlmon: %s/%s: %s; %d step message(s) not delivered within %.1fs "
+                            "(counted as dropped)", self.run, self.role, reason, lost, timeout)
+                return
             why = "" if self._gone else (  # a sink that gave up said why itself
                 f"; last error: {self.tally.last_error or 'none (still sending)'}")
             log.warning("rlmon: %s/%s: closed with %d step message(s) not delivered within "
@@ -298,12 +321,20 @@ class Delivery(Generic[Raw]):
                         and self._closed:
                     return
             if beat:
-                self._beat()
+                self._calling = True
+                try:
+                    self._beat()
+                finally:
+                    self._calling = False
                 if self._gone:
                     return
                 continue
             if probe_asked is not None:
-                self._probe(probe_asked)
+                self._calling = True
+                try:
+                    self._probe(probe_asked)
+                finally:
+                    self._calling = False
                 if self._gone:
                     return
                 continue
@@ -321,7 +352,11 @@ class Delivery(Generic[Raw]):
                     continue
                 batch = [self._pending[i] for i in range(min(self.max_batch, len(self._pending)))]
             try:
-                ack = self.sink.send(self._riding(batch))
+                self._calling = True
+                try:
+                    ack = self.sink.send(self._riding(batch))
+                finally:
+                    self._calling = False
             except Exception as exc:  # the aggregator is slow, restarting or gone: keep and retry
                 self.tally.last_error = f"{type(exc).__name__}: {exc}"
                 if isinstance(exc, SinkClosed):

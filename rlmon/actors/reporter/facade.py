@@ -14,10 +14,13 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
+from rlmon.actors.reporter import outcome
 from rlmon.actors.reporter.accumulator import (
     MEAN,
     PY_NUMBER,
@@ -60,7 +63,7 @@ from rlmon.actors.reporter.tensor_stats import (
     is_torch,
     reduce_array,
 )
-from rlmon.service.contract.heartbeat import Heartbeat, OpenSpan, RankBeat
+from rlmon.service.contract.heartbeat import Heartbeat, OpenSpan, Outcome, RankBeat
 from rlmon.service.contract.records import check_metric_name, check_role, check_run
 from rlmon.service.contract.stop_decision import StopDecision
 from rlmon.service.contract.timeline import MAX_SPANS
@@ -171,6 +174,12 @@ class Reporter:
         self._open_spans: list[tuple[str, int]] = []
         self._last_step: int | None = None
         self._wall0, self._perf0 = time.time(), time.perf_counter_ns()
+        # How the process ends, said in the closing heartbeat (rlmon.actors.reporter.outcome):
+        # the hooks are chained once per process; the training thread is the one that ends
+        # steps (an uncaught exception there ends this rank even when another thread closes)
+        outcome.install()
+        self._training_thread: int | None = threading.get_ident()
+        self._outcome: Outcome | None = None
         # the GPUs this rank holds (goodput, the cost of alerts and stalls): as given, else as
         # its launcher says (hardware.visible_gpus), else 1
         self.gpus_per_rank = float(gpus_per_rank if gpus_per_rank is not None
@@ -557,7 +566,8 @@ class Reporter:
                       for name, at in list(self._open_spans))
         return Heartbeat(self.run, self.role, self.world,
                          (RankBeat(self.rank, spans, self._last_step),), time.time(), closing,
-                         self.gpus_per_rank)
+                         self.gpus_per_rank, self._outcome if closing else None,
+                         outcome.process_id())
 
     def end_step(self, step: int) -> None:
         """Close the step and hand it to the sender thread; returns at once.
@@ -582,6 +592,8 @@ class Reporter:
         timeline = clock.close(now)
         acc, self._acc = self._acc, {}
         self._last_step = step
+        self._training_thread = threading.get_ident()
+        outcome.step_ended()
         self._delivery.put(RawStep(step, acc, time.time(), moving, batches, captures.picks,
                                    timeline))
 
@@ -619,9 +631,18 @@ class Reporter:
 
     def close(self, timeout: float = 10.0) -> None:
         """Flush for up to ``timeout`` seconds, then stop; what is still unsent counts as dropped.
-        Closing twice is harmless."""
+        Closing twice is harmless.
+
+        The closing heartbeat says how the process ends (docs/reporter.md): clean, unless close
+        is called while an exception is in flight (in an ``except`` or ``finally`` block), or
+        this rank's training thread died of one, or the process is ending by an uncaught
+        exception, ``sys.exit(n != 0)`` or a terminating signal."""
+        self._close(timeout, sys.exc_info()[1])
+
+    def _close(self, timeout: float, exc: BaseException | None) -> None:
         if self._delivery.closed:
             return
+        self._outcome = self._ending(exc)
         self._delivery.close(timeout)
         if self._hardware is not None:
             self._hardware.close()
@@ -630,5 +651,12 @@ class Reporter:
     def __enter__(self) -> Reporter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        self._close(10.0, exc)
+
+    def _ending(self, exc: BaseException | None) -> Outcome | None:
+        """How this rank ends (None: clean): the exception in flight, else its training
+        thread's, else the process's."""
+        if exc is not None:
+            return outcome.describe(exc)
+        return outcome.thread_outcome(self._training_thread) or outcome.process_outcome()
