@@ -5,10 +5,10 @@ run's policy wanders its own way. So a difference counts only when it is larger 
 two runs' own noise makes, and stays so:
 
 - **Noise**, per run and metric: the step-to-step noise, 1.4826 x the median absolute deviation
-  of the first differences over sqrt(2) (robust to a trend and to spikes); and the slow wander,
-  1.4826 x the MAD of the run's smoothed curve around its own 101-step centred median (what two
-  seeds drift apart by without anything having changed: the policy's own slow wander, which
-  the step-to-step noise does not show). A metric spanning more than a factor
+  of the first differences over sqrt(2) (robust to a trend and to spikes); and the slow wander
+  (what two seeds drift apart by without anything having changed: the policy's own, which the
+  step-to-step noise does not show), from the second differences at a lag of 20 steps (a linear
+  trend drops out), less the step noise's share. A metric spanning more than a factor
   of 20 (a KL, a gradient norm) is compared on a log scale.
 - **Difference**: the trailing ``smooth``-step medians of the two runs, subtracted, at each
   common step; its scale is the combined noise of that difference (the median of ``smooth``
@@ -38,9 +38,10 @@ __all__ = ["DiffParams", "DiffResult", "MetricDivergence", "diff_runs"]
 
 _MAD_TO_SD = 1.4826
 _MEDIAN_EFFICIENCY = 1.2533  # a median's noise over a mean's, for Gaussian values
-_SLOW_WINDOW = 101
+_LAG = 20  # steps: the wander's lag
 _LOG_SPAN = 20.0  # a positive metric spanning more than this factor is compared in logs
 _CURVE_POINTS = 400  # per run and metric, for the page
+_SMOOTH = 0.1  # second over first differences below this: no noise
 _SHARED_START = 5  # steps logged identically by both runs: a deterministic series
 
 
@@ -177,19 +178,6 @@ def _trailing_median(x: np.ndarray, width: int) -> np.ndarray:
     return out
 
 
-def _centred_median(x: np.ndarray, width: int) -> np.ndarray:
-    """The median of each value and ``width // 2`` on either side (fewer at the ends)."""
-    half = width // 2
-    out = np.empty_like(x)
-    n = len(x)
-    edges = [i for i in range(n) if i < half or i >= n - half]
-    for i in edges:
-        out[i] = np.median(x[max(0, i - half):i + half + 1])
-    if n >= width:
-        out[half:n - half] = np.median(np.lib.stride_tricks.sliding_window_view(x, width), axis=1)
-    return out
-
-
 def _mad(x: np.ndarray) -> float:
     if len(x) == 0:
         return 0.0
@@ -199,6 +187,27 @@ def _mad(x: np.ndarray) -> float:
 def _noise(x: np.ndarray) -> float:
     """The step-to-step noise from first differences (a slow trend barely moves them)."""
     return _mad(np.diff(x)) / math.sqrt(2) if len(x) > 2 else 0.0
+
+
+def _no_noise(x: np.ndarray) -> bool:
+    """Whether a series has no sampling noise (a schedule, a constant, a counter): its second
+    differences far below its first (noise makes them larger, by sqrt(3))."""
+    if len(x) < 4:
+        return False
+    first = float(np.median(np.abs(np.diff(x))))
+    second = float(np.median(np.abs(np.diff(x, 2))))
+    return second <= _SMOOTH * first or (first == 0 and second == 0)
+
+
+def _wander(x: np.ndarray) -> float:
+    """The slow wander: x[t + 2L] - 2 x[t + L] + x[t] has 6 times the variance of what moves
+    x over L steps (noise and wander), a linear trend dropping out; the noise's share is
+    taken out."""
+    lag = min(_LAG, len(x) // 3)
+    if lag < 2:
+        return 0.0
+    total = _mad(x[2 * lag:] - 2 * x[lag:-lag] + x[:-2 * lag]) / math.sqrt(6)
+    return math.sqrt(max(0.0, total ** 2 - _noise(x) ** 2))
 
 
 def _curve(series: Mapping[int, float]) -> list[tuple[int, float]]:
@@ -219,15 +228,17 @@ def _compare(metric: str, a: RunSeries, b: RunSeries, p: DiffParams, z: float
     xa = np.array([sa[s] for s in steps], dtype=float)
     xb = np.array([sb[s] for s in steps], dtype=float)
     both = np.concatenate([xa, xb])
+    smooth = _no_noise(xa) and _no_noise(xb)
     scale = "linear"
     if both.min() > 0 and both.max() / both.min() > _LOG_SPAN:
         scale, xa, xb = "log", np.log(xa), np.log(xb)
     keys = (a.keys.get(metric, metric), b.keys.get(metric, metric))
     na, nb = _noise(xa), _noise(xb)
     level = float(np.median(np.abs(both))) if scale == "linear" else 0.0
-    differs = ~np.isclose(xa, xb, rtol=1e-9, atol=1e-12 * max(level, 1e-300))
+    # float32 (TensorBoard) against float64 (JSON) of one value: equal to 1e-6
+    differs = ~np.isclose(xa, xb, rtol=1e-6, atol=1e-12 * max(level, 1e-300))
     shared = min(_SHARED_START, len(steps))
-    if (na == 0 and nb == 0) or not differs[:shared].any():
+    if smooth or not differs[:shared].any():
         # a schedule or a constant (no noise), or a series both runs computed alike from the
         # start (two noisy runs never log the same floats): compared value for value
         at = int(np.argmax(differs)) if differs.any() else None
@@ -237,9 +248,10 @@ def _compare(metric: str, a: RunSeries, b: RunSeries, p: DiffParams, z: float
                                 math.inf if at is not None else 0.0, exact=True)
     width = min(p.smooth, len(steps))
     ma, mb = _trailing_median(xa, width), _trailing_median(xb, width)
-    slow = min(_SLOW_WINDOW, len(steps) | 1)
-    wa, wb = _mad(ma - _centred_median(xa, slow)), _mad(mb - _centred_median(xb, slow))
+    wa, wb = _wander(xa), _wander(xb)
     spread = _MEDIAN_EFFICIENCY / math.sqrt(width)
+    # a run that parts ways inflates its own wander (its new trend looks like some): slower
+    # to call, never quicker; the quieter run's alone came out near 0 by chance too often
     sd = math.sqrt(spread ** 2 * (na ** 2 + nb ** 2) + wa ** 2 + wb ** 2)
     threshold = z * max(sd, p.relative_floor * level, 1e-12)
     diff = ma - mb
@@ -265,7 +277,10 @@ def diff_runs(a: RunSeries, b: RunSeries, params: DiffParams | None = None) -> D
     """Compare every metric both runs logged; see the module's docstring for the test."""
     p = params or DiffParams()
     shared = [m for m in a.series if m in b.series]
-    z = math.sqrt(p.z ** 2 + 2 * math.log(max(len(shared), 1)))
+    # the union bound over the metrics and over the run's stretches of `persist` steps: a
+    # longer run, or more metrics, are more chances for the noise alone to look like a parting
+    steps = len({s for m in shared for s in a.series[m]})
+    z = math.sqrt(p.z ** 2 + 2 * math.log(max(len(shared) * steps / p.persist, 1)))
     compared = [d for d in (_compare(m, a, b, p, z) for m in shared) if d is not None]
     compared.sort(key=lambda d: (not d.diverged, d.onset if d.onset is not None else 0,
                                  -d.score, d.metric))
