@@ -24,6 +24,7 @@ PRODUCERS: tuple[str, ...] = (
     "rlmon.service.metrics.keymaps",
     "rlmon.service.helm_schema",
     "rlmon.service.metrics.remedies",
+    "rlmon.service.alerting.rules_doc",
 )
 
 
