@@ -246,10 +246,10 @@ class Rule(BaseModel):
         elif c is Condition.OUT_OF_DOMAIN:
             text = "a value outside its physical domain"
         elif c is Condition.REWARD_HACKING:
-            p = self.reward_hacking
+            h = self.reward_hacking
             text = (f"{self.metric} rising with rollout/response_length and actor/kl beyond the "
-                    f"run's own {p.window}-step coupling, or away from rollout/verifier_score "
-                    f"(CUSUM {p.allowance:g}/{p.decision:g} robust SDs)")
+                    f"run's own {h.window}-step coupling, or away from rollout/verifier_score "
+                    f"(CUSUM {h.allowance:g}/{h.decision:g} robust SDs)")
         elif c is Condition.RANK_MISSING:
             text = "a step finalized without every expected rank"
         elif c is Condition.STRAGGLER_RANK:
