@@ -116,6 +116,15 @@ def _length() -> tuple[Mover, ...]:
             Mover(c.ENTROPY, "up", "look at the sampling (repetition) first"))
 
 
+def _hacking() -> tuple[Mover, ...]:
+    return (Mover(c.REWARD, "up", "the reward rose first: read its highest-scored completions "
+                  "first"),
+            Mover(c.RESPONSE_LENGTH, "up", "the length rose first: look for padding or "
+                  "repetition first"),
+            Mover(c.KL, "up", "look at the KL penalty first"),
+            Mover(c.ENTROPY, "down", "look at the completions (repeated phrases) first"))
+
+
 def _lag() -> tuple[Mover, ...]:
     return (Mover(c.POLICY_LAG, "up", "look at the rollouts' staleness first"),
             Mover(c.GENERATE_SECONDS, "up", "generation slowed first: look at the rollout "
@@ -135,6 +144,7 @@ RELATED: Mapping[str, tuple[Mover, ...]] = {
     **dict.fromkeys(("RewardStuck", "RewardCollapsing"), _reward()),
     **dict.fromkeys(("CompletionsTruncated", "ResponseLengthRunaway"), _length()),
     "PolicyLagGrowing": _lag(),
+    "RewardHacking": _hacking(),
 }
 TRACKED: frozenset[str] = frozenset(m.metric for ms in RELATED.values() for m in ms)
 

@@ -167,6 +167,27 @@ REMEDIES: tuple[Remedy, ...] = (
          "skyrl": (_k("environment.env_class", "check", "the environment's reward", _SKYRL),),
          "trl": (_k("reward_weights", "check", "one per reward function", _TRL),)}),
     Remedy(
+        ("RewardHacking",),
+        "The policy found a loophole in the reward: read the highest-reward completions first, "
+        "then close it in the reward (penalize padding, repetition, the format it games), hold "
+        "the policy nearer the reference (KL coefficient 1e-3 to 1e-2) and cap the length.",
+        {"verl": (_k("reward.custom_reward_function.path", "fix", "the function's loophole",
+                     _VERL),
+                  _k("actor_rollout_ref.actor.kl_loss_coef", "raise",
+                     "1e-3 to 1e-2, with use_kl_loss=True", _VERL),
+                  _k("data.max_response_length", "lower", "to what the answers need", _VERL)),
+         "openrlhf": (_k("--reward.remote_url", "fix", "the reward server's loophole", _ORLHF),
+                      _k("--algo.kl.init_coef", "raise", "1e-3 to 1e-2", _ORLHF),
+                      _k("--reward.overlong_buffer_len", "set", "~20% of the limit", _ORLHF)),
+         "skyrl": (_k("environment.env_class", "fix", "the environment's reward", _SKYRL),
+                   _k("trainer.algorithm.kl_loss_coef", "raise",
+                      "1e-3 to 1e-2, with use_kl_loss=true", _SKYRL),
+                   _k("generator.sampling_params.max_generate_length", "lower",
+                      "to what the answers need", _SKYRL)),
+         "trl": (_k("reward_weights", "check", "one per reward function", _TRL),
+                 _k("beta", "raise", "1e-3 to 4e-2", _TRL),
+                 _k("max_completion_length", "lower", "to what the answers need", _TRL))}),
+    Remedy(
         ("CompletionsTruncated", "ResponseLengthRunaway"),
         "Completions run into the generation limit: raise the limit if the answers need it, "
         "else penalize or mask overlong completions (DAPO's overlong shaping).",
