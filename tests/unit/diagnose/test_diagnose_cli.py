@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rlmon.service.metrics.catalog import RESOLVE_AFTER
 from tests.support.diagnose_support import trl_curves
 from tests.support.paths import REPO
 from tests.support.web_support import browser, need_chromium
@@ -31,8 +32,8 @@ def test_terminal_summary_names_the_finding_and_its_context(tmp_path: Path) -> N
 
 
 def test_json_has_one_finding_per_alert_transition(tmp_path: Path) -> None:
-    rows = trl_curves(fault="tied_rewards", at=25)
-    for step in range(30, 41):  # the ties end: the alert resolves
+    rows = trl_curves(steps=60, fault="tied_rewards", at=25)
+    for step in range(30, 61):  # the ties end: the alert resolves at the RESOLVE_AFTER-th good step
         rows[step]["frac_reward_zero_std"] = 0.0
     state = write_state(tmp_path / "trainer_state.json", rows)
     out = rlmon(str(state), "--json")
@@ -43,7 +44,8 @@ def test_json_has_one_finding_per_alert_transition(tmp_path: Path) -> None:
                 for f in lines[1:] if f["alert"] == "NoLearningSignal"]
     assert findings == [
         (27, "NoLearningSignal", "critical", "firing", "rollout/frac_reward_zero_std", 1.0),
-        (32, "NoLearningSignal", "critical", "resolved", "rollout/frac_reward_zero_std", 0.0)]
+        (30 + RESOLVE_AFTER - 1, "NoLearningSignal", "critical", "resolved",
+         "rollout/frac_reward_zero_std", 0.0)]
     summary = json.loads(out.stderr.splitlines()[-1])
     assert summary["type"] == "summary" and summary["critical"] >= 1
 
