@@ -257,9 +257,21 @@ class AlertEngine:
             return False
         state.firing = holds
         state.true_steps, state.false_steps = (1, 0) if holds else (0, 1)
+        state.severity = rule.severity.value if holds else ""
         if holds:
             state.since_step = step
         return True
+
+    def notified(self, event: AlertEvent, now: float | None) -> AlertEvent:
+        """An event made outside the steps (the liveness timer's) under the per-hour bound."""
+        state = self.states.get((event.run, event.role, event.alert))
+        return event if state is None else self._notify(state, event, now)
+
+    def repeat_due(self, run: str, role: str, alert: str, now: float) -> bool:
+        """Whether a critical alert firing outside the steps is due its re-send at ``now``."""
+        state = self.states.get((run, role, alert))
+        return (state is not None and state.firing and state.severity == "critical"
+                and bool(state.sent) and now - state.sent[-1] >= self.policy.repeat_seconds)
 
     def evaluate(self, record: StepRecord) -> list[AlertEvent]:
         """Feed one finalized step; returns the alerts that fired or resolved at it."""
@@ -348,9 +360,6 @@ class AlertEngine:
             event = replace(event, summary=f"{event.summary}: handed over to {handed_to}, "
                             "which judges this level and fires now")
         state.severity, state.reference = "", None
-        if state.held:  # its firing was not sent: neither is its resolve
-            state.held = False
-            return replace(event, notify=False)
         return self._notify(state, event, now)
 
     def _escalate(self, rule: Rule, record: StepRecord, state: AlertState, check: _Check,
@@ -371,6 +380,9 @@ class AlertEngine:
     def _notify(self, state: AlertState, event: AlertEvent, now: float | None) -> AlertEvent:
         """Apply the per-hour bound: an event over it is stored, not sent; the last one sent
         says so."""
+        if event.state == "resolved" and state.held:  # its firing was not sent: nor is this
+            state.held = False
+            return replace(event, notify=False)
         if now is None:  # no clock on the step (a bare record): nothing to bound by
             return event
         sent = state.sent

@@ -97,17 +97,24 @@ def liveness_events(engine: AlertEngine, view: LivenessView) -> list[AlertEvent]
     step = view.last_step if view.last_step is not None else 0
     for rule in _rules(engine, view.role):
         holds = _holds(rule.condition, view, engine.is_firing(view.run, view.role, rule.name))
+        repeat = False
         if not engine.judge(view.run, view.role, rule, holds, step):
-            continue
+            # a critical alert still firing is re-sent at the engine's repeat interval
+            repeat = holds and engine.repeat_due(view.run, view.role, rule.name, view.at)
+            if not repeat:
+                continue
         resolved = "" if holds else _resolved_because(rule.condition, view)
-        events.append(AlertEvent(
+        if repeat:
+            resolved = (f" (still firing: re-sent every "
+                        f"{engine.policy.repeat_seconds / 3600:g} h)")
+        events.append(engine.notified(AlertEvent(
             run=view.run, role=view.role, step=step, alert=rule.name,
             severity=rule.severity.value, state="firing" if holds else "resolved", metric="",
             value=_value(rule.condition, view), summary=(rule.summary or rule.describe())
             + resolved, condition=rule.describe(),
             what_to_check=_WHAT_TO_CHECK.get(rule.condition.value, ""), attempt=attempt,
             detail=describe(view) if holds else "",
-            onset=_onset(rule.condition, view) if holds else None))
+            onset=_onset(rule.condition, view) if holds else None, repeat=repeat), view.at))
     return events
 
 

@@ -173,3 +173,21 @@ def test_one_owner_forgets_a_stream_wholly() -> None:
     engine.forget_streams([("r", "actor")])
     assert engine.streams() == set() and engine.stream_states("r", "actor") == {}
     assert engine.attempt_of("r", "actor") == 0
+
+
+def test_a_stalled_run_still_stalled_is_re_sent_at_the_repeat_interval() -> None:
+    from dataclasses import replace
+
+    from rlmon.service.alerting.liveness_alerts import liveness_events
+    from rlmon.service.liveness.run_state import LivenessView, RunState
+
+    engine = AlertEngine(default_rules(), NotifyPolicy(repeat_seconds=3600.0))
+    view = LivenessView("q", "actor", RunState.STALLED, since=T0 - 10.0, at=T0, last_step=9,
+                        last_step_at=T0 - 100.0, last_heard=T0, period=2.0, threshold=90.0,
+                        ranks=2, heartbeats=True)
+    sent = []
+    for minutes in range(0, 150, 10):  # the timer's refresh, every 10 simulated minutes
+        sent += [(minutes, e.alert, e.repeat) for e in
+                 liveness_events(engine, replace(view, at=T0 + 60.0 * minutes)) if e.notify]
+    assert sent == [(0, "RunStalled", False), (60, "RunStalled", True),
+                    (120, "RunStalled", True)]
