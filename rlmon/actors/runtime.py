@@ -8,6 +8,7 @@ maps to the same shard. ``get_if_exists`` makes concurrent starts from many rank
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import re
@@ -17,7 +18,7 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -576,6 +577,20 @@ class RaySink:
         for method, args in calls:
             getattr(self._service, method).remote(*args)
 
+    @contextlib.contextmanager
+    def _held(self) -> Iterator[None]:
+        """The sink's lock, waited for no longer than a call: a call stuck inside Ray (one in
+        flight when the user's ray.shutdown() tore the worker down) must not hold the next
+        caller for ever; at exit, the closing heartbeat waited on it, and the process never
+        exited."""
+        if not self._lock.acquire(timeout=self.timeout):
+            raise TimeoutError(f"an earlier call to Ray is still in progress after "
+                               f"{self.timeout:g}s")
+        try:
+            yield
+        finally:
+            self._lock.release()
+
     def undelivered(self) -> str | None:
         """Why messages are still held when the Reporter closes, when the sink knows better than
         its last error: Ray was still starting (or being reached) as the exit budget ran out."""
@@ -614,7 +629,7 @@ class RaySink:
         """The incarnation and floor of the aggregator (or node merger) serving (run, role)."""
         import ray
 
-        with self._lock:
+        with self._held():
             self._connect()
             assert self._shards is not None
             shard = shard_of(run, role, self._shards)
@@ -631,7 +646,7 @@ class RaySink:
         is bypassed: liveness is judged by the root)."""
         import ray
 
-        with self._lock:
+        with self._held():
             self._connect()
             assert self._shards is not None
             by_shard: dict[int, list[Heartbeat]] = {}
@@ -644,7 +659,7 @@ class RaySink:
     def send(self, messages: Sequence[StepMessage]) -> IngestAck | None:
         import ray
 
-        with self._lock:
+        with self._held():
             self._connect()
             assert self._shards is not None
             by_shard: dict[int, list[StepMessage]] = {}

@@ -223,3 +223,53 @@ def test_a_stop_decision_applies_to_a_delivery_started_before_it(
     assert after.stop_decision is None  # a rerun started after the decision runs on
     said = [r.getMessage() for r in caplog.records if "asks this run to stop" in r.getMessage()]
     assert said == ["rlmon: r/actor: the service asks this run to stop: loss is NaN"]
+
+
+def test_close_returns_within_its_timeout_when_a_call_to_the_sink_never_returns(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """issue 29: a call stuck inside Ray (a probe in flight when the user's ray.shutdown() tore
+    the worker down) held the sink's lock; the closing heartbeat waited on that lock and the
+    script never exited. Now the close, its heartbeat and the sender's join share its timeout."""
+    from rlmon.service.contract.heartbeat import Heartbeat
+    from tests.support.polling import wait_for
+
+    release = threading.Event()
+    lock = threading.Lock()
+
+    class Stuck:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def send(self, messages: Sequence[StepMessage]) -> IngestAck:
+            with lock:
+                self.calls += 1
+                if self.calls > 1:
+                    release.wait()  # never returns while the test runs
+                return IngestAck()
+
+        def heartbeat(self, beats: Sequence[Heartbeat]) -> None:
+            with lock:  # a sink's calls share its lock, as RaySink's do
+                pass
+
+    sink = Stuck()
+    beat = Heartbeat("r", "actor", World(dp=1), (), 1.0)
+    d = Delivery(sink, _stamped, Tally("r", "actor"), run="r", role="actor",  # type: ignore[arg-type]
+                 started=1.0, heartbeat=lambda closing: replace(beat, closing=closing))
+    d.put(_step(0))
+    wait_for(lambda: d.sent == 1, 30, "the first step sent")
+    d.put(_step(1))
+    wait_for(lambda: sink.calls == 2, 30, "the sender stuck inside its second call")
+    closed = threading.Event()
+
+    def close() -> None:
+        d.close(timeout=0.3)
+        closed.set()
+
+    with caplog.at_level("WARNING", logger="rlmon"):
+        threading.Thread(target=close, daemon=True).start()
+        try:
+            assert closed.wait(60), "close() is held by a sink call that never returns"
+        finally:
+            release.set()
+    assert d.closed and d.dropped == 1
+    assert any("1 step message(s) not delivered" in r.getMessage() for r in caplog.records)
