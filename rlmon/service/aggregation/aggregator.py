@@ -206,7 +206,7 @@ class AggregatorCore:
                 self._book(ack, done, key, [msg.rank], opened, outcome, record)
                 self.liveness.heard(msg.run, msg.role, msg.rank, msg.world.size, wall)
                 if outcome == AddOutcome.ACCEPTED and msg.timeline is not None:
-                    self.liveness.spans(msg.run, msg.role, msg.timeline, wall)
+                    self.liveness.spans(msg.run, msg.role, msg.timeline, wall, msg.step)
                 if msg.heartbeat is not None:
                     self._heartbeat_of(msg.heartbeat, wall, ack)
                 if outcome == AddOutcome.LATE:

@@ -283,7 +283,7 @@ class _Rank:
     heard: float
     spans: tuple[OpenSpan, ...] = ()
     closed: bool = False
-    stage: str = ""  # the last open spans heard, "a/b" (where a failed rank was)
+    stage: tuple[OpenSpan, ...] = ()  # the last open spans heard (where a failed rank was)
     last_step: int | None = None
     process: ProcessId | None = None
     process_since: float = 0.0  # when this process was first heard
@@ -293,8 +293,11 @@ class _Rank:
     def to_json(self, rank: Rank) -> list[Any]:
         proc = self.process
         end = self.end
+        if proc is None and end is None and not self.closed_sent:
+            return [list(rank), self.heard, self.closed]  # all a restart needs of most ranks
         return [list(rank), self.heard, self.closed, {
-            "stage": self.stage, "last_step": self.last_step, "closed_sent": self.closed_sent,
+            "stage": "/".join(s.name for s in self.stage), "last_step": self.last_step,
+            "closed_sent": self.closed_sent,
             "process": None if proc is None else [proc.hostname, proc.pid, proc.node_id,
                                                   proc.job_id, proc.worker_id, proc.actor_id],
             "process_since": self.process_since,
@@ -309,7 +312,8 @@ class _Rank:
         rank = Rank(*map(int, item[0]))
         seen = cls(float(item[1]), (), bool(item[2]))
         extra = item[3] if len(item) > 3 and isinstance(item[3], dict) else {}
-        seen.stage = str(extra.get("stage", ""))
+        seen.stage = tuple(OpenSpan(str(n), 0.0) for n in str(extra.get("stage", "")).split("/")
+                           if n)
         seen.last_step = extra.get("last_step")
         seen.closed_sent = float(extra.get("closed_sent", 0.0))
         proc = extra.get("process")
@@ -435,7 +439,7 @@ class LivenessTracker:
             seen.heard = max(seen.heard, now)
             seen.spans = item.spans
             if item.spans:
-                seen.stage = "/".join(s.name for s in item.spans)
+                seen.stage = item.spans
             if item.last_step is not None:
                 seen.last_step = item.last_step
             if beat.process is not None and beat.process != seen.process:
@@ -444,7 +448,8 @@ class LivenessTracker:
             if beat.closing:
                 seen.closed_sent = beat.sent
                 seen.end = None if outcome is None else RankEnd(
-                    item.rank, outcome, now, seen.stage, seen.last_step)
+                    item.rank, outcome, now, "/".join(s.name for s in seen.stage),
+                    seen.last_step)
         if rerun:
             for other in stream.ranks.values():
                 other.end = None
@@ -465,10 +470,13 @@ class LivenessTracker:
                 r.closed for r in stream.ranks.values()):
             stream.finished = False  # steps after finish_run: the run goes on
 
-    def spans(self, run: str, role: str, timeline: Timeline, now: float) -> None:
-        """Learn the usual duration of each stage from a rank's step timeline."""
+    def spans(self, run: str, role: str, timeline: Timeline, now: float,
+              step: int | None = None) -> None:
+        """Learn the usual duration of each stage from a rank's step timeline (and, from the
+        first step's, how long the first step took: it bounds the next ones)."""
         stream = self._stream(run, role, now)
-        if not stream.periods.recent:  # the first steps: step 0's duration bounds the next
+        first = step == 0 if step is not None else not stream.periods.recent
+        if first:
             stream.step0_seconds = max(stream.step0_seconds or 0.0, timeline.seconds)
         longest: dict[str, float] = {}
         for span in timeline.spans:
@@ -531,7 +539,7 @@ class LivenessTracker:
         p = self.params
         progress = stream.last_step_at if stream.last_step_at is not None else stream.first_heard
         if stream.steps >= 2 and stream.periods.recent:
-            return stream.periods.stall_threshold(p, stream.steps)
+            return stream.periods.stall_threshold(p, stream.steps, stream.step0_seconds)
         live = [r.spans for r in stream.ranks.values()
                 if not r.closed and now - r.heard < p.dead_after_seconds]
         step0 = stream.step0_seconds if stream.steps >= 1 else None

@@ -150,14 +150,19 @@ class StepPeriods:
     def typical(self) -> float | None:
         return median(self.recent) if self.recent else None
 
-    def stall_threshold(self, params: LivenessParams, steps: int) -> float:
+    def stall_threshold(self, params: LivenessParams, steps: int,
+                        step0_seconds: float | None = None) -> float:
         """Seconds without a finalized step before the stream is stalled (from two finalized
-        steps on; before that :func:`early_deadline` decides)."""
+        steps on; before that :func:`early_deadline` decides). With one interval only, step 0's
+        duration bounds it too: the shorter of the two is the pace (step 0 may hold a model
+        load, step 1 a one-off slow batch), the margin over the longest interval stays."""
         if steps < 2 or not self.recent:
             return max(params.first_step_seconds, params.stall_floor_seconds)
         # the last three intervals too: once a slowdown is three steps old, the stall threshold
         # follows the new pace at once instead of paging every slow step until the median does
         typical = max(median(self.recent), median(list(self.recent)[-3:]))
+        if len(self.recent) == 1 and step0_seconds is not None and step0_seconds > 0:
+            typical = min(typical, step0_seconds)
         return max(params.stall_factor * typical, params.stall_floor_seconds,
                    params.max_interval_margin * max(self.recent))
 

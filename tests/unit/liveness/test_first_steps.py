@@ -37,7 +37,7 @@ class FirstSteps:
         timeline = Timeline(start, int(self.now * 1e9), tuple(spans))
         for dp in range(WORLD):
             self.tracker.heard("r", "actor", Rank(dp=dp), WORLD, self.now)
-            self.tracker.spans("r", "actor", timeline, self.now)
+            self.tracker.spans("r", "actor", timeline, self.now, self.step)
         self.tracker.finalized("r", "actor", self.step, self.now)
         self.step += 1
 
