@@ -53,9 +53,8 @@ from rlmon.service.aggregation.watermark import WatermarkStore
 from rlmon.service.alerting.engine import AlertEngine, AlertState
 from rlmon.service.alerting.liveness_alerts import liveness_events
 from rlmon.service.alerting.rules import liveness_rules
-from rlmon.service.contract.heartbeat import Heartbeat, OpenSpan, ProcessId, RankBeat
+from rlmon.service.contract.heartbeat import Heartbeat, OpenSpan, OutcomeKind, ProcessId, RankBeat
 from rlmon.service.contract.heartbeat import Outcome as Ending
-from rlmon.service.contract.heartbeat import OutcomeKind
 from rlmon.service.contract.step_message import StepMessage, columns_from_states
 from rlmon.service.contract.timeline import Span, Timeline
 from rlmon.service.liveness.process_probe import ProcessFate, Sighting
@@ -184,7 +183,7 @@ class Sim:
         """``ranks`` end at ``t``: a closing heartbeat with ``outcome``, the process gone."""
         for dp in ranks:
             if self.procs[dp] == "running":
-                self._beat(t, lambda d, t: None, lambda d: d == dp, True, outcome)
+                self._beat(t, lambda d, t: None, lambda d, me=dp: d == me, True, outcome)
             self.procs[dp] = "gone"
 
     def _evaluate(self, t: float) -> None:
@@ -296,7 +295,7 @@ def first_steps_hang(seed: int, fault: str) -> Outcome:
     while sim.step < after:
         sim.advance(sim.step_start + sim.step_len + 0.001, tick=1.0)
     stopped = sim.step_start  # the last finalized step
-    name, share = STAGES[rng.randrange(len(STAGES))]
+    name, _share = STAGES[rng.randrange(len(STAGES))]
     entered = stopped + sum(s for n, s in STAGES[:[n for n, _ in STAGES].index(name)]) * (
         sim.step_len)
     sim.advance(entered + 0.001, tick=1.0)
@@ -375,19 +374,17 @@ def fault_run(seed: int, fault: str) -> Outcome:
         sim.advance(onset + frozen + max(600.0, 5 * sim.period), tick=1.0)
         sim.end(sim.now, range(sim.ranks), None)  # and finishes cleanly
         sim.advance(sim.now + 600.0, steps=False, tick=5.0)
-        if frozen < P.dead_after_seconds + 2 * P.heartbeat_seconds:
-            RIGHT_NOW = set()  # too short to be told from a pause between heartbeats
-        else:
-            RIGHT_NOW = RIGHT[fault]
+        # a freeze shorter than the dead limit and a heartbeat or two is a pause: nothing due
+        due = set() if frozen < P.dead_after_seconds + 2 * P.heartbeat_seconds else RIGHT[fault]
         after = [(t, a) for t, a, s in sim.alerts if s == "firing" and t >= onset]
-        right = [(t, a) for t, a in after if a in RIGHT_NOW]
+        right = [(t, a) for t, a in after if a in due]
         wrong = [f"{a} (wrong for {fault})" for _, a in after if a not in RIGHT[fault]]
         unresolved = [a for a in {a for _, a in right}
                       if not any(x == a and s == "resolved" for _, x, s in sim.alerts)]
         wrong += [f"{a} never resolved after the run resumed" for a in unresolved]
         latency = right[0][0] - onset if right else None
         return Outcome(fault, seed, sim.period, latency, max(120.0, 5 * sim.period),
-                       before + wrong, bool(right) or not RIGHT_NOW, expect=bool(RIGHT_NOW))
+                       before + wrong, bool(right) or not due, expect=bool(due))
     elif fault == "node_lost":
         lost = set(range(sim.ranks // 2))
         def where(dp: int, t: float) -> tuple[str, float] | None:
