@@ -43,11 +43,15 @@ def report_store(state: Path) -> Path:
     """A service's state directory holding the scenario's steps 5-10, ISRatioStale firing at 7
     and resolving at 9, then a restart from step 9 (attempt 1, steps 9-11) where it fires again
     at 11 and is still firing at the end."""
+    from rlmon.service.alerting.rules import default_rules
     from rlmon.service.service_core import ServiceCore
 
+    # ISRatioStale resolving at the first good step (no hysteresis): the scenario is short
+    rules = [r.model_copy(update={"resolve_after": 1}) if r.name == "ISRatioStale" else r
+             for r in default_rules()]
     core = ServiceCore(Settings.model_validate({"notifiers": {"console": {"enabled": False}},
                                                 "goodput": GOODPUT.model_dump()}),
-                       state_dir=state)
+                       state_dir=state, rules=rules)
     try:
         for n in range(5, 11):
             core.publish(step_records(n, bad=n in (7, 8)))

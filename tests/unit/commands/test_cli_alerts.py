@@ -25,9 +25,11 @@ def step(run: str, n: int, at: float, **metrics: float) -> StepRecord:
 @pytest.fixture
 def state(tmp_path: Path) -> Path:
     """Run a: IS ratio fired at step 0 and resolved at 1, NaN fired (and stopped it) at 2.
-    Run b: IS ratio fires at step 0 and still fires."""
+    Run b: IS ratio fires at step 0 and still fires. (ISRatioDivergence resolves at the first
+    good step here, without the pack's hysteresis.)"""
     core = ServiceCore(stopping_settings({"a": ["NonFiniteMetric"]}), state_dir=tmp_path,
-                       rules=parse_rules("actions: {NonFiniteMetric: [stop]}"))
+                       rules=parse_rules("actions: {NonFiniteMetric: [stop]}\nrules:\n"
+                                         "  - {name: ISRatioDivergence, resolve_after: 1}\n"))
     core.publish([step("a", 0, 100.0, **{catalog.IS_RATIO: 3.0})])
     core.publish([step("a", 1, 110.0, **{catalog.IS_RATIO: 1.0})])
     core.publish([step("a", 2, 120.0, **{catalog.IS_RATIO: 1.0, catalog.REWARD: math.nan})])

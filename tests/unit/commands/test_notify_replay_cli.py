@@ -13,11 +13,15 @@ from tests.support.paths import REPO
 
 ROOT = REPO
 
+# step 1 fires both (LogprobMismatch a warning: under its critical 0.3); they resolve at the
+# 20th good step (the pack's hysteresis), step 21
 RUN = [
     {"run": "r1", "role": "actor", "step": 1,
-     "metrics": {"actor/is_ratio": {"sum": 3, "count": 1}, "actor/logp_diff": {"sum": 0.5, "count": 1}}},
-    {"run": "r1", "role": "actor", "step": 2,
-     "metrics": {"actor/is_ratio": {"sum": 1, "count": 1}, "actor/logp_diff": {"sum": 0.01, "count": 1}}},
+     "metrics": {"actor/is_ratio": {"sum": 3, "count": 1}, "actor/logp_diff": {"sum": 0.2, "count": 1}}},
+] + [
+    {"run": "r1", "role": "actor", "step": n,
+     "metrics": {"actor/is_ratio": {"sum": 1, "count": 1}, "actor/logp_diff": {"sum": 0.01, "count": 1}}}
+    for n in range(2, 22)
 ]
 
 
@@ -43,7 +47,7 @@ def test_alerts_to_webhook(tmp_path: Path) -> None:
                      env={"RLMON_WEBHOOK_URL": f"{receiver.url}/hook"})
         assert out.returncode == 0, out.stderr
         bodies = [r.body for r in receiver.accepted("/hook")]
-        assert [b["step"] for b in bodies] == [1, 2]  # one post per step, all alerts in it
+        assert [b["step"] for b in bodies] == [1, 21]  # one post per step, all alerts in it
         assert sorted(a["alert"] for a in bodies[0]["alerts"]) == [
             "ISRatioDivergence", "LogprobMismatch"]
         assert {a["state"] for a in bodies[1]["alerts"]} == {"resolved"}
