@@ -31,8 +31,8 @@ def _holds(condition: Condition, view: LivenessView, firing: bool) -> bool:
             state is RunState.FROZEN and (firing or view.overdue))
     if condition is Condition.RUN_DIED:
         return state is RunState.DEAD
-    if condition is Condition.RUN_FAILED:  # on the roles whose ranks failed
-        return state is RunState.FAILED and bool(view.ends)
+    if condition is Condition.RUN_FAILED:  # on the roles whose own ranks failed
+        return state is RunState.FAILED and any(not e.stop for e in view.ends)
     if condition is Condition.RUN_PREEMPTED:
         return state is RunState.PREEMPTED and bool(view.ends)
     if condition is Condition.RUN_FROZEN:

@@ -581,9 +581,10 @@ class LivenessTracker:
         if alive:
             stream.processes, stream.sightings, stream.probe_due = None, (), 0.0
         if ends or (failed_roles and not stream.finished and open_ranks):
-            everyone = ends or [r.end for (run, _role), other in self._streams.items()
-                                if run == stream.run for r in other.ranks.values()
-                                if r.end is not None]
+            # the run's ends, every role's: a rank that raised makes the run failed, even where
+            # this role's own ranks were then stopped by a signal (a launcher, Ray's teardown)
+            everyone = [r.end for (run, _role), other in self._streams.items()
+                        if run == stream.run for r in other.ranks.values() if r.end is not None]
             state = (RunState.PREEMPTED if everyone and all(e.stop for e in everyone)
                      else RunState.FAILED)
         elif stream.finished or (stream.ranks and not open_ranks):

@@ -276,3 +276,24 @@ def test_a_frozen_run_says_so_and_never_that_its_processes_are_gone(
     c.run(2, {"f": {"close": True}})
     assert c.fired("f") == [("RunFrozen", "firing"), ("RunFrozen", "resolved")]
     c.service.close(0.0)
+
+
+def test_a_role_stopped_after_another_raised_is_failed_without_paging_twice() -> None:
+    """A Ray job: the driver dies of its actor's exception, Ray's teardown then SIGTERMs the
+    actor's process. The run failed; RunFailed belongs to the driver's role alone."""
+    from rlmon.service.alerting.engine import AlertEngine
+    from rlmon.service.alerting.liveness_alerts import liveness_events
+    from rlmon.service.alerting.rules import liveness_rules
+
+    tracker, engine = LivenessTracker(), AlertEngine(liveness_rules())
+    now = _steps(tracker, "j", 5, role="driver")
+    _steps(tracker, "j", 5, role="actor")
+    raised = Outcome(OutcomeKind.EXCEPTION, "ray.exceptions.RayTaskError(ValueError)", "bad batch")
+    tracker.heartbeat(_beat("j", 0, now + 1, outcome=raised, role="driver", world=1), now + 1)
+    tracker.heartbeat(_beat("j", 0, now + 2, outcome=SIGTERM), now + 2)
+    tracker.heartbeat(_beat("j", 1, now + 2, outcome=SIGTERM), now + 2)
+    fired = [(e.role, e.alert) for view in tracker.evaluate(now + 3)
+             for e in liveness_events(engine, view) if e.state == "firing"]
+    assert fired == [("driver", "RunFailed")]
+    actor = tracker.view("j", "actor", now + 3)
+    assert actor is not None and actor.state is RunState.FAILED
