@@ -40,7 +40,7 @@ import sys
 import threading
 from collections.abc import Callable
 from types import FrameType, TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 from rlmon.service.contract.heartbeat import (
     MAX_OUTCOME_FRAMES,
@@ -229,7 +229,7 @@ def _signal_name(frame: FrameType | None) -> str | None:
     return None
 
 
-def _exit(code: object = None) -> None:
+def _exit(code: str | int | None = None) -> NoReturn:
     """``sys.exit`` that notes a failing code first (see the module's docstring)."""
     status = exit_code_of(code)
     if status != 0 and threading.current_thread() is threading.main_thread():
@@ -240,6 +240,7 @@ def _exit(code: object = None) -> None:
             _mine().exit_code = status
     previous = _STATE.previous.get("sys.exit") or _original_exit
     previous(code)
+    raise SystemExit(code)  # a sys.exit replaced before rlmon's that returned: what sys.exit does
 
 
 _original_exit = sys.exit

@@ -10,7 +10,6 @@ import json
 import signal
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -77,7 +76,7 @@ def test_the_closing_heartbeat_says_how_the_process_ended(
 
 def test_a_users_excepthook_still_runs(ended: dict[str, tuple[int, str, list[Any]]]) -> None:
     for scenario in ("uncaught", "with_block", "finally"):
-        returncode, text, _ = ended[scenario]
+        _returncode, text, _ = ended[scenario]
         assert f"user hook saw {SCENARIOS[scenario][2]}: {SCENARIOS[scenario][3]}" in text, text
 
 
