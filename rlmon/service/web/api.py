@@ -67,6 +67,7 @@ _KEY_METRICS = tuple(m for p in PANELS for m in p.metrics)
 _MAX_OTHER = 12  # a role without any key metric shows up to this many of its own
 _AROUND = 20  # steps either side of an alert's onset
 _MAX_PICKED = 24  # metrics picked by name in one request
+_NAMES_STEPS = 2_000  # steps a query of the metrics' names reads
 # every metric and non-finite value's name in a stream's steps (after, last]: bound parameters
 _METRIC_NAMES = (
     "SELECT j.key FROM steps s, json_each(s.line, '$.metrics') j WHERE s.run = ?1 AND "
@@ -257,7 +258,8 @@ class WebApi:
             panels = self._panels(run, role, attempt)
             self.columns.get(run, role, attempt,
                              tuple(dict.fromkeys(m for p in panels for m in p.metrics)))
-            self.metrics({"run": run, "role": role, "attempt": str(attempt)})  # the picker's
+        for run, role, attempt in rows:  # then the picker's names (slower: every step line)
+            self.metrics({"run": run, "role": role, "attempt": str(attempt)})
         return len(rows)
 
     # --- curves --------------------------------------------------------------------------------
@@ -374,14 +376,19 @@ class WebApi:
         attempt = self._attempt(run, role, params)
         key = (run, role, attempt)
         with self._names_lock:
-            after, names = self._names.get(key, (-(2**63), frozenset()))
-        (last,), = self.store.read("SELECT MAX(step) FROM steps WHERE run = ? AND role = ? AND "
-                                   "attempt = ?", key)
-        if last is not None and last > after:
-            fresh = {n for (n,) in self.store.read(_METRIC_NAMES, (*key, after, last))}
-            names = names | fresh
+            known = self._names.get(key)
+        (first, last), = self.store.read("SELECT MIN(step), MAX(step) FROM steps WHERE run = ? "
+                                         "AND role = ? AND attempt = ?", key)
+        after, names = known if known is not None else (
+            (first - 1 if first is not None else 0), frozenset())
+        # a long stream's lines are read a step range at a time: the page's other requests
+        # (they share the reader's connection) wait for one range at most, not the whole run
+        while last is not None and last > after:
+            upto = min(after + _NAMES_STEPS, last)
+            names = names | {n for (n,) in self.store.read(_METRIC_NAMES, (*key, after, upto))}
+            after = upto
             with self._names_lock:
-                self._names[key] = (int(last), names)
+                self._names[key] = (after, names)
                 while len(self._names) > 64:
                     self._names.pop(next(iter(self._names)))
         attempts = self._attempts(run, role)
