@@ -237,6 +237,8 @@ def _not_connected(target: str, source: str, failure: BaseException | None,
                                   else f"{_connect_timeout():g}s (RLMON_RAY_CONNECT_TIMEOUT)"))
     advice = ("Raise RLMON_EXIT_TIMEOUT, or call flush() before the script ends"
               if target == "local" and at_exit and failure is None else
+              "Ray's logs in its session directory (under RAY_TMPDIR, /tmp/ray by default) say why"
+              if target == "local" else
               "Unset RAY_ADDRESS to let rlmon start its own Ray, or start the cluster it names")
     return f"{where}: {why}; this process's metrics are not delivered. {advice}"
 
