@@ -224,7 +224,9 @@ def describe_end(view: LivenessView) -> str:
         steps = sorted({e.last_step for e in ends if e.last_step is not None})
         last = (f"last step {steps[-1]}" if len(steps) == 1 else
                 f"last steps {steps[0]}-{steps[-1]}" if steps else "no step ended")
-        parts.append(f"{_ranks(ranks)}: {what}; in {stage or 'no open span'}, {last}")
+        # the stage of the rank's last heartbeat before its end (a span entered and left by the
+        # exception within one heartbeat period is not seen: "last seen in")
+        parts.append(f"{_ranks(ranks)}: {what}; last seen in {stage or 'no open span'}, {last}")
     text = "; ".join(parts)
     if not view.ends and view.failed_roles:
         text = f"the run's role {', '.join(view.failed_roles)} failed"

@@ -74,7 +74,7 @@ def test_an_exception_fails_the_run_naming_rank_stage_step_and_cost() -> None:
     assert view is not None and [e.rank for e in view.ends] == [Rank(dp=0)]
     text = describe(view)
     assert "dp=0: torch.OutOfMemoryError: CUDA out of memory" in text
-    assert "in rollout/generate, last step 19" in text
+    assert "last seen in rollout/generate, last step 19" in text
     assert "train.py:41" in text and "GPU-hours" in text
 
 
@@ -223,7 +223,7 @@ def test_run_failed_pages_once_with_its_cost_survives_a_restart_and_a_rerun_reso
     failed = next(e for e in c.service.events if e.alert == "RunFailed")
     assert failed.severity == "critical" and failed.step == 19
     assert "torch.OutOfMemoryError: CUDA out of memory" in failed.detail
-    assert "in update_actor, last step 19" in failed.detail and "GPU-hours" in failed.detail
+    assert "last seen in update_actor, last step 19" in failed.detail and "GPU-hours" in failed.detail
     assert "rerun" in failed.what_to_check and failed.cost_note
     preempted = next(e for e in c.service.events if e.alert == "RunPreempted")
     assert preempted.severity == "warning" and "killed by SIGTERM" in preempted.detail

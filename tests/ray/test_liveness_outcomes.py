@@ -1,0 +1,247 @@
+"""Every way a run ends badly, with real processes against a real Ray runtime (issue 29): an
+uncaught exception, the same inside ``with Reporter``, a rank actor raising under a Ray driver,
+a SIGTERM, a hang after step 0, a SIGSTOP followed by a clean finish, and a slow first step;
+each pages what it should and nothing else. Short configured thresholds keep it to seconds; the
+latencies are printed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, shutdown_runtime
+from tests.support.polling import wait_for
+
+pytestmark = pytest.mark.ray
+
+PATIENCE = 120.0
+CONFIG = """
+notifiers: {console: {enabled: true}}
+liveness:
+  heartbeat_seconds: 0.5
+  stall_floor_seconds: 6
+  dead_after_seconds: 2.5
+  evaluate_seconds: 0.2
+  first_step_seconds: 60
+"""
+
+SCRIPT = """
+import os, sys, time
+from rlmon import Reporter
+mode, run, namespace, go = sys.argv[1:5]
+
+def steps(rep, first, n, span="train"):
+    for step in range(first, first + n):
+        with rep.span(span):
+            time.sleep(0.05)
+        rep.record("actor/loss", sum=1.0, count=1.0)
+        rep.end_step(step)
+
+def ready(rep):
+    assert rep.flush(120), "steps not delivered"
+    print("ready", time.time(), flush=True)
+
+if mode == "with_raise":
+    with Reporter(run, "actor", rank={"dp": 0}, world={"dp": 1}, namespace=namespace,
+                  hardware_interval=None) as rep:
+        steps(rep, 0, 10)
+        ready(rep)
+        with rep.span("weight_sync"):
+            time.sleep(1.5)  # a few heartbeats in the stage, then the collective fails
+            raise RuntimeError("NCCL error: unhandled system error, NCCL version 2.21.5")
+    sys.exit(0)
+
+rep = Reporter(run, "actor", rank={"dp": 0}, world={"dp": 1}, namespace=namespace,
+               hardware_interval=None)
+if mode == "slow_first":
+    with rep.span("load_model"):
+        time.sleep(8.0)  # longer than the stall floor: a slow start never pages
+    steps(rep, 0, 10)
+    rep.close()
+elif mode == "hang0":
+    steps(rep, 0, 1)
+    ready(rep)
+    with rep.span("weight_sync"):
+        time.sleep(3600)  # the first weight sync never returns; the process lives
+elif mode == "sigterm":
+    steps(rep, 0, 10)
+    ready(rep)
+    time.sleep(3600)  # the scheduler's SIGTERM ends it
+elif mode == "sigstop":
+    steps(rep, 0, 10)
+    ready(rep)
+    step = 10
+    while not os.path.exists(go):  # the test stops and continues the process meanwhile
+        steps(rep, step, 1)
+        step += 1
+    steps(rep, step, 5)
+    rep.close()
+else:  # raise
+    steps(rep, 0, 20)
+    ready(rep)
+    with rep.span("update_actor"):
+        time.sleep(1.5)
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+"""
+
+DRIVER = """
+import sys, time
+import ray
+from rlmon import Reporter
+run, namespace = sys.argv[1:3]
+ray.init(namespace=namespace)
+
+@ray.remote
+class Rank:
+    def __init__(self):
+        self.rep = Reporter(run, "actor", rank={"dp": 0}, world={"dp": 1}, namespace=namespace,
+                            hardware_interval=None)
+        self.step = 0
+
+    def train(self, n, fail=False):
+        for _ in range(n):
+            with self.rep.span("train"):
+                time.sleep(0.05)
+            self.rep.record("actor/loss", sum=1.0, count=1.0)
+            self.rep.end_step(self.step)
+            self.step += 1
+        assert self.rep.flush(120)
+        if fail:
+            raise ValueError("reward function raised on a bad batch")
+
+rep = Reporter(run, "driver", rank={"dp": 0}, world={"dp": 1}, namespace=namespace,
+               hardware_interval=None)
+rank = Rank.remote()
+for step in range(5):
+    ray.get(rank.train.remote(2))
+    rep.record("driver/loop", sum=1.0, count=1.0)
+    rep.end_step(step)
+assert rep.flush(120)
+print("ready", time.time(), flush=True)
+ray.get(rank.train.remote(1, fail=True))  # raises RayTaskError(ValueError): uncaught
+"""
+
+EXPECTED = {
+    "raise": ("actor", "RunFailed"),
+    "with_raise": ("actor", "RunFailed"),
+    "actor_raise": ("driver", "RunFailed"),
+    "sigterm": ("actor", "RunPreempted"),
+    "hang0": ("actor", "RunStalled"),
+    "sigstop": ("actor", "RunFrozen"),
+    "slow_first": None,
+}
+
+
+def _env(address: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLMON_")}
+    env.update(RAY_ADDRESS=address, RLMON_LIVENESS__HEARTBEAT_SECONDS="0.5",
+               RLMON_EXIT_TIMEOUT="30", RAY_DISABLE_USAGE_STATS="1")
+    return env
+
+
+def _start(tmp: Path, mode: str, namespace: str, address: str) -> subprocess.Popen[str]:
+    if mode == "actor_raise":
+        script = tmp / "driver.py"
+        script.write_text(DRIVER)
+        args = [f"{mode}-run", namespace]
+    else:
+        script = tmp / "train.py"
+        script.write_text(SCRIPT)
+        args = [mode, f"{mode}-run", namespace, str(tmp / "go")]
+    return subprocess.Popen([sys.executable, str(script), *args], env=_env(address),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _ready_at(proc: subprocess.Popen[str]) -> float:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # blocks until the script says it (or exits)
+    assert line.startswith("ready"), (line, proc.poll(), proc.stderr and proc.stderr.read())
+    return float(line.split()[-1])
+
+
+def _alerts(ray: Any, service: Any, run: str) -> list[tuple[str, str, str]]:
+    _, events = ray.get(service.recent_events.remote(0))
+    return [(e.role, e.alert, e.state) for e in events if e.run == run]
+
+
+def test_every_bad_ending_pages_what_it_should(ray_cluster: Any, ray_namespace: str,
+                                              tmp_path: Path) -> None:
+    ray = ray_cluster
+    config = tmp_path / "rlmon.yaml"
+    config.write_text(CONFIG)
+    service = ensure_runtime(ray_namespace, RuntimeOptions(config=str(config),
+                                                           state_dir=str(tmp_path / "state")))
+    address = ray.get_runtime_context().gcs_address
+    procs = {mode: _start(tmp_path, mode, ray_namespace, address) for mode in EXPECTED}
+    try:
+        ready = {mode: _ready_at(p) for mode, p in procs.items() if mode != "slow_first"}
+        os.killpg(procs["sigterm"].pid, signal.SIGTERM)
+        os.kill(procs["sigstop"].pid, signal.SIGSTOP)
+        stopped_at = termed_at = time.time()
+        seen: dict[str, float] = {}
+
+        def paged() -> bool:
+            for mode, want in EXPECTED.items():
+                if want is not None and mode not in seen and (
+                        *want, "firing") in _alerts(ray, service, f"{mode}-run"):
+                    seen[mode] = time.time()
+            return len(seen) == len([w for w in EXPECTED.values() if w is not None])
+
+        try:
+            wait_for(paged, PATIENCE, "each bad ending's alert", every=0.05)
+        finally:
+            os.kill(procs["sigstop"].pid, signal.SIGCONT)
+        wait_for(lambda: ("actor", "RunFrozen", "resolved") in _alerts(
+            ray, service, "sigstop-run"), PATIENCE, "RunFrozen resolved once the process goes on")
+        (tmp_path / "go").touch()
+        assert procs["sigstop"].wait(PATIENCE) == 0
+        assert procs["slow_first"].wait(PATIENCE) == 0
+        assert procs["raise"].wait(PATIENCE) == 1 and procs["with_raise"].wait(PATIENCE) == 1
+        assert procs["actor_raise"].wait(PATIENCE) == 1
+        assert procs["sigterm"].wait(PATIENCE) == -signal.SIGTERM
+        # a moment past the ends: nothing else pages (no RunDied beside a failure, no RunStalled
+        # for the frozen script that went on, nothing for the slow start or the clean finish)
+        settle = time.time()
+        wait_for(lambda: time.time() - settle > 4.0, 30, "four seconds more", every=0.2)
+        got = {mode: _alerts(ray, service, f"{mode}-run") for mode in EXPECTED}
+        for mode, want in EXPECTED.items():
+            fired = [(role, alert) for role, alert, state in got[mode] if state == "firing"]
+            assert fired == ([want] if want else []), (mode, got[mode])
+        text = {e.run: e for e in ray.get(service.recent_events.remote(0))[1]
+                if e.state == "firing"}
+        assert "RuntimeError: CUDA out of memory" in text["raise-run"].detail
+        assert "last seen in update_actor, last step 19" in text["raise-run"].detail
+        assert "NCCL error" in text["with_raise-run"].detail
+        assert "last seen in weight_sync" in text["with_raise-run"].detail
+        assert "ValueError" in text["actor_raise-run"].detail
+        assert "reward function raised" in text["actor_raise-run"].detail
+        assert "killed by SIGTERM" in text["sigterm-run"].detail
+        assert "weight_sync" in text["hang0-run"].detail
+        frozen = text["sigstop-run"].detail
+        assert "Processes still exist" in frozen and "gone" not in frozen
+        # from the raise (1.5 s into its span after "ready"), the step 0 before the hang, the
+        # signal
+        latency = {mode: seen[mode] - ready[mode] - 1.5 for mode in ("raise", "with_raise")}
+        latency.update({mode: seen[mode] - ready[mode] for mode in ("actor_raise", "hang0")})
+        latency["sigterm"] = seen["sigterm"] - termed_at
+        latency["sigstop"] = seen["sigstop"] - stopped_at
+        print("\nliveness latencies (s): " + ", ".join(
+            f"{mode} {EXPECTED[mode][1]} {value:.1f}"  # type: ignore[index]
+            for mode, value in latency.items()))
+        assert latency["hang0"] >= 6.0  # not before the stall floor after a 0.05 s step 0
+        assert latency["sigstop"] >= 2.0  # silent for the dead limit first
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGCONT)
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        shutdown_runtime(ray_namespace)
