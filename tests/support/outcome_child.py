@@ -12,7 +12,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from rlmon.actors.reporter import Reporter
+from rlmon.actors.reporter import Reporter, outcome
 from rlmon.actors.reporter.sink import LocalSink
 from rlmon.service.aggregation.tier_messages import IngestAck
 from rlmon.service.contract.heartbeat import Heartbeat, check_heartbeat
@@ -47,6 +47,7 @@ def main(scenario: str, path: str) -> None:
     sys.excepthook = user_hook  # the user's own hook, set before rlmon's: it must still run
     rep = Reporter("ends", "actor", rank={"dp": 0}, world={"dp": 1}, sink=FileBeatSink(path),
                    hardware_interval=None, heartbeat_seconds=0.05)
+    outcome.install()  # a second install (another Reporter, the runtime) chains nothing twice
     for step in range(3):
         rep.record("actor/loss", sum=1.0, count=1.0)
         rep.end_step(step)

@@ -78,6 +78,7 @@ def test_a_users_excepthook_still_runs(ended: dict[str, tuple[int, str, list[Any
     for scenario in ("uncaught", "with_block", "finally"):
         _returncode, text, _ = ended[scenario]
         assert f"user hook saw {SCENARIOS[scenario][2]}: {SCENARIOS[scenario][3]}" in text, text
+        assert text.count("user hook saw") == 1, text  # chained once, however often installed
 
 
 def _raise(exc: BaseException) -> BaseException:
