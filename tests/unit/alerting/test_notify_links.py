@@ -94,7 +94,7 @@ def test_a_firing_links_to_its_page_and_says_what_to_change(
         run_page = f"http://127.0.0.1:{core.port}/#/run/{RUN}?role=actor"
 
         pd = next(r.body for r in receiver.accepted("/v2/enqueue")
-                  if r.body["payload"]["class"] == "ISRatioStale")
+                  if r.body.get("payload", {}).get("class") == "ISRatioStale")
         details = pd["payload"]["custom_details"]
         assert details["alert_url"] == link and details["first_moved"] == MOVED
         assert "`algorithm.rollout_correction.rollout_is_threshold` (2 to 5)" in (

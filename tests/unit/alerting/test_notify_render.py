@@ -184,6 +184,8 @@ def test_without_a_public_url_nothing_links_to_rlmon_and_a_resolve_links_its_lat
     resolved = stale(state="resolved")
     assert alert_url(resolved, PAGE) == (
         "https://rlmon.example.com/#/alert/grpo%207b%2Fa/actor/ISRatioStale")
+    # a re-send is not stored at its step: it opens the latest firing too
+    assert alert_url(replace(stale(), step=90, repeat=True), PAGE) == alert_url(resolved, PAGE)
     (line,) = webhook_body([resolved], None, public_url=PAGE)["alerts"]
     assert line["what_to_change"] == "" and line["first_moved"] == ""  # said at the firing
 

@@ -45,11 +45,12 @@ def summary_line(event: AlertEvent) -> str:
 
 def alert_url(event: AlertEvent, public_url: str | None) -> str | None:
     """The alert's page on the run page (``/#/alert/<run>/<role>/<alert>/<step>``): a firing's
-    own onset; a resolve's latest firing (the page without a step). None without a public URL."""
+    own onset (an escalation's: it is stored at its step); a resolve's or a re-send's latest
+    firing (the page without a step: a re-send is not stored). None without a public URL."""
     if not public_url:
         return None
     parts = [event.run, event.role, event.alert]
-    if event.state == "firing":
+    if event.state == "firing" and not event.repeat:
         parts.append(str(event.step))
     return f"{public_url.rstrip('/')}/#/alert/" + "/".join(quote(p, safe="") for p in parts)
 
