@@ -242,10 +242,12 @@ def _compare(metric: str, a: RunSeries, b: RunSeries, p: DiffParams, z: float
         # a schedule or a constant (no noise), or a series both runs computed alike from the
         # start (two noisy runs never log the same floats): compared value for value
         at = int(np.argmax(differs)) if differs.any() else None
-        values = (float(sa[steps[at]]), float(sb[steps[at]])) if at is not None else (None, None)
-        return MetricDivergence(metric, *keys, len(steps), scale, 0.0, 0.0, 0.0, 0.0, 0.0,
-                                steps[at] if at is not None else None, *values,
-                                math.inf if at is not None else 0.0, exact=True)
+        return MetricDivergence(
+            metric, keys[0], keys[1], len(steps), scale, 0.0, 0.0, 0.0, 0.0, 0.0,
+            onset=steps[at] if at is not None else None,
+            a_value=float(sa[steps[at]]) if at is not None else None,
+            b_value=float(sb[steps[at]]) if at is not None else None,
+            score=math.inf if at is not None else 0.0, exact=True)
     width = min(p.smooth, len(steps))
     ma, mb = _trailing_median(xa, width), _trailing_median(xb, width)
     wa, wb = _wander(xa), _wander(xb)

@@ -78,9 +78,9 @@ def from_logged(run: LoggedRun, label: str) -> RunSeries:
     series = {}
     for step, values in _rows(run):
         for key, value in values.items():
-            name = names.get(key)
-            if name is not None:
-                series.setdefault(name, {})[step] = value
+            mapped = names.get(key)
+            if mapped is not None:
+                series.setdefault(mapped, {})[step] = value
     return RunSeries(label, run.name, run.source, run.format, series,
                      {name: key for key, name in names.items()}, config, keymap.framework)
 

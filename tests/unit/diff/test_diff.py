@@ -63,7 +63,7 @@ def test_a_change_is_found_near_its_step_and_named_by_its_metric() -> None:
     assert result.diverged
     first = result.first
     assert first is not None and first.metric == "kl"  # not grad_norm, the noisiest
-    assert 60 <= first.onset <= 90, first.describe()
+    assert first.onset is not None and 60 <= first.onset <= 90, first.describe()
     assert result.headline() == f"runs part ways at step {first.onset} (first diverging " \
                                 "metric: kl)"
     assert not any(m.diverged for m in result.metrics if m.metric == "grad_norm")
