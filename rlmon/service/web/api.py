@@ -67,7 +67,7 @@ _KEY_METRICS = tuple(m for p in PANELS for m in p.metrics)
 _MAX_OTHER = 12  # a role without any key metric shows up to this many of its own
 _AROUND = 20  # steps either side of an alert's onset
 _MAX_PICKED = 24  # metrics picked by name in one request
-_NAMES_STEPS = 2_000  # steps a query of the metrics' names reads
+_NAMES_STEPS = 500  # steps a query of the metrics' names reads (a wait of tens of ms for others)
 # every metric and non-finite value's name in a stream's steps (after, last]: bound parameters
 _METRIC_NAMES = (
     "SELECT j.key FROM steps s, json_each(s.line, '$.metrics') j WHERE s.run = ?1 AND "
