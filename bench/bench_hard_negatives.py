@@ -315,12 +315,14 @@ class Tally:
     firings: int = 0
     flaps: int = 0
     false_critical: int = 0
+    held: int = 0  # transitions over the engine's per-hour bound: stored, not sent
+    escalations: int = 0
     alerts: Counter[str] = field(default_factory=Counter)  # firings by alert
     worst: int = 0  # most notifications of one run
 
     def add(self, other: Tally) -> None:
         for name in ("runs", "hours", "notifications", "slack", "pagerduty", "firings", "flaps",
-                     "false_critical"):
+                     "false_critical", "held", "escalations"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.alerts.update(other.alerts)
         self.worst = max(self.worst, other.worst)
@@ -338,13 +340,17 @@ def measure(events: list[AlertEvent], hours: float, flap_steps: int) -> Tally:
     tally.slack, tally.pagerduty = by["slack"], by["pagerduty"]
     tally.notifications = tally.slack + tally.pagerduty
     tally.worst = tally.notifications
+    tally.held = sum(1 for e in events if not getattr(e, "notify", True))  # older engines: none
     resolved_at: dict[tuple[str, str, str], int] = {}
     for e in events:
         key = (e.run, e.role, e.alert)
         if e.state == "resolved":
             resolved_at[key] = e.step
             continue
+        if getattr(e, "repeat", False):
+            continue  # a re-send of a firing alert: counted in the notifications only
         tally.firings += 1
+        tally.escalations += bool(getattr(e, "escalated_from", ""))
         tally.alerts[e.alert] += 1
         if e.severity == "critical":
             tally.false_critical += 1
@@ -408,12 +414,14 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"kind": kind, "runs": tally.runs, "hours": tally.hours,
                               "notifications": tally.notifications, "slack": tally.slack,
                               "pagerduty": tally.pagerduty, "flaps": tally.flaps,
-                              "false_critical": tally.false_critical,
+                              "false_critical": tally.false_critical, "held": tally.held,
+                              "escalations": tally.escalations,
                               "firings": dict(tally.alerts)}))
     print(_row("all", total))
     print(f"notifications per run-hour: mean {total.notifications / total.hours:.2f}, "
           f"worst kind {max(rates):.2f}, median kind {statistics.median(rates):.2f}; "
-          f"flaps {total.flaps}; false critical {total.false_critical}; "
+          f"flaps {total.flaps}; false critical {total.false_critical} "
+          f"({total.escalations} escalations); held over the per-hour bound {total.held}; "
           f"{time.perf_counter() - started:.1f} s")
     return 0
 
