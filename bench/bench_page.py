@@ -20,7 +20,11 @@ service is started on it, as the page meets it. Figures, for each N:
   * GET /api/runs (what the page polls every 2 s);
   * the JSON the page downloads against the full series' JSON;
   * with Chromium (Debian's, via Playwright; skipped without it): navigation to every panel
-    drawn, right after the service started (racing its warm-up) and once warmed.
+    drawn, right after the service started (racing its warm-up) and once warmed; and, once
+    warmed, the same with a metric outside the key curves picked by name (read from the step
+    lines the first time it is asked for, then cached) and with a second run of the same length
+    overlaid (issue 31);
+  * GET /api/metrics (the picker's list of every metric), its first read and once known.
 Each is printed with its ratio to the baseline. The budget: a 100,000-step run loads in about a
 second.
 
@@ -53,6 +57,7 @@ from rlmon.service.storage.history import HistoryStore
 from rlmon.service.web.api import WebApi
 
 RUN, ROLE = "bench-run", "actor"
+RUN_B = "bench-run-b"  # overlaid
 KEY = (catalog.IS_RATIO, catalog.IS_RATIO_MIN, catalog.IS_RATIO_MAX, catalog.LOGP_DIFF,
        catalog.LOGP_DIFF_MAX, catalog.KL, catalog.ENTROPY, catalog.CLIP_RATIO, catalog.GRAD_NORM,
        catalog.STEP_SECONDS)
@@ -62,7 +67,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
-def fill(path: Path, steps: int) -> float:
+def fill(path: Path, steps: int, run: str = RUN) -> float:
     """One run of ``steps`` steps; an alert fires and resolves every 5,000 steps. Returns the
     seconds spent in the history store's writes."""
     store = HistoryStore(path)
@@ -75,13 +80,13 @@ def fill(path: Path, steps: int) -> float:
         for s in range(first, min(first + batch, steps)):
             values = {n: 1.0 + 0.5 * math.sin(s / 300.0 + i) + 0.01 * ((s * 7919 + i) % 13)
                       for i, n in enumerate(names)}
-            records.append(StepRecord(RUN, ROLE, s, True, 8, 8, (), values,
+            records.append(StepRecord(run, ROLE, s, True, 8, 8, (), values,
                                       finalized_at=t0 + s))
             if s % 5_000 == 2_500:
-                events.append(AlertEvent(RUN, ROLE, s, "KLDivergence", "warning", "firing",
+                events.append(AlertEvent(run, ROLE, s, "KLDivergence", "warning", "firing",
                                          catalog.KL, values[catalog.KL]))
             if s % 5_000 == 3_000:
-                events.append(AlertEvent(RUN, ROLE, s, "KLDivergence", "warning", "resolved",
+                events.append(AlertEvent(run, ROLE, s, "KLDivergence", "warning", "resolved",
                                          catalog.KL, values[catalog.KL]))
         started = time.perf_counter()
         store.add(records, events)
@@ -121,14 +126,15 @@ def drop_page_cache() -> bool:
     return True
 
 
-def first_read(path: Path, dropped: bool) -> float | None:
-    """Seconds for GET /api/curves of the run through a fresh read-only connection."""
+def first_read(path: Path, dropped: bool, endpoint: str = "/api/curves") -> float | None:
+    """Seconds for GET /api/curves (or ``endpoint``) of the run through a fresh read-only
+    connection."""
     if dropped and not drop_page_cache():
         return None
     reader = HistoryStore(path, read_only=True)
     try:
         started = time.perf_counter()
-        WebApi(reader).handle("/api/curves", {"run": RUN, "role": ROLE})
+        WebApi(reader).handle(endpoint, {"run": RUN, "role": ROLE})
         return time.perf_counter() - started
     finally:
         reader.close()
@@ -150,12 +156,13 @@ def timed_get(url: str) -> tuple[float, bytes]:
     return time.perf_counter() - started, body
 
 
-def browser_load(chromium: Any, base: str) -> float:
-    """Seconds from navigation to every panel drawn (uPlot's first draw sets data-onsets)."""
+def browser_load(chromium: Any, base: str, view: str = "") -> float:
+    """Seconds from navigation to every panel drawn (uPlot's first draw sets data-onsets);
+    ``view``: more of the address (picked metrics, overlays)."""
     page = chromium.new_page(viewport={"width": 1400, "height": 1000})
     try:
         started = time.perf_counter()
-        page.goto(f"{base}#/run/{RUN}?role={ROLE}")
+        page.goto(f"{base}#/run/{RUN}?role={ROLE}{view}")
         page.wait_for_function(
             "() => { const p = document.querySelectorAll('#panels .panel');"
             " return p.length > 0 && [...p].every(e => e.dataset.onsets !== undefined); }",
@@ -190,6 +197,7 @@ def bench(steps: int, chromium: Any | None) -> dict[str, Any]:
         HistoryStore(path).close()  # the first open after the upgrade packs the stored steps
         out["backfill"] = time.perf_counter() - started
         out["cold"] = first_read(path, False)
+        out["names_first"] = first_read(path, False, "/api/metrics")
         out["cold_dropped"] = first_read(path, True)
         if chromium is not None:  # right after a start, racing the warm-up
             for key, dropped in (("page_start", False), ("page_start_dropped", True)):
@@ -213,9 +221,19 @@ def bench(steps: int, chromium: Any | None) -> dict[str, Any]:
             out["warm"] = statistics.median(
                 timed_get(f"{base}api/curves?run={RUN}&role={ROLE}")[0] for _ in range(5))
             out["runs"] = statistics.median(timed_get(f"{base}api/runs")[0] for _ in range(5))
+            out["names"] = statistics.median(
+                timed_get(f"{base}api/metrics?run={RUN}&role={ROLE}")[0] for _ in range(5))
             if chromium is not None:
                 out["page_warm"] = statistics.median(browser_load(chromium, base)
                                                      for _ in range(3))
+                picked = f"&m={OTHER[-1].replace('/', '%2F')}"
+                out["page_picked_first"] = browser_load(chromium, base, picked)
+                out["page_picked"] = statistics.median(browser_load(chromium, base, picked)
+                                                       for _ in range(3))
+                fill(path, steps, RUN_B)
+                browser_load(chromium, base, f"&with={RUN_B}")  # its first read
+                out["page_overlay"] = statistics.median(
+                    browser_load(chromium, base, f"&with={RUN_B}") for _ in range(3))
         finally:
             core.close(0.0)
         return out
@@ -282,6 +300,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"baseline)" + (f", page cache dropped {r['page_start_dropped'] * 1e3:6.0f} ms"
                                   if "page_start_dropped" in r else "")
                   + f"; warmed {r['page_warm'] * 1e3:6.0f} ms ({r['page_warm'] / base:5.3f}x)")
+            print(f"    with a metric outside the key curves picked: its first time "
+                  f"{r['page_picked_first'] * 1e3:6.0f} ms, then {r['page_picked'] * 1e3:6.0f} ms"
+                  f" ({r['page_picked'] / r['page_warm']:.2f}x the key panels alone)")
+            print(f"    with a second {n:,}-step run overlaid (its columns cached) "
+                  f"{r['page_overlay'] * 1e3:6.0f} ms ({r['page_overlay'] / r['page_warm']:.2f}x)")
+        print(f"  GET /api/metrics (the picker's names): first read {r['names_first'] * 1e3:.0f} "
+              f"ms (the warmer reads it ahead), then {r['names'] * 1e3:.1f} ms")
     last = results[max(results)]
     if "page_warm" in last:
         print(f"budget: a {max(results):,}-step run loads in about 1 s: "
