@@ -32,7 +32,9 @@ The state is plain numbers (the trailing rows and ``S``), kept in the engine's
 :class:`~rlmon.service.alerting.engine.AlertState` and saved with it, so a restarted service and
 ``rlmon replay`` / ``rlmon diagnose`` continue exactly. It is judged within one stream: the role
 that logs the reward, the length and the KL together (the framework integrations' driver or
-trainer, a diagnosed log).
+trainer, a diagnosed log). Where the stream logs no KL (TRL with ``beta=0``, a rollout role),
+the length leg is not judged (reward and length alone rise together too often in healthy runs);
+the verifier gap still is.
 """
 
 from __future__ import annotations
@@ -157,7 +159,9 @@ def _evidence(p: RewardHackingParams, rows: list[float], new: tuple[float, ...]
     z_r = reward_above / sd_r
     excess = (length - exp_l) - coupling * reward_above
     z_l = excess / sd_l
-    z_k = math.inf
+    # without the KL (a stream that does not log it) the length leg is not judged: reward and
+    # length alone rise together too often in healthy runs
+    z_k = -math.inf
     kl_ratio = math.nan
     if math.isfinite(kl) and _finite(kls):
         exp_k, _, sd_k, _ = _line(kls, ahead)

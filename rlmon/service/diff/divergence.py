@@ -74,7 +74,8 @@ class MetricDivergence:
     a_value: float | None = None  # the smoothed values at the departure's last persisted step
     b_value: float | None = None
     score: float = 0.0  # |difference| / threshold there
-    exact: bool = False  # no noise in either run: compared value for value
+    exact: bool = False  # compared value for value (no noise, or logged alike at first)
+    shared_start: bool = False  # noisy, but logged identically at first (same seed and data)
 
     @property
     def diverged(self) -> bool:
@@ -84,6 +85,9 @@ class MetricDivergence:
         name = self.metric if self.key_a in ("", self.metric) else f"{self.metric} ({self.key_a})"
         if not self.diverged:
             return f"{name}: within noise over {self.steps} steps"
+        if self.shared_start:
+            return f"{name}: logged identically until step {self.onset} (the same seed and " \
+                   f"data), then differs ({_fmt(self.a_value)} vs {_fmt(self.b_value)})"
         if self.exact:
             return f"{name}: differs from step {self.onset} ({_fmt(self.a_value)} vs " \
                    f"{_fmt(self.b_value)}; no noise in either run: a setting or a schedule)"
@@ -117,12 +121,15 @@ class DiffResult:
 
     @property
     def first(self) -> MetricDivergence | None:
-        """The first metric (with noise) to part ways."""
-        return next((m for m in self.metrics if m.diverged and not m.exact), None)
+        """The first metric with noise to part ways (a schedule that differs is a setting; a
+        metric both runs logged identically at first parts where it first differs)."""
+        return next((m for m in self.metrics if m.diverged
+                     and (not m.exact or m.shared_start)), None)
 
     @property
     def exact_differences(self) -> list[MetricDivergence]:
-        return [m for m in self.metrics if m.diverged and m.exact]
+        """Schedules and constants that differ (no noise in either run)."""
+        return [m for m in self.metrics if m.diverged and m.exact and not m.shared_start]
 
     @property
     def diverged(self) -> bool:
@@ -247,7 +254,8 @@ def _compare(metric: str, a: RunSeries, b: RunSeries, p: DiffParams, z: float
             onset=steps[at] if at is not None else None,
             a_value=float(sa[steps[at]]) if at is not None else None,
             b_value=float(sb[steps[at]]) if at is not None else None,
-            score=math.inf if at is not None else 0.0, exact=True)
+            score=math.inf if at is not None else 0.0, exact=True,
+            shared_start=not smooth)
     width = min(p.smooth, len(steps))
     ma, mb = _trailing_median(xa, width), _trailing_median(xb, width)
     wa, wb = _wander(xa), _wander(xb)

@@ -31,7 +31,7 @@ def render_text(result: DiffResult) -> str:
         lines.append(f"settings: not recorded in {missing}")
     for exact in result.exact_differences:
         lines.append(f"  differs exactly: {exact.describe()}")
-    diverged = [m for m in result.metrics if m.diverged and not m.exact]
+    diverged = [m for m in result.metrics if m.diverged and (not m.exact or m.shared_start)]
     if diverged:
         lines.append("diverged (first step of the departure, smoothed A vs B):")
         lines += [f"  {m.describe()}" for m in diverged]

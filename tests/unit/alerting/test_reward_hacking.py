@@ -128,3 +128,12 @@ def test_diagnose_names_it_in_a_trainer_state(tmp_path: Path) -> None:
     assert 101 <= finding.step <= 113
     assert finding.what_to_check == reward_hacking.WHAT_TO_CHECK
     assert {r.key for r in finding.related} >= {"reward", "completions/mean_length", "kl"}
+
+
+def test_without_the_kl_only_the_verifier_gap_is_judged() -> None:
+    def no_kl(rows: list[dict[str, float]]) -> list[dict[str, float]]:
+        return [{k: v for k, v in row.items() if k != c.KL} for row in rows]
+
+    assert fired(no_kl(run(1, "linear", hack_at=100))) == []
+    found = fired(no_kl(run(3, "concave", hack_at=100, kind="gap", verifier=True)))
+    assert found and "reward - verifier gap" in found[0][1]
