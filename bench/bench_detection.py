@@ -40,7 +40,13 @@ import numpy as np
 
 from rlmon.service.alerting.baseline import predict
 from rlmon.service.alerting.engine import AlertEngine
-from rlmon.service.alerting.rules import Rule, default_rules, early_warning_rules, fixed_rules
+from rlmon.service.alerting.rules import (
+    Condition,
+    Rule,
+    default_rules,
+    early_warning_rules,
+    fixed_rules,
+)
 from rlmon.service.contract.step_record import StepRecord
 
 Series = dict[str, np.ndarray]
@@ -256,6 +262,7 @@ def pack(sensitivity: float = 1.0) -> list[Rule]:
     """The default pack, each early-warning rule's decision threshold scaled by ``sensitivity``."""
     return fixed_rules() + [
         rule.model_copy(update={"decision": rule.baseline.decision * sensitivity})
+        if rule.condition is Condition.BASELINE else rule  # RewardHacking has its own detector
         for rule in early_warning_rules()]
 
 
