@@ -119,7 +119,8 @@ def test_run_page_draws_every_point_and_the_alert_onsets(page: Any, service: Ser
         assert drawn["points"] == len(want["x"]) == 30
         assert drawn["series"] == ",".join(
             str(sum(v is not None for v in ys)) for ys in want["y"])
-        assert drawn["onsets"] == "6,10"  # LogprobMismatch, ISRatioStale: in every panel
+        # LogprobMismatch, ISRatioStale, LogprobMismatch escalated to critical: in every panel
+        assert drawn["onsets"] == "6,10,14"
     # the markers are on the canvas, at the onset steps' pixels, in the warning colour
     found = page.evaluate("""() => {
         const u = window.rlmonCharts()[0];
@@ -146,7 +147,7 @@ def test_zoom_and_role_tabs(page: Any) -> None:
     page.click("#zoom-apply")
     page.wait_for_function("() => document.querySelector('#panels .panel')?.dataset.points === '11'")
     assert {p["points"] for p in panels(page)} == {11}
-    assert {p["onsets"] for p in panels(page)} == {"6,10"}
+    assert {p["onsets"] for p in panels(page)} == {"6,10,14"}
     page.click(".tabs a:text('rollout')")
     page.wait_for_function("() => [...document.querySelectorAll('#panels .panel')].some("
                            "p => p.dataset.metrics === 'rollout/policy_lag')")

@@ -118,7 +118,8 @@ def test_curves_hold_every_step_of_a_short_run_and_the_alert_transitions(
         for metric, ys in zip(panel["metrics"], panel["y"], strict=True):
             assert ys == [line["metrics"].get(metric) for line in lines]
     onsets = {(a["alert"], a["step"]) for a in body["alerts"] if a["state"] == "firing"}
-    assert onsets == {("LogprobMismatch", 6), ("ISRatioStale", 10)}
+    # LogprobMismatch escalates to critical at 14 (docs/alerting.md: escalation)
+    assert onsets == {("LogprobMismatch", 6), ("ISRatioStale", 10), ("LogprobMismatch", 14)}
 
 
 def test_curves_zoom_to_a_step_range(service: ServiceCore) -> None:
