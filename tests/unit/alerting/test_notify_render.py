@@ -10,7 +10,7 @@ import pytest
 
 from rlmon.service.alerting.engine import AlertEvent
 from rlmon.service.alerting.notify.console import ConsoleNotifier
-from rlmon.service.alerting.notify.render import alert_url, webhook_body
+from rlmon.service.alerting.notify.render import alert_url, summary_line, webhook_body
 from rlmon.service.alerting.notify.routing import route
 from rlmon.service.config import ConfigError, Settings, Silence, load_config
 from rlmon.service.metrics import catalog
@@ -184,6 +184,9 @@ def test_without_a_public_url_nothing_links_to_rlmon_and_a_resolve_links_its_lat
     resolved = stale(state="resolved")
     assert alert_url(resolved, PAGE) == (
         "https://rlmon.example.com/#/alert/grpo%207b%2Fa/actor/ISRatioStale")
+    escalated = replace(stale(), escalated_from="warning")
+    assert summary_line(escalated).startswith(
+        "[CRITICAL, escalated from warning] ISRatioStale on grpo 7b/a/actor step 48")
     # a re-send is not stored at its step: it opens the latest firing too
     assert alert_url(replace(stale(), step=90, repeat=True), PAGE) == alert_url(resolved, PAGE)
     (line,) = webhook_body([resolved], None, public_url=PAGE)["alerts"]

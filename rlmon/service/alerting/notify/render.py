@@ -34,6 +34,8 @@ def format_value(value: float | None) -> str:
 def summary_line(event: AlertEvent) -> str:
     """One line: what fired where, and the value against its condition."""
     state = "RESOLVED" if event.state == "resolved" else event.severity.upper()
+    if event.escalated_from and event.state == "firing":
+        state += f", escalated from {event.escalated_from}"
     where = f"{event.run}/{event.role} step {event.step}"
     metric = f": {event.metric} = {format_value(event.value)}" if event.metric else ""
     cond = f" ({event.condition})" if event.condition else ""
