@@ -83,7 +83,9 @@ def transitions(events: Iterable[AlertEvent]) -> list[tuple[str, str, int]]:
 
 def test_default_pack_holds_every_early_warning_rule_with_catalog_parameters() -> None:
     rules = {r.name: r for r in default_rules()}
-    assert len(catalog.EARLY_WARNINGS) == len(early_warning_rules())
+    # the catalog's baseline rules, then RewardHacking (its own detector: test_reward_hacking.py)
+    assert [r.name for r in early_warning_rules()] == [
+        *(s.name for s in catalog.EARLY_WARNINGS), "RewardHacking"]
     for spec in catalog.EARLY_WARNINGS:
         rule = rules[spec.name]
         assert (rule.severity.value, rule.condition, rule.metric) == (
