@@ -243,7 +243,8 @@ def render(
             "name; `rlmon rules export --release NAME`)." if release else
             "# No release label (`--release ''`): set ruleSelectorNilUsesHelmValues: false in "
             "kube-prometheus-stack, or Prometheus will not load it.")
-    early = {r.name for r in rules if r.condition is Condition.BASELINE}
+    early = {r.name for r in rules  # RewardHacking keeps per-run state too
+             if r.condition in (Condition.BASELINE, Condition.REWARD_HACKING)}
     straggler = [r.name for r in rules if r.condition is Condition.STRAGGLER_RANK]
     live = [r.name for r in rules
             if r.condition in (Condition.STAGE_STUCK, Condition.STEP_TIME_REGRESSION)]
