@@ -253,7 +253,10 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
         previous(signum, frame)
         return
     # The default would kill the process now: say how it ends first (within the exit budget),
-    # then die of the signal all the same, so a scheduler sees the status it expects.
+    # then die of the signal all the same, so a scheduler sees the status it expects. Ray's C++
+    # failure handler (a driver's core worker) saw the signal first and armed an alarm that
+    # aborts the process 3 s later, cutting the flush: the process dies of SIGTERM below anyway.
+    signal.alarm(0)
     try:
         exit_flush()
     finally:
