@@ -158,7 +158,7 @@ class RlmonLogger:
         """Driver hook after ``make_experience_batch``: exact IS statistics over every sample.
 
         Needs ``rollout_log_probs`` (OpenRLHF requests vLLM log-probs only with
-        ``--algo.advantage.is_correction_enable``); experiences without them are skipped.
+        ``--algo.advantage.is_correction_level``); experiences without them are skipped.
         """
         total: dict[str, float] = {}
         for exp in experiences:
