@@ -85,6 +85,19 @@ def _window_check(rule: Rule, state: AlertState, value: float) -> bool:
     return all(b < a for a, b in pairs)
 
 
+_HACKING_PARAMS: dict[int, tuple[Rule, reward_hacking.RewardHackingParams]] = {}
+
+
+def _hacking_params(rule: Rule) -> reward_hacking.RewardHackingParams:
+    """``rule.reward_hacking``, built once per rule, not at every step (a pydantic model's
+    property rebuilt a million times is seconds of a long log); keyed by identity, the rule
+    kept with it so its id is never reused."""
+    cached = _HACKING_PARAMS.get(id(rule))
+    if cached is None or cached[0] is not rule:
+        cached = _HACKING_PARAMS[id(rule)] = (rule, rule.reward_hacking)
+    return cached[1]
+
+
 def _check(rule: Rule, record: StepRecord, state: AlertState) -> _Check:
     cond = rule.condition
     metrics = record.metrics
@@ -138,7 +151,7 @@ def _check(rule: Rule, record: StepRecord, state: AlertState) -> _Check:
             holds = baseline.departed(params, state.reference, value)  # not yet back
         return _Check(True, holds, rule.metric, value)
     if cond is Condition.REWARD_HACKING:  # its own module: rlmon.service.alerting.reward_hacking
-        hacking = rule.reward_hacking
+        hacking = _hacking_params(rule)
         state.score, found = reward_hacking.observe(hacking, state.history, state.score, metrics)
         return _Check(True, state.score >= hacking.decision, rule.metric, value,
                       found.describe() if found is not None else "")
