@@ -94,5 +94,7 @@ def test_the_same_rank_must_be_slowest_for_n_steps() -> None:
     assert "dp=3" in events[0].detail
     events = [e for s in range(25, 30) for e in engine.evaluate(_record(s, None))]
     assert events == []  # no timelines: nothing to say either way
-    events = [e for s in range(30, 35) for e in engine.evaluate(_record(s, 3, ratio=1.0))]
-    assert [(e.step, e.state) for e in events] == [(34, "resolved")]
+    # hysteresis: resolved after the catalog's RESOLVE_AFTER good steps in a row
+    good = range(30, 30 + catalog.RESOLVE_AFTER)
+    events = [e for s in good for e in engine.evaluate(_record(s, 3, ratio=1.0))]
+    assert [(e.step, e.state) for e in events] == [(good[-1], "resolved")]
