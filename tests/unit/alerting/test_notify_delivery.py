@@ -36,8 +36,14 @@ pytestmark = pytest.mark.slow
 
 
 def run_events() -> list[list[AlertEvent]]:
-    """Three steps of one run: IS ratio and logprob diverge at step 1, recover at step 2."""
-    engine = AlertEngine(default_rules())
+    """Three steps of one run: IS ratio and logprob diverge at step 1, recover at step 2.
+
+    The pack runs without hysteresis (resolve after one good step), so step 2 resolves what step 1
+    fired: these tests are about delivery, not about when an alert resolves (issue 30). The
+    logprob difference (1.5) is past LogprobMismatch's critical bound (0.3): that warning fires
+    escalated to critical, so it pages too."""
+    rules = [r.model_copy(update={"resolve_after": 1}) for r in default_rules()]
+    engine = AlertEngine(rules)
     values = [(1.0, 0.01), (3.0, 1.5), (1.0, 0.02)]
     out = []
     for step, (ratio, diff) in enumerate(values):
@@ -85,13 +91,15 @@ def pd_actions(receiver: Receiver) -> list[tuple[str, str]]:
 EXPECTED_PD = [
     ("trigger", "grpo-7b/actor/ISRatioDivergence"),
     ("trigger", "grpo-7b/actor/LogprobDivergence"),
+    ("trigger", "grpo-7b/actor/LogprobMismatch"),  # a warning escalated to critical
     ("resolve", "grpo-7b/actor/ISRatioDivergence"),
     ("resolve", "grpo-7b/actor/LogprobDivergence"),
+    ("resolve", "grpo-7b/actor/LogprobMismatch"),
 ]
 
 
 def assert_exact(receiver: Receiver) -> None:
-    """Every notification exactly once: 4 PagerDuty events, 2 Slack messages, 2 webhook posts."""
+    """Every notification exactly once: 6 PagerDuty events, 2 Slack messages, 2 webhook posts."""
     assert sorted(pd_actions(receiver)) == sorted(EXPECTED_PD)
     for key in {k for _, k in EXPECTED_PD}:  # per incident, the trigger precedes the resolve
         assert [a for a, k in pd_actions(receiver) if k == key] == ["trigger", "resolve"]
@@ -116,12 +124,12 @@ def test_live_delivery_is_complete(tmp_path: Path) -> None:
         for events in run_events():
             dispatcher.submit(events, finalized_at=time.time())
         # the latency is recorded after the ack, the last thing a delivery does
-        wait_for(lambda: len(dispatcher.latencies) >= 8, 60, "8 acknowledged deliveries")
+        wait_for(lambda: len(dispatcher.latencies) >= 10, 60, "10 acknowledged deliveries")
         dispatcher.stop()
         assert_exact(receiver)
-        assert len(dispatcher.latencies) == 8  # one per delivery
+        assert len(dispatcher.latencies) == 10  # one per delivery
         stats = dispatcher.stats()
-        assert stats.outcomes[("pagerduty", "sent")] == 4
+        assert stats.outcomes[("pagerduty", "sent")] == 6
         assert sum(stats.pending.values()) == 0
     finally:
         receiver.stop()
@@ -139,7 +147,7 @@ def test_429_retry_after_is_honoured(tmp_path: Path) -> None:
         for events in run_events():
             dispatcher.submit(events)
         dispatcher.start()
-        wait_for(lambda: len(receiver.requests) == 8, 60, "8 deliveries after the 429s")
+        wait_for(lambda: len(receiver.requests) == 10, 60, "10 deliveries after the 429s")
         dispatcher.stop()
         assert_exact(receiver)
         for prefix in ("/slack", "/v2/enqueue"):
@@ -161,12 +169,12 @@ def test_receiver_down_then_back(tmp_path: Path) -> None:
     dispatcher.start()
     try:
         wait_for(lambda: dispatcher.outbox.counters().retried >= 6, 60, "failed attempts")
-        assert dispatcher.outbox.pending() == 8
+        assert dispatcher.outbox.pending() == 10
         receiver.start()
         wait_for(lambda: dispatcher.outbox.pending() == 0, 60, "the outbox to drain")
         dispatcher.stop()
         assert_exact(receiver)
-        assert dispatcher.outbox.counters().sent == 8
+        assert dispatcher.outbox.counters().sent == 10
     finally:
         dispatcher.stop()
         receiver.stop()
@@ -229,7 +237,7 @@ def test_restart_with_pending_notifications(tmp_path: Path) -> None:
                            timeout=60, cwd=ROOT, check=False)
     assert child.returncode == 0, child.stderr
     pending, retried = map(int, child.stdout.split())
-    assert pending == 8
+    assert pending == 10
     assert retried >= 3
     receiver = Receiver(port).start()
     try:
@@ -240,7 +248,7 @@ def test_restart_with_pending_notifications(tmp_path: Path) -> None:
         assert dispatcher.drain(60)
         assert_exact(receiver)
         assert Counter(r.path.split("/")[1] for r in receiver.requests) == {
-            "v2": 4, "slack": 2, "hook": 2}
+            "v2": 6, "slack": 2, "hook": 2}
     finally:
         receiver.stop()
 
