@@ -82,6 +82,12 @@ def test_demo_writes_a_report_consistent_with_its_timelines(tmp_path: Path) -> N
     # the report: a resolved alert costs what its resolve said; one still firing at the end
     # costs the run's GPUs from its onset to the end of the run's last step
     end = max(t.timeline.end_ns for st in stored for t in st.ranks) * 1e-9
+    # an escalation (issue 30: LogprobMismatch to critical past 0.3) is the same incident, not
+    # a second alert: one entry per (role, alert, attempt) still firing, at its latest severity
+    firing_keys = [(e["role"], e["alert"], e["attempt"]) for e in report["alerts"]
+                   if e["resolved_step"] is None]
+    assert len(firing_keys) == len(set(firing_keys)), report["alerts"]
+    assert all(e["severity"] == "critical" for e in report["alerts"] if e["escalated_step"])
     for entry in report["alerts"]:
         if entry["resolved_step"] is None:
             assert entry["gpu_hours"] == pytest.approx(6 * (end - entry["onset"]) / 3600)

@@ -76,6 +76,9 @@ class AlertEntry:
     cost_note: str
     samples_metric: str = ""
     samples: tuple[dict[str, Any], ...] = ()
+    # the step a warning escalated to critical at (issue 30: the same incident, its severity
+    # then the escalation's); None where it did not
+    escalated_step: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,19 +157,23 @@ def _alerts(store: HistoryStore, run: str, run_end: float | None, price: Price,
     GPUs from its onset to the end of the run's last step, or to when it fired where that is
     later (a stall, a dead run: time-based alerts fire after the last step)."""
     open_: dict[tuple[str, str, int], dict[str, Any]] = {}
+    escalated: dict[int, dict[str, Any]] = {}  # id(first firing row) -> its escalation's row
     done: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
     for row in store.alerts(run, cost=True):
         key = (row["role"], row["alert"], int(row["attempt"] or 0))
         if row["state"] == "firing":
-            if key in open_:
-                done.append((open_.pop(key), None))
-            open_[key] = row
+            if key in open_:  # a firing while open is its escalation: the same incident
+                escalated[id(open_[key])] = row
+            else:
+                open_[key] = row
         elif key in open_:
             done.append((open_.pop(key), row))
     done.extend((row, None) for row in open_.values())
     out = []
     for fired, resolved in sorted(done, key=lambda p: (p[0]["step"], p[0]["alert"])):
-        latest = resolved or fired  # the resolve carries the whole incident's cost
+        escalation = escalated.get(id(fired))
+        # the resolve carries the whole incident's cost, else the escalation (the cost so far)
+        latest = resolved or escalation or fired
         gpu_hours, money, note = latest["gpu_hours"], latest["money"], latest["cost_note"] or ""
         if resolved is None and fired["onset"] is not None and fired["gpus"]:
             # to the run's last step, or to when it fired if that was later (a stall fires
@@ -185,11 +192,13 @@ def _alerts(store: HistoryStore, run: str, run_end: float | None, price: Price,
             if stored:
                 samples = tuple(items_to_json(stored[0].items[:_SAMPLES_SHOWN]))
         out.append(AlertEntry(
-            fired["role"], fired["alert"], fired["severity"], fired["metric"],
+            fired["role"], fired["alert"],
+            (escalation or fired)["severity"], fired["metric"],
             int(fired["attempt"] or 0), int(fired["step"]), fired["value"],
             int(resolved["step"]) if resolved else None, fired["onset"], latest["gpus"],
             gpu_hours, money, note,
-            name or "" if samples else "", samples))
+            name or "" if samples else "", samples,
+            int(escalation["step"]) if escalation else None))
     return tuple(out)
 
 

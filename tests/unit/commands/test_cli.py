@@ -42,12 +42,20 @@ def test_demo_replays_the_bundled_run_and_shows_the_stale_rollout() -> None:
     out = rlmon("replay", str(EXAMPLE), "--json")
     assert out.returncode == 0, out.stderr
     alerts = [json.loads(line) for line in out.stdout.splitlines() if '"alert"' in line]
-    firing = {a["alert"]: a for a in alerts if a["state"] == "firing"}
+    firings = [a for a in alerts if a["state"] == "firing"]
+    firing = {a["alert"]: a for a in reversed(firings)}  # each alert's first firing
     assert set(firing) == {"LogprobMismatch", "ISRatioStale", "PolicyLagGrowing"}
     assert firing["PolicyLagGrowing"]["step"] > 20  # the early-warning rules' warm-up
     assert firing["LogprobMismatch"]["value"] > 0.1
     assert firing["ISRatioStale"]["value"] < 0.1
     assert {a["severity"] for a in firing.values()} == {"warning"}
+    # issue 30: the growing gap escalates LogprobMismatch to critical (one escalation event,
+    # past its critical level 0.3) at step 14; nothing resolves (20 good steps needed)
+    later = [a for a in firings if a is not firing[a["alert"]]]
+    assert [(a["alert"], a["severity"], a["step"]) for a in later] == [
+        ("LogprobMismatch", "critical", 14)]
+    assert later[0]["value"] > 0.3
+    assert not [a for a in alerts if a["state"] == "resolved"]
 
 
 def test_replay_table_output_and_stdin() -> None:
