@@ -107,6 +107,10 @@ class Delivery(Generic[Raw]):
         self.heartbeat, self.heartbeat_s = heartbeat, heartbeat_s
         self._next_beat = 0.0
         self._said_closing = False  # no heartbeat may follow the closing one
+        # The closing heartbeat is sent from its own thread (bounded at exit) while the sender
+        # thread may be inside a regular beat: one at a time, and none once closing was said,
+        # or a late regular beat would read as the rank coming back after its end
+        self._beat_lock = threading.Lock()
         self.heartbeats = 0
         self.pack = pack
         self.tally = tally
@@ -245,7 +249,10 @@ class Delivery(Generic[Raw]):
         if self.heartbeat is None or send is None:
             return
         try:
-            send([self.heartbeat(closing)])
+            with self._beat_lock:
+                if self._said_closing and not closing:
+                    return
+                send([self.heartbeat(closing)])
             self.heartbeats += 1
         except Exception as exc:
             if isinstance(exc, SinkClosed):
