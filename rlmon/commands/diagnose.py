@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import IO
 
 from rich.markup import escape as esc
 
+from rlmon.commands.support.arguments import positive_number
 from rlmon.commands.support.rule_files import read_rules
 from rlmon.service.diagnose.findings import Diagnosis, Finding, diagnose
 from rlmon.service.diagnose.formats import read_paths
@@ -47,22 +47,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
     p.add_argument("--fail-on", choices=("warning", "critical"), default=None,
                    help="exit 1 when a finding of this severity (or worse) fired")
-    p.add_argument("--gpus", type=_positive, default=None, metavar="N",
+    p.add_argument("--gpus", type=positive_number, default=None, metavar="N",
                    help="GPUs the run used, for GPU-hours (default: the world size its "
                    "settings record, where they do)")
-    p.add_argument("--price-per-gpu-hour", type=_positive, default=None, metavar="PRICE",
+    p.add_argument("--price-per-gpu-hour", type=positive_number, default=None, metavar="PRICE",
                    help="price the GPU-hours (e.g. 3.0 for $3 a GPU-hour)")
     p.set_defaults(func=run_diagnose)
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
 
 
 def _gates(finding: Finding, level: str | None) -> bool:

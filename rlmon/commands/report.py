@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rlmon.commands.support.arguments import positive_number
 from rlmon.commands.support.history_store import add_store_arguments, history_path, missing_run
 
 if TYPE_CHECKING:
@@ -32,10 +32,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="write the report as one self-contained HTML file (plots embedded)")
     p.add_argument("--config", default=None,
                    help="YAML settings: goodput.gpus_per_rank, spans, price, MFU inputs")
-    p.add_argument("--gpus", type=_positive, default=None, metavar="N",
+    p.add_argument("--gpus", type=positive_number, default=None, metavar="N",
                    help="a foreign log's GPUs, for GPU-hours (default: the world size its "
                    "settings record)")
-    p.add_argument("--price-per-gpu-hour", type=_positive, default=None, metavar="PRICE",
+    p.add_argument("--price-per-gpu-hour", type=positive_number, default=None, metavar="PRICE",
                    help="a foreign log's price per GPU-hour")
     add_store_arguments(p)
     p.set_defaults(func=run_report)
@@ -101,16 +101,6 @@ def _foreign_report(args: argparse.Namespace) -> int:
         os.replace(tmp, args.html)
         print(f"report written to {args.html}", file=sys.stderr if args.json else sys.stdout)
     return 2 if problems or not diagnoses else 0
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
 
 
 def run_report(args: argparse.Namespace) -> int:
