@@ -1,5 +1,6 @@
 """A training script that ends one way or another (argv[1]), its Reporter's heartbeats written to
-argv[2] as JSON lines, each checked as the aggregator checks it (tests of how a process ends)."""
+argv[2] as JSON lines, each checked as the aggregator checks it (tests of how a process ends).
+Failures are raised inside spans: the closing heartbeat names the spans open where it failed."""
 
 from __future__ import annotations
 
@@ -53,15 +54,21 @@ def main(scenario: str, path: str) -> None:
         rep.end_step(step)
     assert rep.flush(30), rep.last_error
     if scenario == "uncaught":
-        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        with rep.span("update_actor"), rep.span("backward"):
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
     if scenario == "with_block":
-        with rep:
+        with rep, rep.span("weight_sync"):
             raise RuntimeError("NCCL error: unhandled system error")
     if scenario == "finally":
         try:
-            raise ValueError("bad batch")
+            with rep.span("reward"):
+                raise ValueError("bad batch")
         finally:
             rep.close()
+    if scenario == "caught_then_uncaught":
+        with contextlib.suppress(ValueError), rep.span("rollout"):
+            raise ValueError("a retried batch")  # caught: not where the process ends
+        raise RuntimeError("a late failure")
     if scenario == "thread":
         def train() -> None:
             rep.end_step(3)  # this thread is the rank's training thread now
@@ -78,8 +85,9 @@ def main(scenario: str, path: str) -> None:
         rep.end_step(3)  # the run went on: the caught exit is not how it ended
     if scenario == "sigterm":
         print("ready", flush=True)
-        os.kill(os.getpid(), signal.SIGTERM)
-        signal.pause()
+        with rep.span("generate"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.pause()
     if scenario == "clean":
         rep.close()
 

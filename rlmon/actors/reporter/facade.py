@@ -180,6 +180,7 @@ class Reporter:
         outcome.install()
         self._training_thread: int | None = threading.get_ident()
         self._outcome: Outcome | None = None
+        self._raised_spans: outcome.Spans | None = None  # where the failure that ends it was
         # the GPUs this rank holds (goodput, the cost of alerts and stalls): as given, else as
         # its launcher says (hardware.visible_gpus), else 1
         self.gpus_per_rank = float(gpus_per_rank if gpus_per_rank is not None
@@ -453,6 +454,11 @@ class Reporter:
         opened.append((name, start))  # the heartbeat says where this rank is, even if it hangs
         try:
             yield
+        except GeneratorExit:
+            raise
+        except BaseException as exc:  # where it was raised, for the closing heartbeat
+            outcome.mark_raised(exc, id(self), tuple(opened))
+            raise
         finally:
             end = time.perf_counter_ns()
             del opened[depth:]
@@ -562,8 +568,11 @@ class Reporter:
         """This rank's heartbeat, built on the sender thread: its open spans (outermost first,
         each with the unix time it opened) and the last step it ended."""
         wall0, perf0 = self._wall0, self._perf0
-        spans = tuple(OpenSpan(name, wall0 + (at - perf0) * 1e-9)
-                      for name, at in list(self._open_spans))
+        # a failed rank's closing heartbeat: the spans open where it failed, not those still
+        # open once the exception unwound them
+        raised = self._raised_spans if closing else None
+        opened = raised if raised is not None else list(self._open_spans)
+        spans = tuple(OpenSpan(name, wall0 + (at - perf0) * 1e-9) for name, at in opened)
         return Heartbeat(self.run, self.role, self.world,
                          (RankBeat(self.rank, spans, self._last_step),), time.time(), closing,
                          self.gpus_per_rank, self._outcome if closing else None,
@@ -642,7 +651,7 @@ class Reporter:
     def _close(self, timeout: float, exc: BaseException | None) -> None:
         if self._delivery.closed:
             return
-        self._outcome = self._ending(exc)
+        self._outcome, self._raised_spans = self._ending(exc)
         self._delivery.close(timeout)
         if self._hardware is not None:
             self._hardware.close()
@@ -654,9 +663,14 @@ class Reporter:
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
         self._close(10.0, exc)
 
-    def _ending(self, exc: BaseException | None) -> Outcome | None:
-        """How this rank ends (None: clean): the exception in flight, else its training
-        thread's, else the process's."""
+    def _ending(self, exc: BaseException | None) -> tuple[Outcome | None, outcome.Spans | None]:
+        """How this rank ends (None: clean), and the spans open where its exception was raised
+        (None: not raised inside this Reporter's spans): the exception in flight, else its
+        training thread's, else the process's."""
         if exc is not None:
-            return outcome.describe(exc)
-        return outcome.thread_outcome(self._training_thread) or outcome.process_outcome()
+            ending, marks = outcome.describe(exc), outcome.raised_in(exc)
+        elif (ending := outcome.thread_outcome(self._training_thread)) is not None:
+            marks = outcome.thread_stage(self._training_thread)
+        else:
+            ending, marks = outcome.process_outcome(), outcome.process_stage()
+        return ending, marks.get(id(self)) if ending is not None else None

@@ -50,12 +50,16 @@ from rlmon.service.contract.heartbeat import (
     ProcessId,
 )
 
-__all__ = ["describe", "exit_flush", "install", "note", "process_id", "process_outcome",
-           "step_ended", "thread_outcome"]
+__all__ = ["describe", "exit_flush", "install", "mark_raised", "note", "process_id",
+           "process_outcome", "process_stage", "raised_in", "step_ended", "thread_outcome",
+           "thread_stage"]
 
 log = logging.getLogger(__name__)
 
 _TERMINATING = ("SIGTERM", "SIGINT", "SIGHUP")
+_RAISED_IN = "_rlmon_raised_in"  # the attribute an exception carries its spans in
+
+Spans = tuple[tuple[str, int], ...]  # a Reporter's open spans: (name, perf ns at entry)
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 
@@ -69,6 +73,8 @@ class _State:
         self.sigterm_hooked = False
         self.outcome: Outcome | None = None  # the process's first failure: the main thread's
         self.threads: dict[int, Outcome] = {}  # other threads' uncaught exceptions, by ident
+        # where each failure was raised: its exception's marks (see mark_raised), by thread
+        self.stage: dict[Any, dict[int, Spans]] = {}
         self.exit_code: int | None = None  # sys.exit(n != 0) on the main thread, not yet cleared
         self.previous: dict[str, Any] = {}  # the hooks and handler rlmon chains to
         # what a SIGTERM over the default disposition runs before dying of it (the runtime's exit
@@ -159,16 +165,39 @@ def describe(exc: BaseException) -> Outcome | None:
     return Outcome(OutcomeKind.EXCEPTION, _type_name(exc), _text(exc), _frames(exc.__traceback__))
 
 
-def note(outcome: Outcome | None, thread: int | None = None) -> None:
-    """Note how the process (or, with ``thread``, that thread) ended; the first failure wins."""
+def mark_raised(exc: BaseException, reporter: int, spans: Spans) -> None:
+    """Mark ``exc`` with the spans of a Reporter (by id) open where it was raised: the innermost
+    span it leaves marks it first. The mark travels with the exception itself, so one caught
+    on the way is never taken for the one that ends the process, and nothing (no frame, no
+    traceback) is kept alive by it."""
+    try:
+        marks = exc.__dict__.setdefault(_RAISED_IN, {})
+    except AttributeError:  # an exception type without a __dict__: its stage goes unsaid
+        return
+    marks.setdefault(reporter, spans)
+
+
+def raised_in(exc: BaseException | None) -> dict[int, Spans]:
+    """The marks of :func:`mark_raised` on ``exc`` (empty: none)."""
+    marks = getattr(exc, "__dict__", {}).get(_RAISED_IN) if exc is not None else None
+    return marks if isinstance(marks, dict) else {}
+
+
+def note(outcome: Outcome | None, thread: int | None = None,
+         exc: BaseException | None = None) -> None:
+    """Note how the process (or, with ``thread``, that thread) ended, by ``exc`` if an exception
+    ended it; the first failure wins."""
     if outcome is None:
         return
     state = _mine()
     with state.lock:
         if thread is not None:
-            state.threads.setdefault(thread, outcome)
+            if thread not in state.threads:
+                state.threads[thread] = outcome
+                state.stage[thread] = raised_in(exc)
         elif state.outcome is None:
             state.outcome = outcome
+            state.stage[None] = raised_in(exc)
 
 
 def step_ended() -> None:
@@ -180,6 +209,19 @@ def step_ended() -> None:
 def thread_outcome(thread: int | None) -> Outcome | None:
     """The uncaught exception that ended ``thread``, if one did."""
     return None if thread is None else _mine().threads.get(thread)
+
+
+def thread_stage(thread: int | None) -> dict[int, Spans]:
+    """Where the exception that ended ``thread`` was raised (marks by Reporter)."""
+    return {} if thread is None else _mine().stage.get(thread, {})
+
+
+def process_stage() -> dict[int, Spans]:
+    """Where the exception :func:`process_outcome` tells of was raised (marks by Reporter)."""
+    state = _mine()
+    if state.outcome is not None:
+        return state.stage.get(None, {})
+    return raised_in(getattr(sys, "last_value", None)) if state.exit_code is None else {}
 
 
 def process_outcome() -> Outcome | None:
@@ -199,7 +241,7 @@ def process_outcome() -> Outcome | None:
 
 def _sys_hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
     try:
-        note(describe(value))
+        note(describe(value), exc=value)
     finally:
         previous = _STATE.previous.get("sys.excepthook") or sys.__excepthook__
         previous(kind, value, tb)
@@ -210,9 +252,9 @@ def _thread_hook(args: Any) -> None:
         if args.exc_value is not None and not isinstance(args.exc_value, SystemExit):
             thread = args.thread.ident if args.thread is not None else None
             if thread == threading.main_thread().ident:
-                note(describe(args.exc_value))
+                note(describe(args.exc_value), exc=args.exc_value)
             elif thread is not None:
-                note(describe(args.exc_value), thread)
+                note(describe(args.exc_value), thread, args.exc_value)
     finally:
         previous = _STATE.previous.get("threading.excepthook") or threading.__excepthook__
         previous(args)

@@ -117,6 +117,9 @@ class RankEnd:
     at: float  # when its closing heartbeat arrived (unix seconds)
     stage: str  # the spans open at the end, else the last ones heard ("": none)
     last_step: int | None
+    # the closing heartbeat said the stage itself (the spans open where the exception was raised,
+    # or at the signal), not only the last regular heartbeat before the end
+    stage_at_end: bool = False
 
     @property
     def stop(self) -> bool:
@@ -215,18 +218,20 @@ def _outcome_text(outcome: Outcome) -> str:
 def describe_end(view: LivenessView) -> str:
     """A failed or preempted run: which ranks ended how, in which stage, after which step, and
     what the run had cost until then (GPU-hours from first heard to the first end)."""
-    groups: dict[tuple[str, str], list[RankEnd]] = {}
+    groups: dict[tuple[str, str, bool], list[RankEnd]] = {}
     for end in view.ends:
-        groups.setdefault((_outcome_text(end.outcome), end.stage), []).append(end)
+        key = (_outcome_text(end.outcome), end.stage, end.stage_at_end and bool(end.stage))
+        groups.setdefault(key, []).append(end)
     parts = []
-    for (what, stage), ends in groups.items():
+    for (what, stage, at_end), ends in groups.items():
         ranks = tuple(e.rank for e in ends)
         steps = sorted({e.last_step for e in ends if e.last_step is not None})
         last = (f"last step {steps[-1]}" if len(steps) == 1 else
                 f"last steps {steps[0]}-{steps[-1]}" if steps else "no step ended")
-        # the stage of the rank's last heartbeat before its end (a span entered and left by the
-        # exception within one heartbeat period is not seen: "last seen in")
-        parts.append(f"{_ranks(ranks)}: {what}; last seen in {stage or 'no open span'}, {last}")
+        # the closing heartbeat names the spans open where it ended; without them, the stage of
+        # the rank's last heartbeat before its end ("last seen in")
+        where = f"in {stage}" if at_end else f"last seen in {stage or 'no open span'}"
+        parts.append(f"{_ranks(ranks)}: {what}; {where}, {last}")
     text = "; ".join(parts)
     if not view.ends and view.failed_roles:
         text = f"the run's role {', '.join(view.failed_roles)} failed"
@@ -307,7 +312,8 @@ class _Rank:
                 "kind": end.outcome.kind.value, "exc_type": end.outcome.exc_type,
                 "message": end.outcome.message, "frames": list(end.outcome.frames),
                 "exit_code": end.outcome.exit_code, "signal": end.outcome.signal,
-                "at": end.at, "stage": end.stage, "last_step": end.last_step}}]
+                "at": end.at, "stage": end.stage, "last_step": end.last_step,
+                "stage_at_end": end.stage_at_end}}]
 
     @classmethod
     def from_json(cls, item: list[Any]) -> tuple[Rank, _Rank]:
@@ -328,7 +334,7 @@ class _Rank:
                               str(end["message"]), tuple(map(str, end["frames"])),
                               end["exit_code"], str(end["signal"]))
             seen.end = RankEnd(rank, outcome, float(end["at"]), str(end["stage"]),
-                               end["last_step"])
+                               end["last_step"], bool(end.get("stage_at_end", False)))
         return rank, seen
 
 
@@ -451,7 +457,7 @@ class LivenessTracker:
                 seen.closed_sent = beat.sent
                 seen.end = None if outcome is None else RankEnd(
                     item.rank, outcome, now, "/".join(s.name for s in seen.stage),
-                    seen.last_step)
+                    seen.last_step, bool(item.spans))
         if rerun:
             for other in stream.ranks.values():
                 other.end = None

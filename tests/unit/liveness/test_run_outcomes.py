@@ -78,6 +78,18 @@ def test_an_exception_fails_the_run_naming_rank_stage_step_and_cost() -> None:
     assert "train.py:41" in text and "GPU-hours" in text
 
 
+def test_a_closing_heartbeat_naming_the_spans_it_failed_in_says_in_not_last_seen_in() -> None:
+    tracker = LivenessTracker()
+    now = _steps(tracker, "r", 20) + 1  # the last regular heartbeats said "train"
+    tracker.heartbeat(_beat("r", 0, now, spans=(("update_actor", now - 0.1),
+                                                ("backward", now - 0.05)), last=19,
+                            outcome=OOM), now)
+    assert _state(tracker, "r", now + 1) is RunState.FAILED
+    text = describe(tracker.view("r", "actor", now + 1))  # type: ignore[arg-type]
+    assert "dp=0: torch.OutOfMemoryError" in text
+    assert "; in update_actor/backward, last step 19" in text and "last seen" not in text
+
+
 def test_sigterm_is_preempted_and_a_crash_beside_it_is_failed() -> None:
     tracker = LivenessTracker()
     now = _steps(tracker, "p", 5) + 1

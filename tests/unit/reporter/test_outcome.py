@@ -1,8 +1,9 @@
 """How a process ends reaches its Reporter's closing heartbeat (issue 29): an uncaught exception
 (the user's own excepthook still runs), a with-block or a ``finally`` left by one, a training
 thread's exception, ``sys.exit(3)`` (and a caught one that is not the end), SIGTERM (the process
-still dies of it) and a clean close. Each scenario is a real process (tests/support/outcome_child.py)
-whose heartbeats are written as the aggregator's edge check accepts them."""
+still dies of it) and a clean close; with the spans open where each failed. Each scenario is a
+real process (tests/support/outcome_child.py) whose heartbeats are written as the aggregator's
+edge check accepts them."""
 
 from __future__ import annotations
 
@@ -28,10 +29,17 @@ SCENARIOS: dict[str, tuple[int, str | None, str, str, int | None, str]] = {
     "finally": (1, "exception", "ValueError", "bad batch", None, ""),
     "thread": (0, "exception", "KeyError", "'reward'", None, ""),
     "exit3": (3, "exit", "SystemExit", "3", 3, ""),
+    "caught_then_uncaught": (1, "exception", "RuntimeError", "a late failure", None, ""),
     "exit_caught": (0, None, "", "", None, ""),
     "sigterm": (-signal.SIGTERM, "signal", "", "", None, "SIGTERM"),
     "clean": (0, None, "", "", None, ""),
 }
+
+# the spans the closing heartbeat names: those open where the failure was raised (unwound by the
+# time the Reporter closes), or at the signal; none for a failure outside any span
+STAGES: dict[str, list[str]] = {"uncaught": ["update_actor", "backward"],
+                                "with_block": ["weight_sync"], "finally": ["reward"],
+                                "sigterm": ["generate"]}
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +77,8 @@ def test_the_closing_heartbeat_says_how_the_process_ended(
                 said["signal"]) == (kind, exc_type, message, code, sig)
     if kind == "exception":  # the last frames, innermost last, in the script
         assert said["frames"] and "outcome_child.py:" in said["frames"][-1], said["frames"]
+    spans = [s["name"] for r in closing[0]["ranks"] for s in r["spans"]]
+    assert spans == STAGES.get(scenario, []), spans
     process = closing[0]["process"]
     assert process["pid"] > 0 and process["hostname"], process
     assert all(b["process"] == process for b in beats)  # on every heartbeat
