@@ -49,6 +49,9 @@ def main(scenario: str, path: str) -> None:
     rep = Reporter("ends", "actor", rank={"dp": 0}, world={"dp": 1}, sink=FileBeatSink(path),
                    hardware_interval=None, heartbeat_seconds=0.05)
     outcome.install()  # a second install (another Reporter, the runtime) chains nothing twice
+    if scenario == "load_crash":  # before any step: the stage alone made the rank known
+        with rep.span("load_model"):
+            raise OSError("model.safetensors: No such file or directory")
     for step in range(3):
         rep.record("actor/loss", sum=1.0, count=1.0)
         rep.end_step(step)

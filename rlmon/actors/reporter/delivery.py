@@ -102,10 +102,13 @@ class Delivery(Generic[Raw]):
     ) -> None:
         self.sink = sink
         # Liveness (docs/liveness.md): every heartbeat_s this thread says the rank is alive and
-        # where it is, riding on the step messages it sends or alone when it has none; never
-        # before the first send (a Reporter that sent nothing starts no Ray for a heartbeat)
+        # where it is, riding on the step messages it sends or alone when it has none; from the
+        # first send or the first span, whichever comes first (a Reporter that has neither sent
+        # a step nor entered a stage starts no Ray for a heartbeat; one that entered a stage
+        # before its first step, a cold load or the first weight sync, is watched from there)
         self.heartbeat, self.heartbeat_s = heartbeat, heartbeat_s
         self._next_beat = 0.0
+        self._in_a_stage = False
         self._said_closing = False  # no heartbeat may follow the closing one
         # The closing heartbeat is sent from its own thread (bounded at exit) while the sender
         # thread may be inside a regular beat: one at a time, and none once closing was said,
@@ -146,6 +149,13 @@ class Delivery(Generic[Raw]):
             self._raw.append(raw)
             self._trim()
             self._cond.notify()
+
+    def stage_entered(self) -> None:
+        """The rank entered its first stage (span): heartbeats start now if no step did."""
+        if not self._in_a_stage:
+            with self._cond:
+                self._in_a_stage = True
+                self._cond.notify_all()
 
     @property
     def pending(self) -> int:
@@ -190,7 +200,9 @@ class Delivery(Generic[Raw]):
         # flush, then the closing heartbeat (a share kept for it), then the sender's join
         deadline = time.monotonic() + timeout
         self.flush(timeout - min(_CLOSING_SHARE_S, timeout / 4))
-        if self.sent and not self._gone:  # the stream ended (how: its outcome), it did not vanish
+        # the stream ended (how: its outcome), it did not vanish: said by a rank that sent a step
+        # or entered a stage (a crash while loading the model pages too)
+        if (self.sent or self._in_a_stage) and not self._gone:
             self._said_closing = True
             closing = threading.Thread(target=self._beat, kwargs={"closing": True}, daemon=True,
                                        name="rlmon-closing-heartbeat")
@@ -238,7 +250,8 @@ class Delivery(Generic[Raw]):
 
     def _beat_due(self) -> float | None:
         """Seconds until the next heartbeat (0: now), or None when none is sent."""
-        if self.heartbeat is None or not self.sent or self._gone or self._said_closing:
+        if self.heartbeat is None or self._gone or self._said_closing or not (
+                self.sent or self._in_a_stage):
             return None
         return max(0.0, self._next_beat - time.monotonic())
 

@@ -452,6 +452,8 @@ class Reporter:
         start = time.perf_counter_ns()
         opened = self._open_spans
         opened.append((name, start))  # the heartbeat says where this rank is, even if it hangs
+        if self._last_step is None and depth == 0:
+            self._delivery.stage_entered()  # before step 0 ends: heartbeats start here
         try:
             yield
         except GeneratorExit:

@@ -29,6 +29,8 @@ SCENARIOS: dict[str, tuple[int, str | None, str, str, int | None, str]] = {
     "finally": (1, "exception", "ValueError", "bad batch", None, ""),
     "thread": (0, "exception", "KeyError", "'reward'", None, ""),
     "exit3": (3, "exit", "SystemExit", "3", 3, ""),
+    "load_crash": (1, "exception", "OSError", "model.safetensors: No such file or directory",
+                   None, ""),
     "caught_then_uncaught": (1, "exception", "RuntimeError", "a late failure", None, ""),
     "exit_caught": (0, None, "", "", None, ""),
     "sigterm": (-signal.SIGTERM, "signal", "", "", None, "SIGTERM"),
@@ -39,7 +41,7 @@ SCENARIOS: dict[str, tuple[int, str | None, str, str, int | None, str]] = {
 # time the Reporter closes), or at the signal; none for a failure outside any span
 STAGES: dict[str, list[str]] = {"uncaught": ["update_actor", "backward"],
                                 "with_block": ["weight_sync"], "finally": ["reward"],
-                                "sigterm": ["generate"]}
+                                "sigterm": ["generate"], "load_crash": ["load_model"]}
 
 
 @pytest.fixture(scope="module")

@@ -58,3 +58,30 @@ def test_a_hung_training_thread_keeps_heartbeating_where_it_is() -> None:
     rep.close()
     assert sink.beats[-1].closing
     assert not any(b.closing for b in sink.beats[:-1])
+
+
+def test_a_stage_entered_before_any_step_starts_the_heartbeats() -> None:
+    """A cold load or the first weight sync before step 0: the service hears of the rank and
+    where it is from the first span on, not only from its first step."""
+    sink = BeatSink()
+    rep = Reporter("hb0", "actor", rank={"dp": 0}, world={"dp": 1}, sink=sink,
+                   hardware_interval=None, heartbeat_seconds=0.05)
+    release = threading.Event()
+    assert not release.wait(0.2) and sink.beats == []  # nothing entered, nothing sent: no beat
+
+    def train() -> None:
+        with rep.span("weight_sync"):
+            release.wait(30)  # the first broadcast hangs
+
+    worker = threading.Thread(target=train)
+    worker.start()
+    try:
+        beats = wait_for(lambda: [b for b in sink.beats if b.ranks[0].spans], 10,
+                         "a heartbeat before any step")
+        assert [s.name for s in beats[-1].ranks[0].spans] == ["weight_sync"]
+        assert beats[-1].ranks[0].last_step is None and not beats[-1].closing
+    finally:
+        release.set()
+        worker.join()
+    rep.close()
+    assert sink.beats[-1].closing
