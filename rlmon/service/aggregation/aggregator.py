@@ -623,10 +623,14 @@ class AggregatorServer:
             self._wake.clear()
             try:
                 self.core.tick()
+                # the liveness views after each hand-over of steps (a resumed run's step comes
+                # first), never only once every step is delivered: a service slower than a
+                # busy stream's steps would otherwise never hear that a frozen run went on
                 while not self.deliver():
+                    self.deliver_liveness()
                     if self._stop.wait(0.2):
                         return
-                self.deliver_liveness()  # after the steps: a resumed run's step comes first
+                self.deliver_liveness()
             except Exception:
                 log.exception("aggregator loop")
                 self._stop.wait(0.5)
