@@ -281,11 +281,6 @@ def before_exit_flush(callback: Callable[[], None]) -> None:
             _BEFORE_EXIT_FLUSH.append(callback)
 
 
-def exit_budget() -> float:
-    """``RLMON_EXIT_TIMEOUT`` (60 s): the most time rlmon adds to the process's exit."""
-    return float(os.environ.get("RLMON_EXIT_TIMEOUT", "60"))
-
-
 _FLUSHED = threading.Lock()  # held for good by the first exit flush: it runs once
 
 
@@ -297,7 +292,7 @@ def _at_exit() -> None:
     bounded by one deadline; a part the budget did not reach is said, never waited for."""
     if not _FLUSHED.acquire(blocking=False):
         return
-    deadline = time.monotonic() + exit_budget()
+    deadline = time.monotonic() + outcome.exit_budget()
 
     def left() -> float:
         return max(0.0, deadline - time.monotonic())
@@ -310,7 +305,7 @@ def _at_exit() -> None:
     local = bool(_state.get("local_ray"))
     # Stopping a local Ray takes a moment (killing and reaping its processes): kept from the
     # Reporters' share of the budget, so that the stop is inside it too
-    senders_until = deadline - (min(_STOP_RESERVE_S, exit_budget() / 4) if local else 0.0)
+    senders_until = deadline - (min(_STOP_RESERVE_S, outcome.exit_budget() / 4) if local else 0.0)
     # a script shorter than Ray's start-up still gets every step through: wait for it, within
     # the budget; at the budget's end (not after each sender's join) a sender still waiting for
     # Ray's start-up gives up, and so does the start itself (releasing _LOCK)
@@ -410,6 +405,9 @@ def ensure_runtime(namespace: str = "rlmon", options: RuntimeOptions | None = No
                 ).remote(namespace, SERVICE, shard, state_dir, opts.deadline_s, opts.tick_s,
                          _liveness_params(opts))
             aggregators.append(agg)
+        # the aggregators up before the first send: a call to one whose worker is still starting
+        # (seconds on a busy machine) would time out and be resent, with a misleading last error
+        ray.get([agg.__ray_ready__.remote() for agg in aggregators])
         owned = layout.get("creator") == _PROCESS
         runtime = _RUNTIMES[namespace] = Runtime(
             namespace, service, aggregators, layout.get("port"), layout.get("host"), owned,

@@ -54,6 +54,6 @@ def test_a_script_with_the_printed_environment_reports_here_and_says_so(
             f"{gcs}: the run page on http://127.0.0.1:{layout['port']}/; state in "
             f"{tmp_path / 'state'}"]
         wait_for(lambda: len(ray_cluster.get(service.steps.remote("joined"))) == 3, 30,
-                 "the script's steps at this service")
+                 f"the script's steps at this service; its stderr: {done.stderr[-2000:]}")
     finally:
         shutdown_runtime(ray_namespace)

@@ -85,9 +85,12 @@ def test_hung_killed_and_clean_scripts(ray_cluster: Any, ray_namespace: str,
     procs = {mode: _start(tmp_path, mode, f"{mode}-run", ray_namespace, address)
              for mode in ("hang", "kill", "clean")}
     try:
-        stopped = {mode: _last_step_at(p) for mode, p in procs.items()}
+        # killed as soon as its last step is out: waiting for the other scripts first would leave
+        # it silent-but-alive past the stall threshold on a busy machine, a stall before a death
+        stopped = {"kill": _last_step_at(procs["kill"])}
         os.killpg(procs["kill"].pid, signal.SIGKILL)
         killed_at = time.time()
+        stopped.update({mode: _last_step_at(procs[mode]) for mode in ("hang", "clean")})
         seen: dict[str, float] = {}
 
         def paged() -> bool:

@@ -232,13 +232,15 @@ def test_should_stop_answers_while_the_sender_is_stuck() -> None:
 def test_a_stop_reaches_the_reporter_on_ray(ray_namespace: str, tmp_path: Path) -> None:
     """The same path through the real actors: the service actor answers the aggregator's
     publish with the decision, the aggregator puts it in the Reporter's next ack."""
-    from rlmon.actors.runtime import RuntimeOptions, shutdown_runtime
+    from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, shutdown_runtime
 
     (tmp_path / "rules.yaml").write_text(NAN_STOPS)
     (tmp_path / "rlmon.yaml").write_text(
         "notifiers: {console: {enabled: false}}\nstop: {runs: [{run: 'ray-*', rules: ['*']}]}\n")
     opts = RuntimeOptions(config=str(tmp_path / "rlmon.yaml"), rules=str(tmp_path / "rules.yaml"),
                           state_dir=str(tmp_path / "state"), port=0)
+    # the runtime is up before the first step (its start-up under load is not what is tested)
+    ensure_runtime(ray_namespace, opts)
     rep = Reporter("ray-1", "actor", rank={}, world={}, namespace=ray_namespace, runtime=opts,
                    step_seconds=False)
     try:

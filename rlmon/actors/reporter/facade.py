@@ -640,15 +640,16 @@ class Reporter:
         """
         return self._delivery.flush(timeout)
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Flush for up to ``timeout`` seconds, then stop; what is still unsent counts as dropped.
-        Closing twice is harmless.
+    def close(self, timeout: float | None = None) -> None:
+        """Flush for up to ``timeout`` seconds (default: the exit budget, ``RLMON_EXIT_TIMEOUT``,
+        60 s: a short script's first connection to a busy Ray can take longer than a few seconds),
+        then stop; what is still unsent counts as dropped. Closing twice is harmless.
 
         The closing heartbeat says how the process ends (docs/reporter.md): clean, unless close
         is called while an exception is in flight (in an ``except`` or ``finally`` block), or
         this rank's training thread died of one, or the process is ending by an uncaught
         exception, ``sys.exit(n != 0)`` or a terminating signal."""
-        self._close(timeout, sys.exc_info()[1])
+        self._close(outcome.exit_budget() if timeout is None else timeout, sys.exc_info()[1])
 
     def _close(self, timeout: float, exc: BaseException | None) -> None:
         if self._delivery.closed:
@@ -663,7 +664,7 @@ class Reporter:
         return self
 
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
-        self._close(10.0, exc)
+        self._close(outcome.exit_budget(), exc)
 
     def _ending(self, exc: BaseException | None) -> tuple[Outcome | None, outcome.Spans | None]:
         """How this rank ends (None: clean), and the spans open where its exception was raised

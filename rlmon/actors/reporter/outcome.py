@@ -50,7 +50,7 @@ from rlmon.service.contract.heartbeat import (
     ProcessId,
 )
 
-__all__ = ["describe", "exit_flush", "install", "mark_raised", "note", "process_id",
+__all__ = ["describe", "exit_budget", "exit_flush", "install", "mark_raised", "note", "process_id",
            "process_outcome", "process_stage", "raised_in", "step_ended", "thread_outcome",
            "thread_stage"]
 
@@ -306,6 +306,12 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
         signal.raise_signal(signal.SIGTERM)
 
 
+def exit_budget() -> float:
+    """``RLMON_EXIT_TIMEOUT`` (60 s): the most time rlmon adds to the process's exit, and what a
+    Reporter's ``close()`` waits for its steps by default."""
+    return float(os.environ.get("RLMON_EXIT_TIMEOUT", "60"))
+
+
 def exit_flush(flush: Callable[[], None] | None = None) -> None:
     """Set (with ``flush``) or run what a terminating signal runs before the process dies."""
     state = _mine()
@@ -317,7 +323,7 @@ def exit_flush(flush: Callable[[], None] | None = None) -> None:
         return
     from rlmon.actors.reporter.sink import close_open_senders
 
-    close_open_senders(timeout=float(os.environ.get("RLMON_EXIT_TIMEOUT", "60")))
+    close_open_senders(timeout=exit_budget())
 
 
 def _at_exit() -> None:
