@@ -44,8 +44,14 @@ def user_hook(kind: type[BaseException], value: BaseException, tb: object) -> No
     print(f"user hook saw {kind.__name__}: {value}", flush=True)
 
 
+def exit_on_sigterm(signum: int, frame: object) -> None:
+    sys.exit(signum)  # what Ray's handler does in a driver that called ray.init itself
+
+
 def main(scenario: str, path: str) -> None:
     sys.excepthook = user_hook  # the user's own hook, set before rlmon's: it must still run
+    if scenario == "sigterm_to_exit":
+        signal.signal(signal.SIGTERM, exit_on_sigterm)
     rep = Reporter("ends", "actor", rank={"dp": 0}, world={"dp": 1}, sink=FileBeatSink(path),
                    hardware_interval=None, heartbeat_seconds=0.05)
     outcome.install()  # a second install (another Reporter, the runtime) chains nothing twice
@@ -86,7 +92,7 @@ def main(scenario: str, path: str) -> None:
         with contextlib.suppress(SystemExit):
             sys.exit(4)
         rep.end_step(3)  # the run went on: the caught exit is not how it ended
-    if scenario == "sigterm":
+    if scenario in ("sigterm", "sigterm_to_exit"):
         print("ready", flush=True)
         with rep.span("generate"):
             os.kill(os.getpid(), signal.SIGTERM)

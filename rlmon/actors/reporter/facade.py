@@ -63,7 +63,7 @@ from rlmon.actors.reporter.tensor_stats import (
     is_torch,
     reduce_array,
 )
-from rlmon.service.contract.heartbeat import Heartbeat, OpenSpan, Outcome, RankBeat
+from rlmon.service.contract.heartbeat import Heartbeat, OpenSpan, Outcome, OutcomeKind, RankBeat
 from rlmon.service.contract.records import check_metric_name, check_role, check_run
 from rlmon.service.contract.stop_decision import StopDecision
 from rlmon.service.contract.timeline import MAX_SPANS
@@ -181,6 +181,7 @@ class Reporter:
         self._training_thread: int | None = threading.get_ident()
         self._outcome: Outcome | None = None
         self._raised_spans: outcome.Spans | None = None  # where the failure that ends it was
+        self._exit_spans: outcome.Spans | None = None  # the spans a SystemExit or ^C left
         # the GPUs this rank holds (goodput, the cost of alerts and stalls): as given, else as
         # its launcher says (hardware.visible_gpus), else 1
         self.gpus_per_rank = float(gpus_per_rank if gpus_per_rank is not None
@@ -460,6 +461,10 @@ class Reporter:
             raise
         except BaseException as exc:  # where it was raised, for the closing heartbeat
             outcome.mark_raised(exc, id(self), tuple(opened))
+            if not isinstance(exc, Exception) and self._exit_spans is None:
+                # SystemExit, KeyboardInterrupt: how a signal turned into an exit (Ray's SIGTERM
+                # handler calls sys.exit) leaves the spans; the outcome is noted without it
+                self._exit_spans = tuple(opened)
             raise
         finally:
             end = time.perf_counter_ns()
@@ -603,6 +608,7 @@ class Reporter:
         timeline = clock.close(now)
         acc, self._acc = self._acc, {}
         self._last_step = step
+        self._exit_spans = None  # a SystemExit caught inside a span: the run went on
         self._training_thread = threading.get_ident()
         outcome.step_ended()
         self._delivery.put(RawStep(step, acc, time.time(), moving, batches, captures.picks,
@@ -676,4 +682,8 @@ class Reporter:
             marks = outcome.thread_stage(self._training_thread)
         else:
             ending, marks = outcome.process_outcome(), outcome.process_stage()
-        return ending, marks.get(id(self)) if ending is not None else None
+        if ending is None:
+            return None, None
+        if ending.kind is not OutcomeKind.EXCEPTION:
+            return ending, marks.get(id(self), self._exit_spans)
+        return ending, marks.get(id(self))

@@ -34,6 +34,9 @@ SCENARIOS: dict[str, tuple[int, str | None, str, str, int | None, str]] = {
     "caught_then_uncaught": (1, "exception", "RuntimeError", "a late failure", None, ""),
     "exit_caught": (0, None, "", "", None, ""),
     "sigterm": (-signal.SIGTERM, "signal", "", "", None, "SIGTERM"),
+    # a SIGTERM handler of the user's (Ray's, in a driver that called ray.init) turns it into
+    # sys.exit(15): still a SIGTERM, in the span the exit left
+    "sigterm_to_exit": (signal.SIGTERM, "signal", "", "", None, "SIGTERM"),
     "clean": (0, None, "", "", None, ""),
 }
 
@@ -41,7 +44,8 @@ SCENARIOS: dict[str, tuple[int, str | None, str, str, int | None, str]] = {
 # time the Reporter closes), or at the signal; none for a failure outside any span
 STAGES: dict[str, list[str]] = {"uncaught": ["update_actor", "backward"],
                                 "with_block": ["weight_sync"], "finally": ["reward"],
-                                "sigterm": ["generate"], "load_crash": ["load_model"]}
+                                "sigterm": ["generate"], "sigterm_to_exit": ["generate"],
+                                "load_crash": ["load_model"]}
 
 
 @pytest.fixture(scope="module")
