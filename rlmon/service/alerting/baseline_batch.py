@@ -116,6 +116,29 @@ class SeriesPredictions:
                        scale_level.tolist(), finite.tolist())
         self._block_start = start
 
+    @property
+    def taken(self) -> int:
+        """Values of the series observed so far (the place of the next)."""
+        return self._index
+
+    def skip(self, count: int) -> None:
+        """``count`` values observed without :meth:`take` (a quiet stretch judged at once:
+        :mod:`rlmon.service.alerting.quiet_steps`)."""
+        self._index += count
+
+    def extrapolated(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(expected, scale, usable) of the extrapolated predictions of values ``start`` to
+        ``stop`` (each at least ``window``: full windows), in the detector's space, and the
+        values themselves transformed: what :meth:`take` hands out there, for many at once."""
+        window = self.params.window
+        assert start >= window
+        views = sliding_window_view(self._transformed[start - window:stop - 1], window)
+        expected, scale, _, _, finite = _block(self.params, np.ascontiguousarray(views))
+        return expected, scale, finite
+
+    def transformed(self, start: int, stop: int) -> np.ndarray:
+        return self._transformed[start:stop]
+
     def take(self, window_length: int, value: float) -> Prediction | None:
         i = self._index
         window = self.params.window

@@ -300,7 +300,15 @@ class AlertEngine:
             self.skipped_out_of_order += 1
             return []
         self.last_step[stream] = record.step
-        for rule in self.rules:
+        events.extend(self.evaluate_rules(record, self.rules))
+        return events
+
+    def evaluate_rules(self, record: StepRecord, rules: Iterable[Rule]) -> list[AlertEvent]:
+        """Judge ``record`` by these of the engine's rules only, in their order (the steps
+        and order are the caller's: :mod:`rlmon.service.alerting.quiet_steps` skips the steps
+        where a rule provably does nothing)."""
+        events: list[AlertEvent] = []
+        for rule in rules:
             if rule.roles is not None and record.role not in rule.roles:
                 continue
             key = (record.run, record.role, rule.name)

@@ -18,6 +18,8 @@ from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from typing import overload
 
+import numpy as np
+
 from rlmon.service.contract.step_record import StepRecord
 
 __all__ = ["ColumnRows", "RecordView", "RowsBuilder"]
@@ -36,6 +38,11 @@ class ColumnRows(Mapping[int, Mapping[str, float]]):
     def columns(self) -> list[str]:
         """The keys, in the order they were first logged."""
         return list(self._values)
+
+    def columns_of(self) -> Iterator[tuple[str, array[float], bytearray]]:
+        """(key, values, logged) per key: the stored columns themselves."""
+        for key, column in self._values.items():
+            yield key, column, self._present[key]
 
     def step_at(self, index: int) -> int:
         return self._steps[index]
@@ -145,6 +152,37 @@ class RecordView(Sequence[StepRecord]):
     def index_after(self, step: int) -> int:
         """The index of the first record whose step is greater than ``step``."""
         return self._rows.index_after(step)
+
+    @property
+    def run(self) -> str:
+        return self._run
+
+    @property
+    def role(self) -> str:
+        return self._role
+
+    @property
+    def names(self) -> list[str]:
+        """The mapped names of the keys logged, sorted."""
+        return sorted({name for key in self._rows.columns if (name := self._names.get(key))})
+
+    def record(self, index: int) -> StepRecord:
+        return self._record(index)
+
+    def column(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(values, present) of the metric ``name`` over the records, as arrays: the values
+        share the column's memory (a step whose keys map to one name holds the last)."""
+        size = len(self._rows)
+        values = np.full(size, np.nan)
+        present = np.zeros(size, dtype=bool)
+        for key, column, logged in self._rows.columns_of():
+            if self._names.get(key) != name:
+                continue
+            here = np.frombuffer(logged, dtype=np.uint8).astype(bool)
+            values = np.where(here, np.frombuffer(column, dtype=np.float64), values) \
+                if present.any() else np.frombuffer(column, dtype=np.float64)
+            present |= here
+        return values, present
 
     @overload
     def __getitem__(self, index: int) -> StepRecord: ...

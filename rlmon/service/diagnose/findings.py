@@ -21,9 +21,9 @@ from rlmon.service.alerting.engine import (
     AlertEngine,
     AlertEvent,
     evaluate_in_order,
-    evaluate_sorted,
 )
 from rlmon.service.alerting.projection import Projection
+from rlmon.service.alerting.quiet_steps import evaluate_quietly
 from rlmon.service.alerting.rules import (
     ANY_METRIC,
     LIVENESS_CONDITIONS,
@@ -291,8 +291,7 @@ def diagnose(run: LoggedRun, rules: Sequence[Rule] | None = None,
     if isinstance(records, RecordView):  # a long log: one stream, in step order, built lazily
         mapped = set(keymap.by_name())
         engine = AlertEngine([r for r in rules if _can_apply(r, mapped)])
-        evented = [(i, tuple(e)) for i, (_, e) in enumerate(evaluate_sorted(engine, records))
-                   if e]
+        evented = [(i, tuple(e)) for i, e in evaluate_quietly(engine, records)]
         steps = LoggedSteps(records, dict(evented))
         with_events = [(records[i], e) for i, e in evented]
         streams[(run.name, ROLE)] = records
