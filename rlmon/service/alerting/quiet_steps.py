@@ -70,11 +70,9 @@ def _first(mask: np.ndarray, start: int) -> int:
 def _counted(applies: np.ndarray, holds: np.ndarray) -> _Advance:
     """A rule whose check holds only where ``holds``: the applicable steps before the next
     such step are good steps."""
-    good = np.concatenate(([0], np.cumsum(applies, dtype=np.int64)))
-
     def advance(state: AlertState, start: int) -> int:
         stop = _first(holds, start)
-        count = int(good[stop] - good[start])
+        count = int(np.count_nonzero(applies[start:stop]))  # ranges never overlap: O(steps)
         if count:
             state.false_steps += count
             state.true_steps = 0
@@ -97,8 +95,9 @@ def _baseline(rule: Rule, ahead: baseline_batch.SeriesPredictions, values: np.nd
     stopping at the first step whose score reaches the decision (the engine judges that one)."""
     params = ahead.params
     applies = present & np.isfinite(values)
-    where = np.flatnonzero(applies)  # the series' place -> the step's index
-    position = np.concatenate(([0], np.cumsum(applies, dtype=np.int64)))  # index -> place
+    # the series' place -> the step's index, and back (32-bit: a log has fewer steps)
+    where = np.flatnonzero(applies).astype(np.int32)
+    position = np.concatenate(([0], np.cumsum(applies, dtype=np.int32)))
     series = values[where]
     cap = params.allowance + params.decision / 2
     ceiling = baseline._SCORE_CAP * params.decision
