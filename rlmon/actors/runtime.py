@@ -384,6 +384,20 @@ def ensure_runtime(namespace: str = "rlmon", options: RuntimeOptions | None = No
         lifetime = "detached" if detached else None
         state_dir = opts.resolved_state_dir(namespace)
         service = _get_actor(SERVICE, namespace)
+        cls = aggregator_actor_class()
+        aggregators: list[Any] = []
+
+        def start_aggregators(shards: int) -> None:
+            for shard in range(len(aggregators), shards):
+                agg = _get_actor(aggregator_name(shard), namespace)
+                if agg is None:
+                    agg = cls.options(
+                        name=aggregator_name(shard), namespace=namespace, get_if_exists=True,
+                        lifetime=lifetime, max_restarts=opts.max_restarts,
+                    ).remote(namespace, SERVICE, shard, state_dir, opts.deadline_s, opts.tick_s,
+                             _liveness_params(opts))
+                aggregators.append(agg)
+
         if service is None:
             extra: dict[str, Any] = {}
             if opts.service_resource:
@@ -393,18 +407,12 @@ def ensure_runtime(namespace: str = "rlmon", options: RuntimeOptions | None = No
                 max_restarts=opts.max_restarts, **extra,
             ).remote(opts.config, state_dir, opts.resolved_port(), opts.resolved_host(), opts.shards,
                      opts.rules, _PROCESS)
+            # the aggregators' workers start beside the service's, not after it is up (each
+            # worker's start-up is seconds on a busy machine; one after the other doubled it)
+            start_aggregators(opts.shards)
         layout: Any = ray.get(service.layout.remote())
-        cls = aggregator_actor_class()
-        aggregators = []
-        for shard in range(int(layout["shards"])):
-            agg = _get_actor(aggregator_name(shard), namespace)
-            if agg is None:
-                agg = cls.options(
-                    name=aggregator_name(shard), namespace=namespace, get_if_exists=True,
-                    lifetime=lifetime, max_restarts=opts.max_restarts,
-                ).remote(namespace, SERVICE, shard, state_dir, opts.deadline_s, opts.tick_s,
-                         _liveness_params(opts))
-            aggregators.append(agg)
+        start_aggregators(int(layout["shards"]))  # a service found running says how many
+        del aggregators[int(layout["shards"]):]
         # the aggregators up before the first send: a call to one whose worker is still starting
         # (seconds on a busy machine) would time out and be resent, with a misleading last error
         ray.get([agg.__ray_ready__.remote() for agg in aggregators])
