@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -309,3 +310,21 @@ def test_a_role_stopped_after_another_raised_is_failed_without_paging_twice() ->
     assert fired == [("driver", "RunFailed")]
     actor = tracker.view("j", "actor", now + 3)
     assert actor is not None and actor.state is RunState.FAILED
+
+
+def test_steps_finalized_together_then_a_hang_in_a_first_cold_span_stalls_at_the_floor() -> None:
+    """Ten steps that reached the service in one batch (a slow first connection under load)
+    measure no period; a hang in a span never entered before ("generate", a cold word) is still
+    a stall after the floor, not after the cold allowance of a run's start."""
+    tracker = LivenessTracker()  # defaults: floor 90 s, cold allowance 1 h
+    now = T0 + 5.0
+    for step in range(10):
+        tracker.heard("r", "actor", Rank(dp=0), 1, now)
+        tracker.finalized("r", "actor", step, now)
+    beat = Heartbeat("r", "actor", World(dp=1), (RankBeat(
+        Rank(dp=0), (OpenSpan("rollout", now), OpenSpan("generate", now)), 9),), now, False)
+    for t in range(0, 120, 5):
+        tracker.heartbeat(replace(beat, sent=now + t), now + t)
+    assert _state(tracker, "r", now + 85) is not RunState.STALLED
+    tracker.heartbeat(replace(beat, sent=now + 95), now + 95)
+    assert _state(tracker, "r", now + 95) is RunState.STALLED
