@@ -551,8 +551,7 @@ class LivenessTracker:
                 return stream.periods.stall_threshold(p, stream.steps, stream.step0_seconds)
             # the steps so far finalized together (one batch at a slow first connection): no
             # period measured, but the run is past its start, so no span allowance either
-            step0 = stream.step0_seconds or 0.0
-            return max(p.stall_factor * step0, p.stall_floor_seconds)
+            return max(p.stall_factor * (stream.step0_seconds or 0.0), p.stall_floor_seconds)
         live = [r.spans for r in stream.ranks.values()
                 if not r.closed and now - r.heard < p.dead_after_seconds]
         step0 = stream.step0_seconds if stream.steps >= 1 else None
