@@ -1,6 +1,7 @@
 """Every way a run ends badly, with real processes against a real Ray runtime (issue 29): an
 uncaught exception, the same inside ``with Reporter``, a rank actor raising under a Ray driver,
-a SIGTERM, a hang after step 0, a SIGSTOP followed by a clean finish, and a slow first step;
+a SIGTERM, a hang after step 0, a hang in the first weight sync before any step, a SIGSTOP
+followed by a clean finish, and a slow first step;
 each pages what it should and nothing else. Short configured thresholds keep it to seconds; the
 latencies are printed."""
 
@@ -30,6 +31,7 @@ liveness:
   dead_after_seconds: 2.5
   evaluate_seconds: 0.2
   first_step_seconds: 60
+  sync_span_seconds: 8
 """
 
 SCRIPT = """
@@ -65,6 +67,10 @@ if mode == "slow_first":
         time.sleep(8.0)  # longer than the stall floor: a slow start never pages
     steps(rep, 0, 10)
     rep.close()
+elif mode == "sync_first":
+    with rep.span("weight_sync"):  # the first weight broadcast, before any step, never returns
+        print("ready", time.time(), flush=True)
+        time.sleep(3600)
 elif mode == "hang0":
     steps(rep, 0, 1)
     ready(rep)
@@ -133,6 +139,7 @@ EXPECTED = {
     "actor_raise": ("driver", "RunFailed"),
     "sigterm": ("actor", "RunPreempted"),
     "hang0": ("actor", "RunStalled"),
+    "sync_first": ("actor", "RunStalled"),
     "sigstop": ("actor", "RunFrozen"),
     "slow_first": None,
 }
@@ -224,19 +231,21 @@ def test_every_bad_ending_pages_what_it_should(ray_cluster: Any, ray_namespace: 
         assert "reward function raised" in text["actor_raise-run"].detail
         assert "killed by SIGTERM" in text["sigterm-run"].detail
         assert "weight_sync" in text["hang0-run"].detail
+        assert "weight_sync" in text["sync_first-run"].detail
         frozen = text["sigstop-run"].detail
         assert "Processes still exist" in frozen and "gone" not in frozen
         # from the raise (at once after "ready", or 1.5 s into its span), the step 0 before the
         # hang, the signal
         latency = {"with_raise": seen["with_raise"] - ready["with_raise"] - 1.5}
         latency.update({mode: seen[mode] - ready[mode]
-                        for mode in ("raise", "actor_raise", "hang0")})
+                        for mode in ("raise", "actor_raise", "hang0", "sync_first")})
         latency["sigterm"] = seen["sigterm"] - termed_at
         latency["sigstop"] = seen["sigstop"] - stopped_at
         print("\nliveness latencies (s): " + ", ".join(
             f"{mode} {EXPECTED[mode][1]} {value:.1f}"  # type: ignore[index]
             for mode, value in latency.items()))
         assert latency["hang0"] >= 6.0  # not before the stall floor after a 0.05 s step 0
+        assert latency["sync_first"] >= 8.0  # not before the sync allowance
         assert latency["sigstop"] >= 2.0  # silent for the dead limit first
     finally:
         for proc in procs.values():
