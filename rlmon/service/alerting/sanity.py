@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
+
+import numpy as np
 
 from rlmon.service.metrics import catalog, keymaps
 
@@ -248,6 +250,29 @@ class SanityChecker:
             self._fired.add((kind, metric))
             out.append(finding)
 
+    def may_act(self, column: Callable[[str], tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+        """Per step of a recorded series (``column(name)``: its values and whether it was
+        logged, per step), whether :meth:`observe` can find anything or change its state there.
+        Observing only those steps, in order, finds what observing every step finds: a step
+        left out holds no loss near a constant after a loss that was not near one (its count
+        stays 0), no NaN grad norm around a NaN one under the DeepSpeed bug, no loss scale."""
+        act: np.ndarray | None = None
+        constants = (LN2, LN3) if self.dpo else (LN3,)
+        with np.errstate(invalid="ignore"):
+            for key in self.loss_keys:
+                values, logged = column(key)
+                near = np.zeros(len(values), dtype=bool)
+                for const in constants:
+                    near |= np.abs(values - const) <= self.tol
+                act = _or(act, _and_next(logged & np.isfinite(values) & near, logged))
+            if deepspeed_nan_bug(self.deepspeed_version):
+                for key in self.grad_norm_keys:
+                    values, logged = column(key)
+                    act = _or(act, _and_next(logged & np.isnan(values), logged))
+            values, logged = column(self.loss_scale_key)
+            act = _or(act, logged & np.isfinite(values) & (values > 0))
+        return act
+
     def observe(self, step: int, values: Mapping[str, float]) -> list[Finding]:
         out: list[Finding] = []
         for key in self.loss_keys:
@@ -291,3 +316,16 @@ class SanityChecker:
             else:
                 self._fired.discard(fired)  # recovered: a later collapse is news again
         return out
+
+
+def _or(a: np.ndarray | None, b: np.ndarray) -> np.ndarray:
+    return b if a is None else a | b
+
+
+def _and_next(flagged: np.ndarray, logged: np.ndarray) -> np.ndarray:
+    """``flagged`` and, after each flagged step, the next step that logged the key (where its
+    count is reset)."""
+    at = np.flatnonzero(logged)
+    out = flagged.copy()
+    out[at[1:][flagged[at[:-1]]]] = True
+    return out

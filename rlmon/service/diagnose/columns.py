@@ -24,6 +24,8 @@ from rlmon.service.contract.step_record import StepRecord
 
 __all__ = ["ColumnRows", "RecordView", "RowsBuilder"]
 
+_BLOCK = 256  # rows collected as dicts before they go into the columns (a few hundred KB)
+
 
 class ColumnRows(Mapping[int, Mapping[str, float]]):
     """Rows by step (ascending), stored by column."""
@@ -43,6 +45,13 @@ class ColumnRows(Mapping[int, Mapping[str, float]]):
         """(key, values, logged) per key: the stored columns themselves."""
         for key, column in self._values.items():
             yield key, column, self._present[key]
+
+    def logged(self, key: str) -> np.ndarray:
+        """Per step, whether ``key`` was logged there (all False for a key never logged)."""
+        present = self._present.get(key)
+        if present is None:
+            return np.zeros(len(self._steps), dtype=bool)
+        return np.frombuffer(present, dtype=np.uint8).astype(bool)
 
     def step_at(self, index: int) -> int:
         return self._steps[index]
@@ -75,49 +84,59 @@ class ColumnRows(Mapping[int, Mapping[str, float]]):
 
 class RowsBuilder:
     """Collects rows as a reader meets them; rows of one step merge (a later value of a key
-    replaces an earlier one). Steps met in ascending order go straight into columns; a step met
-    after a later one is kept aside and merged in at :meth:`build`."""
+    replaces an earlier one). Steps met in ascending order are kept as dicts a block at a time,
+    then written into the columns a key at a time (a list per key, not a loop over every key
+    at every step); a step met after a later one is kept aside and merged in at :meth:`build`."""
 
     def __init__(self) -> None:
         self._steps: array[int] = array("q")
         self._values: dict[str, array[float]] = {}
         self._present: dict[str, bytearray] = {}
-        self._step: int | None = None
-        self._pending: dict[str, float] = {}
+        self._last: int | None = None  # the greatest step met
+        self._block_steps: list[int] = []  # the steps not yet in columns (the last included)
+        self._block: list[dict[str, float]] = []
         self._late: dict[int, dict[str, float]] = defaultdict(dict)
 
     @property
     def steps(self) -> int:
         """Steps met so far."""
-        return len(self._steps) + (self._step is not None) + len(self._late)
+        return len(self._steps) + len(self._block_steps) + len(self._late)
 
     def add(self, step: int, values: Mapping[str, float]) -> None:
-        if step == self._step:
-            self._pending.update(values)
-        elif self._step is None or step > self._step:
-            self._flush()
-            self._step, self._pending = step, dict(values)
+        if step == self._last and self._block:
+            self._block[-1].update(values)
+        elif self._last is None or step > self._last:
+            # the last step stays in the block until a later one comes: it may go on
+            if len(self._block) >= _BLOCK:
+                self._flush()
+            self._block_steps.append(step)
+            self._block.append(dict(values))
+            self._last = step
         else:
             self._late[step].update(values)
 
     def _flush(self) -> None:
-        if self._step is None:
+        block = self._block
+        if not block:
             return
         size = len(self._steps)
-        self._steps.append(self._step)
-        for key in self._pending:
-            if key not in self._values:  # in the order first logged
-                self._values[key] = array("d", [math.nan]) * size
-                self._present[key] = bytearray(size)
+        count = len(block)
+        self._steps.extend(self._block_steps)
+        if not set().union(*block) <= self._values.keys():
+            for row in block:
+                for key in row:
+                    if key not in self._values:  # in the order first logged
+                        self._values[key] = array("d", [math.nan]) * size
+                        self._present[key] = bytearray(size)
         for key, column in self._values.items():
-            value = self._pending.get(key)
-            if value is None:
-                column.append(math.nan)
-                self._present[key].append(0)
+            got = [row.get(key) for row in block]
+            if None in got:  # values are floats: None marks a step without the key
+                column.extend([math.nan if v is None else v for v in got])
+                self._present[key].extend([v is not None for v in got])
             else:
-                column.append(value)
-                self._present[key].append(1)
-        self._step, self._pending = None, {}
+                column.extend(got)  # type: ignore[arg-type]
+                self._present[key].extend(b"\x01" * count)
+        self._block_steps, self._block = [], []
 
     def build(self) -> Mapping[int, Mapping[str, float]]:
         """The rows; a log whose steps went back (rare: a reader's file order) is merged into

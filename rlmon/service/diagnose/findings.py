@@ -12,9 +12,11 @@ jump) and what to check.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
+
+import numpy as np
 
 from rlmon.service.alerting import sanity
 from rlmon.service.alerting.engine import (
@@ -36,7 +38,13 @@ from rlmon.service.diagnose import course, signatures
 from rlmon.service.diagnose.columns import ColumnRows, RecordView
 from rlmon.service.diagnose.cost import RunClock, SpanCost
 from rlmon.service.diagnose.logged_run import LoggedRun
-from rlmon.service.diagnose.mapping import KeyMap, KeyStatus, map_keys, rlmon_key_map
+from rlmon.service.diagnose.mapping import (
+    KeyInfo,
+    KeyMap,
+    KeyStatus,
+    map_keys,
+    rlmon_key_map,
+)
 from rlmon.service.metrics import catalog as c
 
 __all__ = ["Diagnosis", "Finding", "Related", "diagnose", "to_records"]
@@ -398,7 +406,11 @@ def _sanity(records: Sequence[StepRecord], keymap: KeyMap, run: LoggedRun) -> li
     dpo, deepspeed = sanity.checker_args(meta)
     ordered = records if isinstance(records, RecordView) else \
         sorted(records, key=lambda r: r.identity)
-    found_at = [(r, f) for r in ordered for f in _observe(checkers, r, dpo, deepspeed)]
+    observed: Iterable[StepRecord] = ordered
+    if isinstance(ordered, RecordView):  # a long log: only the steps where a check can act
+        probe = sanity.SanityChecker(dpo=dpo, deepspeed_version=deepspeed)
+        observed = (ordered[i] for i in np.flatnonzero(probe.may_act(ordered.column)).tolist())
+    found_at = [(r, f) for r in observed for f in _observe(checkers, r, dpo, deepspeed)]
     for found in signatures.scaling_signatures(run, ordered):
         record = _at_step(ordered, found.step if found.step is not None else -1)
         if record is not None:
@@ -434,12 +446,13 @@ def _gaps(run: LoggedRun, keymap: KeyMap) -> list[Finding]:
     there (unknown keys are left out: a profiling timer logged once per phase is no signal)."""
     watched = {i.key: i for i in keymap.keys
                if i.status in (KeyStatus.CANONICAL, KeyStatus.RELAYED)}
+    if isinstance(run.rows, ColumnRows):
+        return _gaps_by_column(run, run.rows, watched)
     streak: dict[str, int] = {}
     since: dict[str, int] = {}
     said: set[str] = set()
     out = []
-    rows = run.rows.rows() if isinstance(run.rows, ColumnRows) else run.rows.items()
-    for step, values in rows:
+    for step, values in run.rows.items():
         steady = {k for k, n in streak.items() if n >= _STEADY}
         missing = sorted(k for k in steady if k not in values)
         if missing and len(steady) - len(missing) >= len(missing):
@@ -462,3 +475,42 @@ def _gaps(run: LoggedRun, keymap: KeyMap) -> list[Finding]:
                 streak[key] = 0
     return out
 
+
+
+def _gaps_by_column(run: LoggedRun, rows: ColumnRows, watched: dict[str, KeyInfo],
+                    ) -> list[Finding]:
+    """:func:`_gaps` over a long log's columns: per key, the steps it had been logged at in a
+    row before each step, in numpy; only the steps where a steady key is missing are looked at
+    one by one (the same findings, tested against the step-by-step walk)."""
+    size = len(rows)
+    index = np.arange(size)
+    run_before: dict[str, np.ndarray] = {}  # steps in a row the key was logged, before each
+    missing: dict[str, np.ndarray] = {}
+    steady_count = np.zeros(size, dtype=np.int64)
+    missing_count = np.zeros(size, dtype=np.int64)
+    for key in watched:
+        logged = rows.logged(key)
+        last_gap = np.maximum.accumulate(np.where(logged, -1, index))
+        before = np.zeros(size, dtype=np.int64)
+        before[1:] = (index - last_gap)[:-1]  # the run ending at the step before
+        steady = before >= _STEADY
+        run_before[key], missing[key] = before, steady & ~logged
+        steady_count += steady
+        missing_count += missing[key]
+    news = (missing_count > 0) & (steady_count - missing_count >= missing_count)
+    said: set[str] = set()
+    out = []
+    for at in np.flatnonzero(news).tolist():
+        step = rows.step_at(at)
+        for key in sorted(k for k in missing if missing[k][at] and k not in said):
+            said.add(key)
+            info = watched[key]
+            since = rows.step_at(at - int(run_before[key][at]))
+            out.append(Finding(
+                run.name, ROLE, step, "MetricNotLogged", "warning", "found", info.name, key,
+                None, since=since, condition=f"{key} logged at every step from "
+                f"{since}, not at {step}", what_to_check=_GAP_HINT,
+                value_is=info.describe(), lossy=info.lossy, source="diagnose"))
+        if len(said) == len(watched):
+            break
+    return out
