@@ -29,11 +29,22 @@ from rlmon.service.alerting.rules import Condition, Rule
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.metrics.spec import BaselineParams
 
-__all__ = ["MIN_SERIES", "SeriesPredictions", "prepare"]
+__all__ = ["MIN_SERIES", "SeriesPredictions", "prepare", "transform"]
 
 MIN_SERIES = 2_000  # below this the step-by-step prediction is as fast as preparing a batch
 _BLOCK = 8_192  # windows predicted at a time (a block of 60-value windows is a few MB)
 Prediction = tuple[tuple[float, float], tuple[float, float]]
+
+
+def transform(params: BaselineParams, values: Sequence[float] | np.ndarray) -> np.ndarray:
+    """``baseline._transform`` of each value, bit for bit: ``max(v, 0.0)`` as Python picks it
+    (NaN and -0.0 kept), the offset added in float64, then ``math.log`` itself (numpy's log may
+    round differently), mapped in C over the values instead of a Python call per value."""
+    raw = np.array(values, dtype=np.float64)
+    if params.log_offset is None:
+        return raw
+    shifted = np.where(raw < 0.0, 0.0, raw) + params.log_offset
+    return np.fromiter(map(math.log, shifted.tolist()), dtype=np.float64, count=len(shifted))
 
 
 def _median(ordered: np.ndarray) -> np.ndarray:
@@ -60,9 +71,13 @@ def _block(params: BaselineParams, windows: np.ndarray,
         slope = np.zeros(rows)
     centre = (n - 1) / 2
     offsets = np.arange(n, dtype=np.float64) - centre
+    # sorted in place: fresh arrays, and the residuals' median does not depend on their order
     detrended = windows - slope[:, None] * offsets[None, :]
-    level = _median(np.sort(detrended, axis=1))
-    mad = _median(np.sort(np.abs(detrended - level[:, None]), axis=1))
+    detrended.sort(axis=1)
+    level = _median(detrended)
+    residuals = np.abs(detrended - level[:, None])
+    residuals.sort(axis=1)
+    mad = _median(residuals)
     ordered = np.sort(windows, axis=1)
     gaps = ordered[:, 1:] - ordered[:, :-1]
     resolution = np.where(gaps > 0.0, gaps, np.inf).min(axis=1)
@@ -96,8 +111,7 @@ class SeriesPredictions:
     def __init__(self, params: BaselineParams, values: Sequence[float]) -> None:
         self.params = params
         self._raw = array("d", values)
-        self._transformed = np.array([baseline._transform(params, v) for v in values],
-                                     dtype=np.float64)
+        self._transformed = transform(params, values)
         self._index = 0
         self._on_track = True
         self._block_start = -1

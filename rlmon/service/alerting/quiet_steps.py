@@ -130,11 +130,17 @@ def _baseline(rule: Rule, ahead: baseline_batch.SeriesPredictions, values: np.nd
             if params.direction == "down":
                 z = -z
             z = np.minimum(np.maximum(z, -cap), cap)
+            # the scores up to the first unusable window (the rest is not looked at)
+            bad = np.flatnonzero(~usable)
+            z_list = (z[:bad[0]] if bad.size else z).tolist()
             ends = place
-            for zk, ok in zip(z.tolist(), usable.tolist(), strict=True):
-                if not ok:
-                    break
-                new = min(max(0.0, score + zk - allowance), ceiling)
+            for zk in z_list:
+                # min(max(0.0, x), ceiling) as Python picks them, without the calls
+                new = score + zk - allowance
+                if not new > 0.0:
+                    new = 0.0
+                elif ceiling < new:
+                    new = ceiling
                 if new >= decision:
                     break
                 score = new

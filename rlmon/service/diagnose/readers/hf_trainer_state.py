@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from rlmon.service.contract.records import MAX_STEP
 from rlmon.service.diagnose.columns import RowsBuilder
 from rlmon.service.diagnose.logged_run import (
     LogError,
@@ -31,6 +32,7 @@ __all__ = ["FILE_NAME", "MAX_STATE_BYTES", "global_step", "has_log_history",
 FILE_NAME = "trainer_state.json"
 MAX_STATE_BYTES = 8 << 30  # read a value at a time: memory follows the values, not the file
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+_FLOATS = frozenset({float})
 
 
 def _open(path: Path) -> JsonStream:
@@ -88,7 +90,18 @@ def read_trainer_state(path: Path) -> LoggedRun:
             if stream.peek() != "[":
                 break
             found = True
+            add = rows.add
             for index, entry in enumerate(stream.array_items()):
+                # most entries: an object of floats with an integer step in range, taken as
+                # they are (the step as a float too, as to_float gives it); else _entry
+                if type(entry) is dict:
+                    step = entry.get("step")
+                    if type(step) is int and 0 <= step <= MAX_STEP:
+                        entry["step"] = float(step)
+                        if set(map(type, entry.values())) <= _FLOATS:
+                            add(step, entry)
+                            continue
+                        entry["step"] = step
                 _entry(path, index, entry, rows, problems)
     except JsonStreamError as exc:
         if not rows.steps:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
@@ -19,6 +20,9 @@ __all__ = ["JsonStream", "JsonStreamError"]
 
 _CHUNK = 1 << 20
 _WHITESPACE = " \t\r\n"
+_SPACE = re.compile(r"[ \t\r\n]*")
+_NUMBER_CHARS = "0123456789.eE+-"
+_NUMBER_TAIL = re.compile(r"[0-9.eE+-]*")
 _DECODER = json.JSONDecoder()
 
 
@@ -98,8 +102,10 @@ class JsonStream:
                 value, end = None, -1
             except RecursionError:
                 raise JsonStreamError(f"nested too deeply at character {self.offset}") from None
-            # a number at the buffer's end may go on in the next chunk
-            if end >= 0 and (end < len(self._buf) or self._eof):
+            # a number at the buffer's end may go on in the next chunk ("1." or "1e" is not
+            # one yet, though the decoder reads 1 from it)
+            if end >= 0 and (self._eof or _NUMBER_TAIL.match(self._buf, end).end()
+                             < len(self._buf)):
                 self._pos = end
                 return value
             if len(self._buf) - self._pos > self.max_value:
@@ -128,13 +134,44 @@ class JsonStream:
             return
 
     def array_items(self) -> Iterator[Any]:
-        """The elements of the array that starts here, one decoded value at a time."""
+        """The elements of the array that starts here, one decoded value at a time.
+
+        A million elements make the per-element Python count: an element that decodes whole
+        inside the buffer and is followed by ``,`` (or ``]``) in it is taken here without the
+        calls around the decoder; anything else (a buffer's end, an error) goes the general
+        way (:meth:`value`, :meth:`peek`, :meth:`expect`), which refills and words errors."""
         self.expect("[")
         if self.peek() == "]":
             self._pos += 1
             return
+        scan = _DECODER.scan_once  # what raw_decode calls, without its wrapper
+        space = _SPACE.match
         while True:
-            yield self.value()
+            buf, pos = self._buf, self._pos
+            try:
+                value, end = scan(buf, pos)
+            except (StopIteration, json.JSONDecodeError, RecursionError):
+                end = -1
+            if not 0 <= end < len(buf) or buf[end] in _NUMBER_CHARS:  # may go on: value()
+                value = self.value()
+                buf, end = self._buf, self._pos
+            after = buf[end] if end < len(buf) else ""
+            if after in _WHITESPACE and after:
+                end = space(buf, end).end()
+                after = buf[end] if end < len(buf) else ""
+            if after == ",":
+                end += 1
+                if end < len(buf) and buf[end] in _WHITESPACE:
+                    end = space(buf, end).end()
+                self._pos = end
+                yield value
+                continue
+            if after == "]":
+                self._pos = end + 1
+                yield value
+                return
+            self._pos = end
+            yield value
             if self.peek() == ",":
                 self._pos += 1
                 continue
