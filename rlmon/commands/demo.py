@@ -33,7 +33,9 @@ _KEY_METRICS = (
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from rlmon.actors.demo import FAULTS
+    # the workload's, not rlmon.actors.demo's (the same tuple): that one loads Ray and the
+    # service, a second at every other command's start-up
+    from rlmon.workload.grpo import FAULTS
 
     p = sub.add_parser("demo", help="run a GRPO job on Ray with a fault and watch rlmon catch it")
     p.add_argument("--steps", type=int, default=30, help="trainer steps (30)")

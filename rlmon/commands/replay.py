@@ -19,7 +19,6 @@ from rich.markup import escape
 
 from rlmon.commands.support.rule_files import read_rules
 from rlmon.service.alerting.backtest import RuleBacktest, backtest
-from rlmon.service.alerting.notify.render import format_value
 from rlmon.service.contract.records import MAX_LINE_BYTES
 from rlmon.service.input_files import InputFileError, LineTooLong, bounded_lines, open_regular
 from rlmon.service.metrics import catalog
@@ -103,6 +102,10 @@ def print_backtest(tested: list[RuleBacktest], out: IO[str] | None = None) -> No
 def print_table(result: ReplayResult) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    # here, not at the top: the notify package loads the service's config (pydantic-settings),
+    # half a second every other command (`rlmon diagnose`) would pay for at start-up
+    from rlmon.service.alerting.notify.render import format_value
 
     console = Console(width=None if sys.stdout.isatty() else 140)
     errors = Console(stderr=True, width=None if sys.stderr.isatty() else 140)

@@ -16,6 +16,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
+from operator import itemgetter
 from typing import overload
 
 import numpy as np
@@ -128,6 +129,16 @@ class RowsBuilder:
                     if key not in self._values:  # in the order first logged
                         self._values[key] = array("d", [math.nan]) * size
                         self._present[key] = bytearray(size)
+        keys = list(self._values)
+        if len(keys) > 1 and all(len(row) == len(keys) for row in block):
+            # every row holds every key (the common case): the columns by one transpose
+            logged = b"\x01" * count
+            by_key = zip(*map(itemgetter(*keys), block), strict=True)
+            for key, got in zip(keys, by_key, strict=True):
+                self._values[key].extend(got)
+                self._present[key].extend(logged)
+            self._block_steps, self._block = [], []
+            return
         for key, column in self._values.items():
             got = [row.get(key) for row in block]
             if None in got:  # values are floats: None marks a step without the key

@@ -42,7 +42,8 @@ def _same(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]]) -> boo
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("late", [False, True])
-def test_rows_builder_holds_the_rows_merged(seed: int, late: bool,
+@pytest.mark.parametrize("logged", [0.7, 1.0])  # 1.0: blocks where every row has every key
+def test_rows_builder_holds_the_rows_merged(seed: int, late: bool, logged: float,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(columns, "_BLOCK", 7)  # many blocks, a repeat across their edges
     rng = np.random.default_rng(seed)
@@ -55,8 +56,10 @@ def test_rows_builder_holds_the_rows_merged(seed: int, late: bool,
         at = int(rng.integers(0, step + 1)) if late and rng.random() < 0.03 else step
         # keys first logged midway, NaN and Inf as values
         known = keys[:2 + min(4, step // 80)]
+        if rng.random() < 0.3:
+            known = known[::-1]  # a row's keys in another order
         adds.append((at, {k: float(rng.choice([rng.standard_normal(), math.nan, math.inf]))
-                          for k in known if rng.random() < 0.7}))
+                          for k in known if rng.random() < logged}))
     builder = RowsBuilder()
     for at, values in adds:
         builder.add(at, values)
