@@ -56,14 +56,18 @@ def _median(ordered: np.ndarray) -> np.ndarray:
     return 0.5 * (ordered[:, mid - 1] + ordered[:, mid])
 
 
-def _block(params: BaselineParams, windows: np.ndarray,
+def _block(params: BaselineParams, series: np.ndarray, n: int,
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(expected extrapolated, scale, expected level, scale, all finite) per window."""
-    rows, n = windows.shape
+    """(expected extrapolated, scale, expected level, scale, all finite) per window of ``n``
+    values of ``series`` (window k: ``series[k:k + n]``)."""
+    windows = np.ascontiguousarray(sliding_window_view(series, n))
+    rows = len(windows)
     half = n // 2
     if params.follow_drift:
-        slope = (_median(np.sort(windows[:, n - half:], axis=1))
-                 - _median(np.sort(windows[:, :half], axis=1))) / (n - half)
+        # the halves' medians from one sort of every half-window (the same rows, sorted from
+        # the same order): window k's first half is half-window k, its second k + n - half
+        halves = _median(np.sort(sliding_window_view(series, half), axis=1))
+        slope = (halves[n - half:n - half + rows] - halves[:rows]) / (n - half)
         # min(slope, 0.0) / max(slope, 0.0) as Python picks them
         slope = np.where(slope > 0.0, 0.0, slope) if params.direction == "down" \
             else np.where(slope < 0.0, 0.0, slope)
@@ -122,9 +126,8 @@ class SeriesPredictions:
         window = self.params.window
         stop = min(start + _BLOCK, len(self._raw))
         # the window before value i is transformed[i - window:i]
-        views = sliding_window_view(self._transformed[start - window:stop - 1], window)
         extrapolated, scale_extrapolated, level, scale_level, finite = _block(
-            self.params, np.ascontiguousarray(views))
+            self.params, self._transformed[start - window:stop - 1], window)
         # as Python floats: indexing a list is far cheaper than making a numpy scalar
         self._block = (extrapolated.tolist(), scale_extrapolated.tolist(), level.tolist(),
                        scale_level.tolist(), finite.tolist())
@@ -146,8 +149,8 @@ class SeriesPredictions:
         values themselves transformed: what :meth:`take` hands out there, for many at once."""
         window = self.params.window
         assert start >= window
-        views = sliding_window_view(self._transformed[start - window:stop - 1], window)
-        expected, scale, _, _, finite = _block(self.params, np.ascontiguousarray(views))
+        expected, scale, _, _, finite = _block(
+            self.params, self._transformed[start - window:stop - 1], window)
         return expected, scale, finite
 
     def transformed(self, start: int, stop: int) -> np.ndarray:
