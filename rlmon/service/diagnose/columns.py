@@ -134,8 +134,8 @@ class RowsBuilder:
             # every row holds every key (the common case): the columns by one transpose
             logged = b"\x01" * count
             by_key = zip(*map(itemgetter(*keys), block), strict=True)
-            for key, got in zip(keys, by_key, strict=True):
-                self._values[key].extend(got)
+            for key, column_values in zip(keys, by_key, strict=True):
+                self._values[key].extend(column_values)
                 self._present[key].extend(logged)
             self._block_steps, self._block = [], []
             return

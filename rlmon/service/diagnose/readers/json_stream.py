@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
 __all__ = ["JsonStream", "JsonStreamError"]
@@ -24,6 +24,16 @@ _SPACE = re.compile(r"[ \t\r\n]*")
 _NUMBER_CHARS = "0123456789.eE+-"
 _NUMBER_TAIL = re.compile(r"[0-9.eE+-]*")
 _DECODER = json.JSONDecoder()
+
+
+# what raw_decode calls, without its wrapper (the C scanner; not in the type stubs)
+_SCAN: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
+
+
+def _past(pattern: re.Pattern[str], text: str, pos: int) -> int:
+    """Where a run of ``pattern`` (which matches the empty string) starting at ``pos`` ends."""
+    found = pattern.match(text, pos)
+    return found.end() if found else pos
 
 
 class JsonStreamError(ValueError):
@@ -104,8 +114,7 @@ class JsonStream:
                 raise JsonStreamError(f"nested too deeply at character {self.offset}") from None
             # a number at the buffer's end may go on in the next chunk ("1." or "1e" is not
             # one yet, though the decoder reads 1 from it)
-            if end >= 0 and (self._eof or _NUMBER_TAIL.match(self._buf, end).end()
-                             < len(self._buf)):
+            if end >= 0 and (self._eof or _past(_NUMBER_TAIL, self._buf, end) < len(self._buf)):
                 self._pos = end
                 return value
             if len(self._buf) - self._pos > self.max_value:
@@ -144,8 +153,7 @@ class JsonStream:
         if self.peek() == "]":
             self._pos += 1
             return
-        scan = _DECODER.scan_once  # what raw_decode calls, without its wrapper
-        space = _SPACE.match
+        scan = _SCAN
         while True:
             buf, pos = self._buf, self._pos
             try:
@@ -157,12 +165,12 @@ class JsonStream:
                 buf, end = self._buf, self._pos
             after = buf[end] if end < len(buf) else ""
             if after in _WHITESPACE and after:
-                end = space(buf, end).end()
+                end = _past(_SPACE, buf, end)
                 after = buf[end] if end < len(buf) else ""
             if after == ",":
                 end += 1
                 if end < len(buf) and buf[end] in _WHITESPACE:
-                    end = space(buf, end).end()
+                    end = _past(_SPACE, buf, end)
                 self._pos = end
                 yield value
                 continue
