@@ -45,10 +45,13 @@ def steps(rep, first, n, span="train"):
             time.sleep(0.05)
         rep.record("actor/loss", sum=1.0, count=1.0)
         rep.end_step(step)
+    return time.time()
 
-def ready(rep):
+def ready(rep, last=None):
+    # the last step's end too: silence counts from there, not from the flush (slow under load)
     assert rep.flush(120), "steps not delivered"
-    print("ready", time.time(), flush=True)
+    now = time.time()
+    print("ready", now, last or now, flush=True)
 
 if mode == "with_raise":
     with Reporter(run, "actor", rank={"dp": 0}, world={"dp": 1}, namespace=namespace,
@@ -69,17 +72,19 @@ if mode == "slow_first":
     rep.close()
 elif mode == "sync_first":
     with rep.span("weight_sync"):  # the first weight broadcast, before any step, never returns
-        print("ready", time.time(), flush=True)
+        print("ready", time.time(), time.time(), flush=True)
         time.sleep(3600)
 elif mode == "hang0":
-    steps(rep, 0, 1)
-    ready(rep)
+    ready(rep, steps(rep, 0, 1))
     with rep.span("weight_sync"):
         time.sleep(3600)  # the first weight sync never returns; the process lives
 elif mode == "sigterm":
     steps(rep, 0, 10)
     ready(rep)
-    time.sleep(3600)  # the scheduler's SIGTERM ends it
+    step = 10
+    while True:  # a job at work: the scheduler's SIGTERM ends it (silent, it would be a stall)
+        steps(rep, step, 1)
+        step += 1
 elif mode == "sigstop":
     steps(rep, 0, 10)
     ready(rep)
@@ -129,7 +134,7 @@ for step in range(5):
     rep.record("driver/loop", sum=1.0, count=1.0)
     rep.end_step(step)
 assert rep.flush(120)
-print("ready", time.time(), flush=True)
+print("ready", time.time(), time.time(), flush=True)
 ray.get(rank.train.remote(1, fail=True))  # raises RayTaskError(ValueError): uncaught
 """
 
@@ -166,11 +171,13 @@ def _start(tmp: Path, mode: str, namespace: str, address: str) -> subprocess.Pop
                             start_new_session=True)
 
 
-def _ready_at(proc: subprocess.Popen[str]) -> float:
+def _ready_at(proc: subprocess.Popen[str]) -> tuple[float, float]:
+    """When the script was ready, and when its last step ended."""
     assert proc.stdout is not None
     line = proc.stdout.readline()  # blocks until the script says it (or exits)
     assert line.startswith("ready"), (line, proc.poll(), proc.stderr and proc.stderr.read())
-    return float(line.split()[-1])
+    now, last = line.split()[1:3]
+    return float(now), float(last)
 
 
 def _alerts(ray: Any, service: Any, run: str) -> list[tuple[str, str, str]]:
@@ -236,9 +243,10 @@ def test_every_bad_ending_pages_what_it_should(ray_cluster: Any, ray_namespace: 
         assert "Processes still exist" in frozen and "gone" not in frozen
         # from the raise (at once after "ready", or 1.5 s into its span), the step 0 before the
         # hang, the signal
-        latency = {"with_raise": seen["with_raise"] - ready["with_raise"] - 1.5}
-        latency.update({mode: seen[mode] - ready[mode]
-                        for mode in ("raise", "actor_raise", "hang0", "sync_first")})
+        latency = {"with_raise": seen["with_raise"] - ready["with_raise"][0] - 1.5}
+        latency.update({mode: seen[mode] - ready[mode][0]
+                        for mode in ("raise", "actor_raise", "sync_first")})
+        latency["hang0"] = seen["hang0"] - ready["hang0"][1]
         latency["sigterm"] = seen["sigterm"] - termed_at
         latency["sigstop"] = seen["sigstop"] - stopped_at
         print("\nliveness latencies (s): " + ", ".join(

@@ -230,7 +230,8 @@ def describe_end(view: LivenessView) -> str:
                 f"last steps {steps[0]}-{steps[-1]}" if steps else "no step ended")
         # the closing heartbeat names the spans open where it ended; without them, the stage of
         # the rank's last heartbeat before its end ("last seen in")
-        where = f"in {stage}" if at_end else f"last seen in {stage or 'no open span'}"
+        where = (f"in {stage}" if at_end else f"last seen in {stage}" if stage
+                 else "outside any span")
         parts.append(f"{_ranks(ranks)}: {what}; {where}, {last}")
     text = "; ".join(parts)
     if not view.ends and view.failed_roles:
