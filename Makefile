@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-extras test-load lint docs system-deps bench clean
+.PHONY: demo test test-main test-extras test-load lint docs system-deps bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,9 +32,14 @@ lint: $(STAMP)
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict --site-dir .site
 
+# The main suite and the real-framework tests side by side: much of each is waiting (on Ray,
+# subprocesses, a vLLM engine starting), so the two together take little more than the longer one
+# (docs/development.md). Each one's output is printed whole when it ends (--output-sync).
 test: $(STAMP) system-deps lint docs
+	$(MAKE) --no-print-directory --output-sync=target -j2 test-main test-extras
+
+test-main: $(STAMP)
 	$(PY) -m pytest
-	$(MAKE) test-extras
 
 # The e2e and Ray tests with CPU load beside them: two busy processes, as on a loaded 2-core CI
 # machine (issue 29). The load is stopped however pytest ends (pass, fail, Ctrl-C).
