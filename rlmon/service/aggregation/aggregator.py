@@ -178,7 +178,7 @@ class AggregatorCore:
         for record in records:
             self.undelivered[record.identity] = record
             self.last_finalized[(record.run, record.role)] = now
-            self.liveness.finalized(record.run, record.role, record.step, now)
+            self.liveness.finalized(record.run, record.role, record.step, now, record.time)
 
     def _reporter_counts(self, reporter: ReporterKey, dropped: int, refused: int) -> None:
         """A Reporter's running counts, as its latest message (or node merger) said them."""
@@ -622,15 +622,18 @@ class AggregatorServer:
             self._wake.wait(self.tick_s)
             self._wake.clear()
             try:
-                self.core.tick()
-                # the liveness views after each hand-over of steps (a resumed run's step comes
-                # first), never only once every step is delivered: a service slower than a
-                # busy stream's steps would otherwise never hear that a frozen run went on
-                while not self.deliver():
+                # The timer and the liveness views after each hand-over of steps (a resumed
+                # run's step comes first), never only once every step is delivered: behind a
+                # service slower than a busy stream's steps, states would otherwise stop being
+                # judged (a frozen run that went on never resolved, a hang never paged)
+                while True:
+                    self.core.tick()
+                    done = self.deliver()
                     self.deliver_liveness()
+                    if done:
+                        break
                     if self._stop.wait(0.2):
                         return
-                self.deliver_liveness()
             except Exception:
                 log.exception("aggregator loop")
                 self._stop.wait(0.5)

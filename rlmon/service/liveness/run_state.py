@@ -348,7 +348,8 @@ class _Stream:
     ranks: dict[Rank, _Rank] = field(default_factory=dict)
     heartbeats: bool = False
     last_step: int | None = None
-    last_step_at: float | None = None
+    last_step_at: float | None = None  # when the last step finalized (this clock): silence
+    last_step_time: float | None = None  # when it happened (its ranks' clock): the pace
     steps: int = 0
     periods: StepPeriods = field(default_factory=StepPeriods)
     usual: dict[str, float] = field(default_factory=dict)
@@ -370,7 +371,8 @@ class _Stream:
             "ranks": [s.to_json(r) for r, s in self.ranks.items()],
             "step0_seconds": self.step0_seconds,
             "heartbeats": self.heartbeats, "last_step": self.last_step,
-            "last_step_at": self.last_step_at, "steps": self.steps,
+            "last_step_at": self.last_step_at, "last_step_time": self.last_step_time,
+            "steps": self.steps,
             "periods": self.periods.to_json(), "usual": self.usual, "state": self.state.value,
             "since": self.since, "finished": self.finished, "gpus_per_rank": self.gpus_per_rank,
         }
@@ -384,6 +386,7 @@ class _Stream:
         stream.heartbeats = bool(obj.get("heartbeats"))
         stream.last_step = obj.get("last_step")
         stream.last_step_at = obj.get("last_step_at")
+        stream.last_step_time = obj.get("last_step_time")
         stream.steps = int(obj.get("steps", 0))
         stream.periods = StepPeriods.from_json(obj.get("periods", {}))
         stream.usual = {str(k): float(v) for k, v in obj.get("usual", {}).items()}
@@ -465,15 +468,19 @@ class LivenessTracker:
         if not beat.closing and stream.finished and stream.state is RunState.FINISHED:
             stream.finished = False  # heartbeats again after the end: a rerun
 
-    def finalized(self, run: str, role: str, step: int, now: float) -> None:
-        """A step of (run, role) finalized at ``now``: progress."""
+    def finalized(self, run: str, role: str, step: int, now: float,
+                  happened: float | None = None) -> None:
+        """A step of (run, role) finalized at ``now``: progress. ``happened`` is when its ranks
+        ended it (their clock, the record's ``time``): the pace is measured between those, not
+        between arrivals, which a loaded machine or a batched delivery bunches and spreads."""
         stream = self._stream(run, role, now)
         if stream.last_step is not None and step <= stream.last_step:
             return
-        if stream.last_step_at is not None:
+        at = happened if happened is not None else now
+        if stream.last_step_time is not None:
             slow = stream.state is RunState.SLOW
-            stream.periods.add(now - stream.last_step_at, self.params, slow)
-        stream.last_step, stream.last_step_at = step, now
+            stream.periods.add(at - stream.last_step_time, self.params, slow)
+        stream.last_step, stream.last_step_at, stream.last_step_time = step, now, at
         stream.steps += 1
         if stream.finished and stream.state is RunState.FINISHED and not all(
                 r.closed for r in stream.ranks.values()):

@@ -6,34 +6,39 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from typing import Any
 
 from rlmon.service.aggregation.aggregator import AggregatorCore, AggregatorServer
-from rlmon.service.liveness.run_state import LivenessView
+from rlmon.service.liveness.run_state import LivenessView, RunState
 from rlmon.service.liveness.thresholds import LivenessParams
 from tests.support.polling import wait_for
-from tests.unit.liveness.support import step_message
+from tests.unit.liveness.support import beat, step_message
 
 
-def test_liveness_views_reach_the_service_while_steps_keep_arriving() -> None:
-    core = AggregatorCore(liveness=LivenessParams(heartbeat_seconds=0.05, evaluate_seconds=0.01))
-    steps = itertools.count()
+def _backlogged(core: AggregatorCore, stop: threading.Event) -> tuple[Any, list[int]]:
+    """A publish after which the busy stream's next step has always finalized already."""
+    steps = itertools.count(1)
     published: list[int] = []
-    views: list[LivenessView] = []
-    stop = threading.Event()
 
     def publish(records: list[Any], shard: int, stats: Any) -> dict[str, Any]:
-        published.extend(r.step for r in records)
-        if not stop.is_set():  # the stream's next step finalized while this batch was handed
+        published.extend(r.step for r in records if r.run == "busy")
+        if not stop.is_set():
             step = next(steps)
             core.ingest([step_message("busy", step, seq=step + 1)])
         return {}
 
-    def publish_liveness(batch: list[LivenessView], shard: int) -> None:
-        views.extend(batch)
+    core.ingest([step_message("busy", 0, seq=1)])
+    return publish, published
 
-    core.ingest([step_message("busy", next(steps), seq=1)])
-    server = AggregatorServer(core, publish, tick_s=0.005, publish_liveness=publish_liveness)
+
+def test_liveness_views_reach_the_service_while_steps_keep_arriving() -> None:
+    core = AggregatorCore(liveness=LivenessParams(heartbeat_seconds=0.05, evaluate_seconds=0.01))
+    stop = threading.Event()
+    publish, published = _backlogged(core, stop)
+    views: list[LivenessView] = []
+    server = AggregatorServer(core, publish, tick_s=0.005,
+                              publish_liveness=lambda batch, shard: views.extend(batch))
     try:
         wait_for(lambda: len(published) > 5, 30, "steps handed over")
         assert core.pending_records(1), "the service never catches up in this scenario"
@@ -43,3 +48,26 @@ def test_liveness_views_reach_the_service_while_steps_keep_arriving() -> None:
         stop.set()
         server.close(finalize=False)
     assert published == sorted(published) and len(set(published)) == len(published)
+
+
+def test_states_are_still_judged_while_a_backlog_of_steps_lasts() -> None:
+    """A run that goes silent while another's steps keep the service behind is judged (and said)
+    then, not once the backlog clears: the timer runs between hand-overs."""
+    core = AggregatorCore(liveness=LivenessParams(
+        heartbeat_seconds=0.05, evaluate_seconds=0.01, dead_after_seconds=0.3))
+    stop = threading.Event()
+    publish, published = _backlogged(core, stop)
+    views: list[LivenessView] = []
+    core.heartbeat([beat("quiet", 0, 1, spans=(("train", time.time()),), at=time.time())])
+    server = AggregatorServer(core, publish, tick_s=0.005,
+                              publish_liveness=lambda batch, shard: views.extend(batch))
+    try:
+        wait_for(lambda: len(published) > 3, 30, "steps handed over")
+        silent = wait_for(lambda: [v for v in views if v.run == "quiet"
+                                   and v.state is RunState.DEAD], 30,
+                          "the silent run judged while the busy one's steps are pending")
+        assert core.pending_records(1), "the service caught up: nothing was shown"
+        assert silent[0].last_heard is not None
+    finally:
+        stop.set()
+        server.close(finalize=False)

@@ -145,3 +145,36 @@ def test_knowledge_survives_a_dump_and_load() -> None:
     assert restored.evaluate(run.now) == []  # the same state: nothing new to say
     view = restored.view("r", "actor", run.now)
     assert view is not None and view.state is RunState.STALLED
+
+
+def test_the_pace_is_the_ranks_own_not_the_arrivals() -> None:
+    """Steps of a steady 1 s that reach the aggregator in bunches (a loaded machine, a batched
+    delivery: five at once every 5 s) are not slow; a real slowdown in when the ranks ended
+    them is, however evenly those steps arrive."""
+    tracker = LivenessTracker(LivenessParams(stall_floor_seconds=30))
+    now, step, states = T0, 0, []
+    for _bunch in range(40):
+        now += 5.0
+        for i in range(5):  # happened 1 s apart, arrive together
+            tracker.heard("bunched", "actor", Rank(dp=0), 1, now)
+            tracker.finalized("bunched", "actor", step, now, happened=now - 5.0 + i + 1)
+            step += 1
+        states += [v.state for v in tracker.evaluate(now)]
+    assert set(states) == {RunState.RUNNING}
+    view = tracker.view("bunched", "actor", now)
+    assert view is not None and view.period == 1.0
+    for i in range(10):  # now each step took 4 s, arriving every 1 s (a backlog draining)
+        now += 1.0
+        tracker.heard("bunched", "actor", Rank(dp=0), 1, now)
+        tracker.finalized("bunched", "actor", step, now, happened=now - 5.0 + 4.0 * (i + 1))
+        step += 1
+        states += [v.state for v in tracker.evaluate(now)]
+    assert RunState.SLOW in states
+
+
+def test_without_the_ranks_time_the_pace_is_the_arrivals() -> None:
+    tracker = LivenessTracker()
+    for step in range(12):
+        tracker.finalized("old", "actor", step, T0 + 2.0 * step)  # an older producer: no time
+    view = tracker.view("old", "actor", T0 + 22.0)
+    assert view is not None and view.period == 2.0
