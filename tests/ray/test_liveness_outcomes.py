@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -158,31 +159,35 @@ def _env(address: str) -> dict[str, str]:
 
 
 def _start(tmp: Path, mode: str, namespace: str, address: str) -> subprocess.Popen[str]:
+    """Start one script (written before any starts: rewriting it while an earlier one reads it
+    ran an empty file under load)."""
     if mode == "actor_raise":
         script = tmp / "driver.py"
-        script.write_text(DRIVER)
         args = [f"{mode}-run", namespace]
     else:
         script = tmp / "train.py"
-        script.write_text(SCRIPT)
         args = [mode, f"{mode}-run", namespace, str(tmp / "go")]
     return subprocess.Popen([sys.executable, str(script), *args], env=_env(address),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 
 
-def _ready_at(proc: subprocess.Popen[str]) -> tuple[float, float]:
-    """When the script was ready, and when its last step ended."""
+def _ready_at(proc: subprocess.Popen[str]) -> tuple[float, float] | str:
+    """When the script was ready, and when its last step ended; what it said if it never was."""
     assert proc.stdout is not None
     line = proc.stdout.readline()  # blocks until the script says it (or exits)
-    assert line.startswith("ready"), (line, proc.poll(), proc.stderr and proc.stderr.read())
+    if not line.startswith("ready"):
+        return f"{line!r}, exit {proc.wait()}, stderr {proc.stderr and proc.stderr.read()}"
     now, last = line.split()[1:3]
     return float(now), float(last)
 
 
-def _alerts(ray: Any, service: Any, run: str) -> list[tuple[str, str, str]]:
+def _alerts(ray: Any, service: Any) -> dict[str, list[tuple[str, str, str]]]:
     _, events = ray.get(service.recent_events.remote(0))
-    return [(e.role, e.alert, e.state) for e in events if e.run == run]
+    out: dict[str, list[tuple[str, str, str]]] = {f"{mode}-run": [] for mode in EXPECTED}
+    for e in events:
+        out.setdefault(e.run, []).append((e.role, e.alert, e.state))
+    return out
 
 
 def test_every_bad_ending_pages_what_it_should(ray_cluster: Any, ray_namespace: str,
@@ -193,29 +198,42 @@ def test_every_bad_ending_pages_what_it_should(ray_cluster: Any, ray_namespace: 
     service = ensure_runtime(ray_namespace, RuntimeOptions(config=str(config),
                                                            state_dir=str(tmp_path / "state")))
     address = ray.get_runtime_context().gcs_address
+    (tmp_path / "train.py").write_text(SCRIPT)
+    (tmp_path / "driver.py").write_text(DRIVER)
     procs = {mode: _start(tmp_path, mode, ray_namespace, address) for mode in EXPECTED}
+    # each script's "ready" is read as it comes, and the alerts watched meanwhile: a page is
+    # seen when it happens, not once the slowest script (a Ray driver's start) is ready too
+    ready: dict[str, tuple[float, float] | str] = {}
+    readers = [threading.Thread(target=lambda m=mode, p=proc: ready.__setitem__(m, _ready_at(p)),
+                                daemon=True) for mode, proc in procs.items() if mode != "slow_first"]
+    for reader in readers:
+        reader.start()
     try:
-        ready = {mode: _ready_at(p) for mode, p in procs.items() if mode != "slow_first"}
-        os.killpg(procs["sigterm"].pid, signal.SIGTERM)
-        os.kill(procs["sigstop"].pid, signal.SIGSTOP)
-        stopped_at = termed_at = time.time()
+        signalled: dict[str, float] = {}
         seen: dict[str, float] = {}
 
         def paged() -> bool:
+            for mode, said in ready.items():
+                assert not isinstance(said, str), (mode, said)
+            for mode, sig in (("sigterm", signal.SIGTERM), ("sigstop", signal.SIGSTOP)):
+                if mode in ready and mode not in signalled:  # at work: the signal comes now
+                    os.killpg(procs[mode].pid, sig)
+                    signalled[mode] = time.time()
+            alerts = _alerts(ray, service)
             for mode, want in EXPECTED.items():
                 if want is not None and mode not in seen and (
-                        *want, "firing") in _alerts(ray, service, f"{mode}-run"):
+                        *want, "firing") in alerts[f"{mode}-run"]:
                     seen[mode] = time.time()
                     if mode == "sigstop":  # went on as soon as paged: its stop is not as long
-                        os.kill(procs["sigstop"].pid, signal.SIGCONT)  # as the slowest page
+                        os.killpg(procs["sigstop"].pid, signal.SIGCONT)  # as the slowest page
             return len(seen) == len([w for w in EXPECTED.values() if w is not None])
 
         try:
             wait_for(paged, PATIENCE, "each bad ending's alert", every=0.05)
         finally:
-            os.kill(procs["sigstop"].pid, signal.SIGCONT)
-        wait_for(lambda: ("actor", "RunFrozen", "resolved") in _alerts(
-            ray, service, "sigstop-run"), PATIENCE, "RunFrozen resolved once the process goes on")
+            os.killpg(procs["sigstop"].pid, signal.SIGCONT)
+        wait_for(lambda: ("actor", "RunFrozen", "resolved") in _alerts(ray, service)[
+            "sigstop-run"], PATIENCE, "RunFrozen resolved once the process goes on")
         (tmp_path / "go").touch()
         assert procs["sigstop"].wait(PATIENCE) == 0
         assert procs["slow_first"].wait(PATIENCE) == 0
@@ -226,7 +244,8 @@ def test_every_bad_ending_pages_what_it_should(ray_cluster: Any, ray_namespace: 
         # for the frozen script that went on, nothing for the slow start or the clean finish)
         settle = time.time()
         wait_for(lambda: time.time() - settle > 4.0, 30, "four seconds more", every=0.2)
-        got = {mode: _alerts(ray, service, f"{mode}-run") for mode in EXPECTED}
+        alerts = _alerts(ray, service)
+        got = {mode: alerts[f"{mode}-run"] for mode in EXPECTED}
         for mode, want in EXPECTED.items():
             fired = [(role, alert) for role, alert, state in got[mode] if state == "firing"]
             assert fired == ([want] if want else []), (mode, got[mode])
@@ -245,12 +264,12 @@ def test_every_bad_ending_pages_what_it_should(ray_cluster: Any, ray_namespace: 
         assert "Processes still exist" in frozen and "gone" not in frozen
         # from the raise (at once after "ready", or 1.5 s into its span), the step 0 before the
         # hang, the signal
-        latency = {"with_raise": seen["with_raise"] - ready["with_raise"][0] - 1.5}
-        latency.update({mode: seen[mode] - ready[mode][0]
+        at = {mode: said for mode, said in ready.items() if isinstance(said, tuple)}
+        latency = {"with_raise": seen["with_raise"] - at["with_raise"][0] - 1.5}
+        latency.update({mode: seen[mode] - at[mode][0]
                         for mode in ("raise", "actor_raise", "sync_first")})
-        latency["hang0"] = seen["hang0"] - ready["hang0"][1]
-        latency["sigterm"] = seen["sigterm"] - termed_at
-        latency["sigstop"] = seen["sigstop"] - stopped_at
+        latency["hang0"] = seen["hang0"] - at["hang0"][1]
+        latency.update({mode: seen[mode] - signalled[mode] for mode in ("sigterm", "sigstop")})
         print("\nliveness latencies (s): " + ", ".join(
             f"{mode} {EXPECTED[mode][1]} {value:.1f}"  # type: ignore[index]
             for mode, value in latency.items()))
@@ -262,5 +281,8 @@ def test_every_bad_ending_pages_what_it_should(ray_cluster: Any, ray_namespace: 
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGCONT)
                 os.killpg(proc.pid, signal.SIGKILL)
+        for reader in readers:
+            reader.join(30)
+        for proc in procs.values():
             proc.communicate()
         shutdown_runtime(ray_namespace)

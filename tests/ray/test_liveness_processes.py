@@ -53,8 +53,9 @@ elif mode == "kill":
 
 
 def _start(tmp: Path, mode: str, run: str, namespace: str, address: str) -> subprocess.Popen[str]:
+    """Start one script (written once before: rewriting it while an earlier one reads it ran an
+    empty file under load)."""
     script = tmp / "train.py"
-    script.write_text(SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLMON_")}
     env.update(RAY_ADDRESS=address, RLMON_LIVENESS__HEARTBEAT_SECONDS="0.5",
                RLMON_EXIT_TIMEOUT="30", RAY_DISABLE_USAGE_STATS="1")
@@ -83,6 +84,7 @@ def test_hung_killed_and_clean_scripts(ray_cluster: Any, ray_namespace: str,
     opts = RuntimeOptions(config=str(config), state_dir=str(tmp_path / "state"))
     service = ensure_runtime(ray_namespace, opts)
     address = ray.get_runtime_context().gcs_address
+    (tmp_path / "train.py").write_text(SCRIPT)
     procs = {mode: _start(tmp_path, mode, f"{mode}-run", ray_namespace, address)
              for mode in ("hang", "kill", "clean")}
     try:
