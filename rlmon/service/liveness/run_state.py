@@ -476,7 +476,7 @@ class LivenessTracker:
         stream = self._stream(run, role, now)
         if stream.last_step is not None and step <= stream.last_step:
             return
-        at = happened if happened is not None else now
+        at = happened if happened is not None and happened > 0 else now  # 0: a producer's unset
         if stream.last_step_time is not None:
             slow = stream.state is RunState.SLOW
             stream.periods.add(at - stream.last_step_time, self.params, slow)

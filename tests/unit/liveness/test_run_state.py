@@ -178,3 +178,8 @@ def test_without_the_ranks_time_the_pace_is_the_arrivals() -> None:
         tracker.finalized("old", "actor", step, T0 + 2.0 * step)  # an older producer: no time
     view = tracker.view("old", "actor", T0 + 22.0)
     assert view is not None and view.period == 2.0
+    unset = LivenessTracker()
+    for step in range(12):  # a producer that sends 0.0 for the time: unset, not 1970
+        unset.finalized("unset", "actor", step, T0 + 3.0 * step, happened=0.0)
+    view = unset.view("unset", "actor", T0 + 33.0)
+    assert view is not None and view.period == 3.0
