@@ -34,11 +34,20 @@ def test_demo_in_a_terminal_serves_its_run_page_until_ctrl_c(tmp_path: Path) -> 
     chromium = need_chromium()
     env = {**os.environ, "RAY_DISABLE_USAGE_STATS": "1", "RAY_AUTH_MODE": "disabled"}
     terminal, side = pty.openpty()  # stdin is a terminal, as for a user
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rlmon.cli", "demo", "--steps", "16", "--port", "0",
-         "--plot", str(tmp_path / "demo.png")],
-        stdin=side, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        cwd=tmp_path)
+    # and Ctrl-C works, as in a user's foreground job: a suite started in the background (`&`,
+    # nohup) ignores SIGINT, which exec passes on, and Python then never raises KeyboardInterrupt
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the child's becomes SIG_DFL
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rlmon.cli", "demo", "--steps", "16", "--port", "0",
+             "--plot", str(tmp_path / "demo.png")],
+            stdin=side, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            cwd=tmp_path)
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
     out: list[str] = []
     err: list[str] = []
     for stream, into in ((proc.stdout, out), (proc.stderr, err)):
