@@ -32,11 +32,11 @@ lint: $(STAMP)
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict --site-dir .site
 
-# The main suite, then the real-framework tests. Side by side (make -j2 test-main test-extras) they
-# take 16 minutes instead of 27, but the real-framework tests are load the Ray liveness tests do not
-# yet pass under every time (docs/development.md, make test-load): one after the other until they do.
+# The main suite and the real-framework tests side by side: about 16 minutes instead of 27 one after
+# the other, since much of each waits on Ray, subprocesses or a vLLM engine. Each is load for the
+# other, which the Ray liveness tests pass under (make test-load). Output is kept per suite.
 test: $(STAMP) system-deps lint docs
-	$(MAKE) --no-print-directory test-main test-extras
+	$(MAKE) --no-print-directory --output-sync=target -j2 test-main test-extras
 
 test-main: $(STAMP)
 	$(PY) -m pytest
