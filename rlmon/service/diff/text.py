@@ -31,15 +31,21 @@ def render_text(result: DiffResult) -> str:
         lines.append(f"settings: not recorded in {missing}")
     for exact in result.exact_differences:
         lines.append(f"  differs exactly: {exact.describe()}")
-    diverged = [m for m in result.metrics if m.diverged and (not m.exact or m.shared_start)]
+    diverged = result.parted
     if diverged:
         lines.append("diverged (first step of the departure, smoothed A vs B):")
         lines += [f"  {m.describe()}" for m in diverged]
-    quiet = [m.metric for m in result.metrics if not m.diverged]
+    quiet = [m.metric for m in result.metrics if not m.diverged and not m.telemetry]
     if quiet:
         shown = ", ".join(quiet[:_QUIET_SHOWN])
         more = f" and {len(quiet) - _QUIET_SHOWN} more" if len(quiet) > _QUIET_SHOWN else ""
         lines.append(f"within noise: {shown}{more}")
+    machine = result.telemetry
+    if machine:
+        apart = [m for m in machine if m.diverged]
+        lines.append(f"host and hardware telemetry ({len(machine)} series; the machines', not "
+                     f"the training's): {len(apart)} differ")
+        lines += [f"  {m.describe()}" for m in apart]
     if result.only_a or result.only_b:
         lines.append(f"logged by one run only: A {len(result.only_a)}, B {len(result.only_b)}")
     return "\n".join(lines)
