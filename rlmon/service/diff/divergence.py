@@ -11,7 +11,7 @@ two runs' own noise makes, and stays so:
   rarely moves); and the slow wander (what two seeds drift apart by without anything having
   changed: the policy's own, which the step-to-step noise does not show), from the second
   differences at a lag of up to 20 steps (a linear trend drops out), less the step noise's
-  share. The prefix grows with the run (its ends at 14 steps and then every quarter more) and is
+  share. The prefix grows with the run (it ends at 24 steps and then every quarter more) and is
   frozen while a departure is being followed. A metric spanning more than a factor of 20 (a KL,
   a gradient norm) is compared on a log scale.
 - **Non-finite values are data**: a metric one run logs as NaN or Inf where the other logs a
@@ -53,7 +53,7 @@ _LOG_SPAN = 20.0  # a positive metric spanning more than this factor is compared
 _CURVE_POINTS = 400  # per run and metric, for the page
 _SMOOTH = 0.1  # second over first differences below this: no noise
 _SHARED_START = 5  # steps logged identically by both runs: a deterministic series
-_FIRST_REFERENCE = 14  # steps: the first noise reference (then every quarter more)
+_FIRST_REFERENCE = 24  # steps: the first noise reference (then every quarter more)
 _FLOAT32_EPS = 2.0 ** -23
 _DECIMALS = 10  # a logger's rounding looked for, up to this many decimals
 # host and hardware telemetry: the machine's, not the training's (matched on the name's start)
@@ -333,7 +333,7 @@ def _nonfinite_parting(common: Sequence[int], sa: Mapping[int, float],
 
 
 def _reference_ends(n: int) -> list[int]:
-    """Where the noise references end: 14 steps, then every quarter more, and the run's end."""
+    """Where the noise references end: 24 steps, then every quarter more, and the run's end."""
     ends, end = [], min(_FIRST_REFERENCE, n)
     while end < n:
         ends.append(end)
