@@ -1,17 +1,29 @@
-"""Where a metric is heading: the steps until it reaches a known floor or ceiling, with a range.
+"""Where a metric is heading: the steps until it reaches a known floor or ceiling, with a range
+that holds.
 
 An early warning says a metric has left its baseline; the next question is how long the run has.
 The levels that matter are the ones the fixed rules page at (entropy's collapse level, the KL
 limit, the gradient norm's, the share of groups with no reward spread) and the physical ones (a
-clipped-completion ratio of 1: every answer cut; the importance ratio's band). A robust line is
-fitted through the metric's recent values (Theil-Sen: the median of the pairwise slopes, so one
-outlier moves nothing; in log space for a positive metric that decays geometrically, as entropy
-does) and followed to the level. The range combines the slope's confidence interval (Sen 1968,
-from the order statistics of the pairwise slopes) with the residuals' spread around the line:
-the earliest arrival takes the steepest slope from the most advanced level, the latest the
-flattest from the least. No projection is made when the slope's interval includes zero or
-points away from the level, when the level is already reached, or when it lies further out than
-a few times the fitted window (a line is not a forecast that far).
+clipped-completion ratio of 1: every answer cut; the importance ratio's band).
+
+- **The stretch fitted** is the one since the series last changed course: a line with one bend
+  (a hinge) is fitted through the recent values at every possible bend, and the values after
+  the best bend are kept (all of them where none fits better). At alert time that is the
+  departure, not the baseline it left; at the end of a run whose metric rose and then levelled
+  off it is the level stretch, which heads nowhere.
+- **The forecast** is a robust line through that stretch (Theil-Sen: the median of the pairwise
+  slopes, so one outlier moves nothing; in log space for a positive metric that decays
+  geometrically, as entropy does), followed to the level.
+- **The range** is calibrated on the forecaster's own past errors (split conformal): the same
+  forecast made from each earlier point of the stretch is compared with the values that came
+  after it, each error in units of what the forecast's noise and slope uncertainty allow at
+  its horizon (``sigma + h tau``); the 90 % quantile of those errors, with the finite-sample
+  correction, scales the band ``line +- q (sigma + h tau)``. Its earliest and latest crossing
+  of the level are the range.
+- **Silence** where the claim cannot be made: the slope's interval (Sen 1968) includes zero or
+  points away from the level (a flat or receding series), the level is already reached, fewer
+  than ``MIN_ORIGINS`` earlier forecasts exist to calibrate on, the band's far edge never
+  reaches the level, or the level lies further out than a few times the fitted stretch.
 """
 
 from __future__ import annotations
@@ -22,16 +34,21 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any, Literal
 
+import numpy as np
+
 from rlmon.service.alerting.rules import Condition, Rule
 from rlmon.service.metrics import catalog
 
 __all__ = ["Projection", "Target", "alert_detail", "project", "project_metric", "targets"]
 
 MIN_POINTS = 8
-WINDOW = 50  # recent values fitted
-_Z = 1.645  # 90 % two-sided
+WINDOW = 50  # recent values looked at
+MIN_ORIGINS = 4  # earlier forecasts the range is calibrated on, at least
+_FIRST_ORIGIN = 4  # values an earlier forecast is made from, at least
+_COVERAGE = 0.90
+_Z = 1.645  # 90 % two-sided: the slope's interval
 _MAD_TO_SD = 1.4826
-_HORIZON = 50  # no projection beyond this many times the fitted window's span
+_HORIZON = 20  # no projection beyond this many times the fitted stretch's span
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +74,7 @@ class Projection:
     latest: float
     last_step: int
     fitted: int  # values in the fit
+    calibrated: int = 0  # earlier forecasts whose errors set the range
 
     @property
     def at_step(self) -> int:
@@ -65,8 +83,8 @@ class Projection:
     def describe(self, seconds_per_step: float | None = None) -> str:
         t = self.target
         text = (f"{t.metric} reaches {t.what} ({t.level:g}) in about {_count(self.steps)} "
-                f"steps (90%: {_count(self.earliest)}-{_count(self.latest)}, from "
-                f"{self.fitted} recent values)")
+                f"steps (90% range {self.earliest:.0f}-{self.latest:.0f} steps: where "
+                f"this forecast's own errors on the last {self.fitted} values put it)")
         if seconds_per_step:
             text += (f", about {_hours(self.steps * seconds_per_step)} "
                      f"({_hours(self.earliest * seconds_per_step)}-"
@@ -78,7 +96,9 @@ class Projection:
             "metric": self.target.metric, "level": self.target.level,
             "direction": self.target.direction, "what": self.target.what,
             "steps": round(self.steps, 1), "earliest": round(self.earliest, 1),
-            "latest": round(self.latest, 1), "at_step": self.at_step, "fitted": self.fitted}
+            "latest": round(self.latest, 1), "at_step": self.at_step, "fitted": self.fitted,
+            "calibrated": self.calibrated, "range": "90% conformal, from this forecast's own "
+                                                   "past errors"}
         if seconds_per_step:
             out["hours"] = round(self.steps * seconds_per_step / 3600, 3)
             out["hours_range"] = [round(self.earliest * seconds_per_step / 3600, 3),
@@ -127,47 +147,104 @@ def targets(rules: Iterable[Rule]) -> dict[str, list[Target]]:
     return out
 
 
+def _theil_sen(points: Sequence[tuple[float, float]]) -> tuple[float, float, float, float]:
+    """(slope, intercept, the slope's 90 % interval low and high) of a robust line."""
+    slopes = sorted((yj - yi) / (xj - xi) for i, (xi, yi) in enumerate(points)
+                    for xj, yj in points[i + 1:] if xj != xi)
+    if not slopes:
+        return 0.0, points[-1][1], 0.0, 0.0
+    n, pairs = len(points), len(slopes)
+    slope = median(slopes)
+    spread = _Z * math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
+    low = slopes[max(0, math.floor((pairs - spread) / 2))]
+    high = slopes[min(pairs - 1, math.ceil((pairs + spread) / 2))]
+    return slope, median(y - slope * x for x, y in points), low, high
+
+
+def _bend(points: Sequence[tuple[float, float]]) -> int:
+    """Where the stretch since the series last changed course begins: the bend of the best
+    one-bend line (least squares; 0 where a straight line fits as well)."""
+    x = np.array([p[0] for p in points], dtype=float)
+    y = np.array([p[1] for p in points], dtype=float)
+    n = len(points)
+    straight = np.linalg.lstsq(np.column_stack([np.ones(n), x]), y, rcond=None)[1]
+    best, best_cost = 0, float(straight[0]) if len(straight) else 0.0
+    for k in range(MIN_POINTS // 2, n - MIN_POINTS + 1):
+        design = np.column_stack([np.ones(n), np.minimum(x - x[k], 0), np.maximum(x - x[k], 0)])
+        residual = y - design @ np.linalg.lstsq(design, y, rcond=None)[0]
+        cost = float(residual @ residual)
+        # the bend must earn its parameter (BIC's log n per parameter, in the residuals' units)
+        if cost * (1 + math.log(n) / n) < best_cost:
+            best, best_cost = k, cost
+    return best
+
+
 def project(xs: Sequence[float], ys: Sequence[float], target: Target,
             last_step: int | None = None) -> Projection | None:
     """The projection of the points (step, value) to ``target``, or None (too few points, no
-    trend towards it, already there, too far out)."""
-    points = [(x, y) for x, y in zip(xs, ys, strict=True) if math.isfinite(y)]
+    trend towards it, already there, too far out, too few earlier forecasts to calibrate its
+    range on, or a range with no far end)."""
+    points = [(float(x), y) for x, y in zip(xs, ys, strict=True) if math.isfinite(y)]
     if target.log:
         if target.level <= 0:
             return None
         points = [(x, math.log(y)) for x, y in points if y > 0]
+    if len(points) < MIN_POINTS:
+        return None
+    points = points[_bend(points):]
     n = len(points)
-    if n < MIN_POINTS:
-        return None
     level = math.log(target.level) if target.log else target.level
-    slopes = sorted((yj - yi) / (xj - xi) for i, (xi, yi) in enumerate(points)
-                    for xj, yj in points[i + 1:] if xj != xi)
-    if not slopes:
-        return None
-    slope = median(slopes)
-    pairs = len(slopes)
-    spread = _Z * math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
-    low = slopes[max(0, math.floor((pairs - spread) / 2))]
-    high = slopes[min(pairs - 1, math.ceil((pairs + spread) / 2))]
+    slope, intercept, low, high = _theil_sen(points)
     toward = -1.0 if target.direction == "down" else 1.0
     if not (low * toward > 0 and high * toward > 0):
         return None  # the interval includes no trend, or a trend away from the level
-    intercept = median(y - slope * x for x, y in points)
     x_last = points[-1][0]
-    now = intercept + slope * x_last
-    gap = (level - now) * toward  # > 0: not there yet
+    gap = (level - (intercept + slope * x_last)) * toward  # > 0: not there yet
     if gap <= 0:
         return None
+    pace = slope * toward
     sigma = _MAD_TO_SD * median(abs(y - intercept - slope * x) for x, y in points)
-    steep, flat = (low, high) if toward < 0 else (high, low)
-    steps = gap / (slope * toward)
-    earliest = max(0.0, (gap - _Z * sigma) / (steep * toward))
-    latest = (gap + _Z * sigma) / (flat * toward)
+    tau = (high - low) / (2 * _Z)  # the slope's standard error
+    q = _conformal(points, toward, sigma, tau)
+    if q is None:
+        return None
+    steps = gap / pace
+    earliest = max(0.0, (gap - q * sigma) / (pace + q * tau))
+    if pace <= q * tau:
+        return None  # the band's far edge never reaches the level
+    latest = (gap + q * sigma) / (pace - q * tau)
     span = max(x_last - points[0][0], 1.0)
     if steps > _HORIZON * span:
         return None
-    return Projection(target, steps, earliest, latest,
-                      int(x_last) if last_step is None else last_step, n)
+    # the level is seen at a step: the range in whole steps, rounded outward
+    return Projection(target, steps, math.floor(earliest), math.ceil(latest),
+                      int(x_last) if last_step is None else last_step, n, _origins(n))
+
+
+def _origins(n: int) -> int:
+    return max(0, n - _FIRST_ORIGIN)
+
+
+def _conformal(points: Sequence[tuple[float, float]], toward: float, sigma: float,
+               tau: float) -> float | None:
+    """The 90 % quantile of the forecaster's own errors: from each earlier point with
+    ``_FIRST_ORIGIN`` values before it, the line through those values against every later value,
+    the error over ``sigma + h tau`` (h: the horizon); None with fewer than ``MIN_ORIGINS``
+    earlier forecasts."""
+    if _origins(len(points)) < MIN_ORIGINS:
+        return None
+    scores = []
+    unit = max(sigma, 1e-12)
+    for end in range(_FIRST_ORIGIN, len(points)):
+        slope, intercept, _, _ = _theil_sen(points[:end])
+        x0 = points[end - 1][0]
+        for x, y in points[end:]:
+            scores.append(abs(y - intercept - slope * x) / (unit + (x - x0) * tau))
+    scores.sort()
+    rank = math.ceil((len(scores) + 1) * _COVERAGE)
+    if rank > len(scores):
+        return None
+    return max(scores[rank - 1], _Z)
 
 
 def project_metric(metric: str, xs: Sequence[float], ys: Sequence[float],
@@ -180,20 +257,10 @@ def project_metric(metric: str, xs: Sequence[float], ys: Sequence[float],
     return sorted(found, key=lambda p: p.steps)
 
 
-# An early warning fires a few steps into a departure, its window still mostly the baseline it
-# departed from: the latest stretch is fitted first, a longer one only where that shows no trend.
-ALERT_WINDOWS = (8, 12, 16, 24, 32, 48)
-
-
 def alert_detail(metric: str, recent: Sequence[float], rules: Iterable[Rule]) -> str:
     """For a live alert: where the metric's latest values (one per evaluated step, oldest
-    first) are heading, in steps; empty when nowhere known."""
-    values = list(recent)
-    for size in ALERT_WINDOWS:
-        if size > len(values):
-            break
-        latest = values[-size:]
-        found = project_metric(metric, range(size), latest, rules, last_step=0)
-        if found:
-            return found[0].describe().replace(" from ", " at the current pace, from ")
-    return ""
+    first) are heading, in steps; empty when nowhere known (the stretch fitted is the departure
+    the alert saw: see :func:`project`)."""
+    values = list(recent)[-WINDOW:]
+    found = project_metric(metric, range(len(values)), values, rules, last_step=0)
+    return found[0].describe() if found else ""

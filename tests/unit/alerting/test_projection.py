@@ -8,7 +8,13 @@ import math
 import random
 
 from rlmon.service.alerting.engine import AlertEngine
-from rlmon.service.alerting.projection import Target, project, project_metric, targets
+from rlmon.service.alerting.projection import (
+    Target,
+    alert_detail,
+    project,
+    project_metric,
+    targets,
+)
 from rlmon.service.alerting.rules import default_rules
 from rlmon.service.contract.step_record import StepRecord
 
@@ -73,7 +79,46 @@ def test_a_live_sliding_entropy_alert_says_how_long_is_left() -> None:
                 break
         if detail:
             break
+    # a few values into the decay, 220 steps from the level: too few to calibrate a range on
+    assert fired < 165 and "reaches" not in detail, detail
+    values = [2.0 + 0.01 * rng.gauss(0, 1) for _ in range(150)] + [
+        2.0 * 0.5 ** (s / 30) * math.exp(0.03 * rng.gauss(0, 1)) for s in range(25)]
+    detail = alert_detail("actor/entropy", values, default_rules())
     assert detail.startswith("actor/entropy reaches EntropyCollapse's level (0.01) in about")
-    steps_left = float(detail.split("in about ")[1].split(" ")[0])
-    truth = 150 + 30 * math.log2(2.0 / 0.01) - fired
-    assert 0.5 * truth < steps_left < 1.5 * truth
+    assert "90% range" in detail and "this forecast's own errors" in detail
+    earliest, latest = (float(x) for x in detail.split("90% range ")[1].split(" ")[0].split("-"))
+    truth = 30 * math.log2(2.0 / 0.01) - 24
+    assert earliest <= truth <= latest, detail
+
+
+def _steps_to(values: list[float], level: float, below: bool) -> int | None:
+    return next((i for i, v in enumerate(values) if (v <= level if below else v >= level)), None)
+
+
+def test_at_alert_time_a_fast_departure_is_projected_from_the_departure_not_the_baseline() -> None:
+    """The issue's runs: an entropy collapsing 20 steps after the alert was projected at 117; a
+    grad norm exploding in 9 at 73. The range now comes from the departure and covers them."""
+    covered = stated = 0
+    for seed in range(20):
+        rng = random.Random(seed)
+        base = [0.45 * math.exp(0.02 * rng.gauss(0, 1)) for _ in range(60)]
+        rate = 0.8 + 0.1 * rng.random()  # x0.8-0.9 a step: 0.45 -> 0.01 in 18-36 steps
+        path = [0.45 * rate ** s * math.exp(0.05 * rng.gauss(0, 1)) for s in range(1, 80)]
+        seen = 12  # the alert fired 12 steps into the collapse
+        found = project_metric("actor/entropy", range(60 + seen), base + path[:seen],
+                               default_rules(), last_step=0)
+        truth = _steps_to(path[seen:], 0.01, below=True)
+        if found and truth is not None:
+            stated += 1
+            covered += found[0].earliest <= truth + 1 <= found[0].latest
+    assert stated >= 15 and covered >= 0.85 * stated, (covered, stated)
+
+
+def test_a_series_that_levelled_off_projects_nothing() -> None:
+    rng = random.Random(3)
+    rising = [0.3 + 0.02 * s + 0.01 * rng.gauss(0, 1) for s in range(15)]
+    flat = [0.6 + 0.01 * rng.gauss(0, 1) for _ in range(35)]  # at 0.6 for 35 steps
+    assert project_metric("rollout/clipped_ratio", range(50), rising + flat,
+                          default_rules()) == []
+    receding = [0.6 - 0.004 * s + 0.01 * rng.gauss(0, 1) for s in range(50)]
+    assert project_metric("rollout/clipped_ratio", range(50), receding, default_rules()) == []
