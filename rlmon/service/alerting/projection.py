@@ -48,7 +48,7 @@ _FIRST_ORIGIN = 4  # values an earlier forecast is made from, at least
 _COVERAGE = 0.90
 _Z = 1.645  # 90 % two-sided: the slope's interval
 _MAD_TO_SD = 1.4826
-_HORIZON = 20  # no projection beyond this many times the fitted stretch's span
+_HORIZON = 4  # no projection beyond this many times the fitted stretch's span
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +118,8 @@ def _hours(seconds: float) -> str:
 
 # physical bounds the rules do not name (the brief's "clipped ratio to 1")
 _PHYSICAL = (Target(catalog.CLIPPED_RATIO, 1.0, "up", "1 (every completion cut at the limit)"),)
-_LOG_METRICS = frozenset({catalog.ENTROPY})
+# positive metrics that move geometrically (a collapse, a blow-up): fitted in logs too
+_LOG_METRICS = frozenset({catalog.ENTROPY, catalog.KL, catalog.GRAD_NORM})
 
 
 def targets(rules: Iterable[Rule]) -> dict[str, list[Target]]:
@@ -132,7 +133,8 @@ def targets(rules: Iterable[Rule]) -> dict[str, list[Target]]:
                 found = [Target(metric, rule.threshold, "down", f"{rule.name}'s level",
                                 metric in _LOG_METRICS and rule.threshold > 0)]
             elif rule.op in (">", ">="):
-                found = [Target(metric, rule.threshold, "up", f"{rule.name}'s level")]
+                found = [Target(metric, rule.threshold, "up", f"{rule.name}'s level",
+                                metric in _LOG_METRICS and rule.threshold > 0)]
             else:
                 continue
         elif rule.condition is Condition.OUTSIDE and rule.low is not None \
@@ -183,17 +185,23 @@ def project(xs: Sequence[float], ys: Sequence[float], target: Target,
             last_step: int | None = None) -> Projection | None:
     """The projection of the points (step, value) to ``target``, or None (too few points, no
     trend towards it, already there, too far out, too few earlier forecasts to calibrate its
-    range on, or a range with no far end)."""
+    range on, or a range with no far end). A ``log`` target is fitted as a geometric course."""
     points = [(float(x), y) for x, y in zip(xs, ys, strict=True) if math.isfinite(y)]
-    if target.log:
-        if target.level <= 0:
-            return None
-        points = [(x, math.log(y)) for x, y in points if y > 0]
+    if not target.log:
+        return _project(points, target, last_step, in_logs=False)
+    if target.level <= 0:
+        return None
+    return _project([(x, math.log(y)) for x, y in points if y > 0], target, last_step,
+                    in_logs=True)
+
+
+def _project(points: Sequence[tuple[float, float]], target: Target, last_step: int | None,
+             in_logs: bool) -> Projection | None:
     if len(points) < MIN_POINTS:
         return None
     points = points[_bend(points):]
     n = len(points)
-    level = math.log(target.level) if target.log else target.level
+    level = math.log(target.level) if in_logs else target.level
     slope, intercept, low, high = _theil_sen(points)
     toward = -1.0 if target.direction == "down" else 1.0
     if not (low * toward > 0 and high * toward > 0):

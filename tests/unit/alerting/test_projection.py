@@ -82,12 +82,12 @@ def test_a_live_sliding_entropy_alert_says_how_long_is_left() -> None:
     # a few values into the decay, 220 steps from the level: too few to calibrate a range on
     assert fired < 165 and "reaches" not in detail, detail
     values = [2.0 + 0.01 * rng.gauss(0, 1) for _ in range(150)] + [
-        2.0 * 0.5 ** (s / 30) * math.exp(0.03 * rng.gauss(0, 1)) for s in range(25)]
+        2.0 * 0.5 ** (s / 15) * math.exp(0.03 * rng.gauss(0, 1)) for s in range(60)]
     detail = alert_detail("actor/entropy", values, default_rules())
     assert detail.startswith("actor/entropy reaches EntropyCollapse's level (0.01) in about")
     assert "90% range" in detail and "this forecast's own errors" in detail
     earliest, latest = (float(x) for x in detail.split("90% range ")[1].split(" ")[0].split("-"))
-    truth = 30 * math.log2(2.0 / 0.01) - 24
+    truth = 15 * math.log2(2.0 / 0.01) - 59
     assert earliest <= truth <= latest, detail
 
 

@@ -1,0 +1,126 @@
+"""Projections' sentences: "M reaches L in about S steps (90% range E-F steps ...)" at alert
+time (the live engine's firing detail) and at the end of a log (``diagnose``'s "heading"),
+against the step the logged metric really reaches the level; silence on a series that is flat,
+has levelled off or recedes."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import replace
+
+from bench.claims.cases import fault_spec
+from bench.claims.registry import register
+from bench.claims.runs import CANONICAL, DOWN, GeneratedRun, crossing, generate
+from bench.claims.score import Score
+from rlmon.service.alerting.engine import AlertEngine
+from rlmon.service.alerting.projection import targets
+from rlmon.service.alerting.rules import default_rules
+from rlmon.service.contract.step_record import StepRecord
+from rlmon.service.diagnose.course import projections
+
+__all__ = ["at_alert", "at_end", "silent_when_flat"]
+
+_RANGE = re.compile(r"(\S+) reaches .*? \(([-0-9.e+]+)\) in about [0-9.]+ steps "
+                    r"\(90% range ([0-9]+)-([0-9]+) steps")
+# the faults that head for a level the rules page at: entropy down to 0.01, KL up to 2, the
+# gradient norm up to 10 (magnitudes large enough to get there)
+_HEADING = ("entropy", "kl", "grad_norm")
+_EARLY = frozenset({"EntropySliding", "KLClimbing", "GradNormBlowingUp"})  # they project
+
+
+def records(run: GeneratedRun, until: int | None = None) -> list[StepRecord]:
+    return [StepRecord(run=run.name, role="actor", step=step, complete=True, ranks_expected=1,
+                       ranks_reporting=1, missing_ranks=(),
+                       metrics={CANONICAL[k]: v for k, v in values.items() if k in CANONICAL})
+            for step, values in sorted(run.rows.items()) if until is None or step <= until]
+
+
+def _heading_run(seed: int, fast: bool) -> GeneratedRun:
+    spec = fault_spec(seed, ("blowup",), _HEADING, (1e3, 1e4, 1e6), fast)
+    return generate(replace(spec, onset=min(spec.onset, spec.steps // 3),
+                            ramp=spec.ramp + 20, steps=max(spec.steps, 150)))
+
+
+@register("projection.alert", "at alert time: M reaches L in about S steps (90% range E-F "
+          "steps), against the step the logged value reaches L")
+def at_alert(seeds: Sequence[int], fast: bool) -> Score:
+    score = Score("projection.alert")
+    for seed in seeds:
+        run = _heading_run(seed, fast)
+        engine = AlertEngine(default_rules())
+        watched = CANONICAL[run.spec.metric]
+        for record in records(run):
+            fired = [e for e in engine.evaluate(record) if e.state == "firing"
+                     and e.metric == watched and e.alert in _EARLY]
+            if fired:
+                _score_range(score, run, _RANGE.search(fired[0].detail), record.step)
+                break
+    return score
+
+
+def _score_range(score: Score, run: GeneratedRun, match: re.Match[str] | None,
+                 step: int) -> None:
+    key = run.spec.metric
+    level = targets(default_rules())[CANONICAL[key]][0].level
+    reached = crossing(run, key, level, key in DOWN, step)
+    score.event(truth=reached is not None, said=match is not None,
+                right=match is not None and reached is not None,
+                what=f"{run.name} alert at {step}: " + ("silent" if match is None else ""))
+    if match is None:
+        return
+    low, high = float(match.group(3)), float(match.group(4))
+    last = max(run.rows)
+    if reached is None and high >= last - step:
+        return  # the range reaches past the log's end and the level was not seen: unscored
+    truth = (reached - step) if reached is not None else float(last - step + 1)
+    score.range(low=low, high=high, truth=truth, what=f"{run.name} at step {step}")
+
+
+@register("projection.end", "at the end of a log: heading: M reaches L in about S steps (90% "
+          "range E-F steps), against the step it reaches L after the log's end")
+def at_end(seeds: Sequence[int], fast: bool) -> Score:
+    score = Score("projection.end")
+    rules = default_rules()
+    for seed in seeds:
+        run = _heading_run(seed, fast)
+        spec = run.spec
+        cut = spec.onset + 6 + seed % max(spec.ramp - 4, 1)  # somewhere on the way
+        key = spec.metric
+        level = targets(rules)[CANONICAL[key]][0].level
+        reached = crossing(run, key, level, key in DOWN, 0)
+        if reached is not None and reached <= cut:
+            continue  # already there at the cut: the rule's business, not a projection's
+        found = [p for p in projections(records(run, cut), rules)
+                 if p.target.metric == CANONICAL[key]]
+        score.event(truth=reached is not None, said=bool(found), right=bool(found),
+                    what=f"{run.name} cut at {cut}: {found[0].describe() if found else 'silent'}")
+        if found and reached is not None:
+            p = found[0]
+            score.range(low=p.earliest, high=p.latest, truth=reached - cut,
+                        what=f"{run.name} cut at {cut}")
+    return score
+
+
+@register("projection.silence", "nothing projected for a series that is flat, levelled off "
+          "after a rise, or recedes from its level")
+def silent_when_flat(seeds: Sequence[int], fast: bool) -> Score:
+    score = Score("projection.silence")
+    rules = default_rules()
+    for seed in seeds:
+        spec = fault_spec(seed, ("blowup",), ("kl", "grad_norm"), (3.0, 5.0), fast)
+        kind = seed % 3
+        if kind == 0:
+            spec = spec.healthy()  # flat (or slowly drifting) all along
+        elif kind == 1:  # rose by 3-5x and levelled off 35 steps before the end
+            spec = replace(spec, steps=max(spec.steps, 120), onset=20, ramp=15)
+            spec = replace(spec, steps=spec.onset + spec.ramp + 35)
+        else:  # moving away from the level
+            spec = replace(spec, metric="entropy" if spec.metric != "entropy" else "kl",
+                           magnitude=1 / spec.magnitude)
+        run = generate(spec)
+        found = [p for p in projections(records(run), rules)
+                 if p.target.metric == CANONICAL[spec.metric]]
+        score.event(truth=False, said=bool(found), right=False,
+                    what=f"{run.name}: {found[0].describe() if found else ''}")
+    return score
