@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -97,7 +98,8 @@ def _rlmon(run: GeneratedRun, directory: Path) -> Path:
             metrics = {names[k]: partial for k, v in values.items()
                        if k in names and math.isfinite(v)
                        and (partial := _partial(names[k], v)) is not None}
-            handle.write(json.dumps({"run": run.name.replace("@", "_"), "role": "actor",
+            handle.write(json.dumps({"run": re.sub(r"[^A-Za-z0-9_.:-]", "_", run.name),
+                                     "role": "actor",
                                      "step": step, "metrics": metrics}) + "\n")
     return path
 
