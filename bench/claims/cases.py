@@ -27,5 +27,6 @@ def fault_spec(seed: int, faults: tuple[str, ...], metrics: tuple[str, ...],
     spec = RunSpec(config=seed, seed=2 * seed + 1, steps=steps,
                    step_seconds=rng.choice(STEP_SECONDS), noise=rng.choice(NOISES),
                    fault=fault, metric=rng.choice(metrics), magnitude=rng.choice(magnitudes),
-                   onset=int(steps * rng.uniform(0.35, 0.6)), ramp=rng.randint(8, 30))
+                   onset=int(steps * rng.uniform(0.35, 0.6)), ramp=rng.randint(8, 30),
+                   shape=rng.choice(("geometric", "linear")))
     return replace(spec, metric="grad_norm") if fault == "nan" else spec

@@ -5,8 +5,8 @@ at most one fault from a known step, of a known size.
 Faults (``RunSpec.fault``), each moving ``RunSpec.metric`` (a TRL key) from ``onset`` on:
 
 - ``jump``: the metric times ``magnitude`` (entropy: divided by it), held to the end;
-- ``blowup``: the metric grows (entropy: decays) geometrically until it has moved by
-  ``magnitude``, over ``ramp`` steps, then levels off there;
+- ``blowup``: the metric grows (entropy: decays) until it has moved by ``magnitude``, over
+  ``ramp`` steps, then levels off there: geometrically (``shape``), or in a straight line;
 - ``nan``: grad norm and loss are NaN.
 """
 
@@ -43,6 +43,7 @@ class RunSpec:
     magnitude: float = 10.0  # the factor the fault moves the metric by
     onset: int = 0
     ramp: int = 20  # steps a blow-up takes to reach its magnitude
+    shape: str = "geometric"  # a blow-up's course: geometric | linear
     telemetry: bool = False  # log host telemetry (the machine's: differs per seed)
 
     def healthy(self) -> RunSpec:
@@ -71,6 +72,8 @@ def _fault_factor(spec: RunSpec, t: np.ndarray) -> np.ndarray:
     since = t - spec.onset
     if spec.fault == "jump":
         factor = np.where(since >= 0, spec.magnitude, 1.0)
+    elif spec.fault == "blowup" and spec.shape == "linear":
+        factor = 1 + (spec.magnitude - 1) * np.clip((since + 1) / max(spec.ramp, 1), 0, 1)
     elif spec.fault == "blowup":
         rate = math.log(spec.magnitude) / max(spec.ramp, 1)
         factor = np.exp(rate * np.clip(since + 1, 0, spec.ramp))

@@ -85,12 +85,12 @@ def at_end(seeds: Sequence[int], fast: bool) -> Score:
     for seed in seeds:
         run = _heading_run(seed, fast)
         spec = run.spec
-        cut = spec.onset + 6 + seed % max(spec.ramp - 4, 1)  # somewhere on the way
         key = spec.metric
         level = targets(rules)[CANONICAL[key]][0].level
-        reached = crossing(run, key, level, key in DOWN, 0)
-        if reached is not None and reached <= cut:
-            continue  # already there at the cut: the rule's business, not a projection's
+        reached = crossing(run, key, level, key in DOWN, spec.onset)
+        if reached is None or reached - spec.onset < 12:
+            continue  # never there, or there before a log cut on the way could show the way
+        cut = spec.onset + 6 + seed % (reached - spec.onset - 6)  # somewhere on the way
         found = [p for p in projections(records(run, cut), rules)
                  if p.target.metric == CANONICAL[key]]
         score.event(truth=reached is not None, said=bool(found), right=bool(found),
