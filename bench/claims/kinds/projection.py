@@ -21,8 +21,9 @@ from rlmon.service.diagnose.course import projections
 
 __all__ = ["at_alert", "at_end", "silent_when_flat"]
 
+# (rlmon before issue 39 wrote "(90%: E-F, from N recent values)": read too, to compare)
 _RANGE = re.compile(r"(\S+) reaches .*? \(([-0-9.e+]+)\) in about [0-9.]+ steps "
-                    r"\(90% range ([0-9]+)-([0-9]+) steps")
+                    r"\(90%(?: range |: )([0-9.]+)-([0-9.]+)")
 # the faults that head for a level the rules page at: entropy down to 0.01, KL up to 2, the
 # gradient norm up to 10 (magnitudes large enough to get there)
 _HEADING = ("entropy", "kl", "grad_norm")

@@ -94,7 +94,7 @@ class MetricDivergence:
     shared_start: bool = False  # noisy, but logged identically at first (same seed and data)
     nonfinite: str = ""  # "B" / "A" / "both": which run logged NaN or Inf where they part
     telemetry: bool = False  # host or hardware telemetry: a machine's, never the headline
-    discrete: bool = False  # compared value for value: a series that moves rarely, in steps
+    discrete: bool = False  # a series that moves rarely, in steps (compared against its noise)
 
     @property
     def diverged(self) -> bool:
@@ -103,7 +103,7 @@ class MetricDivergence:
     def describe(self) -> str:
         name = self.metric if self.key_a in ("", self.metric) else f"{self.metric} ({self.key_a})"
         if not self.diverged:
-            how = "equal in both runs" if self.exact and not self.shared_start else "within noise"
+            how = "the same numbers in both runs" if self.exact else "within noise"
             return f"{name}: {how} over {self.steps} steps"
         if self.nonfinite:
             odd = self.b_value if self.nonfinite == "B" else self.a_value
@@ -188,14 +188,18 @@ class DiffResult:
         if first is not None:
             return (f"runs part ways at step {first.onset} (first diverging metric: "
                     f"{first.metric})")
-        training = [m for m in self.metrics if not m.telemetry]
-        noisy = sum(not m.exact or m.shared_start for m in training)
-        how = f"{noisy} against their noise, {len(training) - noisy} exactly" \
-            if noisy != len(training) else "each against its noise"
-        host = f"; {len(self.metrics) - len(training)} host and hardware series apart" \
-            if len(training) != len(self.metrics) else ""
+        training = sum(not m.telemetry for m in self.metrics)
         return (f"no divergence beyond the runs' own noise over {self.common_steps} common "
-                f"steps ({len(training)} metrics compared: {how}{host})")
+                f"steps ({training} metrics compared)")
+
+    def compared(self) -> str:
+        """How the training metrics were compared, and the telemetry kept apart."""
+        training = [m for m in self.metrics if not m.telemetry]
+        noisy = sum(not m.exact for m in training)
+        text = f"{len(training)} metrics compared: {noisy} against their noise, " \
+               f"{len(training) - noisy} value for value"
+        machine = len(self.metrics) - len(training)
+        return text + (f"; {machine} host and hardware series apart" if machine else "")
 
     def to_json(self) -> dict[str, Any]:
         first = self.first
@@ -203,7 +207,7 @@ class DiffResult:
             "type": "diff", "a": self.a.to_json(), "b": self.b.to_json(),
             "diverged": self.diverged, "step": first.onset if first else None,
             "metric": first.metric if first else None, "headline": self.headline(),
-            "common_steps": self.common_steps,
+            "common_steps": self.common_steps, "compared": self.compared(),
             "settings": [{"key": k, "a": _json_value(va), "b": _json_value(vb)}
                          for k, va, vb in self.settings],
             "metrics": [m.to_json() for m in self.metrics],

@@ -20,7 +20,7 @@ def render_text(result: DiffResult) -> str:
     a, b = result.a, result.b
     lines = [f"A: {a.label} ({a.format}, run {a.name}, {a.steps} steps)",
              f"B: {b.label} ({b.format}, run {b.name}, {b.steps} steps)",
-             result.headline()]
+             result.headline(), result.compared()]
     if result.settings:
         lines.append("settings that differ (A -> B):")
         lines += [f"  {key}: {_value(va)} -> {_value(vb)}" for key, va, vb in result.settings]

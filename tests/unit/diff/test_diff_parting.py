@@ -122,8 +122,9 @@ def test_the_headline_counts_every_metric_compared() -> None:
     a = {s: {"learning_rate": 1e-6, "beta": 0.04, "kl": 0.01} for s in range(1, 60)}
     result = diff_runs(series("a", a), series("b", a))
     assert not result.diverged
-    assert "(3 metrics compared" in result.headline(), result.headline()
-    assert "0 metrics compared" not in result.headline()
+    assert result.headline().endswith("(3 metrics compared)"), result.headline()
+    assert result.compared() == "3 metrics compared: 0 against their noise, 3 value for value"
+    assert "3 metrics compared: 0 against their noise" in render_text(result)
 
 
 def test_a_discrete_metric_that_rarely_moves_is_not_called_a_setting() -> None:
