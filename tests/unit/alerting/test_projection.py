@@ -122,3 +122,22 @@ def test_a_series_that_levelled_off_projects_nothing() -> None:
                           default_rules()) == []
     receding = [0.6 - 0.004 * s + 0.01 * rng.gauss(0, 1) for s in range(50)]
     assert project_metric("rollout/clipped_ratio", range(50), receding, default_rules()) == []
+
+
+def test_at_alert_time_an_exploding_grad_norm_is_projected_from_its_explosion() -> None:
+    """The issue's grad norm: "73 steps" at alert time, and it took 9."""
+    covered = stated = 0
+    for seed in range(20):
+        rng = random.Random(100 + seed)
+        base = [0.8 * math.exp(0.1 * rng.gauss(0, 1)) for _ in range(60)]
+        rate = 1.12 + 0.08 * rng.random()  # 0.8 -> 10 in 14-22 steps
+        path = [0.8 * rate ** s * math.exp(0.1 * rng.gauss(0, 1)) for s in range(1, 60)]
+        seen = 10
+        found = project_metric("actor/grad_norm", range(60 + seen), base + path[:seen],
+                               default_rules(), last_step=0)
+        truth = _steps_to(path[seen:], 10.0, below=False)
+        if found and truth is not None:
+            stated += 1
+            covered += found[0].earliest <= truth + 1 <= found[0].latest
+            assert found[0].latest < 60, found[0].describe()  # not "73 steps" for 9
+    assert stated >= 12 and covered >= 0.85 * stated, (covered, stated)
