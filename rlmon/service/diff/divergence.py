@@ -166,13 +166,13 @@ class DiffResult:
     def parted(self) -> list[MetricDivergence]:
         """The training metrics that part ways, earliest first (not schedules, not telemetry)."""
         return [m for m in self.metrics if m.diverged and not m.telemetry
-                and (not m.exact or m.shared_start)]
+                and (not m.exact or m.shared_start or m.nonfinite)]
 
     @property
     def exact_differences(self) -> list[MetricDivergence]:
         """Schedules and constants that differ (no noise in either run)."""
         return [m for m in self.metrics if m.diverged and m.exact and not m.shared_start
-                and not m.telemetry]
+                and not m.telemetry and not m.nonfinite]
 
     @property
     def telemetry(self) -> list[MetricDivergence]:
@@ -226,8 +226,8 @@ def _json_value(value: Any) -> Any:
 def _fmt(value: float | None) -> str:
     if value is None:
         return "n/a"
-    if value != value:
-        return "NaN"
+    if not math.isfinite(value):
+        return _kind(value)
     return f"{value:.4g}"
 
 

@@ -77,6 +77,12 @@ def test_nan_in_one_run_is_a_parting_at_its_first_step() -> None:
     assert "NaN" in first.describe() and "from step 40" in first.describe()
     both = diff_runs(series("a", grpo(1, nan=40)), series("b", grpo(2, nan=40)))
     assert not any(m.nonfinite for m in both.metrics)  # NaN alike in both: not a parting
+    broken = grpo(2)
+    for step in range(60, 151):
+        broken[step]["learning_rate"] = math.inf  # a schedule too: no noise, still a parting
+    result = diff_runs(series("a", grpo(1)), series("b", broken))
+    (lr,) = [m for m in result.parted if m.metric == "learning_rate"]
+    assert lr.onset == 60 and "Inf in B from step 60" in lr.describe()
 
 
 def test_the_same_numbers_in_two_formats_never_differ(tmp_path: Path) -> None:
