@@ -17,9 +17,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.metrics import catalog as c
 
-__all__ = ["CANONICAL", "GeneratedRun", "RunSpec", "crossing", "generate"]
+__all__ = ["CANONICAL", "GeneratedRun", "RunSpec", "crossing", "generate", "records"]
 
 # TRL's keys (as a trainer state holds them) and the catalog's names they map to
 CANONICAL = {"kl": c.KL, "entropy": c.ENTROPY, "grad_norm": c.GRAD_NORM, "reward": c.REWARD,
@@ -128,3 +129,11 @@ def crossing(run: GeneratedRun, key: str, level: float, down: bool, after: int) 
         if step > after and math.isfinite(value) and (value <= level if down else value >= level):
             return step
     return None
+
+
+def records(run: GeneratedRun, until: int | None = None) -> list[StepRecord]:
+    """The run's steps as the service's records (the catalog's names), up to ``until``."""
+    return [StepRecord(run=run.name, role="actor", step=step, complete=True, ranks_expected=1,
+                       ranks_reporting=1, missing_ranks=(),
+                       metrics={CANONICAL[k]: v for k, v in values.items() if k in CANONICAL})
+            for step, values in sorted(run.rows.items()) if until is None or step <= until]

@@ -11,12 +11,11 @@ from dataclasses import replace
 
 from bench.claims.cases import fault_spec
 from bench.claims.registry import register
-from bench.claims.runs import CANONICAL, DOWN, GeneratedRun, crossing, generate
+from bench.claims.runs import CANONICAL, DOWN, GeneratedRun, crossing, generate, records
 from bench.claims.score import Score
 from rlmon.service.alerting.engine import AlertEngine
 from rlmon.service.alerting.projection import targets
 from rlmon.service.alerting.rules import default_rules
-from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.diagnose.course import projections
 
 __all__ = ["at_alert", "at_end", "silent_when_flat"]
@@ -28,13 +27,6 @@ _RANGE = re.compile(r"(\S+) reaches .*? \(([-0-9.e+]+)\) in about [0-9.]+ steps 
 # gradient norm up to 10 (magnitudes large enough to get there)
 _HEADING = ("entropy", "kl", "grad_norm")
 _EARLY = frozenset({"EntropySliding", "KLClimbing", "GradNormBlowingUp"})  # they project
-
-
-def records(run: GeneratedRun, until: int | None = None) -> list[StepRecord]:
-    return [StepRecord(run=run.name, role="actor", step=step, complete=True, ranks_expected=1,
-                       ranks_reporting=1, missing_ranks=(),
-                       metrics={CANONICAL[k]: v for k, v in values.items() if k in CANONICAL})
-            for step, values in sorted(run.rows.items()) if until is None or step <= until]
 
 
 def _heading_run(seed: int, fast: bool) -> GeneratedRun:
