@@ -145,6 +145,7 @@ async function route() {
   page.charts = [];
   page.kind = where.kind;
   page.run = null;
+  page.runsData = null;
   const current = () => visit === page.visit;
   try {
     if (where.kind === "run") await showRun(where, current);
@@ -159,33 +160,215 @@ async function route() {
 
 // --- runs -------------------------------------------------------------------------------------
 
-function runsTable(data) {
-  const head = el("tr", {}, ["run", "role", "state", "last step", "last step at", "ranks reporting",
-                             "firing alerts", "goodput"].map((h) => el("th", {}, h)));
-  const rows = data.runs.map((r) => el("tr", { "data-run": r.run, "data-role": r.role },
-    el("td", {}, runLink(r.run, r.role)),
-    el("td", {}, r.role + (r.attempt ? " (attempt " + r.attempt + ")" : "")),
-    el("td", {}, el("span", { class: "badge " + r.state,
-                              title: data.states_known ? "" :
-                                "this service keeps no liveness state: see the last step's age" },
-                    r.state)),
-    el("td", { class: "num last-step" }, r.last_step),
-    el("td", {}, age(r.age_seconds)),
-    el("td", { class: "num" }, r.ranks_reporting + " / " + r.ranks_expected),
-    el("td", {}, r.firing.length ? r.firing.map((a) => el("a", {
-        class: "badge " + a.severity, href: alertHref(r.run, r.role, a.alert, a.step) },
-        a.alert)) : el("span", { class: "muted" }, "none")),
-    el("td", { class: "num" }, r.goodput === null ? "n/a" : (100 * r.goodput).toFixed(1) + " %")));
-  return el("table", { id: "runs" }, el("thead", {}, head), el("tbody", {}, rows));
+// the runs table's columns: value (sorting and search), cell (what is shown), role (a role's
+// row beneath, where the column means something for one role); "set:<key>": a reported setting
+const RUN_COLUMNS = [
+  { key: "state", label: "state", value: (r) => r.state, cell: (r, d) => stateBadge(r.state, d),
+    role: (s, d) => stateBadge(s.state, d) },
+  { key: "start", label: "start", value: (r) => r.start, cell: (r) => when(r.start) },
+  { key: "duration", label: "duration", num: true, value: (r) => r.duration_seconds,
+    cell: (r) => span(r.duration_seconds) },
+  { key: "last_step", label: "last step", num: true, value: (r) => r.last_step,
+    cell: (r) => r.last_step, role: (s) => el("span", { class: "last-step" }, s.last_step) },
+  { key: "age", label: "last step at", value: (r) => -(r.age_seconds ?? Infinity),
+    cell: (r) => age(r.age_seconds), role: (s) => age(s.age_seconds) },
+  { key: "gpus", label: "GPUs", num: true, value: (r) => r.gpus ?? r.ranks_expected,
+    cell: (r) => r.gpus !== null ? fmt(r.gpus) : el("span", { class: "muted", title:
+      "the service has not counted this run's GPUs (read from a store without it)" },
+      r.ranks_expected + " ranks"),
+    role: (s) => el("span", { class: "ranks", title: "ranks that reported the last step" },
+                    s.ranks_reporting + " / " + s.ranks_expected + " ranks") },
+  { key: "cost", label: "cost", num: true, value: (r) => r.gpu_hours, cell: (r, d) => cost(r, d.price) },
+  { key: "alerts", label: "firing alerts", value: (r) => r.firing.length,
+    cell: (r) => alertBadges(r, r.firing), role: (s) => alertBadges(s, s.firing) },
+  { key: "framework", label: "framework", value: (r) => r.framework,
+    cell: (r) => r.framework || el("span", { class: "muted" }, "not said") },
+  { key: "goodput", label: "goodput", num: true, value: (r) => r.goodput,
+    cell: (r) => r.goodput === null ? "n/a" : (100 * r.goodput).toFixed(1) + " %" },
+];
+const DEFAULT_COLUMNS = ["state", "start", "duration", "last_step", "age", "gpus", "cost", "alerts",
+                         "framework"];
+
+function settingColumn(key) {
+  return { key: "set:" + key, label: key, setting: true, value: (r) => r.settings[key] ?? null,
+           cell: (r) => r.settings[key] ?? "" };
+}
+
+function stateBadge(state, data) {
+  return el("span", { class: "badge " + state, title: data.states_known ? "" :
+    "this service keeps no liveness state: see the last step's age" }, state);
+}
+
+function when(unix) {
+  if (unix === null || unix === undefined) return "n/a";
+  const d = new Date(unix * 1000);
+  const pad = (n) => String(n).padStart(2, "0");
+  return d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + " " +
+    pad(d.getHours()) + ":" + pad(d.getMinutes());
+}
+
+function span(seconds) {
+  if (seconds === null || seconds === undefined) return "n/a";
+  if (seconds < 60) return seconds.toFixed(seconds < 10 ? 1 : 0) + " s";
+  if (seconds < 3600) return Math.floor(seconds / 60) + " min " + Math.round(seconds % 60) + " s";
+  if (seconds < 172800) return Math.floor(seconds / 3600) + " h " + Math.round(seconds % 3600 / 60) + " min";
+  return (seconds / 86400).toFixed(1) + " d";
+}
+
+function cost(r, price) {
+  // the run's GPUs over its duration, as alerts are priced (money with goodput.price_per_gpu_hour)
+  if (r.gpu_hours === null) return el("span", { class: "muted" }, "n/a");
+  const hours = fmt(r.gpu_hours) + " GPU-h";
+  return r.money === null || !price ? hours : hours + " (" + r.money.toFixed(2) + " " + price.currency + ")";
+}
+
+function alertBadges(row, firing) {
+  return firing.length ? firing.map((a) => el("a", {
+    class: "badge " + a.severity, href: alertHref(row.run, a.role || row.role, a.alert, a.step) },
+    a.alert)) : el("span", { class: "muted" }, "none");
+}
+
+function runsView(params) {
+  // what the runs table shows, from the address: sort (a column, "-" first: descending),
+  // the search, the state, the columns
+  const cols = params.get("cols");
+  return { sort: params.get("sort") || "", q: params.get("q") || "", state: params.get("state") || "",
+           cols: cols === null ? DEFAULT_COLUMNS : cols.split(",").filter((c) => c) };
+}
+
+function shownRunsView() {
+  return runsView(new URLSearchParams(location.hash.split("?")[1] || ""));
+}
+
+function runsHash(v) {
+  const qs = new URLSearchParams();
+  if (v.sort) qs.set("sort", v.sort);
+  if (v.q) qs.set("q", v.q);
+  if (v.state) qs.set("state", v.state);
+  if (v.cols.join(",") !== DEFAULT_COLUMNS.join(",")) qs.set("cols", v.cols.join(","));
+  return "#/" + (qs.toString() ? "?" + qs : "");
+}
+
+function runMatches(r, q) {
+  if (!q) return true;
+  const text = [r.run, r.state, r.framework, ...r.roles.map((s) => s.role + " " + s.state),
+                ...r.firing.map((a) => a.alert),
+                ...Object.entries(r.settings).map(([k, v]) => k + "=" + v)].join(" ").toLowerCase();
+  return q.toLowerCase().split(/\s+/).filter((w) => w).every((w) => text.includes(w));
+}
+
+function compareValues(a, b) {
+  // nulls last whatever the direction (applied before it)
+  if (a === null || a === undefined) return b === null || b === undefined ? 0 : 1;
+  if (b === null || b === undefined) return -1;
+  if (typeof a === "number" && typeof b === "number") return a - b;
+  return String(a).localeCompare(String(b), undefined, { numeric: true });
+}
+
+function runsTable(data, v, onChange) {
+  const all = [...RUN_COLUMNS, ...data.settings.map(settingColumn)];
+  const shown = v.cols.map((k) => all.find((c) => c.key === k)).filter((c) => c);
+  const desc = v.sort.startsWith("-");
+  const sortKey = v.sort.replace(/^-/, "");
+  const sortCol = sortKey === "run" ? { value: (r) => r.run } : all.find((c) => c.key === sortKey);
+  let runs = data.runs.filter((r) => (!v.state || r.state === v.state) && runMatches(r, v.q));
+  if (sortCol) {
+    runs = runs.map((r, i) => [r, i]).sort(([a, i], [b, j]) => {
+      const x = sortCol.value(a), y = sortCol.value(b);
+      if (x === null || x === undefined || y === null || y === undefined) return compareValues(x, y) || i - j;
+      return (desc ? -1 : 1) * compareValues(x, y) || i - j;
+    }).map(([r]) => r);
+  }
+  const header = (key, label, num) => {
+    const active = sortKey === key;
+    const th = el("th", { "data-col": key, class: (num ? "num " : "") + "sortable" + (active ? " sorted" : ""),
+                          title: "sort by " + label },
+                  label, active ? (desc ? " \u25bc" : " \u25b2") : "");
+    th.onclick = () => onChange(() => ({ sort: active && !desc ? "-" + key : active ? "" : key }));
+    return th;
+  };
+  const head = el("tr", {}, header("run", "run"), shown.map((c) => header(c.key, c.label, c.num)));
+  const rows = [];
+  for (const r of runs) {
+    rows.push(el("tr", { class: "run-row", "data-run": r.run, "data-state": r.state },
+      el("td", {}, el("a", { href: "#/run/" + encodeURIComponent(r.run) }, r.run),
+         r.attempt ? el("span", { class: "muted" }, " (attempt " + r.attempt + ")") : null),
+      shown.map((c) => el("td", { class: c.num ? "num" : null, "data-col": c.key }, c.cell(r, data)))));
+    for (const s of r.roles) {
+      rows.push(el("tr", { class: "role-row", "data-run": r.run, "data-role": s.role, "data-state": s.state },
+        el("td", { class: "role-name" }, runLink(r.run, s.role, s.role),
+           s.attempt !== r.attempt ? el("span", { class: "muted" }, " (attempt " + s.attempt + ")") : null),
+        shown.map((c) => el("td", { class: c.num ? "num" : null, "data-col": c.key },
+                            c.role ? c.role(s, data) : ""))));
+    }
+  }
+  const table = el("table", { id: "runs" }, el("thead", {}, head), el("tbody", {}, rows));
+  table.dataset.shown = runs.length;
+  return table;
+}
+
+function runsControls(data, v, onChange) {
+  // search, state filter and the columns to show; each change is kept in the address
+  const search = el("input", { type: "search", id: "runs-search", class: "wide", value: v.q,
+                               placeholder: "search runs, roles, alerts, settings" });
+  search.oninput = () => onChange(() => ({ q: search.value.trim() }));
+  const states = [...new Set([...STATE_ORDER, ...data.runs.map((r) => r.state)])];
+  const state = el("select", { id: "runs-state" }, el("option", { value: "" }, "any state"),
+    states.map((s) => el("option", { value: s }, s)));
+  state.value = v.state;
+  state.onchange = () => onChange(() => ({ state: state.value }));
+  const all = [...RUN_COLUMNS, ...data.settings.map(settingColumn)];
+  const picker = el("details", { id: "runs-columns", class: "columns" }, el("summary", {}, "columns"),
+    el("div", { class: "menu" }, all.map((c) => {
+      const box = el("input", { type: "checkbox", "data-col": c.key });
+      box.checked = v.cols.includes(c.key);
+      box.onchange = () => onChange((now) => ({ cols: box.checked ? [...now.cols, c.key]
+                                                                  : now.cols.filter((k) => k !== c.key) }));
+      return el("label", { class: c.setting ? "setting" : null }, box, " ", c.label);
+    })));
+  return el("div", { class: "toolbar", id: "runs-controls" }, search, state, picker,
+            el("span", { class: "muted", id: "runs-count" }));
+}
+
+const STATE_ORDER = ["running", "slow", "stalled", "frozen", "finished", "failed", "preempted", "dead"];
+
+function drawRuns(data, navigated) {
+  // the table from the address's view; the controls stay (a poll or a keystroke redraws the table
+  // only, so the search box keeps its focus)
+  const v = shownRunsView();
+  const onChange = (change) => {  // change: the current view -> what changes
+    const now = shownRunsView();
+    history.replaceState(null, "", location.pathname + location.search + runsHash({ ...now, ...change(now) }));
+    drawRuns(page.runsData);
+  };
+  page.runsData = data;
+  if (!data.runs.length) {
+    view.replaceChildren(el("h1", {}, "runs"), el("p", { class: "muted" }, "no steps in the history store yet"));
+    return;
+  }
+  let controls = document.getElementById("runs-controls");
+  const fresh = runsControls(data, v, onChange);
+  if (navigated || !controls || controls.dataset.settings !== data.settings.join(",")) {
+    fresh.dataset.settings = data.settings.join(",");
+    view.replaceChildren(el("h1", {}, "runs"), fresh, el("table", { id: "runs" }));
+    controls = fresh;
+  } else {  // keep the search box (its focus, its caret); the rest follows the address
+    controls.querySelectorAll("input[type=checkbox]").forEach((b) => { b.checked = v.cols.includes(b.dataset.col); });
+    controls.querySelector("#runs-state").value = v.state;
+    const search = controls.querySelector("#runs-search");
+    if (document.activeElement !== search) search.value = v.q;
+  }
+  const table = runsTable(data, v, onChange);
+  document.getElementById("runs").replaceWith(table);
+  document.getElementById("runs-count").textContent =
+    table.dataset.shown + " of " + data.runs.length + " runs";
 }
 
 async function showRuns(current) {
   const data = await api("runs");
   if (!current()) return;
   page.alertsSeen = data.alerts_seen;
-  const body = data.runs.length ? runsTable(data)
-    : el("p", { class: "muted" }, "no steps in the history store yet");
-  view.replaceChildren(el("h1", {}, "runs"), body);
+  drawRuns(data, true);
 }
 
 // --- a run ------------------------------------------------------------------------------------
@@ -698,13 +881,11 @@ async function poll() {
     setStatus(true, "live, updated " + new Date().toLocaleTimeString());
     const changed = page.alertsSeen !== null && data.alerts_seen !== page.alertsSeen;
     if (page.kind === "runs" && page.visit === visit) {  // not over a later navigation's table
-      const table = document.getElementById("runs");
-      const fresh = data.runs.length ? runsTable(data) : null;
-      if (fresh && table) table.replaceWith(fresh);
-      else if (fresh) view.replaceChildren(el("h1", {}, "runs"), fresh);
+      drawRuns(data);
     } else if (page.kind === "run" && page.run) {
       const shown = page.run.data;
-      const stream = data.runs.find((r) => r.run === shown.run && r.role === shown.role);
+      const run = data.runs.find((r) => r.run === shown.run);
+      const stream = run && run.roles.find((s) => s.role === shown.role);
       if (stream) await refreshRun(stream);
     } else if (page.kind === "alert" && changed) {
       await route();
