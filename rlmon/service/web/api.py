@@ -139,6 +139,15 @@ def alerts_json(store: HistoryStore, run: str | None = None, firing_only: bool =
     return found
 
 
+def _aligned(spread: Mapping[int, tuple[float, float]], steps: Sequence[int],
+             ) -> dict[str, list[float | None]] | None:
+    """Per-rank extremes at ``steps`` (null where a step has none); None when none has."""
+    if not any(s in spread for s in steps):
+        return None
+    return {"min": [spread[s][0] if s in spread else None for s in steps],
+            "max": [spread[s][1] if s in spread else None for s in steps]}
+
+
 def _nonfinite(steps: Any, values: Any, reported: Any, buckets: int) -> dict[str, Any]:
     """Where a series reported NaN or ±inf (drawn as gaps, so the page marks them): how often,
     and the steps (the first of each of ``buckets`` equal step ranges when there are more)."""
@@ -401,17 +410,29 @@ class WebApi:
         total_last = int(cols.steps[-1]) if len(cols.steps) else None
         shown = cols.window(first, last)
         out_panels = []
+        kept = {}
+        for panel in panels:
+            kept[panel] = downsample(shown.steps, [shown.values[m] for m in panel.metrics],
+                                     buckets)
+        steps_kept = sorted({int(s) for keep in kept.values() for s in shown.steps[keep]})
+        times = self._times(run, role, attempt, steps_kept)
+        spread_of = {m: self._rank_spread(run, role, attempt, steps_kept)
+                     for m in metrics if m == catalog.STEP_SECONDS}
         for panel in panels:
             series = [shown.values[m] for m in panel.metrics]
-            keep = downsample(shown.steps, series, buckets)
+            keep = kept[panel]
+            xs = shown.steps[keep].tolist()
             out_panels.append({
                 "title": panel.title,
                 "unit": catalog.get(panel.metrics[0]).unit.value
                 if catalog.lookup(panel.metrics[0]) else "",
                 "metrics": list(panel.metrics),
                 "help": [catalog.get(m).help if catalog.lookup(m) else "" for m in panel.metrics],
-                "x": shown.steps[keep].tolist(),
+                "x": xs,
+                "t": [times.get(x) for x in xs],
                 "y": [[_number(v) for v in s[keep].tolist()] for s in series],
+                "spread": [_aligned(spread_of[m], xs) if m in spread_of else None
+                           for m in panel.metrics],
                 "nonfinite": [_nonfinite(shown.steps, shown.values[m], shown.nonfinite[m],
                                          buckets) for m in panel.metrics],
             })
@@ -421,10 +442,41 @@ class WebApi:
         return {
             "run": run, "role": role, "attempt": attempt, "attempts": attempts, "roles": roles,
             "first_step": total_first, "last_step": total_last, "steps": len(cols.steps),
+            "start_time": self._times(run, role, attempt, [total_first]).get(total_first)
+            if total_first is not None else None,
             "from": lo, "to": hi, "shown_steps": len(shown.steps), "points": buckets,
             "panels": out_panels,
             "alerts": self._transitions(run, role, attempt, lo, hi),
         }
+
+    def _times(self, run: str, role: str, attempt: int, steps: Sequence[int],
+               ) -> dict[int, float | None]:
+        """When each of ``steps`` was finalized (unix seconds): a seek in the steps' primary key
+        per step, never a scan of the stream's lines (the steps are bound as one JSON array)."""
+        if not steps:
+            return {}
+        return {int(step): at for step, at in self.store.read(
+            "SELECT step, finalized_at FROM steps WHERE run = ? AND role = ? AND attempt = ? AND "
+            "step IN (SELECT value FROM json_each(?))",
+            (run, role, attempt, json.dumps(list(steps))))}
+
+    def _rank_spread(self, run: str, role: str, attempt: int, steps: Sequence[int],
+                     ) -> dict[int, tuple[float, float]]:
+        """The fastest and slowest rank's step time at each of ``steps`` that stored a timeline
+        of two ranks or more: a rank's timeline spans its step, so its length is the rank's own
+        ``perf/step_seconds`` (the step's value is the slowest rank's)."""
+        if not steps:
+            return {}
+        out = {}
+        for step, text in self.store.read(
+                "SELECT step, data FROM timelines WHERE run = ? AND role = ? AND attempt = ? AND "
+                "step IN (SELECT value FROM json_each(?))",
+                (run, role, attempt, json.dumps(list(steps)))):
+            ranks = json.loads(text)["ranks"]
+            if len(ranks) >= 2:
+                seconds = [(int(r["end"]) - int(r["start"])) / 1e9 for r in ranks]
+                out[int(step)] = (min(seconds), max(seconds))
+        return out
 
     def _columns(self, run: str, role: str, attempt: int, metrics: tuple[str, ...]) -> Columns:
         """The columns of ``metrics``: the key curves from the packed rows, any other metric

@@ -97,6 +97,10 @@ function runHash(w) {
   for (const m of w.m || []) qs.append("m", m);
   for (const r of w.with || []) qs.append("with", r);
   for (const a of w.att || []) qs.append("att", a);
+  const cv = curveView(w);
+  if (cv.smooth) qs.set("smooth", String(cv.smooth));
+  if (cv.log) qs.set("log", "1");
+  if (cv.x !== "step") qs.set("x", cv.x);
   return "#/run/" + encodeURIComponent(w.run) + (qs.toString() ? "?" + qs : "");
 }
 
@@ -129,7 +133,9 @@ function parseHash() {
     // m: metrics picked by name; with: other runs overlaid; att: attempts of this run overlaid
     return { kind: "run", run: parts[1], role: params.get("role") || "",
              from: params.get("from") || "", to: params.get("to") || "",
-             m: params.getAll("m"), with: params.getAll("with"), att: params.getAll("att") };
+             m: params.getAll("m"), with: params.getAll("with"), att: params.getAll("att"),
+             smooth: params.get("smooth") || "", log: params.get("log") === "1",
+             x: params.get("x") || "step" };
   }
   if (parts[0] === "diff" && parts.length >= 3) return { kind: "diff", a: parts[1], b: parts[2] };
   if (parts[0] === "alert" && parts.length >= 4) {
@@ -373,18 +379,117 @@ async function showRuns(current) {
 
 // --- a run ------------------------------------------------------------------------------------
 
+// how the curves are drawn (in the address): smoothing (TensorBoard's debiased exponential
+// moving average, 0: none), log scale, and the x axis: step, time since the run's start, wall time
+const X_AXES = { step: "step", relative: "time since start", wall: "wall time" };
+const PLAIN = { smooth: 0, log: false, x: "step" };
+
+function curveView(where) {
+  const smooth = Number(where.smooth);
+  return { smooth: Number.isFinite(smooth) ? Math.min(Math.max(smooth, 0), 0.99) : 0,
+           log: where.log === true || where.log === "1", x: X_AXES[where.x] ? where.x : "step" };
+}
+
+function ema(ys, weight) {
+  // the raw values where weight is 0; a gap (null) stays a gap and does not reset the average
+  if (!weight) return ys;
+  let last = 0, n = 0;
+  return ys.map((v) => {
+    if (v === null || v === undefined || !Number.isFinite(v)) return null;
+    last = last * weight + (1 - weight) * v;
+    n += 1;
+    return last / (1 - Math.pow(weight, n));
+  });
+}
+
+function pointX(src, i, cv) {
+  // a point's place on the x axis: its step, or its step's finalization time (wall, or since
+  // the source run's first step)
+  if (cv.x === "step") return src.panel.x[i];
+  const t = src.panel.t ? src.panel.t[i] : null;
+  if (t === null || t === undefined) return null;
+  return cv.x === "wall" ? t : t - (src.start ?? t);
+}
+
+function aligned(panel, sources, cv) {
+  // every source's values of the panel's metrics on one x axis (the union of their points'
+  // places): a point a source lacks is a gap in its curve only. sources: [{label, panel, start}];
+  // a label names the series after its run (overlays)
+  const keys = new Set();
+  sources.forEach((s) => { if (s.panel) s.panel.x.forEach((_, i) => {
+    const k = pointX(s, i, cv);
+    if (k !== null) keys.add(k);
+  }); });
+  const xs = [...keys].sort((a, b) => a - b);
+  const at = new Map(xs.map((x, i) => [x, i]));
+  const out = { ...panel, x: xs, y: [], spread: [], nonfinite: [], series: [], stepX: [],
+                steps: new Array(xs.length).fill(null) };
+  const none = { count: 0, x: [], value: [] };
+  sources.forEach((s, si) => {
+    const place = new Map();  // step -> index in xs
+    if (s.panel) s.panel.x.forEach((step, i) => {
+      const k = pointX(s, i, cv);
+      if (k === null) return;
+      place.set(step, at.get(k));
+      if (si === 0) out.steps[at.get(k)] = step;
+    });
+    out.stepX.push(new Map([...place].map(([step, i]) => [step, xs[i]])));
+    panel.metrics.forEach((m, j) => {
+      const k = s.panel ? s.panel.metrics.indexOf(m) : -1;
+      const ys = new Array(xs.length).fill(null);
+      let spread = null;
+      if (k >= 0) {
+        const from = s.panel.spread && s.panel.spread[k];
+        if (from) spread = { min: new Array(xs.length).fill(null), max: new Array(xs.length).fill(null) };
+        s.panel.x.forEach((step, n) => {
+          const i = place.get(step);
+          if (i === undefined) return;
+          ys[i] = s.panel.y[k][n];
+          if (spread) { spread.min[i] = from.min[n]; spread.max[i] = from.max[n]; }
+        });
+      }
+      out.y.push(ys);
+      out.spread.push(spread);
+      out.nonfinite.push(k >= 0 ? s.panel.nonfinite[k] : none);
+      const color = COLORS[(s.label ? si : j) % COLORS.length];
+      out.series.push({ label: s.label ? s.label + ": " + m : m, color,
+                        dash: s.label && j ? [[6, 3], [2, 3], [8, 3, 2, 3]][(j - 1) % 3] : undefined });
+    });
+  });
+  return out;
+}
+
+function stepToX(stepX, step) {
+  // where an alert's step falls on the x axis: its point, else the nearest point's place
+  if (stepX.has(step)) return stepX.get(step);
+  let best = null, gap = Infinity;
+  for (const [s, x] of stepX) {
+    if (Math.abs(s - step) < gap) { gap = Math.abs(s - step); best = x; }
+  }
+  return best;
+}
+
 function markerPlugin(panelEl, state) {
-  // draws each alert transition as a vertical line; the panel of the alert's metric names it
+  // draws each alert transition as a vertical line; the panel of the alert's metric names it,
+  // to the right of its line (labels that would overlap go one row lower)
   return {
     hooks: {
       draw: [(u) => {
         const ctx = u.ctx;
         const drawn = { onsets: [], resolves: [], overlay: [] };
+        const placed = [];
+        const labels = [];
+        const right = u.bbox.left + u.bbox.width;
         ctx.save();
         ctx.lineWidth = 1.5 * devicePixelRatio;
+        ctx.font = (11 * devicePixelRatio) + "px sans-serif";
+        ctx.textAlign = "left";  // uPlot leaves the y axis' alignment set
+        ctx.textBaseline = "top";
         for (const t of state.alerts) {
-          const x = Math.round(u.valToPos(t.step, "x", true));
-          if (x < u.bbox.left - 1 || x > u.bbox.left + u.bbox.width + 1) continue;
+          const where = state.xOf(t);
+          if (where === null) continue;
+          const x = Math.round(u.valToPos(where, "x", true));
+          if (x < u.bbox.left - 1 || x > right + 1) continue;
           const firing = t.state === "firing";
           ctx.strokeStyle = t.color || (firing ? (t.severity === "critical" ? "#c62828" : "#e08600") : "#2e7d32");
           ctx.setLineDash(firing ? [6, 4] : [2, 4]);
@@ -396,11 +501,21 @@ function markerPlugin(panelEl, state) {
           if (t.source) { if (firing) drawn.overlay.push(t.source + "@" + t.step); }
           else (firing ? drawn.onsets : drawn.resolves).push(t.step);
           if (state.metrics.includes(t.metric)) {
+            const text = (t.source ? t.source + ": " : "") + (firing ? "" : "resolved ") + t.alert;
+            const width = ctx.measureText(text).width;
+            // beside its line, on the right; at the right edge, ending there (still on the
+            // line's side of any neighbour)
+            const left = Math.min(x + 4 * devicePixelRatio, right - width);
+            let row = 0;
+            while (placed.some((p) => p.row === row && left < p.end && left + width > p.start)) row += 1;
+            placed.push({ row, start: left - 2, end: left + width + 2 });
+            const y = u.bbox.top + (2 + 14 * row) * devicePixelRatio;
             ctx.setLineDash([]);
+            ctx.fillStyle = "rgba(255,255,255,0.85)";
+            ctx.fillRect(left - 1, y - 1, width + 2, 13 * devicePixelRatio);
             ctx.fillStyle = ctx.strokeStyle;
-            ctx.font = (11 * devicePixelRatio) + "px sans-serif";
-            ctx.fillText((t.source ? t.source + ": " : "") + (firing ? "" : "resolved ") + t.alert,
-                         x + 4, u.bbox.top + 12 * devicePixelRatio);
+            ctx.fillText(text, left, y);
+            labels.push(t.step + ":" + Math.round((left - x) / devicePixelRatio));
           }
         }
         // a NaN or infinite value is a gap in its curve: a triangle at the top marks its step
@@ -408,10 +523,12 @@ function markerPlugin(panelEl, state) {
         const size = 5 * devicePixelRatio;
         ctx.setLineDash([]);
         ctx.fillStyle = NONFINITE_COLOR;
-        state.nonfinite.forEach((marks) => {
+        state.nonfinite.forEach((marks, i) => {
           for (const step of marks.x) {
-            const x = Math.round(u.valToPos(step, "x", true));
-            if (x < u.bbox.left - 1 || x > u.bbox.left + u.bbox.width + 1) continue;
+            const where = state.xOf({ step, si: state.sourceOf[i] || 0 });
+            if (where === null) continue;
+            const x = Math.round(u.valToPos(where, "x", true));
+            if (x < u.bbox.left - 1 || x > right + 1) continue;
             ctx.beginPath();
             ctx.moveTo(x - size, u.bbox.top);
             ctx.lineTo(x + size, u.bbox.top);
@@ -427,6 +544,8 @@ function markerPlugin(panelEl, state) {
         panelEl.dataset.resolves = uniq(drawn.resolves);
         if (drawn.overlay.length) panelEl.dataset.overlayOnsets = [...new Set(drawn.overlay)].join(",");
         panelEl.dataset.nonfinite = uniq(marked);
+        // each label's step and its offset from its line, in CSS pixels (for tests and scripts)
+        panelEl.dataset.labels = labels.join(",");
       }],
     },
   };
@@ -443,59 +562,150 @@ function relabel(chart) {
   const { panelEl, state } = chart.rlmon;
   const labels = chart.root.querySelectorAll(".u-legend .u-series .u-label");
   state.labels.forEach((m, i) => {
-    if (labels[i + 1]) labels[i + 1].textContent = seriesLabel(m, state.nonfinite[i]);
+    if (labels[state.offset + i + 1]) labels[state.offset + i + 1].textContent = seriesLabel(m, state.nonfinite[i]);
   });
   panelEl.dataset.nonfiniteCounts = state.nonfinite.map((n) => n.count).join(",");
 }
 
-function chartData(panel) {
-  return [panel.x, ...panel.y];
-}
-
-function countPoints(panelEl, data) {
+function countPoints(panelEl, data, offset) {
   panelEl.dataset.points = String(data[0].length);
-  panelEl.dataset.seriesPoints = data.slice(1).map((s) => s.filter((v) => v !== null).length).join(",");
+  panelEl.dataset.seriesPoints = data.slice(1 + offset).map((s) => s.filter((v) => v !== null).length).join(",");
 }
 
-function makeChart(panel, alerts, width, onZoom) {
+function drawnData(panel, cv) {
+  // uPlot's columns: x, each band's lower and upper edge, the raw values behind a smoothed
+  // curve, then the curves themselves (smoothed where asked); on a log scale a value <= 0 is
+  // a gap, counted
+  let hidden = 0;
+  const positive = (ys) => (cv.log ? ys.map((v) => {
+    if (v !== null && v <= 0) { hidden += 1; return null; }
+    return v;
+  }) : ys);
+  const bands = [], raw = [], main = [];
+  panel.y.forEach((ys, i) => {
+    const s = panel.series[i];
+    const spread = panel.spread && panel.spread[i];
+    if (spread) bands.push({ i, min: positive(spread.min), max: positive(spread.max), color: s.color });
+    if (cv.smooth) raw.push({ i, ys: positive(ys), color: s.color });
+  });
+  const lineHidden = hidden;
+  hidden = 0;
+  panel.y.forEach((ys) => main.push(positive(cv.smooth ? ema(ys, cv.smooth) : ys)));
+  const data = [panel.x, ...bands.flatMap((b) => [b.min, b.max]), ...raw.map((r) => r.ys), ...main];
+  return { data, bands, raw, offset: 2 * bands.length + raw.length, hidden: lineHidden + hidden };
+}
+
+function tickText(v) {
+  // short and whole: 1.2M, not 1,200,000 cut to "000,000" by the axis' width
+  if (v === null || v === undefined) return "";
+  const a = Math.abs(v);
+  if (a >= 1e4) {
+    const [d, unit] = a >= 1e12 ? [1e12, "T"] : a >= 1e9 ? [1e9, "G"] : a >= 1e6 ? [1e6, "M"] : [1e3, "k"];
+    return Number((v / d).toPrecision(3)) + unit;
+  }
+  if (a !== 0 && a < 1e-3) return v.toExponential(1);
+  return String(Number(v.toPrecision(6)));
+}
+
+function duration(seconds) {
+  const s = Math.abs(seconds);
+  if (s < 120) return Math.round(seconds) + "s";
+  if (s < 7200) return Number((seconds / 60).toPrecision(3)) + "min";
+  return Number((seconds / 3600).toPrecision(3)) + "h";
+}
+
+const AXIS_FONT = "11px sans-serif";
+
+function axisWidth(u, values) {
+  // as wide as its longest label, so that none is cut
+  if (!values || !values.length) return 40;
+  u.ctx.save();
+  u.ctx.font = (11 * devicePixelRatio) + "px sans-serif";
+  const widest = Math.max(...values.map((v) => u.ctx.measureText(String(v)).width)) / devicePixelRatio;
+  u.ctx.restore();
+  return Math.ceil(widest) + 18;  // the tick and the gap
+}
+
+function makeChart(panel, alerts, width, onZoom, where) {
+  const cv = curveView(where || PLAIN);
   const panelEl = el("div", { class: "panel", "data-title": panel.title,
                               "data-metrics": panel.metrics.join(","),
                               "data-picked": panel.picked ? "1" : null });
   const none = { count: 0, x: [], value: [] };
-  // one series per metric, or per (run, metric) when runs are overlaid (panel.series)
-  const series = panel.series || panel.metrics.map((m, i) => ({ label: m, color: COLORS[i % COLORS.length] }));
-  const state = { alerts, metrics: panel.metrics, labels: series.map((s) => s.label),
-                  nonfinite: series.map((s, i) => {
-    const n = (panel.nonfinite || [])[i] || none;
+  // one series per metric, or per (run, metric) when runs are overlaid
+  const align = (p) => (p.series ? p : aligned(p, [{ label: "", panel: p, start: p.start }], cv));
+  let shown = align(panel);
+  const drawn = drawnData(shown, cv);
+  const state = { alerts, metrics: panel.metrics, labels: shown.series.map((s) => s.label),
+                  offset: drawn.offset, sourceOf: shown.series.map((_, i) => Math.floor(i / panel.metrics.length)),
+                  xOf: (t) => (cv.x === "step" ? t.step : stepToX(shown.stepX[t.si || 0] || new Map(), t.step)),
+                  nonfinite: shown.series.map((s, i) => {
+    const n = (shown.nonfinite || [])[i] || none;
     return { count: n.count, x: [...n.x], value: [...n.value] };
   }) };
-  const data = chartData(panel);
+  const data = drawn.data;
   const few = data[0].length <= 60;
+  const faint = (color, alpha) => color + alpha;
+  const xTime = cv.x !== "step";
   const opts = {
     title: panel.title + (panel.unit && panel.unit !== "none" && panel.unit !== "" ? " (" + panel.unit + ")" : ""),
     width, height: 200,
-    scales: { x: { time: false } },
+    scales: { x: { time: cv.x === "wall" }, y: cv.log ? { distr: 3 } : {} },
     legend: { live: true },
-    cursor: { sync: { key: "rlmon-steps" }, drag: { x: true, y: false, setScale: false } },
-    series: [{ label: "step" }, ...series.map((s, i) => ({
-      label: seriesLabel(s.label, state.nonfinite[i]), stroke: s.color, dash: s.dash, width: 1.5,
-      spanGaps: true, points: { show: few, size: 4 } }))],
-    axes: [{ label: "step", size: 40, incrs: STEP_INCRS }, { size: 64 }],
+    cursor: { sync: { key: "rlmon-" + cv.x }, drag: { x: true, y: false, setScale: false } },
+    series: [{ label: X_AXES[cv.x], value: cv.x === "relative" ? (u, v) => (v === null ? "" : duration(v)) : undefined },
+      ...drawn.bands.flatMap((b) => [
+        { label: shown.series[b.i].label + " (slowest rank)", stroke: "transparent", width: 0, points: { show: false } },
+        { label: shown.series[b.i].label + " (fastest rank)", stroke: "transparent", width: 0, points: { show: false } }]),
+      ...drawn.raw.map((r) => ({ label: shown.series[r.i].label + " (raw)", stroke: faint(r.color, "40"),
+                                 width: 1, spanGaps: true, points: { show: false } })),
+      ...shown.series.map((s, i) => ({
+        label: seriesLabel(s.label, state.nonfinite[i]), stroke: s.color, dash: s.dash, width: 1.5,
+        spanGaps: true, points: { show: few && !cv.smooth, size: 4 } }))],
+    bands: drawn.bands.map((b, k) => ({ series: [1 + 2 * k + 1, 1 + 2 * k], fill: faint(b.color, "30") })),
+    axes: [{ label: X_AXES[cv.x], size: 40, font: AXIS_FONT, incrs: xTime ? undefined : STEP_INCRS,
+             values: cv.x === "relative" ? (u, splits) => splits.map(duration) : undefined },
+           { size: axisWidth, font: AXIS_FONT, values: (u, splits) => splits.map(tickText) }],
     plugins: [markerPlugin(panelEl, state)],
     hooks: { setSelect: [(u) => {
       if (u.select.width < 3) return;
-      const lo = Math.floor(u.posToVal(u.select.left, "x"));
-      const hi = Math.ceil(u.posToVal(u.select.left + u.select.width, "x"));
+      const a = u.posToVal(u.select.left, "x");
+      const b = u.posToVal(u.select.left + u.select.width, "x");
       u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
-      onZoom(lo, hi);
+      if (!xTime) { onZoom(Math.floor(a), Math.ceil(b)); return; }
+      // the steps of the shown run drawn in the selected time
+      const steps = shown.steps.filter((s, i) => s !== null && shown.x[i] >= a && shown.x[i] <= b);
+      if (steps.length) onZoom(Math.min(...steps), Math.max(...steps));
     }] },
   };
-  countPoints(panelEl, data);
+  countPoints(panelEl, data, drawn.offset);
+  panelEl.dataset.bands = String(drawn.bands.length);
+  panelEl.dataset.smooth = String(cv.smooth);
   const chart = new uPlot(opts, data, panelEl);
-  chart.rlmon = { panelEl, state, panel };
+  chart.rlmon = { panelEl, state, panel, cv, update: (fresh) => {
+    // the panel with new steps: its columns again (false: drawn otherwise now, draw it anew)
+    const next = align(fresh);
+    const d = drawnData(next, cv);
+    if (d.offset !== drawn.offset) return false;
+    shown = next;
+    state.nonfinite = next.series.map((_, i) => {
+      const n = (next.nonfinite || [])[i] || none;
+      return { count: n.count, x: [...n.x], value: [...n.value] };
+    });
+    relabel(chart);
+    countPoints(panelEl, d.data, d.offset);
+    chart.setData(d.data);
+    return true;
+  } };
+  // the legend names the curves; the bands' edges and the raw values behind are explained above
+  chart.root.querySelectorAll(".u-legend .u-series").forEach((row, i) => {
+    if (i >= 1 && i <= drawn.offset) row.style.display = "none";
+  });
   relabel(chart);
   const help = panel.help.filter((h) => h).join(" / ");
-  panelEl.append(el("div", { class: "marks muted", title: help }, help));
+  const notes = [help, drawn.bands.length ? "band: the fastest and the slowest rank" : "",
+                 drawn.hidden ? drawn.hidden + " values <= 0 not drawn on the log scale" : ""];
+  panelEl.append(el("div", { class: "marks muted", title: help }, notes.filter((n) => n).join(" / ")));
   return chart;
 }
 
@@ -518,25 +728,26 @@ async function runCurves(src, where, picked) {
   return key;
 }
 
-function overlaid(panel, sources) {
-  // the panel of the shown run with every overlaid run's values of the same metrics, aligned by
-  // step (one x axis: the union of their steps), each run in its own colour
-  const xs = [...new Set(sources.flatMap((s) => (s.panel ? s.panel.x : [])))].sort((a, b) => a - b);
-  const at = new Map(xs.map((x, i) => [x, i]));
-  const out = { ...panel, x: xs, y: [], nonfinite: [], series: [] };
-  const none = { count: 0, x: [], value: [] };
-  sources.forEach((s, si) => {
-    panel.metrics.forEach((m, j) => {
-      const ys = new Array(xs.length).fill(null);
-      const k = s.panel ? s.panel.metrics.indexOf(m) : -1;
-      if (k >= 0) s.panel.x.forEach((x, n) => { ys[at.get(x)] = s.panel.y[k][n]; });
-      out.y.push(ys);
-      out.nonfinite.push(k >= 0 ? s.panel.nonfinite[k] : none);
-      out.series.push({ label: s.label + ": " + m, color: COLORS[si % COLORS.length],
-                        dash: j ? [[6, 3], [2, 3], [8, 3, 2, 3]][(j - 1) % 3] : undefined });
-    });
-  });
-  return out;
+function curveControls(where) {
+  // smoothing, log scale and the x axis: kept in the address, drawn again from the data read
+  const cv = curveView(where);
+  const change = (w) => {
+    Object.assign(page.run.where, w);
+    history.replaceState(null, "", location.pathname + location.search + runHash(page.run.where));
+    drawPanels();
+  };
+  const smooth = el("input", { type: "range", id: "curve-smooth", min: "0", max: "0.99", step: "0.01",
+                               value: String(cv.smooth), title: "exponential moving average (the raw values faint behind)" });
+  const shownSmooth = el("span", { id: "curve-smooth-value", class: "num" }, cv.smooth.toFixed(2));
+  smooth.oninput = () => { shownSmooth.textContent = Number(smooth.value).toFixed(2); change({ smooth: smooth.value }); };
+  const log = el("input", { type: "checkbox", id: "curve-log" });
+  log.checked = cv.log;
+  log.onchange = () => change({ log: log.checked });
+  const x = el("select", { id: "curve-x" }, Object.entries(X_AXES).map(([k, label]) => el("option", { value: k }, label)));
+  x.value = cv.x;
+  x.onchange = () => change({ x: x.value });
+  return el("div", { class: "toolbar curve-controls", id: "curve-controls" },
+            "smoothing", smooth, shownSmooth, el("label", {}, log, " log scale"), "x axis", x);
 }
 
 function runControls(where, data) {
@@ -555,7 +766,7 @@ function runControls(where, data) {
       const b = el("button", { class: "metric-option", "data-metric": n }, n);
       b.onclick = () => go({ m: [...where.m, n] });
       return b;
-    }), found.length > 40 ? el("span", { class: "muted" }, "... " + (found.length - 40) + " more") : null);
+    }), ...(found.length > 40 ? [el("span", { class: "muted" }, "... " + (found.length - 40) + " more")] : []));
   };
   const chip = (text, color, drop, attrs) => {
     const x = el("button", { class: "drop", title: "remove" }, "\u00d7");
@@ -596,7 +807,7 @@ function runControls(where, data) {
     runList.replaceChildren(...runs.filter((r) => r !== data.run && !where.with.includes(r))
       .map((r) => el("option", { value: r })));
   }).catch(() => {});
-  return el("div", { class: "controls" },
+  return el("div", { class: "controls" }, curveControls(where),
     el("div", { class: "toolbar" }, "metrics", search, picked, el("span", { class: "muted" },
        where.m.length ? "" : "(the key panels are shown; pick any metric to add its panel)")),
     list,
@@ -635,25 +846,39 @@ async function showRun(where, current) {
   view.replaceChildren(el("h1", {}, "run ", el("span", { id: "run-name" }, data.run)), tabs,
                        runControls(where, data), toolbar,
                        ...problems, alertList, grid);
+  drawPanels();
+  renderRunInfo();
+}
+
+function drawPanels() {
+  // the shown run's panels (with the overlaid runs' values) as the address says to draw them;
+  // the smoothing, the scale and the x axis redraw them from the data already read
+  const { data, where, overlays } = page.run;
+  for (const chart of page.charts) chart.destroy();
+  page.charts = [];
+  const grid = document.getElementById("panels");
+  grid.replaceChildren();
   if (!data.panels.length) grid.append(el("p", { class: "muted" }, "no metrics in this role"));
+  const zoomTo = (lo, hi) => { location.hash = runHash({ ...where, from: lo, to: hi }); };
   const width = chartWidth();
-  const others = extra.filter((s) => s.data);
+  const cv = curveView(where);
+  const others = overlays.filter((s) => s.data);
   let alerts = data.alerts;
+  let shownPanels = data.panels.map((p) => ({ ...p, start: data.start_time }));
   if (others.length) {
     const labels = [sourceLabel({ run: data.run, attempt: where.att.length ? String(data.attempt) : "" }),
                     ...others.map(sourceLabel)];
     alerts = [...data.alerts, ...others.flatMap((s, i) => s.data.alerts.map((a) => ({
-      ...a, source: labels[i + 1], color: COLORS[(i + 1) % COLORS.length] })))];
-    data.shownPanels = data.panels.map((p) => overlaid(p, [{ label: labels[0], panel: p },
-      ...others.map((s, i) => ({ label: labels[i + 1],
-                                 panel: s.data.panels.find((q) => q.title === p.title) || null }))]));
+      ...a, source: labels[i + 1], si: i + 1, color: COLORS[(i + 1) % COLORS.length] })))];
+    shownPanels = data.panels.map((p) => aligned(p, [{ label: labels[0], panel: p, start: data.start_time },
+      ...others.map((s, i) => ({ label: labels[i + 1], start: s.data.start_time,
+                                 panel: s.data.panels.find((q) => q.title === p.title) || null }))], cv));
   }
-  for (const panel of data.shownPanels || data.panels) {
-    const chart = makeChart(panel, alerts, width, zoomTo);
+  for (const panel of shownPanels) {
+    const chart = makeChart(panel, alerts, width, zoomTo, where);
     grid.append(chart.rlmon.panelEl);
     page.charts.push(chart);
   }
-  renderRunInfo();
 }
 
 function renderRunInfo() {
@@ -683,23 +908,38 @@ async function refreshRun(stream) {
                                 { ...run.where, from: run.lastShown + 1, to: "" }, run.where.m);
   if (page.run !== run) return;
   const titles = (d) => d.panels.map((p) => p.title).join("|");
-  const tooMany = page.charts.some((c) => c.data[0].length + fresh.shown_steps > 4 * 2 * run.data.points);
+  const tooMany = page.charts.some((c) => c.data[0].length + fresh.shown_steps > 4 * 2 * run.data.points) ||
+    page.charts.length !== fresh.panels.length;
   if (titles(fresh) !== titles(run.data) || tooMany) { await route(); return; }
   run.data.alerts.push(...fresh.alerts);
+  let redraw = false;
   fresh.panels.forEach((p, i) => {
-    const chart = page.charts[i];
-    const data = chart.data.map((col, j) => col.concat(j === 0 ? p.x : p.y[j - 1]));
-    chart.rlmon.state.alerts = run.data.alerts;
+    const model = run.data.panels[i];
+    const before = model.x.length;
+    model.x.push(...p.x);
+    model.t = [...(model.t || new Array(before).fill(null)), ...(p.t || new Array(p.x.length).fill(null))];
+    p.y.forEach((ys, j) => { model.y[j].push(...ys); });
+    model.spread = (model.spread || []).length ? model.spread : p.metrics.map(() => null);
+    p.metrics.forEach((_, j) => {
+      const add = (p.spread || [])[j];
+      const known = model.spread[j];
+      if (!add && !known) return;
+      const nulls = (n) => new Array(n).fill(null);
+      model.spread[j] = {
+        min: [...(known ? known.min : nulls(before)), ...(add ? add.min : nulls(p.x.length))],
+        max: [...(known ? known.max : nulls(before)), ...(add ? add.max : nulls(p.x.length))] };
+    });
     p.nonfinite.forEach((n, j) => {
-      const known = chart.rlmon.state.nonfinite[j];
+      const known = model.nonfinite[j];
       known.count += n.count;
       known.x.push(...n.x);
       known.value.push(...n.value);
     });
-    relabel(chart);
-    countPoints(chart.rlmon.panelEl, data);
-    chart.setData(data);
+    const chart = page.charts[i];
+    chart.rlmon.state.alerts = run.data.alerts;
+    if (!chart.rlmon.update({ ...model, start: run.data.start_time })) redraw = true;
   });
+  if (redraw) drawPanels();
   Object.assign(run.data, { to: fresh.to, last_step: fresh.last_step, steps: fresh.steps,
                             shown_steps: run.data.shown_steps + fresh.shown_steps });
   run.lastShown = fresh.to;
@@ -852,16 +1092,16 @@ async function showDiff(where, current) {
     rows.length ? el("table", { id: "diff-metrics" }, el("thead", {}, el("tr", {},
       ["metric", "parts at step", d.a.run, d.b.run, "how far"].map((h) => el("th", {}, h)))), el("tbody", {}, rows))
       : el("p", { class: "muted" }, "no metric parts ways beyond the runs' own noise"),
-    settings.length ? el("h2", {}, "settings that differ") : null,
-    settings.length ? el("table", { id: "diff-settings" }, el("tbody", {}, settings)) : null,
+    ...(settings.length ? [el("h2", {}, "settings that differ"),
+                           el("table", { id: "diff-settings" }, el("tbody", {}, settings))] : []),
     grid);
   const width = chartWidth();
   for (const [name, c] of Object.entries(d.curves)) {
-    const panel = overlaid({ title: name, unit: "", metrics: [name], help: [] }, [d.a, d.b].map((r, i) => {
+    const panel = aligned({ title: name, unit: "", metrics: [name], help: [] }, [d.a, d.b].map((r, i) => {
       const pts = i ? c.b : c.a;
       return { label: r.run, panel: { metrics: [name], x: pts.map((p) => p[0]), y: [pts.map((p) => p[1])],
                                       nonfinite: [{ count: 0, x: [], value: [] }] } };
-    }));
+    }), PLAIN);
     const onsets = d.metrics.filter((m) => m.metric === name && m.diverged).map((m) => ({
       step: m.onset, alert: "parts ways", state: "firing", severity: "warning", metric: name }));
     const chart = makeChart(panel, onsets, width, () => {});
