@@ -146,3 +146,131 @@ def test_runs_table_sorts_filters_searches_and_keeps_the_view_in_the_address(
         page.evaluate("() => { document.getElementById('runs-columns').open = true; }")
         page.screenshot(path=str(DOCS / "runs-table.png"), clip={
             "x": 0, "y": 0, "width": 1400, "height": 520})
+
+
+def chart_of(tab: Any, selector: str) -> dict[str, Any]:
+    return dict(tab.evaluate("""(sel) => {
+        const u = window.rlmonCharts().find(c => c.rlmon.panelEl.matches(sel));
+        return { data: u.data, labels: u.series.map(s => s.label),
+                 strokes: u.series.slice(1).map(s => String(s._stroke || s.stroke())),
+                 distr: u.scales.y.distr, xTime: u.scales.x.time,
+                 bands: (u.bands || []).map(b => b.series), offset: u.rlmon.state.offset };
+    }""", selector))
+
+
+def ema(values: list[float | None], weight: float) -> list[float | None]:
+    """TensorBoard's smoothing (a debiased exponential moving average), gaps kept."""
+    out: list[float | None] = []
+    last, n = 0.0, 0
+    for v in values:
+        if v is None:
+            out.append(None)
+            continue
+        last = last * weight + (1 - weight) * v
+        n += 1
+        out.append(last / (1 - weight ** n))
+    return out
+
+
+def test_curves_smooth_log_time_axes_and_the_rank_band_as_drawn(
+        page: Any, service: ServiceCore, records: list[StepRecord]) -> None:
+    import json
+    import urllib.request
+
+    # every step with a timeline of 4 ranks: the slowest rank 0.3 s behind the others (the
+    # step's time is the slowest rank's)
+    service.publish([with_timeline(replace(r, run="banded", metrics={
+        **r.metrics, "perf/step_seconds": 1.8})) for r in records if r.role == "actor"])
+    with urllib.request.urlopen(f"http://127.0.0.1:{service.port}/api/curves?run=banded"
+                                "&role=actor", timeout=10) as resp:
+        want = json.loads(resp.read())
+    panels = {p["metrics"][0]: p for p in want["panels"]}
+    kl, step_time = panels["actor/kl"], panels["perf/step_seconds"]
+    assert kl["t"] == [T0 + 10 * s for s in kl["x"]] and want["start_time"] == T0
+    assert step_time["spread"] == [{"min": [1.5] * 30, "max": [pytest.approx(1.8)] * 30}]
+    assert kl["spread"] == [None]
+    page.goto(page.base + "#/run/banded?role=actor")
+    kl_sel = "#panels .panel[data-metrics='actor/kl']"
+    page.wait_for_selector(kl_sel + "[data-onsets]")
+    plain = chart_of(page, kl_sel)
+    assert plain["data"] == [kl["x"], kl["y"][0]] and plain["offset"] == 0
+
+    # smoothing: the smoothed curve in the series' colour, the raw values faint behind it
+    page.eval_on_selector("#curve-smooth", "e => { e.value = '0.6'; "
+                          "e.dispatchEvent(new Event('input')); }")
+    page.wait_for_selector(kl_sel + "[data-smooth='0.6']")
+    smoothed = chart_of(page, kl_sel)
+    x, raw, main = smoothed["data"]
+    assert x == kl["x"] and raw == kl["y"][0]
+    assert main == [pytest.approx(v) for v in ema(kl["y"][0], 0.6)]
+    assert smoothed["labels"][1:] == ["actor/kl (raw)", "actor/kl"]
+    assert smoothed["strokes"][0] == smoothed["strokes"][1] + "40"  # the same colour, faint
+    assert "smooth=0.6" in page.url
+    # a log scale
+    page.check("#curve-log")
+    page.wait_for_function(f"() => window.rlmonCharts().find(c => c.rlmon.panelEl.matches("
+                           f"\"{kl_sel}\")).scales.y.distr === 3")
+    assert "log=1" in page.url
+    # time since the start: each point at its step's time; the alert lines follow their steps
+    page.select_option("#curve-x", "relative")
+    page.wait_for_function(f"() => window.rlmonCharts().find(c => c.rlmon.panelEl.matches("
+                           f"\"{kl_sel}\")).data[0][1] === 10")
+    relative = chart_of(page, kl_sel)
+    assert relative["data"][0] == [pytest.approx(10.0 * s) for s in kl["x"]]
+    assert relative["labels"][0] == "time since start" and not relative["xTime"]
+    onset_pixels = page.evaluate("""(sel) => {
+        const u = window.rlmonCharts().find(c => c.rlmon.panelEl.matches(sel));
+        const out = {};
+        for (const step of [6, 10, 20]) {
+            const x = Math.round(u.valToPos(10 * step, 'x', true));
+            let hits = 0;
+            for (let y = u.bbox.top + 40; y < u.bbox.top + u.bbox.height; y += 2) {
+                const [r, g, b] = u.ctx.getImageData(x, y, 1, 1).data;
+                if (r > 150 && b < 80 && (g > 100 || r > 180)) hits++;
+            }
+            out[step] = hits;
+        }
+        return out;
+    }""", kl_sel)
+    assert onset_pixels["6"] > 10 and onset_pixels["10"] > 10 and onset_pixels["20"] == 0
+    page.select_option("#curve-x", "wall")
+    page.wait_for_function(f"() => window.rlmonCharts().find(c => c.rlmon.panelEl.matches("
+                           f"\"{kl_sel}\")).scales.x.time === true")
+    assert chart_of(page, kl_sel)["data"][0] == kl["t"]
+    assert "x=wall" in page.url
+
+    # the address restores the view in another tab
+    other = page.context.new_page()
+    other.goto(page.url)
+    other.wait_for_selector(kl_sel + "[data-smooth='0.6']")
+    assert other.input_value("#curve-x") == "wall" and other.is_checked("#curve-log")
+    assert chart_of(other, kl_sel)["data"] == chart_of(page, kl_sel)["data"]
+    other.close()
+
+    # the step time's spread across ranks: a band between the fastest and the slowest rank
+    page.goto(page.base + "#/run/banded?role=actor")
+    band_sel = "#panels .panel[data-metrics='perf/step_seconds']"
+    page.wait_for_selector(band_sel + "[data-bands='1']")
+    band = chart_of(page, band_sel)
+    assert band["data"][1] == step_time["spread"][0]["min"]
+    assert band["data"][2] == step_time["spread"][0]["max"]
+    assert band["bands"] == [[2, 1]] and band["data"][3] == step_time["y"][0]
+    filled = page.evaluate("""(sel) => {
+        // the band's fill between its edges, none above it
+        const u = window.rlmonCharts().find(c => c.rlmon.panelEl.matches(sel));
+        const x = Math.round(u.valToPos(15, 'x', true));
+        const inside = Math.round((u.valToPos(1.5, 'y', true) + u.valToPos(1.8, 'y', true)) / 2);
+        const above = Math.round(u.valToPos(1.8, 'y', true)) - 6;
+        const px = (y) => [...u.ctx.getImageData(x, y, 1, 1).data];
+        return { inside: px(inside), above: px(above) };
+    }""", band_sel)
+    r, _g, b, alpha = filled["inside"]
+    assert b > r + 60 and 30 < alpha < 120  # the series' blue, faint (over the white panel)
+    assert filled["above"][3] < 30  # nothing drawn above the slowest rank but the grid
+    assert "band: the fastest and the slowest rank" in page.inner_text(band_sel + " .marks")
+    if os.environ.get("RLMON_UPDATE_SCREENSHOT") == "1":
+        # the step time picked to the top, so that its band shows beside a smoothed curve
+        page.goto(page.base + "#/run/banded?role=actor&m=perf%2Fstep_seconds&smooth=0.6")
+        page.wait_for_selector(band_sel + "[data-picked][data-bands='1'][data-smooth='0.6']")
+        page.screenshot(path=str(DOCS / "curve-controls.png"), clip={
+            "x": 0, "y": 0, "width": 1400, "height": 720})
