@@ -1019,17 +1019,50 @@ function timelineView(timeline) {
   return root;
 }
 
+async function escalation(a) {
+  // the alert's severity now: its latest firing transition from the onset to its resolve (a
+  // warning that escalated is critical), unless the alert's own answer says it
+  if (a.current_severity) return { severity: a.current_severity, from: a.escalated_from || "", step: null };
+  const transitions = await api("curves", { run: a.run, role: a.role, attempt: a.attempt, from: a.onset,
+                                            to: a.resolved ?? "", metrics: a.metric || undefined })
+    .then((d) => d.alerts).catch(() => []);
+  const firings = transitions.filter((t) => t.alert === a.alert && t.state === "firing" && t.step >= a.onset);
+  const last = firings[firings.length - 1];
+  if (!last || last.severity === a.severity) return { severity: a.severity, from: "", step: null };
+  return { severity: last.severity, from: a.severity, step: last.step };
+}
+
+function costText(a) {
+  // what the condition has cost: the answer's cost (an object with its text, or a text), else
+  // its GPU-hours and money
+  const c = a.cost;
+  if (c && typeof c === "object") return c.text || (c.gpu_hours != null ? fmt(c.gpu_hours) + " GPU-hours" : "");
+  if (c) return String(c);
+  if (a.cost_note) return a.cost_note;
+  if (a.gpu_hours != null) return fmt(a.gpu_hours) + " GPU-hours" + (a.money != null ? " (" + fmt(a.money) + ")" : "");
+  return "";
+}
+
 async function showAlert(where, current) {
   const a = await api("alert", { run: where.run, role: where.role, alert: where.alert, step: where.step });
   if (!current()) return;
+  const now = await escalation(a);
+  if (!current()) return;
   const state = a.firing ? el("span", { class: "badge firing" }, "firing since step " + a.onset)
     : el("span", { class: "badge resolved" }, "fired at step " + a.onset + ", resolved at step " + a.resolved);
+  const severity = now.from ? now.severity + " (escalated from " + now.from +
+    (now.step !== null ? " at step " + now.step : "") + ")" : now.severity;
+  const change = Array.isArray(a.what_to_change) ? a.what_to_change.join("\n") : a.what_to_change;
   const parts = [
-    el("h1", {}, a.alert + " ", el("span", { class: "badge " + a.severity }, a.severity), " ", state),
+    el("h1", {}, a.alert + " ", el("span", { class: "badge " + now.severity, id: "alert-severity" }, now.severity),
+       " ", state),
     el("p", {}, runLink(a.run, a.role, "run " + a.run + " / " + a.role)),
-    facts([["condition", a.condition], ["summary", a.summary], ["metric", a.metric],
+    facts([["severity", severity], ["condition", a.condition], ["summary", a.summary], ["metric", a.metric],
            ["value at onset", fmt(a.value)], ["what it measures", a.help],
            ["what to check", a.what_to_check],
+           ["what to change", change ? el("span", { id: "what-to-change", class: "prewrap" }, change) : ""],
+           ["what moved first", a.first_moved ? el("span", { id: "first-moved" }, a.first_moved) : ""],
+           ["cost so far", costText(a) ? el("span", { id: "alert-cost" }, costText(a)) : ""],
            ["run state", a.liveness ? a.liveness.state + " since " +
              new Date(a.liveness.since * 1000).toLocaleString() : ""],
            ["where the ranks are", a.liveness && a.liveness.detail ?
