@@ -6,7 +6,7 @@ the store is a file), so a slow request never holds the lock the alert path writ
 - ``GET /api/runs``: every run (its state, start, duration, GPUs, cost, settings, firing
   alerts) with its roles beneath (each role's state, last step, ranks reporting, alerts)
 - ``GET /api/curves?run=R&role=A[&from=S&to=S&points=N]``: the key curves, downsampled, with the
-  alert transitions in the range
+  alert transitions in the range, each point's time and the step time's spread across ranks
 - ``GET /api/curves?...&metrics=M1%0AM2``: those metrics instead, one panel each (any metric
   the stream reported: the key curves from their packed rows, others from the step lines)
 - ``GET /api/metrics?run=R&role=A[&attempt=N]``: every metric the stream reported, its attempts
@@ -467,16 +467,13 @@ class WebApi:
         ``perf/step_seconds`` (the step's value is the slowest rank's)."""
         if not steps:
             return {}
-        out = {}
-        for step, text in self.store.read(
-                "SELECT step, data FROM timelines WHERE run = ? AND role = ? AND attempt = ? AND "
-                "step IN (SELECT value FROM json_each(?))",
-                (run, role, attempt, json.dumps(list(steps)))):
-            ranks = json.loads(text)["ranks"]
-            if len(ranks) >= 2:
-                seconds = [(int(r["end"]) - int(r["start"])) / 1e9 for r in ranks]
-                out[int(step)] = (min(seconds), max(seconds))
-        return out
+        # SQLite reads each rank's start and end (no Python object per span)
+        return {int(step): (lo / 1e9, hi / 1e9) for step, lo, hi, ranks in self.store.read(
+            "SELECT t.step, MIN(json_extract(r.value, '$.end') - json_extract(r.value, '$.start')),"
+            " MAX(json_extract(r.value, '$.end') - json_extract(r.value, '$.start')), COUNT(*) "
+            "FROM timelines t, json_each(t.data, '$.ranks') r WHERE t.run = ? AND t.role = ? AND "
+            "t.attempt = ? AND t.step IN (SELECT value FROM json_each(?)) GROUP BY t.step",
+            (run, role, attempt, json.dumps(list(steps)))) if ranks >= 2}
 
     def _columns(self, run: str, role: str, attempt: int, metrics: tuple[str, ...]) -> Columns:
         """The columns of ``metrics``: the key curves from the packed rows, any other metric
