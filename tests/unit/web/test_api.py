@@ -376,3 +376,27 @@ def test_diff_answers_what_rlmon_diff_finds_for_two_stored_runs(
     assert entropy["diverged"] and 12 <= entropy["onset"] <= 16
     status, body, _ = get(service, f"/api/diff?a={RUN}&b=nothing")
     assert status == 404 and body["error"].startswith("b: no steps of run 'nothing'")
+
+
+def test_curves_give_each_points_time_and_the_step_times_spread_across_ranks(
+        service: ServiceCore, records: list[StepRecord]) -> None:
+    from tests.support.web_support import with_timeline
+
+    actor = [r for r in records if r.role == "actor"]
+    # timelines of 4 ranks at even steps (the last rank 0.3 s slower), of 1 rank at step 1
+    service.publish([replace(with_timeline(r) if r.step % 2 == 0 else with_timeline(r, ranks=1)
+                             if r.step == 1 else r, run="timed", finalized_at=1000.0 + 5 * r.step)
+                     for r in actor])
+    _, body, _ = get(service, "/api/curves?run=timed&role=actor")
+    assert body["start_time"] == 1000.0
+    panels = {p["metrics"][0]: p for p in body["panels"]}
+    assert all(p["t"] == [1000.0 + 5 * s for s in p["x"]] for p in body["panels"])
+    spread = panels["perf/step_seconds"]["spread"]
+    assert spread == [{"min": [1.5 if s % 2 == 0 else None for s in range(30)],
+                       "max": [pytest.approx(1.8) if s % 2 == 0 else None for s in range(30)]}]
+    assert panels["actor/kl"]["spread"] == [None]  # no per-rank values stored
+    # a zoom: the same, for its steps
+    _, zoom, _ = get(service, "/api/curves?run=timed&role=actor&from=10&to=13")
+    zoomed = {p["metrics"][0]: p for p in zoom["panels"]}["perf/step_seconds"]
+    assert zoomed["t"] == [1050.0, 1055.0, 1060.0, 1065.0] and zoom["start_time"] == 1000.0
+    assert zoomed["spread"][0]["min"] == [1.5, None, 1.5, None]
