@@ -627,7 +627,10 @@ function axisWidth(u, values) {
 }
 
 function makeChart(panel, alerts, width, onZoom, where) {
-  const cv = curveView(where || PLAIN);
+  let cv = curveView(where || PLAIN);
+  // nothing above 0 to draw on a log scale (a loss, a count of 0): this panel stays linear
+  const noLog = cv.log && !panel.y.some((ys) => ys.some((v) => v !== null && v > 0));
+  if (noLog) cv = { ...cv, log: false };
   const panelEl = el("div", { class: "panel", "data-title": panel.title,
                               "data-metrics": panel.metrics.join(","),
                               "data-picked": panel.picked ? "1" : null });
@@ -704,7 +707,8 @@ function makeChart(panel, alerts, width, onZoom, where) {
   relabel(chart);
   const help = panel.help.filter((h) => h).join(" / ");
   const notes = [help, drawn.bands.length ? "band: the fastest and the slowest rank" : "",
-                 drawn.hidden ? drawn.hidden + " values <= 0 not drawn on the log scale" : ""];
+                 drawn.hidden ? drawn.hidden + " values <= 0 not drawn on the log scale" : "",
+                 noLog ? "linear: no value above 0 for a log scale" : ""];
   panelEl.append(el("div", { class: "marks muted", title: help }, notes.filter((n) => n).join(" / ")));
   return chart;
 }
