@@ -415,7 +415,12 @@ class WebApi:
             kept[panel] = downsample(shown.steps, [shown.values[m] for m in panel.metrics],
                                      buckets)
         steps_kept = sorted({int(s) for keep in kept.values() for s in shown.steps[keep]})
-        times = self._times(run, role, attempt, steps_kept)
+        start_time = (self._times(run, role, attempt, [total_first]).get(total_first)
+                      if total_first is not None else None)
+        # seconds since the stream's first step, to the millisecond (a third of a unix time's
+        # digits in the answer)
+        times = {s: None if at is None or start_time is None else round(at - start_time, 3)
+                 for s, at in self._times(run, role, attempt, steps_kept).items()}
         spread_of = {m: self._rank_spread(run, role, attempt, steps_kept)
                      for m in metrics if m == catalog.STEP_SECONDS}
         for panel in panels:
@@ -442,8 +447,7 @@ class WebApi:
         return {
             "run": run, "role": role, "attempt": attempt, "attempts": attempts, "roles": roles,
             "first_step": total_first, "last_step": total_last, "steps": len(cols.steps),
-            "start_time": self._times(run, role, attempt, [total_first]).get(total_first)
-            if total_first is not None else None,
+            "start_time": start_time,
             "from": lo, "to": hi, "shown_steps": len(shown.steps), "points": buckets,
             "panels": out_panels,
             "alerts": self._transitions(run, role, attempt, lo, hi),

@@ -403,12 +403,12 @@ function ema(ys, weight) {
 }
 
 function pointX(src, i, cv) {
-  // a point's place on the x axis: its step, or its step's finalization time (wall, or since
-  // the source run's first step)
+  // a point's place on the x axis: its step, or its step's finalization time (seconds since
+  // the source run's first step, or wall time)
   if (cv.x === "step") return src.panel.x[i];
   const t = src.panel.t ? src.panel.t[i] : null;
-  if (t === null || t === undefined) return null;
-  return cv.x === "wall" ? t : t - (src.start ?? t);
+  if (t === null || t === undefined || (cv.x === "wall" && (src.start === null || src.start === undefined))) return null;
+  return cv.x === "wall" ? src.start + t : t;
 }
 
 function aligned(panel, sources, cv) {
