@@ -74,6 +74,8 @@ _KEY_METRICS = tuple(m for p in PANELS for m in p.metrics)
 _MAX_OTHER = 12  # a role without any key metric shows up to this many of its own
 _AROUND = 20  # steps either side of an alert's onset
 _MAX_PICKED = 24  # metrics picked by name in one request
+_TIMED_STREAMS = 8  # streams whose points' times are kept (a dict of the points drawn each)
+_TIMES_KEPT = 50_000  # points' times kept per stream
 _NAMES_STEPS = 500  # steps a query of the metrics' names reads (a wait of tens of ms for others)
 # every metric and non-finite value's name in a stream's steps (after, last]: bound parameters
 _METRIC_NAMES = (
@@ -188,6 +190,8 @@ class WebApi:
         # every metric name of a stream, read once and then from its new steps only
         self._names: dict[tuple[str, str, int], tuple[int, frozenset[str]]] = {}
         self._names_lock = threading.Lock()
+        # each point's finalization time, per stream (also under _names_lock)
+        self._step_times: dict[tuple[str, str, int], dict[int, float | None]] = {}
 
     def handle(self, path: str, params: Mapping[str, str]) -> tuple[str, bytes]:
         """(content type, body) of ``GET path``; raises :class:`ApiError`."""
@@ -456,13 +460,25 @@ class WebApi:
     def _times(self, run: str, role: str, attempt: int, steps: Sequence[int],
                ) -> dict[int, float | None]:
         """When each of ``steps`` was finalized (unix seconds): a seek in the steps' primary key
-        per step, never a scan of the stream's lines (the steps are bound as one JSON array)."""
-        if not steps:
-            return {}
-        return {int(step): at for step, at in self.store.read(
-            "SELECT step, finalized_at FROM steps WHERE run = ? AND role = ? AND attempt = ? AND "
-            "step IN (SELECT value FROM json_each(?))",
-            (run, role, attempt, json.dumps(list(steps))))}
+        per step not asked for before, never a scan of the stream's lines (the steps are bound
+        as one JSON array); a finalized step's time never changes, so it is kept (the streams
+        last asked for)."""
+        key = (run, role, attempt)
+        with self._names_lock:
+            known = self._step_times.pop(key, {})
+            if len(known) > _TIMES_KEPT:  # many zooms of a long run: start again
+                known = {}
+            self._step_times[key] = known  # the most recently asked for last
+            while len(self._step_times) > _TIMED_STREAMS:
+                self._step_times.pop(next(iter(self._step_times)))
+        missing = [s for s in steps if s not in known]
+        if missing:
+            found = {int(step): at for step, at in self.store.read(
+                "SELECT step, finalized_at FROM steps WHERE run = ? AND role = ? AND attempt = ? "
+                "AND step IN (SELECT value FROM json_each(?))",
+                (run, role, attempt, json.dumps(missing)))}
+            known.update(found)
+        return {s: known.get(s) for s in steps}
 
     def _rank_spread(self, run: str, role: str, attempt: int, steps: Sequence[int],
                      ) -> dict[int, tuple[float, float]]:
