@@ -139,6 +139,9 @@ def test_runs_table_sorts_filters_searches_and_keeps_the_view_in_the_address(
     page.wait_for_function("() => document.querySelectorAll('#runs tr.run-row').length === 3")
     assert shown_runs(page) == sorted([RUN, "ppo-long", "grpo-short"])
     assert page.input_value("#runs-search") == ""
+    page.click("#runs th[data-col=state]")  # the worst first
+    page.wait_for_function("() => location.hash.includes('sort=state')")
+    assert shown_runs(page) == ["ppo-long", "grpo-short", RUN]
     if os.environ.get("RLMON_UPDATE_SCREENSHOT") == "1":
         page.goto(page.base + "#/?sort=-duration&cols=state,start,duration,last_step,gpus,cost,"
                   "alerts,framework,set:algorithm,set:dp")

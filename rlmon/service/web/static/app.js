@@ -169,7 +169,7 @@ async function route() {
 // the runs table's columns: value (sorting and search), cell (what is shown), role (a role's
 // row beneath, where the column means something for one role); "set:<key>": a reported setting
 const RUN_COLUMNS = [
-  { key: "state", label: "state", value: (r) => r.state, cell: (r, d) => stateBadge(r.state, d),
+  { key: "state", label: "state", value: (r) => worstFirst(r.state), cell: (r, d) => stateBadge(r.state, d),
     role: (s, d) => stateBadge(s.state, d) },
   { key: "start", label: "start", value: (r) => r.start, cell: (r) => when(r.start) },
   { key: "duration", label: "duration", num: true, value: (r) => r.duration_seconds,
@@ -337,6 +337,14 @@ function runsControls(data, v, onChange) {
 }
 
 const STATE_ORDER = ["running", "slow", "stalled", "frozen", "finished", "failed", "preempted", "dead"];
+
+function worstFirst(state) {
+  // sorting by state puts the worst first (as the run's state is its worst role's); a state
+  // added later just above running, unknown last
+  const order = ["failed", "preempted", "dead", "frozen", "stalled", "slow", "running", "finished"];
+  const i = order.indexOf(state);
+  return i >= 0 ? i : state === "unknown" ? order.length : order.indexOf("running") - 0.5;
+}
 
 function drawRuns(data, navigated) {
   // the table from the address's view; the controls stay (a poll or a keystroke redraws the table
