@@ -253,7 +253,12 @@ def test_curves_smooth_log_time_axes_and_the_rank_band_as_drawn(
     # the step time's spread across ranks: a band between the fastest and the slowest rank
     page.goto(page.base + "#/run/banded?role=actor")
     band_sel = "#panels .panel[data-metrics='perf/step_seconds']"
-    page.wait_for_selector(band_sel + "[data-bands='1']")
+    # the panels drawn anew, by step and linear (not the view navigated from, still shown
+    # until the new one is drawn)
+    page.wait_for_function(f"""() => {{ const u = window.rlmonCharts().find(
+        c => c.rlmon.panelEl.matches("{band_sel}"));
+        return u && u.rlmon.panelEl.dataset.bands === '1' && u.rlmon.cv.x === 'step'
+            && !u.rlmon.cv.log && u.rlmon.cv.smooth === 0; }}""")
     band = chart_of(page, band_sel)
     assert band["data"][1] == step_time["spread"][0]["min"]
     assert band["data"][2] == step_time["spread"][0]["max"]
