@@ -385,15 +385,18 @@ def test_the_alert_view_shows_the_current_severity_of_an_escalated_alert(page: A
 
 def test_the_alert_view_shows_what_to_change_what_moved_first_and_the_cost_when_given(
         page: Any) -> None:
-    """The alert API is being extended with these fields (issue 39); the page shows them when
-    the answer holds them. Here the service's real answer is extended on its way to the page
-    (Playwright's route), the one part of this test that is not the service's own."""
+    """The alert API is being extended with these fields (issue 39, under their names there);
+    the page shows them when the answer holds them. Here the service's real answer is extended
+    on its way to the page (Playwright's route), the one part of this test that is not the
+    service's own."""
     import json
 
-    extra = {"current_severity": "critical", "escalated_from": "warning",
+    extra = {"severity": "critical", "first_severity": "warning", "escalated_at": 14,
+             "critical_condition": "actor/logp_diff > 1.0",
              "what_to_change": "openrlhf: --vllm_sync_backend nccl (weights out of sync)",
              "first_moved": "actor/is_ratio_max left its baseline at step 4",
-             "cost": {"text": "1.2 GPU-hours (3.00 USD) since step 6", "gpu_hours": 1.2}}
+             "cost": {"gpu_hours": 1.2, "money": 3.0,
+                      "note": "1.2 GPU-hours (3.00 USD) since step 6"}}
 
     def extend(route: Any) -> None:
         answer = route.fetch()
@@ -403,8 +406,9 @@ def test_the_alert_view_shows_what_to_change_what_moved_first_and_the_cost_when_
     page.goto(page.base + f"#/alert/{RUN}/actor/LogprobMismatch/6")
     page.wait_for_selector("dl.facts")
     facts = page.inner_text("dl.facts")
-    for shown in (extra["what_to_change"], extra["first_moved"],
-                  "1.2 GPU-hours (3.00 USD) since step 6", "critical (escalated from warning)"):
+    for shown in (extra["what_to_change"], extra["first_moved"], "actor/logp_diff > 1.0",
+                  "1.2 GPU-hours (3.00 USD) since step 6",
+                  "critical (escalated from warning at step 14)"):
         assert shown in facts
     assert page.inner_text("h1 .badge") == "critical"
     assert page.inner_text("#first-moved") == extra["first_moved"]

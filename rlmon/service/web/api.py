@@ -284,12 +284,12 @@ class WebApi:
             else None,
             "goodput": _number(goodput) if goodput is not None else None,
             "firing": [a for r in roles for a in r["firing"]],
-            "framework": info.get("framework") or self._framework(run, roles),
+            "framework": info.get("framework") or self._relayed_framework(run, roles),
             "settings": settings,
             "roles": roles,
         }
 
-    def _framework(self, run: str, roles: list[dict[str, Any]]) -> str:
+    def _relayed_framework(self, run: str, roles: list[dict[str, Any]]) -> str:
         """The framework a run's relayed names say (``openrlhf/...``), where the integration
         did not say it; "" for a home-grown loop."""
         for r in roles:

@@ -1032,9 +1032,12 @@ function timelineView(timeline) {
 }
 
 async function escalation(a) {
-  // the alert's severity now: its latest firing transition from the onset to its resolve (a
-  // warning that escalated is critical), unless the alert's own answer says it
-  if (a.current_severity) return { severity: a.current_severity, from: a.escalated_from || "", step: null };
+  // the alert's severity now (a warning that escalated is critical): the alert's answer says it
+  // with the severity it fired at; else its latest firing transition from the onset to its resolve
+  if (a.first_severity !== undefined) {
+    return { severity: a.severity, from: a.first_severity !== a.severity ? a.first_severity : "",
+             step: a.escalated_at ?? null };
+  }
   const transitions = await api("curves", { run: a.run, role: a.role, attempt: a.attempt, from: a.onset,
                                             to: a.resolved ?? "", metrics: a.metric || undefined })
     .then((d) => d.alerts).catch(() => []);
@@ -1045,14 +1048,11 @@ async function escalation(a) {
 }
 
 function costText(a) {
-  // what the condition has cost: the answer's cost (an object with its text, or a text), else
-  // its GPU-hours and money
+  // what the condition has cost so far: the answer's words, else its GPU-hours (and money)
   const c = a.cost;
-  if (c && typeof c === "object") return c.text || (c.gpu_hours != null ? fmt(c.gpu_hours) + " GPU-hours" : "");
-  if (c) return String(c);
-  if (a.cost_note) return a.cost_note;
-  if (a.gpu_hours != null) return fmt(a.gpu_hours) + " GPU-hours" + (a.money != null ? " (" + fmt(a.money) + ")" : "");
-  return "";
+  if (!c) return "";
+  if (c.note) return c.note;
+  return c.gpu_hours != null ? fmt(c.gpu_hours) + " GPU-hours" + (c.money != null ? " (" + fmt(c.money) + ")" : "") : "";
 }
 
 async function showAlert(where, current) {
@@ -1069,7 +1069,8 @@ async function showAlert(where, current) {
     el("h1", {}, a.alert + " ", el("span", { class: "badge " + now.severity, id: "alert-severity" }, now.severity),
        " ", state),
     el("p", {}, runLink(a.run, a.role, "run " + a.run + " / " + a.role)),
-    facts([["severity", severity], ["condition", a.condition], ["summary", a.summary], ["metric", a.metric],
+    facts([["severity", severity], ["condition", a.condition],
+           ["critical condition", a.critical_condition], ["summary", a.summary], ["metric", a.metric],
            ["value at onset", fmt(a.value)], ["what it measures", a.help],
            ["what to check", a.what_to_check],
            ["what to change", change ? el("span", { id: "what-to-change", class: "prewrap" }, change) : ""],
