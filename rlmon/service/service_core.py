@@ -56,6 +56,7 @@ __all__ = ["ServiceCore"]
 log = logging.getLogger("rlmon.sanity")
 _log = logging.getLogger("rlmon.service")
 _MAX_STOPS = 1_000  # stop decisions kept in memory (the newest; all are in the history store)
+_UNSAID = RunInfo().labels()  # a run's settings at these values were not reported
 
 
 def _run_info(info: RunInfo | Mapping[str, Any]) -> RunInfo:
@@ -215,7 +216,11 @@ class ServiceCore:
                          "RLMON_EXPORTER__TOKEN (docs/page.md)", self.host)
         api = WebApi(reader, self.engine.rules, states=self.metrics.liveness_states,
                      goodput=lambda: {run: g for run, (_s, g, _m) in
-                                      self.goodput.snapshot().items()})
+                                      self.goodput.snapshot().items()},
+                     run_info=lambda: {run: {k: v for k, v in info.labels().items()
+                                             if v != _UNSAID.get(k)}
+                                       for run, info in dict(self.run_info).items()},
+                     gpus=self.goodput.run_gpus, price=self.goodput.price)
         if state is not None:
             self._web_warmer = CacheWarmer(api)
         public = urlsplit(self.settings.run_page() or "").hostname

@@ -85,7 +85,8 @@ def pixels(png: bytes) -> np.ndarray:
     return np.asarray(image.imread(io.BytesIO(png), format="png"))
 
 
-def test_runs_table_lists_every_stream_of_the_run(page: Any, service: ServiceCore) -> None:
+def test_runs_table_lists_the_run_once_with_its_roles_beneath(page: Any,
+                                                              service: ServiceCore) -> None:
     from rlmon.service.liveness.run_state import LivenessView, RunState
 
     now = time.time()
@@ -93,14 +94,20 @@ def test_runs_table_lists_every_stream_of_the_run(page: Any, service: ServiceCor
                                    now - 300, now - 300, 1.0, 60.0, 1)])
     page.goto(page.base)
     page.wait_for_selector("#runs tbody tr")
-    rows = page.eval_on_selector_all("#runs tbody tr", """rows => rows.map(r => [
-        r.dataset.run, r.dataset.role, r.cells[2].textContent,
-        r.querySelector('.last-step').textContent, r.cells[5].textContent,
-        r.cells[6].textContent])""")
-    assert sorted(rows) == [
-        [RUN, "actor", "unknown", "29", "4 / 4", "ISRatioStaleLogprobMismatch"],
-        [RUN, "reward", "unknown", "29", "1 / 1", "none"],
-        [RUN, "rollout", "stalled", "29", "1 / 1", "PolicyLagGrowingRunStalled"],  # it pages
+    runs = page.eval_on_selector_all("#runs tr.run-row", """rows => rows.map(r => [
+        r.dataset.run, r.querySelector('[data-col=state]').textContent,
+        r.querySelector('[data-col=last_step]').textContent,
+        r.querySelector('[data-col=gpus]').textContent])""")
+    assert runs == [[RUN, "stalled", "29", "6"]]  # once, as bad as its worst role
+    rows = page.eval_on_selector_all("#runs tr.role-row", """rows => rows.map(r => [
+        r.dataset.run, r.dataset.role, r.querySelector('[data-col=state]').textContent,
+        r.querySelector('.last-step').textContent,
+        r.querySelector('[data-col=gpus]').textContent,
+        r.querySelector('[data-col=alerts]').textContent])""")
+    assert rows == [
+        [RUN, "actor", "unknown", "29", "4 / 4 ranks", "ISRatioStaleLogprobMismatch"],
+        [RUN, "reward", "unknown", "29", "1 / 1 ranks", "none"],
+        [RUN, "rollout", "stalled", "29", "1 / 1 ranks", "PolicyLagGrowingRunStalled"],  # it pages
     ]
     page.click("#runs tr[data-role=rollout] a:text('RunStalled')")
     page.wait_for_selector("dl.facts")

@@ -73,6 +73,12 @@ def test_demo_in_a_terminal_serves_its_run_page_until_ctrl_c(tmp_path: Path) -> 
             assert set(points) == {"16"}
             assert any(onsets), onsets  # the stale weights' alerts are marked
             png = tab.screenshot(full_page=True)
+            # the runs table lists the demo's run once, its roles beneath it
+            tab.goto(url.split("#")[0] + "#/")
+            tab.wait_for_selector("#runs tr.run-row")
+            runs = tab.eval_on_selector_all("#runs tr.run-row", "r => r.map(e => e.dataset.run)")
+            roles = tab.eval_on_selector_all("#runs tr.role-row", "r => r.map(e => e.dataset.run)")
+            assert len(runs) == 1 and len(roles) == 3 and set(roles) == set(runs), (runs, roles)
         (tmp_path / "run-page.png").write_bytes(png)
         if os.environ.get("RLMON_UPDATE_SCREENSHOT") == "1":
             DOCS_SCREENSHOT.write_bytes(png)

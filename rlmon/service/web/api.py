@@ -3,9 +3,10 @@
 Every answer is read from the history store through the reader's own connection (read-only when
 the store is a file), so a slow request never holds the lock the alert path writes under.
 
-- ``GET /api/runs``: every (run, role) with its state, last step, ranks reporting, firing alerts
+- ``GET /api/runs``: every run (its state, start, duration, GPUs, cost, settings, firing
+  alerts) with its roles beneath (each role's state, last step, ranks reporting, alerts)
 - ``GET /api/curves?run=R&role=A[&from=S&to=S&points=N]``: the key curves, downsampled, with the
-  alert transitions in the range
+  alert transitions in the range, each point's time and the step time's spread across ranks
 - ``GET /api/curves?...&metrics=M1%0AM2``: those metrics instead, one panel each (any metric
   the stream reported: the key curves from their packed rows, others from the step lines)
 - ``GET /api/metrics?run=R&role=A[&attempt=N]``: every metric the stream reported, its attempts
@@ -30,7 +31,10 @@ from typing import Any
 import numpy as np
 
 from rlmon.service.alerting.rules import Rule
-from rlmon.service.metrics import catalog
+from rlmon.service.goodput.cost import Price
+from rlmon.service.liveness.run_level import UNKNOWN, run_state
+from rlmon.service.liveness.run_state import RunState
+from rlmon.service.metrics import catalog, remedies
 from rlmon.service.storage import curve_rows
 from rlmon.service.storage.history import HistoryStore
 from rlmon.service.storage.stored_samples import items_to_json
@@ -40,6 +44,9 @@ __all__ = ["PANELS", "ApiError", "Panel", "WebApi", "alerts_json"]
 
 StreamStates = Callable[[], Mapping[tuple[str, str], str]]
 Goodput = Callable[[], Mapping[str, float]]
+RunInfos = Callable[[], Mapping[str, Mapping[str, str]]]  # run -> the settings it reported
+# the states in which a run still holds its GPUs: its duration (and cost) runs until now
+_HOLDING = frozenset({RunState.RUNNING, RunState.SLOW, RunState.STALLED, RunState.FROZEN})
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +74,8 @@ _KEY_METRICS = tuple(m for p in PANELS for m in p.metrics)
 _MAX_OTHER = 12  # a role without any key metric shows up to this many of its own
 _AROUND = 20  # steps either side of an alert's onset
 _MAX_PICKED = 24  # metrics picked by name in one request
+_TIMED_STREAMS = 8  # streams whose points' times are kept (a dict of the points drawn each)
+_TIMES_KEPT = 50_000  # points' times kept per stream
 _NAMES_STEPS = 500  # steps a query of the metrics' names reads (a wait of tens of ms for others)
 # every metric and non-finite value's name in a stream's steps (after, last]: bound parameters
 _METRIC_NAMES = (
@@ -132,6 +141,15 @@ def alerts_json(store: HistoryStore, run: str | None = None, firing_only: bool =
     return found
 
 
+def _aligned(spread: Mapping[int, tuple[float, float]], steps: Sequence[int],
+             ) -> dict[str, list[float | None]] | None:
+    """Per-rank extremes at ``steps`` (null where a step has none); None when none has."""
+    if not any(s in spread for s in steps):
+        return None
+    return {"min": [spread[s][0] if s in spread else None for s in steps],
+            "max": [spread[s][1] if s in spread else None for s in steps]}
+
+
 def _nonfinite(steps: Any, values: Any, reported: Any, buckets: int) -> dict[str, Any]:
     """Where a series reported NaN or ±inf (drawn as gaps, so the page marks them): how often,
     and the steps (the first of each of ``buckets`` equal step ranges when there are more)."""
@@ -152,20 +170,28 @@ class WebApi:
 
     def __init__(self, store: HistoryStore, rules: Sequence[Rule] = (), *,
                  states: StreamStates | None = None, goodput: Goodput | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 run_info: RunInfos | None = None, gpus: Callable[[str], float] | None = None,
+                 price: Price | None = None, clock: Callable[[], float] = time.time) -> None:
         """``store``: a reader's own (read-only) store. ``rules``: the engine's, for the
         conditions in words. ``states``: the liveness state per (run, role) once the service
         keeps one (else each shows ``unknown``, and the age of its last step says the rest);
-        ``goodput``: the productive fraction of each run's GPU time."""
+        ``goodput``: the productive fraction of each run's GPU time; ``run_info``: what each
+        run reported of itself (framework, parallelism, algorithm: the runs table's columns);
+        ``gpus``: a run's GPUs; ``price``: per GPU-hour, for the runs' cost."""
         self.store = store
         self.rules = {r.name: r for r in rules}
         self.states = states
         self.goodput = goodput
+        self.run_info = run_info
+        self.gpus = gpus
+        self.price = price
         self.clock = clock
         self.columns = ColumnCache(store)
         # every metric name of a stream, read once and then from its new steps only
         self._names: dict[tuple[str, str, int], tuple[int, frozenset[str]]] = {}
         self._names_lock = threading.Lock()
+        # each point's finalization time, per stream (also under _names_lock)
+        self._step_times: dict[tuple[str, str, int], dict[int, float | None]] = {}
 
     def handle(self, path: str, params: Mapping[str, str]) -> tuple[str, bytes]:
         """(content type, body) of ``GET path``; raises :class:`ApiError`."""
@@ -186,7 +212,7 @@ class WebApi:
     # --- runs ----------------------------------------------------------------------------------
 
     def runs(self, params: Mapping[str, str]) -> dict[str, Any]:
-        rows = self._streams()
+        """One row per run, its roles beneath (docs/page.md)."""
         firing: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for a in self.store.firing_alerts():
             firing.setdefault((a["run"], a["role"]), []).append(
@@ -198,26 +224,83 @@ class WebApi:
         if self.states is not None:
             states.update(self.states())
         goodput = dict(self.goodput()) if self.goodput is not None else {}
+        infos = dict(self.run_info()) if self.run_info is not None else {}
         now = self.clock()
-        out = []
-        for run, role, attempt, first, last in rows:
+        roles: dict[str, list[dict[str, Any]]] = {}
+        for run, role, attempt, first, last in self._streams():
             (reporting, expected, complete, last_time), = self.store.read(
                 "SELECT ranks_reporting, ranks_expected, complete, finalized_at FROM steps WHERE "
                 "run = ? AND role = ? AND attempt = ? AND step = ?", (run, role, attempt, last))
-            out.append({
+            (first_time,), = self.store.read(
+                "SELECT finalized_at FROM steps WHERE run = ? AND role = ? AND attempt = ? AND "
+                "step = ?", (run, role, attempt, first))
+            roles.setdefault(run, []).append({
                 "run": run, "role": role, "attempt": attempt,
-                "first_step": first, "last_step": last, "last_time": last_time,
+                "first_step": first, "last_step": last, "first_time": first_time,
+                "last_time": last_time,
                 "age_seconds": None if last_time is None else max(now - last_time, 0.0),
                 "ranks_reporting": reporting, "ranks_expected": expected,
                 "complete": bool(complete),
-                "state": states.get((run, role), "unknown"),
-                "goodput": _number(goodput[run]) if run in goodput else None,
-                "firing": firing.get((run, role), []),
+                "state": states.get((run, role), UNKNOWN),
+                "firing": [{**a, "role": role} for a in firing.get((run, role), [])],
             })
-        out.sort(key=lambda r: (-(r["last_time"] or 0.0), r["run"], r["role"]))
+        out = [self._run_row(run, rows, goodput.get(run), infos.get(run, {}), now)
+               for run, rows in roles.items()]
+        out.sort(key=lambda r: (-(r["last_time"] or 0.0), r["run"]))
         (latest,), = self.store.read("SELECT COALESCE(MAX(id), 0) FROM alerts")
         return {"runs": out, "alerts_seen": latest,
-                "states_known": self.states is not None or bool(states), "now": now}
+                "states_known": self.states is not None or bool(states), "now": now,
+                "settings": sorted({k for r in out for k in r["settings"]}),
+                "price": None if self.price is None or self.price.per_gpu_hour is None else {
+                    "per_gpu_hour": self.price.per_gpu_hour, "currency": self.price.currency}}
+
+    def _run_row(self, run: str, roles: list[dict[str, Any]], goodput: float | None,
+                 info: Mapping[str, str], now: float) -> dict[str, Any]:
+        """A run's row: its roles' worst state, its span in time, its GPUs and what they cost
+        (GPUs times the run's duration, as alerts are priced), its settings."""
+        roles.sort(key=lambda r: r["role"])
+        state = run_state(r["state"] for r in roles)
+        starts = [r["first_time"] for r in roles if r["first_time"] is not None]
+        ends = [r["last_time"] for r in roles if r["last_time"] is not None]
+        start = min(starts) if starts else None
+        last_time = max(ends) if ends else None
+        # a run that still holds its GPUs (running, slow, stalled, frozen) costs until now
+        end = now if state in _HOLDING else last_time
+        duration = max(end - start, 0.0) if start is not None and end is not None else None
+        gpus = self.gpus(run) if self.gpus is not None else None
+        gpus = gpus if gpus else None  # 0: the service has not counted the run's ranks yet
+        gpu_hours = gpus * duration / 3600 if gpus is not None and duration is not None else None
+        per_hour = self.price.per_gpu_hour if self.price is not None else None
+        settings = {k: v for k, v in info.items() if v != "" and k != "framework"}
+        return {
+            "run": run, "state": state, "attempt": max(r["attempt"] for r in roles),
+            "start": start, "last_time": last_time, "duration_seconds": duration,
+            "age_seconds": None if last_time is None else max(now - last_time, 0.0),
+            "first_step": min(r["first_step"] for r in roles),
+            "last_step": max(r["last_step"] for r in roles),
+            "ranks_expected": sum(r["ranks_expected"] for r in roles),
+            "gpus": gpus, "gpu_hours": gpu_hours,
+            "money": gpu_hours * per_hour if gpu_hours is not None and per_hour is not None
+            else None,
+            "goodput": _number(goodput) if goodput is not None else None,
+            "firing": [a for r in roles for a in r["firing"]],
+            "framework": info.get("framework") or self._relayed_framework(run, roles),
+            "settings": settings,
+            "roles": roles,
+        }
+
+    def _relayed_framework(self, run: str, roles: list[dict[str, Any]]) -> str:
+        """The framework a run's relayed names say (``openrlhf/...``), where the integration
+        did not say it; "" for a home-grown loop."""
+        for r in roles:
+            for (name,) in self.store.read(
+                    "SELECT j.key FROM steps s, json_each(s.line, '$.metrics') j WHERE s.run = ? "
+                    "AND s.role = ? AND s.attempt = ? AND s.step = ?",
+                    (run, r["role"], r["attempt"], r["last_step"])):
+                prefix, sep, _ = str(name).partition("/")
+                if sep and prefix in remedies.FRAMEWORKS:
+                    return prefix
+        return ""
 
     def _liveness(self, run: str | None = None) -> list[dict[str, Any]]:
         try:
@@ -253,7 +336,9 @@ class WebApi:
         """Read the key columns of the most recently active streams into the cache (their new
         steps only, after the first time), so that opening a long run is a warm request;
         returns how many streams it read."""
-        rows = [(r["run"], r["role"], r["attempt"]) for r in self.runs({})["runs"][:streams]]
+        rows = [(r["run"], r["role"], r["attempt"]) for r in sorted(
+            (s for run in self.runs({})["runs"] for s in run["roles"]),
+            key=lambda s: -(s["last_time"] or 0.0))[:streams]]
         for run, role, attempt in rows:
             panels = self._panels(run, role, attempt)
             self.columns.get(run, role, attempt,
@@ -329,17 +414,34 @@ class WebApi:
         total_last = int(cols.steps[-1]) if len(cols.steps) else None
         shown = cols.window(first, last)
         out_panels = []
+        kept = {}
+        for panel in panels:
+            kept[panel] = downsample(shown.steps, [shown.values[m] for m in panel.metrics],
+                                     buckets)
+        steps_kept = sorted({int(s) for keep in kept.values() for s in shown.steps[keep]})
+        start_time = (self._times(run, role, attempt, [total_first]).get(total_first)
+                      if total_first is not None else None)
+        # seconds since the stream's first step, to the millisecond (a third of a unix time's
+        # digits in the answer)
+        times = {s: None if at is None or start_time is None else round(at - start_time, 3)
+                 for s, at in self._times(run, role, attempt, steps_kept).items()}
+        spread_of = {m: self._rank_spread(run, role, attempt, steps_kept)
+                     for m in metrics if m == catalog.STEP_SECONDS}
         for panel in panels:
             series = [shown.values[m] for m in panel.metrics]
-            keep = downsample(shown.steps, series, buckets)
+            keep = kept[panel]
+            xs = shown.steps[keep].tolist()
             out_panels.append({
                 "title": panel.title,
                 "unit": catalog.get(panel.metrics[0]).unit.value
                 if catalog.lookup(panel.metrics[0]) else "",
                 "metrics": list(panel.metrics),
                 "help": [catalog.get(m).help if catalog.lookup(m) else "" for m in panel.metrics],
-                "x": shown.steps[keep].tolist(),
+                "x": xs,
+                "t": [times.get(x) for x in xs],
                 "y": [[_number(v) for v in s[keep].tolist()] for s in series],
+                "spread": [_aligned(spread_of[m], xs) if m in spread_of else None
+                           for m in panel.metrics],
                 "nonfinite": [_nonfinite(shown.steps, shown.values[m], shown.nonfinite[m],
                                          buckets) for m in panel.metrics],
             })
@@ -349,10 +451,49 @@ class WebApi:
         return {
             "run": run, "role": role, "attempt": attempt, "attempts": attempts, "roles": roles,
             "first_step": total_first, "last_step": total_last, "steps": len(cols.steps),
+            "start_time": start_time,
             "from": lo, "to": hi, "shown_steps": len(shown.steps), "points": buckets,
             "panels": out_panels,
             "alerts": self._transitions(run, role, attempt, lo, hi),
         }
+
+    def _times(self, run: str, role: str, attempt: int, steps: Sequence[int],
+               ) -> dict[int, float | None]:
+        """When each of ``steps`` was finalized (unix seconds): a seek in the steps' primary key
+        per step not asked for before, never a scan of the stream's lines (the steps are bound
+        as one JSON array); a finalized step's time never changes, so it is kept (the streams
+        last asked for)."""
+        key = (run, role, attempt)
+        with self._names_lock:
+            known = self._step_times.pop(key, {})
+            if len(known) > _TIMES_KEPT:  # many zooms of a long run: start again
+                known = {}
+            self._step_times[key] = known  # the most recently asked for last
+            while len(self._step_times) > _TIMED_STREAMS:
+                self._step_times.pop(next(iter(self._step_times)))
+        missing = [s for s in steps if s not in known]
+        if missing:
+            found = {int(step): at for step, at in self.store.read(
+                "SELECT step, finalized_at FROM steps WHERE run = ? AND role = ? AND attempt = ? "
+                "AND step IN (SELECT value FROM json_each(?))",
+                (run, role, attempt, json.dumps(missing)))}
+            known.update(found)
+        return {s: known.get(s) for s in steps}
+
+    def _rank_spread(self, run: str, role: str, attempt: int, steps: Sequence[int],
+                     ) -> dict[int, tuple[float, float]]:
+        """The fastest and slowest rank's step time at each of ``steps`` that stored a timeline
+        of two ranks or more: a rank's timeline spans its step, so its length is the rank's own
+        ``perf/step_seconds`` (the step's value is the slowest rank's)."""
+        if not steps:
+            return {}
+        # SQLite reads each rank's start and end (no Python object per span)
+        return {int(step): (lo / 1e9, hi / 1e9) for step, lo, hi, ranks in self.store.read(
+            "SELECT t.step, MIN(json_extract(r.value, '$.end') - json_extract(r.value, '$.start')),"
+            " MAX(json_extract(r.value, '$.end') - json_extract(r.value, '$.start')), COUNT(*) "
+            "FROM timelines t, json_each(t.data, '$.ranks') r WHERE t.run = ? AND t.role = ? AND "
+            "t.attempt = ? AND t.step IN (SELECT value FROM json_each(?)) GROUP BY t.step",
+            (run, role, attempt, json.dumps(list(steps)))) if ranks >= 2}
 
     def _columns(self, run: str, role: str, attempt: int, metrics: tuple[str, ...]) -> Columns:
         """The columns of ``metrics``: the key curves from the packed rows, any other metric

@@ -50,13 +50,18 @@ def get(core: ServiceCore, path: str, headers: dict[str, str] | None = None,
     return status, json.loads(body) if kind.startswith("application/json") else body, head
 
 
-def test_runs_lists_every_stream_with_its_last_step_ranks_and_firing_alerts(
-        service: ServiceCore) -> None:
+def roles_of(body: Any) -> dict[tuple[str, str], Any]:
+    return {(r["run"], s["role"]): s for r in body["runs"] for s in r["roles"]}
+
+
+def test_runs_lists_each_run_once_with_its_roles_beneath(service: ServiceCore) -> None:
     status, body, _ = get(service, "/api/runs")
     assert status == 200
-    streams = {(r["run"], r["role"]): r for r in body["runs"]}
-    assert set(streams) == {("grpo-demo-0", role) for role in ("actor", "reward", "rollout")}
-    actor = streams["grpo-demo-0", "actor"]
+    assert [r["run"] for r in body["runs"]] == [RUN]  # one row, not one per role
+    run = body["runs"][0]
+    streams = roles_of(body)
+    assert list(streams) == [(RUN, role) for role in ("actor", "reward", "rollout")]
+    actor = streams[RUN, "actor"]
     assert (actor["first_step"], actor["last_step"], actor["attempt"]) == (0, 29, 0)
     assert (actor["ranks_reporting"], actor["ranks_expected"]) == (4, 4)
     assert {a["alert"]: a["step"] for a in actor["firing"]} == {
@@ -64,7 +69,39 @@ def test_runs_lists_every_stream_with_its_last_step_ranks_and_firing_alerts(
     assert actor["state"] == "unknown" and actor["age_seconds"] >= 0.0
     assert body["alerts_seen"] == len(service.history.alerts())
     goodput = {run: g for run, (_s, g, _m) in service.goodput.snapshot().items()}
-    assert 0.0 < goodput[RUN] < 1.0 and actor["goodput"] == goodput[RUN]
+    assert 0.0 < goodput[RUN] < 1.0 and run["goodput"] == goodput[RUN]
+    # the run: its roles' span, every role's firing alerts, its ranks' GPUs (one per rank by
+    # default) and what they cost over its duration
+    stored = service.history.read("SELECT MIN(finalized_at), MAX(finalized_at) FROM steps")[0]
+    assert (run["start"], run["last_time"]) == stored
+    assert run["duration_seconds"] == pytest.approx(stored[1] - stored[0])  # ended: not "now"
+    assert (run["first_step"], run["last_step"], run["state"]) == (0, 29, "unknown")
+    assert sorted(a["alert"] for a in run["firing"]) == [
+        "ISRatioStale", "LogprobMismatch", "PolicyLagGrowing"]
+    assert {a["role"] for a in run["firing"]} == {"actor", "rollout"}
+    assert run["gpus"] == 6.0 == service.goodput.run_gpus(RUN)
+    assert run["gpu_hours"] == pytest.approx(6.0 * run["duration_seconds"] / 3600)
+    assert run["money"] is None and body["price"] is None
+    assert run["framework"] == "" and run["settings"] == {} and body["settings"] == []
+
+
+def test_runs_carry_the_settings_a_run_reported_and_its_price(
+        tmp_path: Path, records: list[StepRecord]) -> None:
+    core = fed_service(tmp_path, records, goodput={"price_per_gpu_hour": 2.5,
+                                                   "currency": "EUR"})
+    try:
+        core.set_run_info(RUN, {"framework": "openrlhf", "algorithm": "grpo", "dp": 4,
+                                "zero_stage": 3})
+        _, body, _ = get(core, "/api/runs")
+    finally:
+        core.close(0.0)
+    run = body["runs"][0]
+    assert run["framework"] == "openrlhf"
+    # what the run said; the fields it left at their defaults (dpo false, blanks) are not shown
+    assert run["settings"] == {"algorithm": "grpo", "dp": "4", "zero_stage": "3"}
+    assert body["settings"] == ["algorithm", "dp", "zero_stage"]
+    assert body["price"] == {"per_gpu_hour": 2.5, "currency": "EUR"}
+    assert run["money"] == pytest.approx(2.5 * run["gpu_hours"])
 
 
 def test_runs_show_the_liveness_state_the_service_keeps(service: ServiceCore) -> None:
@@ -74,8 +111,12 @@ def test_runs_show_the_liveness_state_the_service_keeps(service: ServiceCore) ->
     service.liveness([LivenessView(RUN, "actor", RunState.STALLED, now - 300, now, 29,
                                    now - 300, now - 300, 1.0, 60.0, 4)])
     _, body, _ = get(service, "/api/runs")
-    states = {r["role"]: r["state"] for r in body["runs"]}
+    states = {role: s["state"] for (_, role), s in roles_of(body).items()}
     assert states == {"actor": "stalled", "reward": "unknown", "rollout": "unknown"}
+    assert body["runs"][0]["state"] == "stalled"
+    # a stalled run still holds its GPUs: its duration runs until now
+    assert body["runs"][0]["duration_seconds"] == pytest.approx(
+        body["now"] - body["runs"][0]["start"])
     assert body["states_known"] is True
     # the page of the time-based alert it fired: what to check, and the run's state
     firing = next(a for r in body["runs"] for a in r["firing"] if a["alert"] == "RunStalled")
@@ -96,8 +137,11 @@ def test_runs_show_the_stored_liveness_state_without_the_live_view(
     service.liveness([LivenessView(RUN, "reward", RunState.DEAD, now - 300, now, 29,
                                    now - 300, now - 300, 1.0, 60.0, 1)])
     api = WebApi(HistoryStore(tmp_path / "history.sqlite", read_only=True))
-    states = {r["role"]: r["state"] for r in api.runs({})["runs"]}
+    body = api.runs({})
+    states = {role: s["state"] for (_, role), s in roles_of(body).items()}
     assert states == {"actor": "unknown", "reward": "dead", "rollout": "unknown"}
+    assert body["runs"][0]["state"] == "dead"
+    assert body["runs"][0]["gpus"] is None  # no service to count them: not guessed
     api.store.close()
 
 
@@ -332,3 +376,27 @@ def test_diff_answers_what_rlmon_diff_finds_for_two_stored_runs(
     assert entropy["diverged"] and 12 <= entropy["onset"] <= 16
     status, body, _ = get(service, f"/api/diff?a={RUN}&b=nothing")
     assert status == 404 and body["error"].startswith("b: no steps of run 'nothing'")
+
+
+def test_curves_give_each_points_time_and_the_step_times_spread_across_ranks(
+        service: ServiceCore, records: list[StepRecord]) -> None:
+    from tests.support.web_support import with_timeline
+
+    actor = [r for r in records if r.role == "actor"]
+    # timelines of 4 ranks at even steps (the last rank 0.3 s slower), of 1 rank at step 1
+    service.publish([replace(with_timeline(r) if r.step % 2 == 0 else with_timeline(r, ranks=1)
+                             if r.step == 1 else r, run="timed", finalized_at=1000.0 + 5 * r.step)
+                     for r in actor])
+    _, body, _ = get(service, "/api/curves?run=timed&role=actor")
+    assert body["start_time"] == 1000.0
+    panels = {p["metrics"][0]: p for p in body["panels"]}
+    assert all(p["t"] == [5.0 * s for s in p["x"]] for p in body["panels"])
+    spread = panels["perf/step_seconds"]["spread"]
+    assert spread == [{"min": [1.5 if s % 2 == 0 else None for s in range(30)],
+                       "max": [pytest.approx(1.8) if s % 2 == 0 else None for s in range(30)]}]
+    assert panels["actor/kl"]["spread"] == [None]  # no per-rank values stored
+    # a zoom: the same, for its steps
+    _, zoom, _ = get(service, "/api/curves?run=timed&role=actor&from=10&to=13")
+    zoomed = {p["metrics"][0]: p for p in zoom["panels"]}["perf/step_seconds"]
+    assert zoomed["t"] == [50.0, 55.0, 60.0, 65.0] and zoom["start_time"] == 1000.0
+    assert zoomed["spread"][0]["min"] == [1.5, None, 1.5, None]
