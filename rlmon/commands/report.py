@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlmon.commands.support.arguments import positive_number
+from rlmon.commands.support.arguments import gpu_count, gpu_price
 from rlmon.commands.support.history_store import add_store_arguments, history_path, missing_run
 
 if TYPE_CHECKING:
@@ -32,10 +32,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="write the report as one self-contained HTML file (plots embedded)")
     p.add_argument("--config", default=None,
                    help="YAML settings: goodput.gpus_per_rank, spans, price, MFU inputs")
-    p.add_argument("--gpus", type=positive_number, default=None, metavar="N",
+    p.add_argument("--gpus", type=gpu_count, default=None, metavar="N",
                    help="a foreign log's GPUs, for GPU-hours (default: the world size its "
                    "settings record)")
-    p.add_argument("--price-per-gpu-hour", type=positive_number, default=None, metavar="PRICE",
+    p.add_argument("--price-per-gpu-hour", type=gpu_price, default=None, metavar="PRICE",
                    help="a foreign log's price per GPU-hour")
     add_store_arguments(p)
     p.set_defaults(func=run_report)
@@ -65,16 +65,16 @@ def write_report(db: Path, run: str, html_path: str | Path | None = None,
 
 def _foreign_report(args: argparse.Namespace) -> int:
     """A log's report: each run it holds diagnosed (as rlmon diagnose), then reported."""
-    from rlmon.service.diagnose.findings import diagnose
+    from rlmon.commands.diagnose import diagnose_each
     from rlmon.service.diagnose.formats import read_paths
     from rlmon.service.diagnose.html import render_html, run_report
     from rlmon.service.report.text import render_text
 
     runs, problems = read_paths([args.run])
     problems.extend(p for run in runs for p in run.problems)
+    diagnoses = diagnose_each(runs, problems, gpus=args.gpus, price=args.price_per_gpu_hour)
     for problem in problems:
         print(f"rlmon report: cannot read {problem.path}: {problem.message}", file=sys.stderr)
-    diagnoses = [diagnose(run, gpus=args.gpus, price=args.price_per_gpu_hour) for run in runs]
     for d in diagnoses:
         report = run_report(d)
         if args.json:

@@ -171,7 +171,7 @@ def read_tensorboard(directory: Path, files: list[Path] | None = None) -> Logged
         read += events
         config = {k: v for text in texts.values() for k, v in text.items()}
         settings = settings_from_config(config, f"{path.name} text {', '.join(texts)}")
-        if settings.known and steps:
+        if (settings.known or settings.refused) and steps:
             segments.append(Segment(min(steps), settings, str(path), flatten(config)))
         if damage is not None:
             damages.append(f"{path.name}: {damage}")

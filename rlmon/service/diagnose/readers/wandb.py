@@ -177,7 +177,7 @@ def read_wandb_run(path: Path) -> LoggedRun:
     rows = _by_step(logged)
     settings = settings_from_config(config, f"{files[0].name} config")
     segments = (Segment(min(rows, default=0), settings, str(files[0]), flatten(config)),) \
-        if settings.known else ()
+        if settings.known or settings.refused else ()
     return LoggedRun(str(path), "wandb-offline", run_name(name), rows,
                      problems=tuple(problems), packages=_requirements(files[0].parent),
                      segments=segments, run_id=run_id)
