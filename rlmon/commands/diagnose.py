@@ -12,7 +12,6 @@ rule file is invalid, what could be read still diagnosed; else 0.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +25,7 @@ from rlmon.service.diagnose.findings import Diagnosis, Finding, diagnose
 from rlmon.service.diagnose.formats import read_paths
 from rlmon.service.diagnose.logged_run import LoggedRun, ReadProblem
 from rlmon.service.diagnose.mapping import KeyStatus
+from rlmon.service.json_output import dumps
 from rlmon.service.metrics.keymaps import FRAMEWORKS
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ def run_diagnose(args: argparse.Namespace) -> int:
 
 
 def _dump(obj: object, out: IO[str]) -> None:
-    out.write(json.dumps(obj, allow_nan=False) + "\n")
+    out.write(dumps(obj) + "\n")
 
 
 def _summary(diagnoses: Sequence[Diagnosis], problems: Sequence[ReadProblem]) -> dict[str, object]:

@@ -12,12 +12,12 @@ common with the other.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlmon.commands.support.history_store import add_store_arguments
+from rlmon.service.json_output import dumps
 
 if TYPE_CHECKING:
     from rlmon.service.diff.runs import RunSeries
@@ -116,7 +116,7 @@ def run_diff(args: argparse.Namespace) -> int:
               f"{len(result.only_b)}, common steps: {result.common_steps})", file=sys.stderr)
         return EXIT_INPUT
     if args.json:
-        print(json.dumps(result.to_json(), allow_nan=False))
+        print(dumps(result.to_json()))
     else:
         from rlmon.service.diff.text import render_text
 

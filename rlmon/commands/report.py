@@ -8,7 +8,6 @@ step times, GPU-hours and projections the files allow (``--gpus``, ``--price-per
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from rlmon.commands.support.arguments import gpu_count, gpu_price
 from rlmon.commands.support.history_store import add_store_arguments, history_path, missing_run
+from rlmon.service.json_output import dumps
 
 if TYPE_CHECKING:
     from rlmon.service.report.model import RunReport
@@ -78,13 +78,13 @@ def _foreign_report(args: argparse.Namespace) -> int:
     for d in diagnoses:
         report = run_report(d)
         if args.json:
-            print(json.dumps({**report.to_json(), "source": d.run.source,
+            print(dumps({**report.to_json(), "source": d.run.source,
                               "cost": d.clock.to_json() if d.clock is not None else None,
                               "findings_cost": [
                                   {"alert": f.alert, "step": f.step, **f.cost.to_json()}
                                   for f in d.findings if f.cost is not None],
                               "projections": [p.to_json(d.seconds_per_step)
-                                              for p in d.projections]}, allow_nan=False))
+                                              for p in d.projections]}))
             continue
         sys.stdout.write(render_text(report))
         print(f"from {d.run.source} ({d.run.format})")
@@ -120,7 +120,7 @@ def run_report(args: argparse.Namespace) -> int:
         print(f"rlmon report: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(report.to_json(), allow_nan=False))
+        print(dumps(report.to_json()))
     else:
         sys.stdout.write(render_text(report))
     if args.html:

@@ -9,7 +9,6 @@ TensorBoard callback writes its arguments as a text summary, a checkpoint keeps 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from contextlib import suppress
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from rlmon.service.export.exporter import RunInfo
+from rlmon.service.json_input import loads as bounded_json
 
 __all__ = ["RunSettings", "Segment", "flatten", "settings_from_config"]
 
@@ -134,7 +134,7 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
             value = value["value"]
         if isinstance(value, str) and value[:1] == "{":
             with suppress(ValueError):  # the HF arguments keep a DeepSpeed config as JSON
-                value = json.loads(value)
+                value = bounded_json(value)
         if isinstance(value, Mapping):
             out.update(flatten(value, f"{prefix}{key}."))
         else:
