@@ -27,6 +27,7 @@ from rlmon.service.diagnose.logged_run import LoggedRun, ReadProblem
 from rlmon.service.diagnose.mapping import KeyStatus
 from rlmon.service.json_output import dumps
 from rlmon.service.metrics.keymaps import FRAMEWORKS
+from rlmon.service.terminal_text import terminal_console, visible_output
 
 if TYPE_CHECKING:
     from rlmon.service.alerting.rules import Rule
@@ -89,6 +90,11 @@ def diagnose_each(runs: Sequence[LoggedRun], problems: list[ReadProblem],
 
 
 def run_diagnose(args: argparse.Namespace) -> int:
+    with visible_output():  # names from the files are shown, never obeyed by the terminal
+        return _run_diagnose(args)
+
+
+def _run_diagnose(args: argparse.Namespace) -> int:
     rules = read_rules(args.rules, "diagnose")
     if rules is None:
         return EXIT_INPUT
@@ -156,9 +162,7 @@ def _colour(severity: str) -> str:
 
 
 def _print_terminal(diagnoses: Sequence[Diagnosis], problems: Sequence[ReadProblem]) -> None:
-    from rich.console import Console
-
-    console = Console(highlight=False, soft_wrap=not sys.stdout.isatty())
+    console = terminal_console(highlight=False, soft_wrap=not sys.stdout.isatty())
 
     def plain(text: str) -> None:
         console.print(text, markup=False)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from rlmon.commands.support.history_store import add_store_arguments
 from rlmon.service.json_output import dumps
+from rlmon.service.terminal_text import visible_output
 
 if TYPE_CHECKING:
     from rlmon.service.diff.runs import RunSeries
@@ -101,6 +102,11 @@ def _load(label: str, args: argparse.Namespace) -> RunSeries:
 
 
 def run_diff(args: argparse.Namespace) -> int:
+    with visible_output():  # names from the files are shown, never obeyed by the terminal
+        return _run_diff(args)
+
+
+def _run_diff(args: argparse.Namespace) -> int:
     from rlmon.service.diff import DiffParams, diff_runs
 
     try:

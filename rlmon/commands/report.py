@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from rlmon.commands.support.arguments import gpu_count, gpu_price
 from rlmon.commands.support.history_store import add_store_arguments, history_path, missing_run
 from rlmon.service.json_output import dumps
+from rlmon.service.terminal_text import visible_output
 
 if TYPE_CHECKING:
     from rlmon.service.report.model import RunReport
@@ -104,6 +105,11 @@ def _foreign_report(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
+    with visible_output():  # names from the files are shown, never obeyed by the terminal
+        return _run_report(args)
+
+
+def _run_report(args: argparse.Namespace) -> int:
     from rlmon.service.config import ConfigError
     from rlmon.service.report.text import render_text
 
