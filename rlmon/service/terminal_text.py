@@ -52,7 +52,7 @@ class VisibleStream:
 def visible_output() -> Iterator[None]:
     """``sys.stdout`` and ``sys.stderr`` escaped while a command prints."""
     out, err = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = VisibleStream(out), VisibleStream(err)  # type: ignore[assignment]
+    sys.stdout, sys.stderr = VisibleStream(out), VisibleStream(err)
     try:
         yield
     finally:
