@@ -6,16 +6,20 @@ No script, no external asset: the file can be attached to a CI job or mailed."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from html import escape
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlmon.service.diagnose.findings import Diagnosis, Finding
 from rlmon.service.diagnose.logged_run import ReadProblem
 from rlmon.service.diagnose.mapping import KeyStatus
 
 if TYPE_CHECKING:
+    from rlmon.service.contract.step_record import StepRecord
     from rlmon.service.report.model import RunReport
+    from rlmon.service.storage.history import HistoryStore
 
 __all__ = ["render_html", "run_report"]
 
@@ -68,17 +72,125 @@ def _section(d: Diagnosis) -> tuple[str, str]:
     return style, "\n".join(parts)
 
 
+class _FiniteMetrics(Mapping[str, float]):
+    """A step's values as a stored step line has them: a non-finite one reads as None."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, float]) -> None:
+        self._values = values
+
+    def __getitem__(self, name: str) -> float:
+        value = self._values[name]
+        if not math.isfinite(value):
+            raise KeyError(name)
+        return value
+
+    def get(self, name: str, default: Any = None) -> Any:  # the one the report calls
+        value = self._values.get(name)
+        return value if value is not None and math.isfinite(value) else default
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k, v in self._values.items() if math.isfinite(v))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+class _StepLines(Sequence[Mapping[str, Any]]):
+    """Step records as the report reads step lines, each made as it is read."""
+
+    def __init__(self, records: Sequence[StepRecord]) -> None:
+        self._records = records
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    @staticmethod
+    def _line(record: StepRecord) -> Mapping[str, Any]:
+        return {"run": record.run, "role": record.role, "step": record.step,
+                "attempt": record.attempt, "complete": record.complete,
+                "ranks_expected": record.ranks_expected,
+                "metrics": _FiniteMetrics(record.metrics)}
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self._line(r) for r in self._records[index]]
+        return self._line(self._records[index])
+
+    def __iter__(self) -> Iterator[Mapping[str, Any]]:
+        return (self._line(r) for r in self._records)
+
+
+class _DiagnosedStore:
+    """What the report reads of a history store, for a diagnosed run: its alert transitions
+    from an in-memory store (a few rows), its steps from the diagnosis (``lines``: none when
+    the report's step parts are made from the log's columns instead)."""
+
+    def __init__(self, store: HistoryStore, lines: Sequence[Mapping[str, Any]]) -> None:
+        self._store = store
+        self._lines = lines
+
+    def steps(self, run: str | None = None, role: str | None = None) -> Sequence[Any]:
+        return self._lines
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+def _thinned(steps: Any, values: Any, present: Any, width: int) -> list[tuple[int, float]]:
+    """A column's finite points, each run of ``width`` kept as its lowest and its highest (as
+    the report thins a curve), with numpy: a million steps in milliseconds."""
+    import numpy as np
+
+    keep = present & np.isfinite(values)
+    xs, ys = steps[keep], values[keep]
+    if width > 1 and len(ys) > width:
+        rows = -(-len(ys) // width)
+        padded = np.full(rows * width, np.nan)
+        padded[:len(ys)] = ys
+        grid = padded.reshape(rows, width)
+        base = np.arange(rows) * width
+        chosen = np.unique(np.concatenate([base + np.nanargmin(grid, axis=1),
+                                           base + np.nanargmax(grid, axis=1)]))
+        xs, ys = xs[chosen], ys[chosen]
+    return list(zip(xs.tolist(), ys.tolist(), strict=True))
+
+
 def run_report(d: Diagnosis) -> RunReport:
-    """``rlmon report``'s report of a diagnosed run, from its steps and transitions (an
-    in-memory history store)."""
-    from rlmon.service.report.model import build_report
+    """``rlmon report``'s report of a diagnosed run, from its steps and transitions. A long
+    log's steps are never turned into step lines: its role summary and curves come straight
+    from its columns (``diagnose --html`` of a million entries in about the text's time and
+    memory)."""
+    from rlmon.service.diagnose.columns import RecordView
+    from rlmon.service.diagnose.findings import LoggedSteps
+    from rlmon.service.report.model import (
+        RoleSummary,
+        build_report,
+        curve_metrics,
+        curves_from,
+        thinning_width,
+    )
     from rlmon.service.storage.history import HistoryStore
 
+    steps = d.steps
     store = HistoryStore(":memory:")
     try:
-        store.add([record for record, _ in d.steps],
-                  [event for _, events in d.steps for event in events])
-        return build_report(store, d.run.name)
+        if not isinstance(steps, LoggedSteps) or not isinstance(steps.records, RecordView):
+            store.add([], [event for _, events in steps for event in events])
+            return build_report(_DiagnosedStore(store, _StepLines(  # type: ignore[arg-type]
+                [record for record, _ in steps])), d.run.name)
+        records = steps.records
+        store.add([], steps.events)
+        report = build_report(_DiagnosedStore(store, ()), d.run.name)  # type: ignore[arg-type]
+        if not len(records):
+            return report
+        at = records.steps()
+        width = thinning_width(len(records))
+        series = {(records.role, name): _thinned(at, *records.column(name), width)
+                  for name in curve_metrics(report.alerts) if name in records.names}
+        role = RoleSummary(records.role, len(records), int(at.min()), int(at.max()), 0, 1, 1)
+        return replace(report, roles=(role,), curves=tuple(curves_from(series, report.alerts)))
     finally:
         store.close()
 
