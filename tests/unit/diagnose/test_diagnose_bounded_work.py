@@ -170,3 +170,13 @@ def test_an_absurd_price_or_gpu_count_is_a_usage_error(
         main(["diagnose", str(path), option, value])
     assert exited.value.code == 2
     assert option in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("price", ["1e300", "inf", "-1"])
+def test_an_absurd_configured_price_is_a_config_error_naming_it(
+        tmp_path: Path, price: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlmon.service.config import ConfigError, load_config
+
+    monkeypatch.setenv("RLMON_GOODPUT__PRICE_PER_GPU_HOUR", price)
+    with pytest.raises(ConfigError, match="goodput.price_per_gpu_hour"):
+        load_config(None, only=("goodput",))
