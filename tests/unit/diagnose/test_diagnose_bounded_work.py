@@ -178,5 +178,5 @@ def test_an_absurd_configured_price_is_a_config_error_naming_it(
     from rlmon.service.config import ConfigError, load_config
 
     monkeypatch.setenv("RLMON_GOODPUT__PRICE_PER_GPU_HOUR", price)
-    with pytest.raises(ConfigError, match="goodput.price_per_gpu_hour"):
+    with pytest.raises(ConfigError, match=r"goodput\.price_per_gpu_hour"):
         load_config(None, only=("goodput",))
