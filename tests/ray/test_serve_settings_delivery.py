@@ -152,3 +152,22 @@ def test_serve_with_other_settings_than_the_running_service_fails_to_start(
                        {"Authorization": f"Bearer {TOKEN}"}) == 200
     finally:
         _stop(first)
+
+
+def test_an_auto_started_service_gets_the_starters_environment(
+        ray_cluster: Any, ray_namespace: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Reporter's auto-start (``ensure_runtime`` in the training process): the token set in
+    that process's environment, not in Ray's workers', guards the service it starts."""
+    from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, shutdown_runtime
+
+    monkeypatch.setenv("RLMON_EXPORTER__TOKEN", TOKEN)
+    port = free_port()
+    ensure_runtime(ray_namespace, RuntimeOptions(state_dir=str(tmp_path), port=port,
+                                                 host="127.0.0.1"))
+    try:
+        assert _status(f"http://127.0.0.1:{port}/api/runs") == 401
+        assert _status(f"http://127.0.0.1:{port}/api/runs",
+                       {"Authorization": f"Bearer {TOKEN}"}) == 200
+    finally:
+        assert shutdown_runtime(ray_namespace)
