@@ -385,7 +385,15 @@ def ensure_runtime(namespace: str = "rlmon", options: RuntimeOptions | None = No
         if known is not None:
             return known.service
         opts = options or RuntimeOptions()
-        settings = opts.resolved_settings()
+        resolved: list[Settings] = []
+
+        def settings() -> Settings:
+            # resolved when something is started (or the caller gave them): a Reporter joining
+            # a running service never needs its own process's settings
+            if not resolved:
+                resolved.append(opts.resolved_settings())
+            return resolved[0]
+
         _connect_ray(namespace, opts.address)
         _hook_exit()
         detached = opts.detached or _in_ray_worker()
@@ -403,7 +411,7 @@ def ensure_runtime(namespace: str = "rlmon", options: RuntimeOptions | None = No
                         name=aggregator_name(shard), namespace=namespace, get_if_exists=True,
                         lifetime=lifetime, max_restarts=opts.max_restarts,
                     ).remote(namespace, SERVICE, shard, state_dir, opts.deadline_s, opts.tick_s,
-                             settings.liveness.params())
+                             settings().liveness.params())
                 aggregators.append(agg)
 
         if service is None:
@@ -413,14 +421,14 @@ def ensure_runtime(namespace: str = "rlmon", options: RuntimeOptions | None = No
             service = service_actor_class().options(
                 name=SERVICE, namespace=namespace, get_if_exists=True, lifetime=lifetime,
                 max_restarts=opts.max_restarts, **extra,
-            ).remote(settings, state_dir, opts.resolved_port(), opts.resolved_host(),
+            ).remote(settings(), state_dir, opts.resolved_port(), opts.resolved_host(),
                      opts.shards, opts.rules, _PROCESS)
             # the aggregators' workers start beside the service's, not after it is up (each
             # worker's start-up is seconds on a busy machine; one after the other doubled it)
             start_aggregators(opts.shards)
         layout: Any = ray.get(service.layout.remote())
         if opts.settings is not None and layout.get("creator") != _PROCESS and not ray.get(
-                service.settings_match.remote(settings)):
+                service.settings_match.remote(settings())):
             raise RuntimeError(
                 f"an rlmon service already runs in namespace {namespace!r} with other settings "
                 "(token, public_url, notifiers, ...): its settings cannot be changed in place; "
