@@ -6,8 +6,7 @@ No script, no external asset: the file can be attached to a CI job or mailed."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from html import escape
 from typing import TYPE_CHECKING, Any
@@ -17,7 +16,6 @@ from rlmon.service.diagnose.logged_run import ReadProblem
 from rlmon.service.diagnose.mapping import KeyStatus
 
 if TYPE_CHECKING:
-    from rlmon.service.contract.step_record import StepRecord
     from rlmon.service.report.model import RunReport
     from rlmon.service.storage.history import HistoryStore
 
@@ -72,67 +70,16 @@ def _section(d: Diagnosis) -> tuple[str, str]:
     return style, "\n".join(parts)
 
 
-class _FiniteMetrics(Mapping[str, float]):
-    """A step's values as a stored step line has them: a non-finite one reads as None."""
+class _WithoutSteps:
+    """A history store as the report reads it, without step lines: a long log's alert
+    transitions are in the store (a few rows); the report's parts made from steps (the role
+    summary, the curves) are made from the log's columns instead."""
 
-    __slots__ = ("_values",)
-
-    def __init__(self, values: Mapping[str, float]) -> None:
-        self._values = values
-
-    def __getitem__(self, name: str) -> float:
-        value = self._values[name]
-        if not math.isfinite(value):
-            raise KeyError(name)
-        return value
-
-    def get(self, name: str, default: Any = None) -> Any:  # the one the report calls
-        value = self._values.get(name)
-        return value if value is not None and math.isfinite(value) else default
-
-    def __iter__(self) -> Iterator[str]:
-        return (k for k, v in self._values.items() if math.isfinite(v))
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-
-class _StepLines(Sequence[Mapping[str, Any]]):
-    """Step records as the report reads step lines, each made as it is read."""
-
-    def __init__(self, records: Sequence[StepRecord]) -> None:
-        self._records = records
-
-    def __len__(self) -> int:
-        return len(self._records)
-
-    @staticmethod
-    def _line(record: StepRecord) -> Mapping[str, Any]:
-        return {"run": record.run, "role": record.role, "step": record.step,
-                "attempt": record.attempt, "complete": record.complete,
-                "ranks_expected": record.ranks_expected,
-                "metrics": _FiniteMetrics(record.metrics)}
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return [self._line(r) for r in self._records[index]]
-        return self._line(self._records[index])
-
-    def __iter__(self) -> Iterator[Mapping[str, Any]]:
-        return (self._line(r) for r in self._records)
-
-
-class _DiagnosedStore:
-    """What the report reads of a history store, for a diagnosed run: its alert transitions
-    from an in-memory store (a few rows), its steps from the diagnosis (``lines``: none when
-    the report's step parts are made from the log's columns instead)."""
-
-    def __init__(self, store: HistoryStore, lines: Sequence[Mapping[str, Any]]) -> None:
+    def __init__(self, store: HistoryStore) -> None:
         self._store = store
-        self._lines = lines
 
     def steps(self, run: str | None = None, role: str | None = None) -> Sequence[Any]:
-        return self._lines
+        return ()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
@@ -177,12 +124,14 @@ def run_report(d: Diagnosis) -> RunReport:
     store = HistoryStore(":memory:")
     try:
         if not isinstance(steps, LoggedSteps) or not isinstance(steps.records, RecordView):
-            store.add([], [event for _, events in steps for event in events])
-            return build_report(_DiagnosedStore(store, _StepLines(  # type: ignore[arg-type]
-                [record for record, _ in steps])), d.run.name)
+            # records held already (rlmon's own files, a short log), with their timelines and
+            # samples: the report reads them from the store as it reads a service's
+            store.add([record for record, _ in steps],
+                      [event for _, events in steps for event in events])
+            return build_report(store, d.run.name)
         records = steps.records
         store.add([], steps.events)
-        report = build_report(_DiagnosedStore(store, ()), d.run.name)  # type: ignore[arg-type]
+        report = build_report(_WithoutSteps(store), d.run.name)  # type: ignore[arg-type]
         if not len(records):
             return report
         at = records.steps()
