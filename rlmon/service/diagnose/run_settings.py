@@ -192,6 +192,7 @@ def settings_from_config(config: Mapping[str, Any], where: str) -> RunSettings:
     refused: list[str] = []
 
     def _find(found: Mapping[str, Any], names: tuple[str, ...]) -> tuple[str, int] | None:
+        """A factor of a setting (a length, a batch, GPUs per node), bounded as such."""
         return _find_bounded(found, names, _MOST_FACTOR[names], refused)
 
     for setting, names in _INT_KEYS.items():
