@@ -20,7 +20,7 @@ import uuid
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlmon.actors.aggregator_actor import aggregator_actor_class
 from rlmon.actors.reporter import outcome
@@ -29,6 +29,9 @@ from rlmon.actors.service_actor import SERVICE, service_actor_class
 from rlmon.service.aggregation.tier_messages import IngestAck
 from rlmon.service.contract.heartbeat import Heartbeat
 from rlmon.service.contract.step_message import StepMessage
+
+if TYPE_CHECKING:
+    from rlmon.service.config import Settings
 
 __all__ = [
     "AGGREGATOR",
@@ -82,6 +85,17 @@ class RuntimeOptions:
     node_merge: bool = False  # Reporters send to a per-node merger that pre-merges
     service_resource: str | None = None  # place the service on the node offering this resource
     address: str | None = None  # Ray to join; None: RAY_ADDRESS, else a local Ray of rlmon's own
+    # the settings resolved once where the service is started (file, environment, flags);
+    # None: resolved from ``config`` and this process's environment when the service starts.
+    # Given, they must match a service already running (else a start-up error)
+    settings: Settings | None = field(default=None, repr=False, compare=False)
+
+    def resolved_settings(self) -> Settings:
+        """The service's settings, resolved here (a bad config is a ConfigError here, not a
+        default in an actor): what the actors get, wherever Ray places them."""
+        from rlmon.service.config import load_config
+
+        return self.settings if self.settings is not None else load_config(self.config)
 
     def resolved_state_dir(self, namespace: str) -> str:
         return self.state_dir or os.environ.get("RLMON_STATE_DIR") or default_state_dir(namespace)
@@ -346,13 +360,6 @@ _STOP_RESERVE_S = 1.0  # of the exit budget, kept for stopping a local Ray rlmon
 _STOP_MIN_S = 0.2  # ... and at least this, even when the budget is spent: SIGKILL and a reap
 
 
-def _liveness_params(opts: RuntimeOptions) -> Any:
-    """The config's liveness thresholds (environment overrides included) for the aggregators."""
-    from rlmon.service.config import load_config
-
-    return load_config(opts.config, only=("liveness",)).liveness.params()
-
-
 def _get_actor(name: str, namespace: str) -> Any:
     import ray
 
@@ -378,6 +385,15 @@ def ensure_runtime(namespace: str = "rlmon", options: RuntimeOptions | None = No
         if known is not None:
             return known.service
         opts = options or RuntimeOptions()
+        resolved: list[Settings] = []
+
+        def settings() -> Settings:
+            # resolved when something is started (or the caller gave them): a Reporter joining
+            # a running service never needs its own process's settings
+            if not resolved:
+                resolved.append(opts.resolved_settings())
+            return resolved[0]
+
         _connect_ray(namespace, opts.address)
         _hook_exit()
         detached = opts.detached or _in_ray_worker()
@@ -395,7 +411,7 @@ def ensure_runtime(namespace: str = "rlmon", options: RuntimeOptions | None = No
                         name=aggregator_name(shard), namespace=namespace, get_if_exists=True,
                         lifetime=lifetime, max_restarts=opts.max_restarts,
                     ).remote(namespace, SERVICE, shard, state_dir, opts.deadline_s, opts.tick_s,
-                             _liveness_params(opts))
+                             settings().liveness.params())
                 aggregators.append(agg)
 
         if service is None:
@@ -405,12 +421,18 @@ def ensure_runtime(namespace: str = "rlmon", options: RuntimeOptions | None = No
             service = service_actor_class().options(
                 name=SERVICE, namespace=namespace, get_if_exists=True, lifetime=lifetime,
                 max_restarts=opts.max_restarts, **extra,
-            ).remote(opts.config, state_dir, opts.resolved_port(), opts.resolved_host(), opts.shards,
-                     opts.rules, _PROCESS)
+            ).remote(settings(), state_dir, opts.resolved_port(), opts.resolved_host(),
+                     opts.shards, opts.rules, _PROCESS)
             # the aggregators' workers start beside the service's, not after it is up (each
             # worker's start-up is seconds on a busy machine; one after the other doubled it)
             start_aggregators(opts.shards)
         layout: Any = ray.get(service.layout.remote())
+        if opts.settings is not None and layout.get("creator") != _PROCESS and not ray.get(
+                service.settings_match.remote(settings())):
+            raise RuntimeError(
+                f"an rlmon service already runs in namespace {namespace!r} with other settings "
+                "(token, public_url, notifiers, ...): its settings cannot be changed in place; "
+                "stop it first, or start this one in another namespace")
         start_aggregators(int(layout["shards"]))  # a service found running says how many
         del aggregators[int(layout["shards"]):]
         # the aggregators up before the first send: a call to one whose worker is still starting

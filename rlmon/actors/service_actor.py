@@ -11,7 +11,7 @@ from rlmon.service.aggregation.aggregator_stats import AggregatorStats
 from rlmon.service.alerting.engine import AlertEvent
 from rlmon.service.alerting.notify.console import ConsoleBuffer
 from rlmon.service.alerting.rules import load_rules
-from rlmon.service.config import load_config
+from rlmon.service.config import Settings
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.contract.stop_decision import StopDecision
 from rlmon.service.export.exporter import RunInfo
@@ -65,14 +65,19 @@ def service_actor_class() -> Any:
     @remote(num_cpus=0)
     class ServiceActor:
         def __init__(
-            self, config: str | None, state_dir: str | None, port: int | None,
+            self, settings: Settings, state_dir: str | None, port: int | None,
             host: str | None, shards: int, rules: str | None = None, creator: str = "",
         ) -> None:
-            """``port`` None: the config's ``exporter.port``. Only the default port gives way
+            """``settings``: resolved by the process that starts the service (its file,
+            environment and flags), never again here: this worker's environment is Ray's, not
+            the starter's. They arrive as this constructor's argument, pickled into the actor's
+            creation task: Ray's dashboard and state API show an actor's class, resources,
+            runtime_env and death cause, never its arguments, and a restart on another node
+            gets the same settings. Their secrets are ``SecretStr`` (masked in any repr).
+            ``port`` None: the settings' ``exporter.port``. Only the default port gives way
             to a free one when taken (said in :meth:`layout`); a port asked for (here, by
             RLMON_PORT or in the config) that is taken is an error naming it. ``creator``
             names the process that started it."""
-            settings = load_config(config)
             asked = port is not None or "port" in settings.exporter.model_fields_set
             wanted = port if port is not None else settings.exporter.port
             self.console = ConsoleBuffer()  # printed by the process that started the service
@@ -82,6 +87,10 @@ def service_actor_class() -> Any:
                 port_fallback=not asked, transports={"console": self.console})
             self.shards, self.creator, self.state_dir = shards, creator, state_dir
             self.started = time.time()
+
+        def settings_match(self, settings: Settings) -> bool:
+            """Whether ``settings`` are the ones this service runs with (secrets included)."""
+            return bool(settings == self.core.settings)
 
         def layout(self) -> dict[str, Any]:
             core = self.core

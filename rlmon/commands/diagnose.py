@@ -12,23 +12,27 @@ rule file is invalid, what could be read still diagnosed; else 0.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from rich.markup import escape as esc
 
-from rlmon.commands.support.arguments import positive_number
+from rlmon.commands.support.arguments import gpu_count, gpu_price
 from rlmon.commands.support.rule_files import read_rules
 from rlmon.service.diagnose.findings import Diagnosis, Finding, diagnose
 from rlmon.service.diagnose.formats import read_paths
-from rlmon.service.diagnose.logged_run import ReadProblem
+from rlmon.service.diagnose.logged_run import LoggedRun, ReadProblem
 from rlmon.service.diagnose.mapping import KeyStatus
+from rlmon.service.json_output import dumps
 from rlmon.service.metrics.keymaps import FRAMEWORKS
+from rlmon.service.terminal_text import terminal_console, visible_output
 
-__all__ = ["register", "run_diagnose"]
+if TYPE_CHECKING:
+    from rlmon.service.alerting.rules import Rule
+
+__all__ = ["diagnose_each", "register", "run_diagnose"]
 
 EXIT_OK, EXIT_FAIL_ON, EXIT_INPUT = 0, 1, 2
 _LEVELS = {"warning": ("warning", "critical"), "critical": ("critical",)}
@@ -47,10 +51,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
     p.add_argument("--fail-on", choices=("warning", "critical"), default=None,
                    help="exit 1 when a finding of this severity (or worse) fired")
-    p.add_argument("--gpus", type=positive_number, default=None, metavar="N",
+    p.add_argument("--gpus", type=gpu_count, default=None, metavar="N",
                    help="GPUs the run used, for GPU-hours (default: the world size its "
                    "settings record, where they do)")
-    p.add_argument("--price-per-gpu-hour", type=positive_number, default=None, metavar="PRICE",
+    p.add_argument("--price-per-gpu-hour", type=gpu_price, default=None, metavar="PRICE",
                    help="price the GPU-hours (e.g. 3.0 for $3 a GPU-hour)")
     p.set_defaults(func=run_diagnose)
 
@@ -70,15 +74,35 @@ def _no_known_keys(d: Diagnosis) -> ReadProblem:
                        "or rlmon's canonical names (rlmon catalog); only NaN/Inf were checked")
 
 
+def diagnose_each(runs: Sequence[LoggedRun], problems: list[ReadProblem],
+                  rules: Sequence[Rule] | None = None, framework: str | None = None,
+                  gpus: float | None = None, price: float | None = None) -> list[Diagnosis]:
+    """Each run diagnosed on its own: one that fails on what its files hold is a problem named
+    by its source, and the others still get their output."""
+    out = []
+    for run in runs:
+        try:
+            out.append(diagnose(run, rules, framework, gpus, price))
+        except (ValueError, ArithmeticError, RecursionError, MemoryError) as exc:
+            problems.append(ReadProblem(run.source, f"cannot be diagnosed: "
+                                        f"{type(exc).__name__}: {str(exc)[:200]}"))
+    return out
+
+
 def run_diagnose(args: argparse.Namespace) -> int:
+    with visible_output():  # names from the files are shown, never obeyed by the terminal
+        return _run_diagnose(args)
+
+
+def _run_diagnose(args: argparse.Namespace) -> int:
     rules = read_rules(args.rules, "diagnose")
     if rules is None:
         return EXIT_INPUT
     runs, problems = read_paths(args.paths)
-    diagnoses = [diagnose(run, rules, args.framework, args.gpus, args.price_per_gpu_hour)
-                 for run in runs]
     for run in runs:
         problems.extend(run.problems)
+    diagnoses = diagnose_each(runs, problems, rules, args.framework, args.gpus,
+                              args.price_per_gpu_hour)
     problems.extend(_no_known_keys(d) for d in diagnoses if d.no_known_keys)
     if args.json:
         _print_json(diagnoses, problems, sys.stdout, sys.stderr)
@@ -110,7 +134,7 @@ def run_diagnose(args: argparse.Namespace) -> int:
 
 
 def _dump(obj: object, out: IO[str]) -> None:
-    out.write(json.dumps(obj, allow_nan=False) + "\n")
+    out.write(dumps(obj) + "\n")
 
 
 def _summary(diagnoses: Sequence[Diagnosis], problems: Sequence[ReadProblem]) -> dict[str, object]:
@@ -138,9 +162,7 @@ def _colour(severity: str) -> str:
 
 
 def _print_terminal(diagnoses: Sequence[Diagnosis], problems: Sequence[ReadProblem]) -> None:
-    from rich.console import Console
-
-    console = Console(highlight=False, soft_wrap=not sys.stdout.isatty())
+    console = terminal_console(highlight=False, soft_wrap=not sys.stdout.isatty())
 
     def plain(text: str) -> None:
         console.print(text, markup=False)

@@ -12,12 +12,13 @@ common with the other.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlmon.commands.support.history_store import add_store_arguments
+from rlmon.service.json_output import dumps
+from rlmon.service.terminal_text import visible_output
 
 if TYPE_CHECKING:
     from rlmon.service.diff.runs import RunSeries
@@ -101,6 +102,11 @@ def _load(label: str, args: argparse.Namespace) -> RunSeries:
 
 
 def run_diff(args: argparse.Namespace) -> int:
+    with visible_output():  # names from the files are shown, never obeyed by the terminal
+        return _run_diff(args)
+
+
+def _run_diff(args: argparse.Namespace) -> int:
     from rlmon.service.diff import DiffParams, diff_runs
 
     try:
@@ -116,7 +122,7 @@ def run_diff(args: argparse.Namespace) -> int:
               f"{len(result.only_b)}, common steps: {result.common_steps})", file=sys.stderr)
         return EXIT_INPUT
     if args.json:
-        print(json.dumps(result.to_json(), allow_nan=False))
+        print(dumps(result.to_json()))
     else:
         from rlmon.service.diff.text import render_text
 

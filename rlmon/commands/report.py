@@ -8,14 +8,15 @@ step times, GPU-hours and projections the files allow (``--gpus``, ``--price-per
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlmon.commands.support.arguments import positive_number
+from rlmon.commands.support.arguments import gpu_count, gpu_price
 from rlmon.commands.support.history_store import add_store_arguments, history_path, missing_run
+from rlmon.service.json_output import dumps
+from rlmon.service.terminal_text import visible_output
 
 if TYPE_CHECKING:
     from rlmon.service.report.model import RunReport
@@ -32,10 +33,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="write the report as one self-contained HTML file (plots embedded)")
     p.add_argument("--config", default=None,
                    help="YAML settings: goodput.gpus_per_rank, spans, price, MFU inputs")
-    p.add_argument("--gpus", type=positive_number, default=None, metavar="N",
+    p.add_argument("--gpus", type=gpu_count, default=None, metavar="N",
                    help="a foreign log's GPUs, for GPU-hours (default: the world size its "
                    "settings record)")
-    p.add_argument("--price-per-gpu-hour", type=positive_number, default=None, metavar="PRICE",
+    p.add_argument("--price-per-gpu-hour", type=gpu_price, default=None, metavar="PRICE",
                    help="a foreign log's price per GPU-hour")
     add_store_arguments(p)
     p.set_defaults(func=run_report)
@@ -65,26 +66,26 @@ def write_report(db: Path, run: str, html_path: str | Path | None = None,
 
 def _foreign_report(args: argparse.Namespace) -> int:
     """A log's report: each run it holds diagnosed (as rlmon diagnose), then reported."""
-    from rlmon.service.diagnose.findings import diagnose
+    from rlmon.commands.diagnose import diagnose_each
     from rlmon.service.diagnose.formats import read_paths
     from rlmon.service.diagnose.html import render_html, run_report
     from rlmon.service.report.text import render_text
 
     runs, problems = read_paths([args.run])
     problems.extend(p for run in runs for p in run.problems)
+    diagnoses = diagnose_each(runs, problems, gpus=args.gpus, price=args.price_per_gpu_hour)
     for problem in problems:
         print(f"rlmon report: cannot read {problem.path}: {problem.message}", file=sys.stderr)
-    diagnoses = [diagnose(run, gpus=args.gpus, price=args.price_per_gpu_hour) for run in runs]
     for d in diagnoses:
         report = run_report(d)
         if args.json:
-            print(json.dumps({**report.to_json(), "source": d.run.source,
+            print(dumps({**report.to_json(), "source": d.run.source,
                               "cost": d.clock.to_json() if d.clock is not None else None,
                               "findings_cost": [
                                   {"alert": f.alert, "step": f.step, **f.cost.to_json()}
                                   for f in d.findings if f.cost is not None],
                               "projections": [p.to_json(d.seconds_per_step)
-                                              for p in d.projections]}, allow_nan=False))
+                                              for p in d.projections]}))
             continue
         sys.stdout.write(render_text(report))
         print(f"from {d.run.source} ({d.run.format})")
@@ -104,6 +105,11 @@ def _foreign_report(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
+    with visible_output():  # names from the files are shown, never obeyed by the terminal
+        return _run_report(args)
+
+
+def _run_report(args: argparse.Namespace) -> int:
     from rlmon.service.config import ConfigError
     from rlmon.service.report.text import render_text
 
@@ -120,7 +126,7 @@ def run_report(args: argparse.Namespace) -> int:
         print(f"rlmon report: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(report.to_json(), allow_nan=False))
+        print(dumps(report.to_json()))
     else:
         sys.stdout.write(render_text(report))
     if args.html:

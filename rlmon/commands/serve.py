@@ -117,6 +117,9 @@ def run_serve(args: argparse.Namespace, stop: threading.Event | None = None) -> 
         state_dir=_absolute(args.state_dir), port=args.port, host=host, shards=args.shards,
         detached=args.detached, deadline_s=args.deadline,
         service_resource=args.service_resource or None,
+        # resolved here, once, from serve's file, environment and flags: the service actor may
+        # run in a Ray worker that has none of serve's environment (--address)
+        settings=settings,
     )
     try:
         if args.service_resource:

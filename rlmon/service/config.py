@@ -358,7 +358,7 @@ class GoodputConfig(_Section):
     # GPUs per rank by role ("*": every other role); without an entry, 1 (the hardware probe
     # says whether a rank has a GPU; it cannot count a tensor-parallel engine's)
     gpus_per_rank: dict[str, float] = Field(default_factory=dict)
-    price_per_gpu_hour: float | None = Field(default=None, ge=0.0)  # money in alert costs
+    price_per_gpu_hour: float | None = Field(default=None, ge=0.0, le=1e6)  # money in alert costs
     currency: str = "USD"
     # MFU: the model's FLOPs per token (e.g. 6 x parameters for a training step) and one GPU's
     # peak FLOP/s; the tokens are the step's rollout/tokens

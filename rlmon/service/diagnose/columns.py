@@ -199,6 +199,10 @@ class RecordView(Sequence[StepRecord]):
     def record(self, index: int) -> StepRecord:
         return self._record(index)
 
+    def steps(self) -> np.ndarray:
+        """The records' steps, as an array."""
+        return np.fromiter(self._rows, dtype=np.int64, count=len(self._rows))
+
     def column(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """(values, present) of the metric ``name`` over the records, as arrays: the values
         share the column's memory (a step whose keys map to one name holds the last)."""

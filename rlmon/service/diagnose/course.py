@@ -35,9 +35,9 @@ def clock_of(run: LoggedRun, keymap: KeyMap, gpus: float | None,
 def priced(findings: Sequence[Finding], clock: RunClock | None) -> list[Finding]:
     """Each firing with the cost of its span: from the step its condition began to the step
     before it resolved (the run's last step while it never did)."""
-    if clock is None or not clock.steps:
+    if clock is None or clock.last_step is None:
         return list(findings)
-    end_of_run = clock.steps[-1]
+    end_of_run = clock.last_step
     out = []
     for index, finding in enumerate(findings):
         if finding.state != "firing":

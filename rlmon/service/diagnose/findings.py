@@ -379,6 +379,16 @@ class LoggedSteps(Sequence[tuple[StepRecord, Sequence[AlertEvent]]]):
     def __len__(self) -> int:
         return len(self._records)
 
+    @property
+    def records(self) -> RecordView:
+        """The records, as the columns' view (``diagnose --html`` reads its columns)."""
+        return self._records
+
+    @property
+    def events(self) -> list[AlertEvent]:
+        """Every alert event, in step order."""
+        return [event for index in sorted(self._events) for event in self._events[index]]
+
 
 _DPO_KEYS = frozenset({"rewards/chosen", "rewards/rejected", "rewards/margins"})
 

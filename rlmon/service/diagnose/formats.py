@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
 
@@ -181,6 +182,11 @@ def read_paths(paths: Iterable[str | Path]) -> tuple[list[LoggedRun], list[ReadP
                     runs.extend(_READERS[fmt](target))
             except LogError as exc:
                 problems.append(ReadProblem(exc.path, exc.message))
+            except (ValueError, ArithmeticError, RecursionError, MemoryError) as exc:
+                # a reader's unforeseen failure on hostile input costs this file, never the
+                # other paths' runs
+                problems.append(ReadProblem(str(target), f"cannot be read: "
+                                            f"{type(exc).__name__}: {str(exc)[:200]}"))
     offline = [r for r in runs if r.format == Format.WANDB_OFFLINE.value]
     if len(offline) > 1:
         joined, kept = wandb.join_resumed(offline), []
@@ -191,5 +197,12 @@ def read_paths(paths: Iterable[str | Path]) -> tuple[list[LoggedRun], list[ReadP
                 kept.extend(joined)
                 joined = []
         runs = kept
-    return runs, problems
+    return [_with_refusals(run) for run in runs], problems
+
+
+def _with_refusals(run: LoggedRun) -> LoggedRun:
+    """Settings values out of range are input problems, named by key (the rest is used)."""
+    refused = [ReadProblem(segment.source, f"setting {text}: refused")
+               for segment in run.segments for text in segment.settings.refused]
+    return replace(run, problems=(*run.problems, *refused)) if refused else run
 

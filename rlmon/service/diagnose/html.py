@@ -7,8 +7,9 @@ No script, no external asset: the file can be attached to a CI job or mailed."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from html import escape
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlmon.service.diagnose.findings import Diagnosis, Finding
 from rlmon.service.diagnose.logged_run import ReadProblem
@@ -16,6 +17,7 @@ from rlmon.service.diagnose.mapping import KeyStatus
 
 if TYPE_CHECKING:
     from rlmon.service.report.model import RunReport
+    from rlmon.service.storage.history import HistoryStore
 
 __all__ = ["render_html", "run_report"]
 
@@ -68,17 +70,76 @@ def _section(d: Diagnosis) -> tuple[str, str]:
     return style, "\n".join(parts)
 
 
+class _WithoutSteps:
+    """A history store as the report reads it, without step lines: a long log's alert
+    transitions are in the store (a few rows); the report's parts made from steps (the role
+    summary, the curves) are made from the log's columns instead."""
+
+    def __init__(self, store: HistoryStore) -> None:
+        self._store = store
+
+    def steps(self, run: str | None = None, role: str | None = None) -> Sequence[Any]:
+        return ()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+def _thinned(steps: Any, values: Any, present: Any, width: int) -> list[tuple[int, float]]:
+    """A column's finite points, each run of ``width`` kept as its lowest and its highest (as
+    the report thins a curve), with numpy: a million steps in milliseconds."""
+    import numpy as np
+
+    keep = present & np.isfinite(values)
+    xs, ys = steps[keep], values[keep]
+    if width > 1 and len(ys) > width:
+        rows = -(-len(ys) // width)
+        padded = np.full(rows * width, np.nan)
+        padded[:len(ys)] = ys
+        grid = padded.reshape(rows, width)
+        base = np.arange(rows) * width
+        chosen = np.unique(np.concatenate([base + np.nanargmin(grid, axis=1),
+                                           base + np.nanargmax(grid, axis=1)]))
+        xs, ys = xs[chosen], ys[chosen]
+    return list(zip(xs.tolist(), ys.tolist(), strict=True))
+
+
 def run_report(d: Diagnosis) -> RunReport:
-    """``rlmon report``'s report of a diagnosed run, from its steps and transitions (an
-    in-memory history store)."""
-    from rlmon.service.report.model import build_report
+    """``rlmon report``'s report of a diagnosed run, from its steps and transitions. A long
+    log's steps are never turned into step lines: its role summary and curves come straight
+    from its columns (``diagnose --html`` of a million entries in about the text's time and
+    memory)."""
+    from rlmon.service.diagnose.columns import RecordView
+    from rlmon.service.diagnose.findings import LoggedSteps
+    from rlmon.service.report.model import (
+        RoleSummary,
+        build_report,
+        curve_metrics,
+        curves_from,
+        thinning_width,
+    )
     from rlmon.service.storage.history import HistoryStore
 
+    steps = d.steps
     store = HistoryStore(":memory:")
     try:
-        store.add([record for record, _ in d.steps],
-                  [event for _, events in d.steps for event in events])
-        return build_report(store, d.run.name)
+        if not isinstance(steps, LoggedSteps) or not isinstance(steps.records, RecordView):
+            # records held already (rlmon's own files, a short log), with their timelines and
+            # samples: the report reads them from the store as it reads a service's
+            store.add([record for record, _ in steps],
+                      [event for _, events in steps for event in events])
+            return build_report(store, d.run.name)
+        records = steps.records
+        store.add([], steps.events)
+        report = build_report(_WithoutSteps(store), d.run.name)  # type: ignore[arg-type]
+        if not len(records):
+            return report
+        at = records.steps()
+        width = thinning_width(len(records))
+        series = {(records.role, name): _thinned(at, *records.column(name), width)
+                  for name in curve_metrics(report.alerts) if name in records.names}
+        role = RoleSummary(records.role, len(records), int(at.min()), int(at.max()), 0, 1, 1)
+        return replace(report, roles=(role,), curves=tuple(curves_from(series, report.alerts)))
     finally:
         store.close()
 

@@ -9,13 +9,14 @@ TensorBoard callback writes its arguments as a text summary, a checkpoint keeps 
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from rlmon.service.export.exporter import RunInfo
+from rlmon.service.json_input import loads as bounded_json
 
 __all__ = ["RunSettings", "Segment", "flatten", "settings_from_config"]
 
@@ -38,6 +39,16 @@ _SAMPLES_PER_PROMPT = ("actor_rollout_ref.rollout.n",)
 _GPUS = ("trainer.n_gpus_per_node",)
 _NODES = ("trainer.nnodes",)
 
+# The largest value each setting can plausibly hold: a value past it (a 600-digit world size, a
+# 1e300) is refused by name, never used to price or scale anything.
+_MOST = {"gradient_accumulation_steps": 1 << 20, "per_device_batch_size": 1 << 24,
+         "world_size": 1 << 20, "context_parallel": 1 << 16, "sequence_parallel": 1 << 16,
+         "zero_stage": 3, "max_length": 1 << 31, "samples_per_step": 1 << 40}
+_MOST_FACTOR = {_LENGTH: 1 << 31, _PROMPT_LENGTH: 1 << 31, _COMPLETION_LENGTH: 1 << 31,
+                _TRAIN_BATCH: 1 << 30, _SAMPLES_PER_PROMPT: 1 << 16, _GPUS: 1 << 12,
+                _NODES: 1 << 20}
+_MAX_DIGITS = 20  # an integer written with more digits is past every bound above
+
 
 @dataclass(frozen=True, slots=True)
 class RunSettings:
@@ -53,11 +64,12 @@ class RunSettings:
     deepspeed: bool | None = None
     samples_per_step: int | None = None  # the whole step's samples, where the config says so
     origin: tuple[tuple[str, str], ...] = ()  # (setting, where it was read)
+    refused: tuple[str, ...] = ()  # values out of their setting's range, by key (not used)
 
     @property
     def known(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name != "origin" and getattr(self, f.name) is not None}
+                if f.name not in ("origin", "refused") and getattr(self, f.name) is not None}
 
     @property
     def data_parallel(self) -> int | None:
@@ -94,10 +106,13 @@ class RunSettings:
                        dpo=dpo)
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.known, "read_from": dict(self.origin)}
+        return {**self.known, "read_from": dict(self.origin), "refused": list(self.refused)}
 
     def describe(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in self.known.items())
+        known = ", ".join(f"{k}={v}" for k, v in self.known.items())
+        if not self.refused:
+            return known
+        return "; ".join(([known] if known else []) + [f"refused {r}" for r in self.refused])
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +134,7 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
             value = value["value"]
         if isinstance(value, str) and value[:1] == "{":
             with suppress(ValueError):  # the HF arguments keep a DeepSpeed config as JSON
-                value = json.loads(value)
+                value = bounded_json(value)
         if isinstance(value, Mapping):
             out.update(flatten(value, f"{prefix}{key}."))
         else:
@@ -127,21 +142,31 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _int(value: Any) -> int | None:
+def _int(value: Any) -> int | float | None:
+    """An integer setting's value; a float too large to be one is kept as the float (it is
+    refused by range, never converted: ``int(1e300)`` is a 301-digit number)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
+    if isinstance(value, float) and (value.is_integer() or math.isinf(value)):
+        return int(value) if abs(value) < 2.0 ** 63 else value
     if isinstance(value, str) and value.strip().isdigit():
-        return int(value.strip())
+        digits = value.strip()
+        return int(digits) if len(digits) <= _MAX_DIGITS else math.inf
     return None
 
 
-def _find(flat: Mapping[str, Any], names: tuple[str, ...]) -> tuple[str, int] | None:
-    """The first key ending in one of ``names`` with a positive integer value: the shortest
-    path first, the actor's before a critic's (verl nests one config per role)."""
+def _shown(number: int | float) -> str:
+    text = f"{number:g}" if isinstance(number, float) else str(number)
+    return text if len(text) <= 24 else f"{text[:12]}... ({len(text)} digits)"
+
+
+def _find_bounded(flat: Mapping[str, Any], names: tuple[str, ...], most: int,
+          refused: list[str]) -> tuple[str, int] | None:
+    """The first key ending in one of ``names`` with a positive integer value up to ``most``:
+    the shortest path first, the actor's before a critic's (verl nests one config per role).
+    A value past ``most`` is named in ``refused``."""
     hits = []
     for key, value in flat.items():
         number = _int(value)
@@ -149,7 +174,10 @@ def _find(flat: Mapping[str, Any], names: tuple[str, ...]) -> tuple[str, int] | 
             continue
         for rank, name in enumerate(names):
             if key == name or key.endswith("." + name):
-                hits.append((rank, "critic" in key, key.count("."), key, number))
+                if number > most:
+                    refused.append(f"{key} = {_shown(number)} (more than {most})")
+                    break
+                hits.append((rank, "critic" in key, key.count("."), key, int(number)))
     if not hits:
         return None
     _, _, _, key, number = min(hits)
@@ -161,8 +189,14 @@ def settings_from_config(config: Mapping[str, Any], where: str) -> RunSettings:
     flat = flatten(config)
     values: dict[str, Any] = {}
     origin: list[tuple[str, str]] = []
+    refused: list[str] = []
+
+    def _find(found: Mapping[str, Any], names: tuple[str, ...]) -> tuple[str, int] | None:
+        """A factor of a setting (a length, a batch, GPUs per node), bounded as such."""
+        return _find_bounded(found, names, _MOST_FACTOR[names], refused)
+
     for setting, names in _INT_KEYS.items():
-        hit = _find(flat, names)
+        hit = _find_bounded(flat, names, _MOST[setting], refused)
         if hit is not None:
             values[setting] = hit[1]
             origin.append((setting, f"{where}: {hit[0]}"))
@@ -191,4 +225,9 @@ def settings_from_config(config: Mapping[str, Any], where: str) -> RunSettings:
         plain = flat.get("deepspeed")
         values["deepspeed"] = bool(plain) if "deepspeed" in flat else True
         origin.append(("deepspeed", f"{where}: deepspeed"))
-    return RunSettings(**values, origin=tuple(origin))
+    for setting in ("world_size", "max_length", "samples_per_step"):  # products of factors
+        if values.get(setting, 0) > _MOST[setting]:
+            refused.append(f"{setting} = {values.pop(setting)} (more than {_MOST[setting]})")
+            origin = [o for o in origin if o[0] != setting]
+    return RunSettings(**values, origin=tuple(origin),
+                       refused=tuple(f"{where}: {r}" for r in refused))

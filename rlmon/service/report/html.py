@@ -9,16 +9,19 @@ anywhere.
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import io
 import math
-from collections.abc import Collection, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, ParamSpec
 
 from rlmon.service.goodput.buckets import Bucket
 from rlmon.service.report.model import Curve, RunReport
 
-__all__ = ["BUCKET_COLOURS", "render_html"]
+__all__ = ["BUCKET_COLOURS", "plain_text_plots", "render_html"]
+
+_P = ParamSpec("_P")
 
 BUCKET_COLOURS = {Bucket.PRODUCTIVE.value: "#2e7d32", Bucket.OVERHEAD.value: "#1565c0",
                   Bucket.IDLE.value: "#9e9e9e", Bucket.WASTED.value: "#c62828"}
@@ -67,6 +70,22 @@ def _pyplot() -> Any:
     return plt
 
 
+def plain_text_plots(draw: Callable[_P, str]) -> Callable[_P, str]:
+    """Draw with every label as plain text: a metric or alert name is the run's, not ours, and
+    matplotlib's mathtext would read ``$\\frac{a}{b}$`` as a fraction and fail the whole page
+    on ``$\\undefinedmacro$``. The one way text reaches a plot (the medium's escaping)."""
+
+    @functools.wraps(draw)
+    def plain(*args: _P.args, **kwargs: _P.kwargs) -> str:
+        import matplotlib
+
+        with matplotlib.rc_context({"text.parse_math": False}):
+            return draw(*args, **kwargs)
+
+    return plain
+
+
+@plain_text_plots
 def _curve_png(curve: Curve) -> str:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 2.2))
@@ -87,6 +106,7 @@ def _curve_png(curve: Curve) -> str:
     return _png(fig)
 
 
+@plain_text_plots
 def _goodput_png(steps: Sequence[tuple[int, int, Any]]) -> str:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 2.8))

@@ -35,7 +35,8 @@ from rlmon.service.metrics import catalog
 from rlmon.service.storage.history import HistoryStore, StepTimelines
 from rlmon.service.storage.stored_samples import items_to_json
 
-__all__ = ["KEY_METRICS", "AlertEntry", "Curve", "RoleSummary", "RunReport", "build_report"]
+__all__ = ["KEY_METRICS", "MAX_CURVE_POINTS", "AlertEntry", "Curve", "RoleSummary", "RunReport",
+           "build_report", "curve_metrics", "curves_from", "thinning_width"]
 
 # The curves every report draws when the run has them (then the alerts' own metrics).
 KEY_METRICS = (
@@ -137,18 +138,19 @@ def _finite(value: Any) -> Any:
 
 
 def _roles(lines: Sequence[Mapping[str, Any]]) -> tuple[RoleSummary, ...]:
-    by_role: dict[str, list[Mapping[str, Any]]] = {}
+    """Per role, in one pass holding a summary, not the lines (a million steps)."""
+    by_role: dict[str, RoleSummary] = {}
     for line in lines:
-        by_role.setdefault(line["role"], []).append(line)
-    out = []
-    for role, items in sorted(by_role.items()):
-        steps = [int(i["step"]) for i in items]
-        out.append(RoleSummary(
-            role, len(items), min(steps), max(steps),
-            sum(1 for i in items if not i["complete"]),
-            1 + max(int(i.get("attempt", 0)) for i in items),
-            int(items[-1]["ranks_expected"])))
-    return tuple(out)
+        role, step, attempt = line["role"], int(line["step"]), int(line.get("attempt", 0))
+        was = by_role.get(role)
+        incomplete = 0 if line["complete"] else 1
+        by_role[role] = RoleSummary(
+            role, 1, step, step, incomplete, 1 + attempt, int(line["ranks_expected"])
+        ) if was is None else RoleSummary(
+            role, was.steps + 1, min(was.first, step), max(was.last, step),
+            was.incomplete + incomplete, max(was.attempts, 1 + attempt),
+            int(line["ranks_expected"]))
+    return tuple(by_role[role] for role in sorted(by_role))
 
 
 def _alerts(store: HistoryStore, run: str, run_end: float | None, price: Price,
@@ -229,6 +231,8 @@ def _goodput(store: HistoryStore, run: str, lines: Sequence[Mapping[str, Any]],
              config: GoodputConfig) -> tuple[list[StepGoodput], list[StepTimelines]]:
     spans = span_map(config)
     stored = store.timelines(run, every_attempt=True)
+    if not stored:  # no timelines, no goodput: the steps' values are not needed
+        return [], stored
     by_step: dict[tuple[int, int], list[RoleTimelines]] = {}
     for st in stored:
         by_step.setdefault((st.attempt, st.step), []).append(
@@ -280,21 +284,78 @@ def _slowest(stored: Sequence[StepTimelines], spans: SpanMap,
     return slow_ranks, slow_stages
 
 
+MAX_CURVE_POINTS = 2_000
+
+
+class _Thinned:
+    """A curve's points, at most about ``2 * MAX_CURVE_POINTS`` of them: each run of ``width``
+    consecutive points keeps its lowest and its highest (a spike or a dip stays visible), in
+    step order. A million-step run draws as a few thousand points, in memory to match."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.points: list[tuple[int, float]] = []
+        self._low: tuple[int, float] | None = None
+        self._high: tuple[int, float] | None = None
+        self._seen = 0
+
+    def add(self, step: int, value: float) -> None:
+        if self.width == 1:
+            self.points.append((step, value))
+            return
+        if self._low is None or value < self._low[1]:
+            self._low = (step, value)
+        if self._high is None or value > self._high[1]:
+            self._high = (step, value)
+        self._seen += 1
+        if self._seen == self.width:
+            self.close()
+
+    def close(self) -> list[tuple[int, float]]:
+        if self._low is not None and self._high is not None:
+            self.points.extend(sorted({self._low, self._high}))
+        self._low = self._high = None
+        self._seen = 0
+        return self.points
+
+
+def thinning_width(lines: int) -> int:
+    """How many consecutive points of a curve of ``lines`` steps become one low and one high."""
+    return max(1, -(-lines // MAX_CURVE_POINTS))
+
+
+def curve_metrics(alerts: Sequence[AlertEntry]) -> list[str]:
+    """The metrics drawn: the key ones, then each alert's."""
+    return list(dict.fromkeys([*KEY_METRICS, *(a.metric for a in alerts if a.metric)]))
+
+
 def _curves(lines: Sequence[Mapping[str, Any]], alerts: Sequence[AlertEntry]) -> list[Curve]:
-    wanted = list(dict.fromkeys([*KEY_METRICS, *(a.metric for a in alerts if a.metric)]))
+    wanted = curve_metrics(alerts)
     latest: dict[str, int] = {}
     for line in lines:
         latest[line["role"]] = max(latest.get(line["role"], 0), int(line.get("attempt", 0)))
-    series: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    width = thinning_width(len(lines))
+    series: dict[tuple[str, str], _Thinned] = {}
     for line in lines:
         if int(line.get("attempt", 0)) != latest[line["role"]]:
             continue
+        metrics = line["metrics"]
         for name in wanted:
-            value = line["metrics"].get(name)
+            value = metrics.get(name)
             if value is not None:
-                series.setdefault((line["role"], name), []).append((int(line["step"]), value))
+                thinned = series.get((line["role"], name))
+                if thinned is None:
+                    thinned = series[(line["role"], name)] = _Thinned(width)
+                thinned.add(int(line["step"]), value)
+    return curves_from({key: thinned.close() for key, thinned in series.items()}, alerts)
+
+
+def curves_from(series: Mapping[tuple[str, str], Sequence[tuple[int, float]]],
+                alerts: Sequence[AlertEntry]) -> list[Curve]:
+    """The curves of ``series`` ((role, metric) -> points), in :func:`curve_metrics` order,
+    each with its role's alert markers."""
     out = []
-    for name in wanted:
+    for name in curve_metrics(alerts):
         for (role, metric), points in sorted(series.items()):
             if metric != name or len(points) < 1:
                 continue

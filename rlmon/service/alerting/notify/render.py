@@ -12,6 +12,8 @@ from typing import Any
 from urllib.parse import quote
 
 from rlmon.service.alerting.engine import AlertEvent
+from rlmon.service.alerting.notify.slack_text import code, link, own_words
+from rlmon.service.alerting.notify.slack_text import mrkdwn as _mrkdwn
 from rlmon.service.metrics import remedies
 from rlmon.service.storage.stored_samples import command_for, items_to_json
 
@@ -94,18 +96,14 @@ def samples_json(event: AlertEvent, state_dir: str | None = None) -> dict[str, A
 
 
 def _slack_samples(event: AlertEvent, state_dir: str | None) -> str:
-    lines = [f":microscope: Worst samples (`{_mrkdwn(event.samples_metric)}`):"]
+    lines = [f":microscope: Worst samples ({code(event.samples_metric)}):"]
     for n, (score, ident, payload) in enumerate(event.samples, 1):
         text = " ".join(payload.split())  # one line each
-        lines.append(f"{n}. `{_mrkdwn(ident)}` {format_value(score)}"
+        lines.append(f"{n}. {code(ident)} {format_value(score)}"
                      + (f": {_mrkdwn(text)}" if text else ""))
     command = command_for(event.run, event.role, event.step, state_dir=state_dir)
-    lines.append(f"All of them: `{command}`")
+    lines.append(f"All of them: {code(command)}")
     return "\n".join(lines)
-
-
-def _mrkdwn(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def slack_body(events: Sequence[AlertEvent], dashboard: str | None, username: str,
@@ -135,7 +133,7 @@ def slack_body(events: Sequence[AlertEvent], dashboard: str | None, username: st
             lines.append(_mrkdwn(event.summary))
         if event.metric:
             lines.append(
-                f"`{_mrkdwn(event.metric)}` = *{format_value(event.value)}*"
+                f"{code(event.metric)} = *{format_value(event.value)}*"
                 + (f" (alert when {_mrkdwn(event.condition)})" if event.condition else "")
             )
         if event.detail:
@@ -145,10 +143,10 @@ def slack_body(events: Sequence[AlertEvent], dashboard: str | None, username: st
         if event.stop:
             lines.append(f":octagonal_sign: *{_mrkdwn(event.stop)}*")
         if event.first_moved and event.state == "firing":
-            lines.append(f":footprints: What moved first: {_mrkdwn(event.first_moved)}")
+            lines.append(f":footprints: What moved first: {own_words(event.first_moved)}")
         page = alert_url(event, public_url)
         if page:
-            lines.append(f"<{page}|Open in rlmon>")
+            lines.append(link(page, "Open in rlmon"))
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)}})
         if event.samples:
             blocks.append({"type": "section",
@@ -164,16 +162,16 @@ def slack_body(events: Sequence[AlertEvent], dashboard: str | None, username: st
             blocks.append({
                 "type": "context",
                 "elements": [{"type": "mrkdwn", "text": (
-                    f":wrench: What to change{_framework_label(event)}: {_mrkdwn(change)}")}],
+                    f":wrench: What to change{_framework_label(event)}: {own_words(change)}")}],
             })
-    context = f"run `{_mrkdwn(first.run)}` · role `{_mrkdwn(first.role)}` · step {first.step}"
+    context = f"run {code(first.run)} · role {code(first.role)} · step {first.step}"
     run_page = run_url(first.run, first.role, public_url)
     if run_page:
-        context += f" · <{run_page}|Open run>"
+        context += " · " + link(run_page, "Open run")
     if dashboard:
-        context += f" · <{dashboard}|Open dashboard>"
+        context += " · " + link(dashboard, "Open dashboard")
     blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": context}]})
-    fallback = "; ".join(summary_line(e) for e in events)
+    fallback = _mrkdwn("; ".join(summary_line(e) for e in events))
     return {"text": fallback[:3000], "blocks": blocks, "username": username}
 
 

@@ -180,7 +180,8 @@ def _settings(path: Path, first: int) -> tuple[tuple[Segment, ...], tuple[str, .
             previous_step = step
             continue
         settings = settings_from_config(fields, f"{folder.name}/{args.name}")
-        if settings.known and (not segments or segments[-1].settings.known != settings.known):
+        if (settings.known or settings.refused) and (
+                not segments or segments[-1].settings.known != settings.known):
             start = first if not segments or previous_step is None else previous_step + 1
             segments.append(Segment(start, settings, str(args), flatten(fields)))
         previous_step = step

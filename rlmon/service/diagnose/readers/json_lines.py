@@ -12,6 +12,8 @@ from typing import Any
 
 from rlmon.service.diagnose.logged_run import LogError, ReadProblem
 from rlmon.service.input_files import InputFileError, LineTooLong, bounded_lines, open_regular
+from rlmon.service.json_input import TooDeep
+from rlmon.service.json_input import loads as bounded_json
 
 __all__ = ["MAX_LINE_BYTES", "first_object", "objects"]
 
@@ -46,7 +48,10 @@ def objects(path: Path, problems: list[ReadProblem]) -> Iterator[tuple[int, dict
             if not raw.strip():
                 continue
             try:
-                value = json.loads(raw)
+                value = bounded_json(raw)
+            except TooDeep as exc:
+                problems.append(ReadProblem(f"{path}:{number}", str(exc)))
+                continue
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 what = "truncated (the last line is cut short)" if last else "not JSON"
                 problems.append(ReadProblem(f"{path}:{number}", f"{what}: {exc}"))
@@ -66,7 +71,7 @@ def first_object(path: Path) -> dict[str, Any] | None:
                 if isinstance(raw, LineTooLong):
                     return None
                 if raw.strip():
-                    value = json.loads(raw)
+                    value = bounded_json(raw)
                     return value if isinstance(value, dict) else None
     except (OSError, ValueError):
         return None

@@ -7,7 +7,6 @@ diagnosing a live service's file changes nothing in it.
 
 from __future__ import annotations
 
-import json
 import math
 import sqlite3
 from collections import defaultdict
@@ -16,6 +15,7 @@ from typing import Any
 
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.diagnose.logged_run import LogError, LoggedRun, ReadProblem
+from rlmon.service.json_input import loads as bounded_json
 from rlmon.service.metrics.rank import Rank
 from rlmon.service.replay import replay
 
@@ -82,7 +82,7 @@ def read_history_store(path: Path) -> list[LoggedRun]:
     records = []
     for index, (text,) in enumerate(rows, start=1):
         try:
-            records.append(_record(json.loads(text)))
+            records.append(_record(bounded_json(text)))
         except (ValueError, KeyError, TypeError) as exc:
             problems.append(ReadProblem(f"{path}: steps row {index}",
                                         f"not a step line: {exc!r}"))

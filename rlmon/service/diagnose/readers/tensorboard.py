@@ -19,7 +19,6 @@ settings that file was written with.
 
 from __future__ import annotations
 
-import json
 import struct
 from collections import defaultdict
 from collections.abc import Iterator
@@ -35,6 +34,7 @@ from rlmon.service.diagnose.logged_run import (
 )
 from rlmon.service.diagnose.run_settings import Segment, flatten, settings_from_config
 from rlmon.service.input_files import InputFileError, open_regular
+from rlmon.service.json_input import loads as bounded_json
 
 __all__ = ["EVENT_FILE_MARK", "MAX_EVENT_FILE_BYTES", "event_files", "read_tensorboard"]
 
@@ -139,8 +139,8 @@ def _text(tag: str, array: Any, texts: dict[str, Any]) -> None:
     raw = array.reshape(()).item()
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
     try:
-        obj = json.loads(text)
-    except ValueError:
+        obj = bounded_json(text)
+    except ValueError:  # not JSON, or nested too deeply: not a config
         return
     if isinstance(obj, dict):
         texts[tag] = obj
@@ -171,7 +171,7 @@ def read_tensorboard(directory: Path, files: list[Path] | None = None) -> Logged
         read += events
         config = {k: v for text in texts.values() for k, v in text.items()}
         settings = settings_from_config(config, f"{path.name} text {', '.join(texts)}")
-        if settings.known and steps:
+        if (settings.known or settings.refused) and steps:
             segments.append(Segment(min(steps), settings, str(path), flatten(config)))
         if damage is not None:
             damages.append(f"{path.name}: {damage}")

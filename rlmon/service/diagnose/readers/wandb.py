@@ -14,7 +14,6 @@ rows as JSON lines or CSV (an empty cell or a null is a key not logged at that s
 from __future__ import annotations
 
 import csv
-import json
 import struct
 import zlib
 from collections import defaultdict
@@ -39,6 +38,7 @@ from rlmon.service.input_files import (
     open_regular,
     read_bounded,
 )
+from rlmon.service.json_input import loads as bounded_json
 
 __all__ = ["STEP_KEYS", "join_resumed", "read_wandb_csv", "read_wandb_jsonl", "read_wandb_run", "run_files"]
 
@@ -47,7 +47,8 @@ _HEADER = struct.Struct("<4sHB")  # ident, magic, version
 _CHUNK = struct.Struct("<IHB")  # checksum (crc32 of type byte and data), length, type
 _IDENT, _MAGIC, _VERSION = b":W&B", 0xBEE1, 0
 _BLOCK = 32768
-MAX_RUN_FILE_BYTES = 4 << 30  # a run file is read whole; a million steps is a few hundred MB
+MAX_RUN_FILE_BYTES = 4 << 30  # read a block at a time; a million steps is a few hundred MB
+MAX_RECORD_BYTES = 64 << 20  # one record (a history row, a config) reassembled from its chunks
 _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 
 
@@ -55,40 +56,56 @@ def run_files(directory: Path) -> list[Path]:
     return sorted(directory.glob("run-*.wandb"))
 
 
-def _payloads(data: bytes, path: str, problems: list[ReadProblem]) -> Iterator[bytes]:
-    """The records' bytes, reassembled from their chunks; damage stops the scan, reported."""
-    if len(data) < _HEADER.size or _HEADER.unpack_from(data) != (_IDENT, _MAGIC, _VERSION):
+def _payloads(handle: BinaryIO, path: str, problems: list[ReadProblem]) -> Iterator[bytes]:
+    """The records' bytes, reassembled from their chunks, read one 32 KiB block at a time (the
+    file is never held whole: a sparse 4 GB file costs a block); damage stops the scan,
+    reported."""
+    block = handle.read(_BLOCK)
+    if len(block) < _HEADER.size or _HEADER.unpack_from(block) != (_IDENT, _MAGIC, _VERSION):
         raise LogError(path, "not a W&B transaction log (expected the ':W&B' header)")
-    offset, pending = _HEADER.size, b""
-    while offset < len(data):
-        room = _BLOCK - offset % _BLOCK
-        if room < _CHUNK.size:  # the block's trailer
-            offset += room
+    base, at = 0, _HEADER.size  # the block's offset in the file, the chunk's in the block
+    pending: list[bytes] = []
+    held = 0
+    while True:
+        if at >= len(block):
+            if len(block) < _BLOCK:  # the file's end
+                return
+            base, block, at = base + len(block), handle.read(_BLOCK), 0
             continue
-        if offset + _CHUNK.size > len(data):
+        if _BLOCK - at < _CHUNK.size:  # the block's trailer
+            at = _BLOCK
+            continue
+        offset = base + at
+        if at + _CHUNK.size > len(block):
             problems.append(ReadProblem(path, f"truncated at byte {offset} (a partial chunk "
                                         "header); the records before it are diagnosed"))
             return
-        checksum, length, kind = _CHUNK.unpack_from(data, offset)
+        checksum, length, kind = _CHUNK.unpack_from(block, at)
         if kind == 0 and length == 0:  # zero padding after the last record
             return
-        body = data[offset + _CHUNK.size:offset + _CHUNK.size + length]
-        if len(body) < length:
+        body = block[at + _CHUNK.size:at + _CHUNK.size + length]
+        if len(body) < length and len(block) < _BLOCK:
             problems.append(ReadProblem(path, f"truncated at byte {offset} (a record cut "
                                         "short); the records before it are diagnosed"))
             return
-        if zlib.crc32(body, zlib.crc32(bytes([kind]))) != checksum or kind not in (
-                _FULL, _FIRST, _MIDDLE, _LAST):
-            problems.append(ReadProblem(path, f"corrupt record at byte {offset} (checksum or "
-                                        "type); the records before it are diagnosed"))
+        if len(body) < length or zlib.crc32(body, zlib.crc32(bytes([kind]))) != checksum \
+                or kind not in (_FULL, _FIRST, _MIDDLE, _LAST):
+            problems.append(ReadProblem(path, f"corrupt record at byte {offset} (checksum, "
+                                        "length or type); the records before it are diagnosed"))
             return
-        offset += _CHUNK.size + length
+        at += _CHUNK.size + length
         if kind in (_FULL, _FIRST):
-            pending = b""
-        pending += body
+            pending, held = [], 0
+        pending.append(body)
+        held += length
+        if held > MAX_RECORD_BYTES:
+            problems.append(ReadProblem(path, f"a record before byte {base + at} is longer "
+                                        f"than {MAX_RECORD_BYTES} bytes; the records before it "
+                                        "are diagnosed"))
+            return
         if kind in (_FULL, _LAST):
-            yield pending
-            pending = b""
+            yield b"".join(pending)
+            pending, held = [], 0
 
 
 class _BadStep(ValueError):
@@ -146,38 +163,40 @@ def read_wandb_run(path: Path) -> LoggedRun:
     run_id = ""
     for file in files:
         try:
-            data = read_bounded(file, MAX_RUN_FILE_BYTES)
+            handle = open_regular(file, MAX_RUN_FILE_BYTES)
         except InputFileError as exc:
             raise LogError(exc.path, exc.message) from None
-        for payload in _payloads(data, str(file), problems):
-            record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
-            try:
-                record.ParseFromString(payload)
-            except Exception as exc:  # protobuf's DecodeError: name it, go on
-                problems.append(ReadProblem(str(file), f"a record is not a W&B Record: {exc}"))
-                continue
-            kind = record.WhichOneof("record_type")
-            if kind == "run":
-                name = record.run.display_name or record.run.run_id or name
-                run_id = record.run.run_id or run_id
-                _config(record.run.config, config)
-            elif kind == "config":
-                _config(record.config, config)
-            elif kind == "history":
-                items = {"/".join(i.nested_key) if i.nested_key else i.key: json.loads(i.value_json)
-                         for i in record.history.item if i.value_json}
+        with handle:
+            for payload in _payloads(handle, str(file), problems):
+                record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
                 try:
-                    step, values = _row(items)
-                except _BadStep as exc:
-                    problems.append(ReadProblem(str(file), f"a history row's {exc}: skipped"))
+                    record.ParseFromString(payload)
+                except Exception as exc:  # protobuf's DecodeError: name it, go on
+                    problems.append(ReadProblem(str(file), f"a record is not a W&B Record: {exc}"))
                     continue
-                logged.append((step, record.history.step.num, values))
+                kind = record.WhichOneof("record_type")
+                if kind == "run":
+                    name = record.run.display_name or record.run.run_id or name
+                    run_id = record.run.run_id or run_id
+                    _config(record.run.config, config)
+                elif kind == "config":
+                    _config(record.config, config)
+                elif kind == "history":
+                    try:
+                        items = {"/".join(i.nested_key) if i.nested_key else i.key:
+                                 bounded_json(i.value_json)
+                                 for i in record.history.item if i.value_json}
+                        step, values = _row(items)
+                    except ValueError as exc:  # a bad step, a value not JSON or nested too deeply
+                        problems.append(ReadProblem(str(file), f"a history row's {exc}: skipped"))
+                        continue
+                    logged.append((step, record.history.step.num, values))
     if not logged and not problems:
         raise LogError(str(path), "the W&B run holds no history rows (nothing was logged)")
     rows = _by_step(logged)
     settings = settings_from_config(config, f"{files[0].name} config")
     segments = (Segment(min(rows, default=0), settings, str(files[0]), flatten(config)),) \
-        if settings.known else ()
+        if settings.known or settings.refused else ()
     return LoggedRun(str(path), "wandb-offline", run_name(name), rows,
                      problems=tuple(problems), packages=_requirements(files[0].parent),
                      segments=segments, run_id=run_id)
@@ -218,8 +237,8 @@ def _config(record: Any, into: dict[str, Any]) -> None:
     for item in record.update:
         key = ".".join(item.nested_key) if item.nested_key else item.key
         try:
-            into[key] = json.loads(item.value_json)
-        except ValueError:
+            into[key] = bounded_json(item.value_json)
+        except ValueError:  # not JSON, or nested too deeply: not a setting
             continue
     for item in record.remove:
         into.pop(".".join(item.nested_key) if item.nested_key else item.key, None)
