@@ -29,6 +29,7 @@ __all__ = [
     "DESTINATIONS",
     "ConfigError",
     "ExporterConfig",
+    "ForwardConfig",
     "GoodputConfig",
     "LivenessConfig",
     "NotifiersConfig",
@@ -337,6 +338,54 @@ class StopConfig(_Section):
         return None
 
 
+class WandbForward(_Section):
+    """Forwarding to Weights & Biases (the ``wandb`` package, a dependency)."""
+
+    enabled: bool = False
+    project: str = Field(default="rlmon", min_length=1)
+    entity: str | None = None
+    mode: Literal["online", "offline"] = "online"  # offline: run files only (`wandb sync` later)
+    dir: Path | None = None  # where W&B keeps its run files (None: its own default)
+
+
+class MlflowForward(_Section):
+    """Forwarding to MLflow (the ``forward`` extra: mlflow-skinny)."""
+
+    enabled: bool = False
+    tracking_uri: str | None = None  # None: MLflow's own default (MLFLOW_TRACKING_URI)
+    experiment: str = Field(default="rlmon", min_length=1)
+
+
+class TensorBoardForward(_Section):
+    """Forwarding to TensorBoard event files (the ``tensorboard`` package, a dependency)."""
+
+    enabled: bool = False
+    log_dir: Path = Path("rlmon-tensorboard")  # one subdirectory per run
+
+
+class ForwardConfig(_Section):
+    """Finalized steps, alerts and run ends forwarded to trackers (docs/configuration.md)."""
+
+    # "catalog": rlmon's names (actor/kl); "framework": the run's framework's own key for a
+    # catalog metric where the key map has one (OpenRLHF's policy_kl ...), else the catalog's
+    names: Literal["catalog", "framework"] = "catalog"
+    wandb: WandbForward = Field(default_factory=WandbForward)
+    mlflow: MlflowForward = Field(default_factory=MlflowForward)
+    tensorboard: TensorBoardForward = Field(default_factory=TensorBoardForward)
+    # per tracker: steps waiting to be sent; past it the oldest wait no longer (counted)
+    queue_steps: int = Field(default=100_000, ge=1)
+    queue_events: int = Field(default=10_000, ge=1)  # alerts, settings and ends waiting
+    batch_steps: int = Field(default=500, ge=1)  # steps per call to the tracker
+    flush_seconds: float = Field(default=5.0, gt=0.0)  # a partial batch leaves after this
+    retry_initial_seconds: float = Field(default=1.0, gt=0.0)  # a tracker down: backoff
+    retry_max_seconds: float = Field(default=300.0, gt=0.0)
+    max_runs: int = Field(default=64, ge=1)  # tracker runs open at once; the oldest is closed
+
+    @property
+    def enabled(self) -> bool:
+        return self.wandb.enabled or self.mlflow.enabled or self.tensorboard.enabled
+
+
 class OtlpConfig(_Section):
     """OpenTelemetry export of the step timelines' spans (OTLP over HTTP, protobuf); off by
     default, needs the ``otlp`` extra (opentelemetry-sdk, opentelemetry-exporter-otlp-proto-http)."""
@@ -436,6 +485,7 @@ class Settings(BaseSettings):
     otlp: OtlpConfig = Field(default_factory=OtlpConfig)
     stop: StopConfig = Field(default_factory=StopConfig)
     goodput: GoodputConfig = Field(default_factory=GoodputConfig)
+    forward: ForwardConfig = Field(default_factory=ForwardConfig)
 
     @classmethod
     def settings_customise_sources(
