@@ -135,7 +135,7 @@ class _Worker:
         if not self._said:
             self._said = True
             log.warning("rlmon: forward to %s: the tracker does not keep up; the oldest queued "
-                        "items are dropped (counted in rlmon_removed_total{kind=\"forward_*\"}; "
+                        "items are dropped (counted in rlmon_state_removed_total{component=\"forward\"}; "
                         "said once)", self.tracker.name)
         self._queue = kept
 
