@@ -87,16 +87,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the read-everything baseline (it needs memory)")
+    parser.add_argument("--store", type=Path, default=None,
+                        help="keep the built store in this directory and reuse it next time")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        state = Path(tmp)
-        seconds = build(state, args.steps)
+        state = args.store or Path(tmp)
+        state.mkdir(parents=True, exist_ok=True)
+        if (state / "history.sqlite").exists():
+            print("store: reused")
+        else:
+            seconds = build(state, args.steps)
+            print(f"store: built in {seconds:.1f} s")
         size = (state / "history.sqlite").stat().st_size / 2**20
-        print(f"store: {args.steps:,} steps of {len(METRICS)} metrics, {size:,.0f} MiB, "
-              f"built in {seconds:.1f} s")
+        print(f"store: {args.steps:,} steps of {len(METRICS)} metrics, {size:,.0f} MiB")
         results = {}
         for what in ("parquet", "csv", *(() if args.no_baseline else ("baseline",))):
-            out = state / f"out.{what}"
+            out = Path(tmp) / f"out.{what}"
             results[what] = figures = measure(what, state, out)
             extra = f", file {out.stat().st_size / 2**20:,.0f} MiB" if out.exists() else ""
             print(f"{what:8s}: {figures['seconds']:7.1f} s, peak RSS "

@@ -3,7 +3,7 @@
 One directory per tracker run under ``log_dir`` (TensorBoard lists each as a run). A value is a
 scalar summary holding a float64 tensor (the scalars plugin's data class), so it is the exact
 value, not the float32 of a legacy ``simple_value``. The settings, each alert transition
-(``rlmon/alerts/<role>``, at its step) and the end state (``rlmon/end_state``) are text
+(``rlmon_alerts/<role>``, at its step) and the end state (``rlmon_end_state``) are text
 summaries.
 """
 
@@ -52,7 +52,7 @@ class TensorBoardTracker:
             path.mkdir(parents=True, exist_ok=True)
             writer = self._writers[run] = self._writer_class(str(path))
             if settings:
-                self._write_text(writer, "rlmon/settings", _table(settings), 0)
+                self._write_text(writer, "rlmon_settings", _table(settings), 0)
         return writer
 
     def _write(self, writer: Any, step: int, wall: float, values: list[Any]) -> None:
@@ -81,18 +81,18 @@ class TensorBoardTracker:
                events: Sequence[AlertEvent]) -> None:
         writer = self._open(run, settings)
         for event in events:
-            self._write_text(writer, f"rlmon/alerts/{event.role}", summary_line(event),
+            self._write_text(writer, f"rlmon_alerts/{event.role}", summary_line(event),
                              event.step)
         writer.flush()
 
     def settings(self, run: TrackerRun, settings: Mapping[str, str]) -> None:
         writer = self._open(run, {})
-        self._write_text(writer, "rlmon/settings", _table(settings), 0)
+        self._write_text(writer, "rlmon_settings", _table(settings), 0)
         writer.flush()
 
     def end(self, run: TrackerRun, state: EndState) -> None:
         writer = self._open(run, {})
-        self._write_text(writer, "rlmon/end_state", state, self._last_step.get(run, 0))
+        self._write_text(writer, "rlmon_end_state", state, self._last_step.get(run, 0))
         self.release(run)
 
     def release(self, run: TrackerRun) -> None:

@@ -4,7 +4,7 @@ One W&B run per tracker run (id :attr:`TrackerRun.id`, resumed if it exists). Ea
 are plotted against that role's step (``rlmon_step/<role>``, W&B's ``define_metric``): roles
 finalize steps at their own pace, and W&B's own ``_step`` must only grow. The run's settings are
 its config; an alert transition is a W&B alert (critical: ERROR, warning: WARN, resolved: INFO);
-the end state is the summary's ``rlmon/end_state`` and the run's exit (failed: exit code 1,
+the end state is the summary's ``rlmon_end_state`` and the run's exit (failed: exit code 1,
 preempted: marked preempting first).
 """
 
@@ -82,7 +82,7 @@ class WandbTracker:
 
     def end(self, run: TrackerRun, state: EndState) -> None:
         handle = self._open(run, {})
-        handle.summary["rlmon/end_state"] = state
+        handle.summary["rlmon_end_state"] = state
         if state == "preempted":
             handle.mark_preempting()
         handle.finish(exit_code=0 if state == "finished" else 1)

@@ -160,7 +160,7 @@ def test_wandb_offline_run_holds_the_exact_values_settings_alerts_and_end(
     assert {t for t, _, _ in alerts} == {f"{a['alert']} on {RUN}/{a['role']}"
                                          for a in transitions}
     assert {level for _, level, _ in alerts} <= {"ERROR", "WARN", "INFO"}
-    assert summary["rlmon/end_state"] == "preempted" and preempting == 1 and exits == [1]
+    assert summary["rlmon_end_state"] == "preempted" and preempting == 1 and exits == [1]
 
 
 def test_mlflow_run_holds_the_exact_values_settings_alert_tags_and_end(
@@ -203,13 +203,13 @@ def test_tensorboard_event_files_hold_the_exact_values_settings_alerts_and_end(
     for tag in tags:
         for event in acc.Tensors(tag):
             value = tensor_util.make_ndarray(event.tensor_proto)
-            if tag.startswith("rlmon/"):
+            if tag.startswith("rlmon_"):
                 texts[tag].append(value.item().decode())
             else:
                 got[(tag, event.step)] = float(value.item())
     expected = _expected(forwarded)
     assert {k: v for k, v in got.items() if k in expected} == expected
-    assert texts["rlmon/end_state"] == ["preempted"]
-    assert "| framework | openrlhf |" in texts["rlmon/settings"][-1]
-    alerts = [text for role in ROLES for text in texts[f"rlmon/alerts/{role}"]]
+    assert texts["rlmon_end_state"] == ["preempted"]
+    assert "| framework | openrlhf |" in texts["rlmon_settings"][-1]
+    alerts = [text for role in ROLES for text in texts[f"rlmon_alerts/{role}"]]
     assert len(alerts) == len(forwarded["alerts"])
