@@ -178,9 +178,10 @@ def test_an_undelivered_group_is_retried_kept_and_sent_whole_after_a_restart(
 
 def test_a_runs_end_on_every_role_is_one_message_from_the_live_service(
         receiver: Receiver, tmp_path: Path) -> None:
-    settings = _settings(receiver, group_wait_seconds=1.0)
+    settings = _settings(receiver, group_wait_seconds=1.0, group_interval_seconds=1.0)
     settings.routing.critical = ["slack", "webhook"]
     _slack_ok(receiver, "1700000000.000300")
+    _slack_ok(receiver, "1700000000.000400")
     core = ServiceCore(settings, state_dir=tmp_path)
     try:
         now = time.time()
@@ -195,5 +196,15 @@ def test_a_runs_end_on_every_role_is_one_message_from_the_live_service(
         assert len(hooks) == 1 and len(_slack(receiver)) == 1
         assert sorted(a["role"] for a in hooks[0]["alerts"]) == sorted(roles)
         assert {a["alert"] for a in hooks[0]["alerts"]} == {"RunDied"}
+        # the actor comes back: the resolve is an update of the group, in the Slack thread
+        later = time.time()
+        core.liveness([LivenessView(RUN, "actor", RunState.RUNNING, later, later, 10, later,
+                                    later, 1.0, 30.0, 2, heartbeats=True)])
+        wait_for(lambda: len(receiver.accepted("/hook")) == 2 and len(_slack(receiver)) == 2,
+                 30, "the group's update")
+        update = receiver.accepted("/hook")[1].body
+        assert update["update"] is True and [(a["role"], a["state"]) for a in
+                                             update["alerts"]] == [("actor", "resolved")]
+        assert _slack(receiver)[1]["thread_ts"] == "1700000000.000300"
     finally:
         core.close(5.0)

@@ -19,6 +19,7 @@ PagerDuty is not grouped: one incident per alert, by its dedup key. The console 
 from __future__ import annotations
 
 import json
+import threading
 from collections import OrderedDict, defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -69,7 +70,7 @@ def member_events(body: dict[str, Any]) -> list[AlertEvent]:
 
 @dataclass(slots=True)
 class _Group:
-    first: float  # when its first message went (its Slack thread's key)
+    first: float  # when its first message was rendered (its Slack thread's key)
     last: float  # when its latest message went
     sent: int  # messages sent
 
@@ -80,6 +81,7 @@ class Groups:
     def __init__(self, config: GroupingConfig) -> None:
         self.config = config
         self._groups: OrderedDict[tuple[str, str], _Group] = OrderedDict()
+        self._lock = threading.Lock()  # the intake thread and each destination's thread
 
     def _live(self, destination: str, order_key: str, now: float) -> _Group | None:
         group = self._groups.get((destination, order_key))
@@ -92,28 +94,33 @@ class Groups:
         """When a new member may go (None: not a member, due now)."""
         if not is_member(notification.body):
             return None
-        group = self._live(notification.destination, notification.order_key, now)
-        if group is None:
-            return now + self.config.group_wait_seconds
-        return max(now, group.last + self.config.group_interval_seconds)
+        with self._lock:
+            group = self._live(notification.destination, notification.order_key, now)
+            if group is None or not group.sent:
+                return now + self.config.group_wait_seconds
+            return max(now, group.last + self.config.group_interval_seconds)
 
     def sent(self, destination: str, order_key: str, now: float) -> None:
         """A group message was accepted."""
-        group = self._live(destination, order_key, now)
-        if group is None:
-            group = _Group(now, now, 0)
-        group.last, group.sent = now, group.sent + 1
-        self._groups.pop((destination, order_key), None)
-        self._groups[(destination, order_key)] = group
-        while len(self._groups) > _MAX_GROUPS:
-            del self._groups[next(iter(self._groups))]
+        with self._lock:
+            group = self._live(destination, order_key, now)
+            if group is None:
+                group = _Group(now, now, 0)
+            group.last, group.sent = now, group.sent + 1
+            self._groups.pop((destination, order_key), None)
+            self._groups[(destination, order_key)] = group
+            while len(self._groups) > _MAX_GROUPS:
+                del self._groups[next(iter(self._groups))]
 
     def body(self, destination: str, order_key: str, events: Sequence[AlertEvent],
              settings: Settings, state_dir: str | None, now: float) -> dict[str, Any]:
         """One message for a group's pending members (``events``, in order)."""
-        group = self._live(destination, order_key, now)
-        update = group is not None
-        thread = f"{order_key}@{group.first if group is not None else now:.6f}"
+        with self._lock:
+            group = self._live(destination, order_key, now)
+            if group is None:  # its first message: the thread's key from now on
+                group = self._groups[(destination, order_key)] = _Group(now, now, 0)
+            update = group.sent > 0
+            thread = f"{order_key}@{group.first:.6f}"
         if destination == "slack":
             return group_slack_body(events, settings, state_dir, update, thread)
         return group_webhook_body(events, settings, state_dir, update, order_key)
