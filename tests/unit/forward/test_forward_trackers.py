@@ -213,3 +213,32 @@ def test_tensorboard_event_files_hold_the_exact_values_settings_alerts_and_end(
     assert "| framework | openrlhf |" in texts["rlmon_settings"][-1]
     alerts = [text for role in ROLES for text in texts[f"rlmon_alerts/{role}"]]
     assert len(alerts) == len(forwarded["alerts"])
+
+
+def test_a_restarted_service_continues_the_same_mlflow_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from rlmon.service.config import MlflowForward
+    from rlmon.service.forward.mlflow_tracker import MlflowTracker
+    from rlmon.service.forward.tracker import ForwardedStep
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    config = MlflowForward(enabled=True, tracking_uri=(tmp_path / "mlruns").as_uri(),
+                           experiment="restart")
+    run = TrackerRun("run.with:odd-name", 1)
+    first = MlflowTracker(config)
+    first.log(run, {"dp": "2"}, [ForwardedStep("actor", 1, 1_700_000_000.0, {"actor/kl": 0.5})])
+    first.end(run, "failed")
+    second = MlflowTracker(config)  # a new service process: it finds the run by its tag
+    second.log(run, {"dp": "4"}, [ForwardedStep("actor", 2, 1_700_000_001.0, {"actor/kl": 0.25})])
+    client = MlflowClient(tracking_uri=config.tracking_uri)
+    runs = client.search_runs([client.get_experiment_by_name("restart").experiment_id])
+    assert len(runs) == 1
+    found = runs[0]
+    assert found.info.status == "RUNNING" and found.info.run_name == "run.with:odd-name#1"
+    assert [(m.step, m.value) for m in client.get_metric_history(found.info.run_id,
+                                                                 "actor/kl")] == [(1, 0.5),
+                                                                                  (2, 0.25)]
+    # params cannot change in MLflow: the later value is a tag
+    assert found.data.params["dp"] == "2" and found.data.tags["rlmon.setting.dp"] == "4"
