@@ -65,25 +65,27 @@ def forwarded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "batch_steps": 7,
     }
     core = fed_service(root / "state", [], forward=forward)
-    core.forward.start()
-    core.set_run_info(RUN, RunInfo(framework="openrlhf", algorithm="grpo", dp=2, cp=2))
-    core.publish(records)
-    now = time.time()
-    ends = {"actor": RunState.FINISHED, "reward": RunState.FINISHED,
-            "rollout": RunState.PREEMPTED}
-    core.liveness([LivenessView(RUN, role, state, now, now, 29, now, now, 1.0, 60.0, 4)
-                   for role, state in ends.items()])
-    assert core.forward.flush(120.0), core.forward.stats()
-    metrics: dict[str, list[str]] = defaultdict(list)
-    for record in records:
-        for name in record.metrics:
-            if name not in metrics[record.role]:
-                metrics[record.role].append(name)
-    curves = {role: _curves(core, role, metrics[role]) for role in ROLES}
-    alerts = core.history.alerts(RUN)
-    stats = core.forward.stats()
-    core.close(30.0)
-    mp.undo()
+    try:
+        core.forward.start()
+        core.set_run_info(RUN, RunInfo(framework="openrlhf", algorithm="grpo", dp=2, cp=2))
+        core.publish(records)
+        now = time.time()
+        ends = {"actor": RunState.FINISHED, "reward": RunState.FINISHED,
+                "rollout": RunState.PREEMPTED}
+        core.liveness([LivenessView(RUN, role, state, now, now, 29, now, now, 1.0, 60.0, 4)
+                       for role, state in ends.items()])
+        assert core.forward.flush(120.0), core.forward.stats()
+        metrics: dict[str, list[str]] = defaultdict(list)
+        for record in records:
+            for name in record.metrics:
+                if name not in metrics[record.role]:
+                    metrics[record.role].append(name)
+        curves = {role: _curves(core, role, metrics[role]) for role in ROLES}
+        alerts = core.history.alerts(RUN)
+        stats = core.forward.stats()
+    finally:
+        core.close(30.0)
+        mp.undo()
     return {"root": root, "curves": curves, "alerts": alerts, "stats": stats,
            "records": records}
 
