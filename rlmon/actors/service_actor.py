@@ -136,6 +136,7 @@ def service_actor_class() -> Any:
                 "ingest": self.core._ingest_counters(),
                 "dispatch": self.core.dispatcher.stats(),
                 "removed": dict(self.core.removed),  # retention and expiry, by kind
+                "forward": self.core.forward.stats(),  # per tracker: sent, dropped, failures
             }
 
         def healthy(self) -> tuple[bool, str]:

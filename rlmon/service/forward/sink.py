@@ -96,21 +96,17 @@ class _Worker:
     # --- intake (the service's threads) --------------------------------------------------------
 
     def put(self, items: Iterable[_Item]) -> None:
-        cfg = self.config
         with self._cond:
-            wake = False
             for item in items:
                 self._queue.append(item)
                 if item.kind == "steps":
                     self._steps += 1
                     if self._oldest is None:
                         self._oldest = time.monotonic()
-                    wake = wake or self._steps >= cfg.batch_steps
-                else:
-                    wake = True
             self._bound()
-            if wake:
-                self._cond.notify_all()
+            # the thread decides: a full batch or another item goes now, a partial batch when
+            # its oldest step has waited flush_seconds (the thread's wait starts from here)
+            self._cond.notify_all()
 
     def _bound(self) -> None:
         """Drop the oldest steps over ``queue_steps``, the oldest other items over

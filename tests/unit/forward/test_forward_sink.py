@@ -217,3 +217,12 @@ def test_forward_config_errors_name_the_field() -> None:
         load_config(None, forward={"queue_steps": 0})
     with pytest.raises(ValueError, match=r"forward\.wandb\.mode"):
         load_config(None, forward={"wandb": {"mode": "cloud"}})
+
+
+def test_a_partial_batch_leaves_after_flush_seconds_without_a_flush() -> None:
+    tracker = Recording()
+    sink = ForwardSink(_config(batch_steps=100, flush_seconds=0.05), [tracker])
+    sink.start()
+    sink.observe(_records(3))
+    wait_for(lambda: len(tracker.steps()) == 3, 30, "the partial batch, by time")
+    sink.close(5)
