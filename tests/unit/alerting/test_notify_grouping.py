@@ -208,3 +208,13 @@ def test_a_runs_end_on_every_role_is_one_message_from_the_live_service(
         assert _slack(receiver)[1]["thread_ts"] == "1700000000.000300"
     finally:
         core.close(5.0)
+
+
+def test_a_large_group_stays_within_slacks_block_limit(receiver: Receiver) -> None:
+    from rlmon.service.alerting.notify.grouping import group_slack_body
+
+    events = [_event("actor", step, alert=f"Alert{step}") for step in range(40)]
+    body = group_slack_body(events, _settings(receiver), None, False, "group:x@1")
+    assert len(body["blocks"]) <= 50
+    assert "more blocks not shown" in body["blocks"][-1]["elements"][0]["text"]
+    assert body["text"].count("[CRITICAL]") == 40  # the fallback text names every alert
