@@ -71,7 +71,6 @@ class StepTable:
         if not Path(path).exists():
             raise FileNotFoundError(f"no history store at {path}")
         self.path, self.run, self.role, self.page_steps = Path(path), run, role, page_steps
-        self._where = "run = ?" + (" AND role = ?" if role is not None else "")
         self._args: tuple[Any, ...] = (run, role) if role is not None else (run,)
         self._metrics: tuple[str, ...] | None = None
 
@@ -80,9 +79,12 @@ class StepTable:
 
     def steps(self) -> int:
         """How many rows the table has."""
+        query = "SELECT COUNT(*) FROM steps WHERE run = ?"
+        if self.role is not None:
+            query += " AND role = ?"
         store = self._store()
         try:
-            (n,), = store.read(f"SELECT COUNT(*) FROM steps WHERE {self._where}", self._args)
+            (n,), = store.read(query, self._args)
         finally:
             store.close()
         return int(n)
@@ -91,11 +93,13 @@ class StepTable:
         """The metric columns: every metric any of the steps reported (a non-finite value is in
         the line's ``nonfinite`` map), sorted."""
         if self._metrics is None:
+            query = ("SELECT DISTINCT j.key FROM steps s, json_each(s.line, '$.metrics') j "
+                     "WHERE s.run = ?")
+            if self.role is not None:
+                query += " AND s.role = ?"
             store = self._store()
             try:
-                rows = store.read(
-                    "SELECT DISTINCT j.key FROM steps s, json_each(s.line, '$.metrics') j "
-                    f"WHERE s.{self._where.replace(' AND role', ' AND s.role')}", self._args)
+                rows = store.read(query, self._args)
             finally:
                 store.close()
             self._metrics = tuple(sorted(str(name) for (name,) in rows))
@@ -110,14 +114,15 @@ class StepTable:
         metrics = self.metrics()
         nonfinite = curve_rows.NONFINITE_VALUES
         after: tuple[str, int, int] = ("", -1, -1)
+        query = ("SELECT role, attempt, step, finalized_at, complete, ranks_expected, "
+                 "ranks_reporting, line FROM steps WHERE run = ?")
+        if self.role is not None:
+            query += " AND role = ?"
+        query += " AND (role, attempt, step) > (?, ?, ?) ORDER BY role, attempt, step LIMIT ?"
         store = self._store()
         try:
             while True:
-                rows = store.read(
-                    "SELECT role, attempt, step, finalized_at, complete, ranks_expected, "
-                    f"ranks_reporting, line FROM steps WHERE {self._where} AND "
-                    "(role, attempt, step) > (?, ?, ?) ORDER BY role, attempt, step LIMIT ?",
-                    (*self._args, *after, self.page_steps))
+                rows = store.read(query, (*self._args, *after, self.page_steps))
                 if not rows:
                     return
                 meta: dict[str, list[Any]] = {name: [] for name in META_COLUMNS}

@@ -161,15 +161,15 @@ class Outbox:
         notifications, :mod:`rlmon.service.alerting.notify.grouping`), due or not, claimed
         too, in order: they go as one message."""
         with self._lock:
-            claimed = sorted(self._claimed)
             rows = self._db.execute(
                 "SELECT id, key, destination, order_key, body, created, attempts, enqueued "
-                "FROM outbox WHERE destination = ? AND order_key = ? AND id NOT IN "
-                f"({', '.join('?' * len(claimed))}) ORDER BY id LIMIT ?",
-                (row.notification.destination, row.notification.order_key, *claimed, limit),
+                "FROM outbox WHERE destination = ? AND order_key = ? ORDER BY id LIMIT ?",
+                (row.notification.destination, row.notification.order_key,
+                 limit + len(self._claimed)),
             ).fetchall()
             out = [PendingRow(r[0], Notification(r[2], r[1], r[3], json.loads(r[4]),
-                                                 created=r[5]), r[6], r[7]) for r in rows]
+                                                 created=r[5]), r[6], r[7])
+                   for r in rows if r[0] not in self._claimed][:limit]
             self._claimed.update(r.id for r in out)
         return out
 
