@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "rlmon.commands.report",
     "rlmon.commands.diagnose",
     "rlmon.commands.diff",
+    "rlmon.commands.export",
 )
 
 

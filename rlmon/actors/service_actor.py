@@ -85,6 +85,7 @@ def service_actor_class() -> Any:
                 settings, state_dir=state_dir, port=wanted, host=host,
                 rules=load_rules(rules) if rules is not None else None,
                 port_fallback=not asked, transports={"console": self.console})
+            self.core.forward.start()  # the trackers' threads (config forward), if any
             self.shards, self.creator, self.state_dir = shards, creator, state_dir
             self.started = time.time()
 
@@ -144,6 +145,7 @@ def service_actor_class() -> Any:
                 "ingest": self.core._ingest_counters(),
                 "dispatch": self.core.dispatcher.stats(),
                 "removed": dict(self.core.removed),  # retention and expiry, by kind
+                "forward": self.core.forward.stats(),  # per tracker: sent, dropped, failures
             }
 
         def healthy(self) -> tuple[bool, str]:

@@ -68,6 +68,9 @@ def deliver_alerts(
         print(f"rlmon replay: {exc}", file=err)
         return 2
     settings.routing = replay_routing(settings.routing, destinations, all_severities)
+    # a replay's steps arrive at once: grouping by time would merge a whole run into one
+    # message; each step's alerts go as the step's message
+    settings.notifiers.grouping = settings.notifiers.grouping.model_copy(update={"enabled": False})
     events = result.alerts
     with tempfile.TemporaryDirectory(prefix="rlmon-replay-") as tmp:
         outbox = open_outbox(settings, Path(tmp) / "outbox.sqlite")

@@ -29,7 +29,9 @@ __all__ = [
     "DESTINATIONS",
     "ConfigError",
     "ExporterConfig",
+    "ForwardConfig",
     "GoodputConfig",
+    "GroupingConfig",
     "LivenessConfig",
     "NotifiersConfig",
     "OutboxConfig",
@@ -54,6 +56,7 @@ DESTINATIONS: tuple[str, ...] = ("slack", "pagerduty", "webhook", "console")
 # works too).
 SECRET_ENV = {
     ("slack", "webhook_url"): "RLMON_SLACK_WEBHOOK_URL",
+    ("slack", "bot_token"): "RLMON_SLACK_BOT_TOKEN",
     ("pagerduty", "routing_key"): "RLMON_PAGERDUTY_ROUTING_KEY",
     ("webhook", "url"): "RLMON_WEBHOOK_URL",
     ("webhook", "token"): "RLMON_WEBHOOK_TOKEN",
@@ -98,11 +101,17 @@ def _check_url(secret: SecretStr | None, section: str, field: str) -> None:
 
 
 class SlackConfig(_Section):
-    """Slack incoming webhook. The webhook URL is the credential: env or file only."""
+    """Slack incoming webhook, or a bot token and a channel (then a run's follow-ups are
+    replies in its first message's thread). The webhook URL and the token are credentials: env
+    or file only."""
 
     enabled: bool = True
     webhook_url: SecretStr | None = None
     webhook_url_file: Path | None = None
+    bot_token: SecretStr | None = None  # xoxb-...: chat.postMessage, threads
+    bot_token_file: Path | None = None
+    channel: str | None = None  # the bot's channel (an id, or #name)
+    api_url: str = Field(default="https://slack.com/api/", pattern=r"^https?://")
     username: str = "rlmon"
     min_interval_seconds: float = Field(default=1.0, ge=0.0)  # Slack: ~1 message/s per webhook
     timeout_seconds: float = Field(default=10.0, gt=0.0)
@@ -112,11 +121,20 @@ class SlackConfig(_Section):
         secret = _secret_from("webhook_url", "slack", self.webhook_url, self.webhook_url_file)
         _check_url(secret, "slack", "webhook_url")
         object.__setattr__(self, "webhook_url", secret)
+        token = _secret_from("bot_token", "slack", self.bot_token, self.bot_token_file)
+        object.__setattr__(self, "bot_token", token)
+        if token is not None and not self.channel:
+            raise ValueError("notifiers.slack.channel: a bot token needs the channel to post in")
         return self
 
     @property
+    def bot(self) -> bool:
+        """Whether Slack is reached through the bot token (chat.postMessage, threads)."""
+        return self.bot_token is not None and bool(self.channel)
+
+    @property
     def ready(self) -> bool:
-        return self.enabled and self.webhook_url is not None
+        return self.enabled and (self.webhook_url is not None or self.bot)
 
 
 class PagerDutyConfig(_Section):
@@ -173,7 +191,24 @@ class ConsoleConfig(_Section):
     stream: Literal["stderr", "stdout"] = "stderr"
 
 
+class GroupingConfig(_Section):
+    """Slack and webhook notifications grouped per run, as Alertmanager groups them: a run's
+    first alerts wait ``group_wait_seconds`` for the rest (a run's end on every role, three
+    alerts at once: one message), later ones (escalations, resolves, new alerts) go as updates
+    of the group at most every ``group_interval_seconds``. PagerDuty is never grouped (one
+    incident per alert, by its dedup key). Off unless enabled: each step's alerts are then one
+    message, at once."""
+
+    enabled: bool = False
+    group_wait_seconds: float = Field(default=10.0, ge=0.0)
+    group_interval_seconds: float = Field(default=60.0, ge=0.0)
+    # a group whose last message is older than this starts afresh (waits group_wait again,
+    # opens a new Slack thread)
+    group_ttl_seconds: float = Field(default=86_400.0, gt=0.0)
+
+
 class NotifiersConfig(_Section):
+    grouping: GroupingConfig = Field(default_factory=GroupingConfig)
     slack: SlackConfig = Field(default_factory=SlackConfig)
     pagerduty: PagerDutyConfig = Field(default_factory=PagerDutyConfig)
     webhook: WebhookConfig = Field(default_factory=WebhookConfig)
@@ -337,6 +372,54 @@ class StopConfig(_Section):
         return None
 
 
+class WandbForward(_Section):
+    """Forwarding to Weights & Biases (the ``wandb`` package, a dependency)."""
+
+    enabled: bool = False
+    project: str = Field(default="rlmon", min_length=1)
+    entity: str | None = None
+    mode: Literal["online", "offline"] = "online"  # offline: run files only (`wandb sync` later)
+    dir: Path | None = None  # where W&B keeps its run files (None: its own default)
+
+
+class MlflowForward(_Section):
+    """Forwarding to MLflow (the ``forward`` extra: mlflow-skinny)."""
+
+    enabled: bool = False
+    tracking_uri: str | None = None  # None: MLflow's own default (MLFLOW_TRACKING_URI)
+    experiment: str = Field(default="rlmon", min_length=1)
+
+
+class TensorBoardForward(_Section):
+    """Forwarding to TensorBoard event files (the ``tensorboard`` package, a dependency)."""
+
+    enabled: bool = False
+    log_dir: Path = Path("rlmon-tensorboard")  # one subdirectory per run
+
+
+class ForwardConfig(_Section):
+    """Finalized steps, alerts and run ends forwarded to trackers (docs/configuration.md)."""
+
+    # "catalog": rlmon's names (actor/kl); "framework": the run's framework's own key for a
+    # catalog metric where the key map has one (OpenRLHF's policy_kl ...), else the catalog's
+    names: Literal["catalog", "framework"] = "catalog"
+    wandb: WandbForward = Field(default_factory=WandbForward)
+    mlflow: MlflowForward = Field(default_factory=MlflowForward)
+    tensorboard: TensorBoardForward = Field(default_factory=TensorBoardForward)
+    # per tracker: steps waiting to be sent; past it the oldest wait no longer (counted)
+    queue_steps: int = Field(default=100_000, ge=1)
+    queue_events: int = Field(default=10_000, ge=1)  # alerts, settings and ends waiting
+    batch_steps: int = Field(default=500, ge=1)  # steps per call to the tracker
+    flush_seconds: float = Field(default=5.0, gt=0.0)  # a partial batch leaves after this
+    retry_initial_seconds: float = Field(default=1.0, gt=0.0)  # a tracker down: backoff
+    retry_max_seconds: float = Field(default=300.0, gt=0.0)
+    max_runs: int = Field(default=64, ge=1)  # tracker runs open at once; the oldest is closed
+
+    @property
+    def enabled(self) -> bool:
+        return self.wandb.enabled or self.mlflow.enabled or self.tensorboard.enabled
+
+
 class OtlpConfig(_Section):
     """OpenTelemetry export of the step timelines' spans (OTLP over HTTP, protobuf); off by
     default, needs the ``otlp`` extra (opentelemetry-sdk, opentelemetry-exporter-otlp-proto-http)."""
@@ -436,6 +519,7 @@ class Settings(BaseSettings):
     otlp: OtlpConfig = Field(default_factory=OtlpConfig)
     stop: StopConfig = Field(default_factory=StopConfig)
     goodput: GoodputConfig = Field(default_factory=GoodputConfig)
+    forward: ForwardConfig = Field(default_factory=ForwardConfig)
 
     @classmethod
     def settings_customise_sources(
@@ -451,8 +535,8 @@ class Settings(BaseSettings):
 
     def secret_values(self) -> list[str]:
         n = self.notifiers
-        found = [n.slack.webhook_url, n.pagerduty.routing_key, n.webhook.url, n.webhook.token,
-                 self.exporter.token]
+        found = [n.slack.webhook_url, n.slack.bot_token, n.pagerduty.routing_key, n.webhook.url,
+                 n.webhook.token, self.exporter.token]
         return [s.get_secret_value() for s in found if s is not None]
 
     def redactor(self) -> Redactor:

@@ -43,6 +43,7 @@ from rlmon.service.crash_points import crash_point
 from rlmon.service.export.exporter import IngestCounters, MetricsState, RunInfo
 from rlmon.service.export.http import MetricsServer, serve_metrics
 from rlmon.service.export.otlp import OtlpExport
+from rlmon.service.forward.sink import ForwardSink
 from rlmon.service.goodput.alert_costs import AlertCosts
 from rlmon.service.goodput.ledger import GoodputLedger
 from rlmon.service.liveness.run_state import LivenessView, RunState, describe
@@ -149,6 +150,9 @@ class ServiceCore:
         self.otlp: OtlpExport | None = None
         if self.settings.otlp.enabled:  # the step timelines' spans, to an OTLP/HTTP collector
             self.otlp = OtlpExport(self.settings.otlp)
+        # steps, alerts, settings and ends to W&B / MLflow / TensorBoard (config forward): only
+        # queued here; its threads start with forward.start() (the service actor calls it)
+        self.forward = ForwardSink(self.settings.forward)
         self.redeliveries = 0
         self._finished_runs: dict[str, float] = {}  # run -> unix time it said finish_run
         self._deferred: Expired | None = None  # left the tracker during the batch being stored
@@ -255,6 +259,7 @@ class ServiceCore:
     def _removed_counts(self) -> dict[tuple[str, str], int]:
         """What expiry and retention removed, here and in every aggregator shard."""
         out = {("service", kind): n for kind, n in self.removed.items()}
+        out.update(self.forward.removed())
         for stats in list(self._shard_stats.values()):
             for kind, n in stats.removed.items():
                 out[("aggregator", kind)] = out.get(("aggregator", kind), 0) + n
@@ -332,6 +337,7 @@ class ServiceCore:
             self.events.extend(events)
             if self.otlp is not None:
                 self.otlp.export(fresh)
+            self.forward.observe(fresh, events)
             if now >= self._next_retention:
                 self._retain(now)
         crash_point("publish.after_history")
@@ -512,6 +518,7 @@ class ServiceCore:
             self._forget(self._tracker.touch_run(run, self._clock()))
             self.run_info[run] = meta
             self.metrics.set_run_info(run, meta)
+            self.forward.set_run_info(run, meta.labels(), meta.framework)
             for (r, _role), checker in self.sanity.items():
                 if r == run:
                     checker.dpo, checker.deepspeed_version = self._sanity_args(meta)
@@ -526,6 +533,7 @@ class ServiceCore:
             now = self._clock()
             streams = set()
             changed: list[tuple[str, str, str, float, int | None, float | None, str]] = []
+            seen: list[LivenessView] = []
             self._deferred = self._deferred or Expired()
             for view in views:
                 stream = (view.run, view.role)
@@ -533,6 +541,7 @@ class ServiceCore:
                 if finished is not None and view.state is not RunState.FINISHED and (
                         view.last_step_at is None or view.last_step_at <= finished):
                     view = replace(view, state=RunState.FINISHED)  # finish_run said so
+                seen.append(view)
                 self._remember(stream, now)
                 self.goodput.declare(view.run, view.role,
                                      view.gpus_per_rank if view.heartbeats else None, view.ranks)
@@ -553,6 +562,7 @@ class ServiceCore:
                 self.history.add([], events, states=self.engine.states_of(streams),
                                  outbound=batches)
                 self.events.extend(events)
+            self.forward.observe(events=events, views=seen)
             self._forget_deferred()
             if changed:  # for `rlmon alerts` (the state of each run, by time)
                 self.history.set_liveness(changed)
@@ -613,6 +623,7 @@ class ServiceCore:
         """Deliver what the outbox holds (up to ``timeout``), stop serving, close the stores."""
         drained = self.dispatcher.shutdown(timeout)
         self.goodput.close()
+        self.forward.close(timeout)
         if self.otlp is not None:
             self.otlp.close()
         if self.server is not None:

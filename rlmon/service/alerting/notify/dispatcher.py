@@ -16,8 +16,10 @@ import time
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from rlmon.service.alerting.alert_types import AlertEvent
+from rlmon.service.alerting.notify.grouping import Groups, is_member, member_events
 from rlmon.service.alerting.notify.message import Delivery, Notifier
 from rlmon.service.alerting.notify.outbox import Outbox, PendingRow
 from rlmon.service.alerting.notify.routing import route
@@ -63,6 +65,7 @@ class Dispatcher:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.latencies: deque[float] = deque(maxlen=1000)  # finalization -> accepted, seconds
+        self.groups = Groups(settings.notifiers.grouping)  # Slack and webhook, per run
 
     def destinations(self) -> list[str]:
         """The receivers alerts can reach, for the start-up announcement."""
@@ -86,8 +89,9 @@ class Dispatcher:
         created = self._clock() if finalized_at is None else finalized_at
         routed = route(batch, self.settings, self.notifiers.keys(), created, self.state_dir)
         stored = 0
+        now = self._clock()
         for notification in routed.notifications:
-            if self.outbox.put(notification):
+            if self.outbox.put(notification, due=self.groups.due(notification, now)):
                 stored += 1
                 if wake:
                     self._wake[notification.destination].set()
@@ -113,40 +117,58 @@ class Dispatcher:
             self._outcomes[key] = self._outcomes.get(key, 0) + 1
 
     def _deliver(self, notifier: Notifier, row: PendingRow, point: str) -> Delivery:
-        """Send one claimed row and settle it (ack, retry or fail), which releases the claim."""
+        """Send one claimed row (with the rest of its group, when it is a member of a run's
+        group: one message) and settle them (ack, retry or fail), which releases the claims."""
+        rows = [row]
         try:
-            return self._settle(notifier, row, point)
+            if is_member(row.notification.body):
+                rows += self.outbox.claim_group(row)
+            return self._settle(notifier, rows, point)
         finally:
-            self.outbox.release(row)  # settled rows are released already; this covers a raise
+            for each in rows:  # settled rows are released already; this covers a raise
+                self.outbox.release(each)
 
-    def _settle(self, notifier: Notifier, row: PendingRow, point: str) -> Delivery:
+    def _body(self, notifier: Notifier, rows: list[PendingRow]) -> dict[str, Any]:
+        head = rows[0].notification
+        if not is_member(head.body):
+            return head.body
+        events = [e for r in rows for e in member_events(r.notification.body)]
+        return self.groups.body(notifier.name, head.order_key, events, self.settings,
+                                self.state_dir, self._clock())
+
+    def _settle(self, notifier: Notifier, rows: list[PendingRow], point: str) -> Delivery:
         dest = notifier.name
+        row = rows[0]
         crash_point(point)
         try:
-            result = notifier.send(row.notification.body)
+            result = notifier.send(self._body(notifier, rows))
         except Exception as exc:  # a notifier bug must not kill the delivery thread
             result = Delivery("retry", f"{type(exc).__name__}: {exc}")
         now = self._clock()
         pause = now + notifier.min_interval
         if result.outcome == "ok":
-            self.outbox.ack(row)
+            for each in rows:
+                self.outbox.ack(each)
+            if is_member(row.notification.body):
+                self.groups.sent(dest, row.notification.order_key, now)
             self._count(dest, "sent")
             if row.notification.created:
                 self.latencies.append(now - row.notification.created)
         elif result.outcome == "retry":
             detail = self._redact(result.detail)
-            delay = self.outbox.retry(row, detail, result.after)
-            if delay < 0:
+            delays = [self.outbox.retry(each, detail, result.after) for each in rows]
+            if delays[0] < 0:
                 self._count(dest, "failed")
                 log.error("%s: gave up on %s: %s", dest, row.notification.key, detail)
             else:
                 self._count(dest, "retried")
-                log.warning("%s: delivery failed (%s); retry in %.2fs", dest, detail, delay)
+                log.warning("%s: delivery failed (%s); retry in %.2fs", dest, detail, delays[0])
             if result.after is not None:
                 pause = max(pause, now + result.after)  # the receiver's rate limit is per endpoint
         else:
             detail = self._redact(result.detail)
-            self.outbox.fail(row, detail)
+            for each in rows:
+                self.outbox.fail(each, detail)
             self._count(dest, "failed")
             log.error("%s: receiver rejected %s: %s", dest, row.notification.key, detail)
         self._not_before[dest] = pause

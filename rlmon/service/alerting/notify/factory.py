@@ -31,7 +31,14 @@ def build_notifiers(
     def want(name: str) -> bool:
         return wanted is None or name in wanted
 
-    if want("slack") and n.slack.ready:
+    if want("slack") and n.slack.ready and n.slack.bot:
+        from rlmon.service.alerting.notify.slack import SlackBotNotifier
+
+        assert n.slack.bot_token is not None and n.slack.channel
+        out.append(SlackBotNotifier(n.slack.bot_token.get_secret_value(), n.slack.channel,
+                                    base_url=n.slack.api_url, timeout=n.slack.timeout_seconds,
+                                    min_interval=n.slack.min_interval_seconds, redactor=redactor))
+    elif want("slack") and n.slack.ready:
         from rlmon.service.alerting.notify.slack import SlackNotifier
 
         assert n.slack.webhook_url is not None

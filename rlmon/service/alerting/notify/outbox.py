@@ -111,8 +111,9 @@ class Outbox:
             "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value", (name, by),
         )
 
-    def put(self, notification: Notification) -> bool:
-        """Store a notification for delivery; False if its key is pending or already delivered."""
+    def put(self, notification: Notification, due: float | None = None) -> bool:
+        """Store a notification for delivery (from ``due``, unix seconds; None: now); False if
+        its key is pending or already delivered."""
         now = self._clock()
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
@@ -127,7 +128,8 @@ class Outbox:
                         "INSERT OR IGNORE INTO outbox (key, destination, order_key, body, created, "
                         "enqueued, next_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
                         (notification.key, notification.destination, notification.order_key,
-                         notification.body_json(), notification.created or now, now, now),
+                         notification.body_json(), notification.created or now, now,
+                         now if due is None else due),
                     )
                     inserted = cur.rowcount == 1
                 if not inserted:
@@ -153,6 +155,23 @@ class Outbox:
             rows = self._due(destination, now, limit)
             self._claimed.update(row.id for row in rows)
         return rows
+
+    def claim_group(self, row: PendingRow, limit: int = 500) -> list[PendingRow]:
+        """The rest of a claimed row's group (its destination and order key: a run's grouped
+        notifications, :mod:`rlmon.service.alerting.notify.grouping`), due or not, claimed
+        too, in order: they go as one message."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, key, destination, order_key, body, created, attempts, enqueued "
+                "FROM outbox WHERE destination = ? AND order_key = ? ORDER BY id LIMIT ?",
+                (row.notification.destination, row.notification.order_key,
+                 limit + len(self._claimed)),
+            ).fetchall()
+            out = [PendingRow(r[0], Notification(r[2], r[1], r[3], json.loads(r[4]),
+                                                 created=r[5]), r[6], r[7])
+                   for r in rows if r[0] not in self._claimed][:limit]
+            self._claimed.update(r.id for r in out)
+        return out
 
     def release(self, row: PendingRow) -> None:
         """Give a claimed row back unsent (idempotent; ack, retry and fail release it too)."""

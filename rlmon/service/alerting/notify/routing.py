@@ -14,6 +14,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from rlmon.service.alerting.alert_types import AlertEvent
+from rlmon.service.alerting.notify.grouping import GROUPED, member
 from rlmon.service.alerting.notify.message import Notification
 from rlmon.service.alerting.notify.render import pagerduty_body, slack_body, webhook_body
 from rlmon.service.config import Settings
@@ -71,7 +72,11 @@ def route(
                 groups[(dest, event.run, event.role, event.step)].append(event)
         if silenced:
             out.silenced += 1
+    grouped = GROUPED if settings.notifiers.grouping.enabled else ()
     for (dest, run, role, _step), group in groups.items():
+        if dest in grouped:  # rendered when its run's group goes (notify.grouping)
+            out.notifications.append(member(dest, _chat_key(dest, group), group, created))
+            continue
         dashboard = settings.dashboard_link(run, role)
         page = settings.run_page()  # links to the alert's page on rlmon's run page
         body = (

@@ -1,4 +1,7 @@
-"""Slack through slack-sdk's ``WebhookClient``.
+"""Slack through slack-sdk: an incoming webhook (``WebhookClient``), or a bot token
+(``WebClient.chat_postMessage``), with which the messages of one run's notification group after
+its first are replies in the first one's thread (the body's ``thread`` key names the group; a
+restart forgets the threads, so the next message opens a new one).
 
 slack-sdk's own retry handlers are off: a 429 comes back to the outbox, which honours Retry-After
 across restarts instead of sleeping in the sending thread.
@@ -6,14 +9,19 @@ across restarts instead of sleeping in the sending thread.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
+from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError
 from slack_sdk.webhook import WebhookClient
 
 from rlmon.service.alerting.notify.message import Delivery, http_outcome
 from rlmon.service.redact import Redactor
 
-__all__ = ["SlackNotifier"]
+__all__ = ["SlackBotNotifier", "SlackNotifier"]
+
+_MAX_THREADS = 10_000  # group -> thread ts remembered (the least recent leave)
 
 
 class SlackNotifier:
@@ -31,6 +39,7 @@ class SlackNotifier:
         return "SlackNotifier(webhook_url=***)"
 
     def send(self, body: dict[str, Any]) -> Delivery:
+        body = {k: v for k, v in body.items() if k != "thread"}  # a webhook has no threads
         try:
             response = self._client.send_dict(body)
         except Exception as exc:  # urllib raises URLError/OSError for a receiver that is down
@@ -46,3 +55,50 @@ class SlackNotifier:
             # a webhook answers plain "ok"; anything else is Slack refusing the payload
             return Delivery("failed", f"HTTP {response.status_code}: {text}", status=200)
         return outcome
+
+
+class SlackBotNotifier:
+    """Slack through a bot token: chat.postMessage to one channel, a group's updates in the
+    thread of its first message."""
+
+    name = "slack"
+
+    def __init__(
+        self, token: str, channel: str, *, base_url: str = "https://slack.com/api/",
+        timeout: float = 10.0, min_interval: float = 1.0, redactor: Redactor | None = None,
+    ) -> None:
+        self._client = WebClient(token=token, base_url=base_url,
+                                 timeout=max(1, round(timeout)), retry_handlers=[])
+        self.channel = channel
+        self.min_interval = min_interval
+        self._redact = redactor or Redactor([token])
+        self._threads: OrderedDict[str, str] = OrderedDict()  # group -> its first message's ts
+
+    def __repr__(self) -> str:
+        return f"SlackBotNotifier(token=***, channel={self.channel!r})"
+
+    def send(self, body: dict[str, Any]) -> Delivery:
+        body = dict(body)
+        group = body.pop("thread", None)
+        thread = self._threads.get(group) if group else None
+        try:
+            response = self._client.chat_postMessage(channel=self.channel, thread_ts=thread,
+                                                     **body)
+        except SlackApiError as exc:
+            status = exc.response.status_code
+            error = str(exc.response.get("error", "")) if exc.response is not None else ""
+            retry_after = exc.response.headers.get("Retry-After") or exc.response.headers.get(
+                "retry-after")
+            if isinstance(retry_after, list):
+                retry_after = retry_after[0] if retry_after else None
+            if status == 200:  # ok: false (invalid_blocks, channel_not_found ...): permanent
+                return Delivery("failed", self._redact(f"Slack API error: {error}"), status=200)
+            return http_outcome(status, self._redact(f"HTTP {status}: {error}"), retry_after)
+        except Exception as exc:  # urllib raises URLError/OSError for a receiver that is down
+            return Delivery("retry", self._redact(f"{type(exc).__name__}: {exc}"))
+        ts = response.get("ts")
+        if group and thread is None and isinstance(ts, str):
+            self._threads[group] = ts
+            while len(self._threads) > _MAX_THREADS:
+                del self._threads[next(iter(self._threads))]
+        return Delivery.accepted(response.status_code)

@@ -1,0 +1,220 @@
+"""Notifications grouped per run (notify.grouping), as Alertmanager groups them: real webhook and
+slack-sdk (bot token) clients against a loopback receiver, PagerDuty's real client beside them;
+the group wait and interval on a simulated clock (``pump(now)``), and a live service whose run
+ends on three roles at once."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlmon.service.alerting.alert_types import AlertEvent
+from rlmon.service.alerting.notify.dispatcher import Dispatcher
+from rlmon.service.alerting.notify.factory import build_notifiers
+from rlmon.service.alerting.notify.outbox import Backoff, Outbox
+from rlmon.service.config import Settings
+from rlmon.service.liveness.run_state import LivenessView, RunState
+from rlmon.service.service_core import ServiceCore
+from tests.support.alerting_support import LoopbackTransport, Receiver
+from tests.support.polling import wait_for
+
+RUN = "grpo-7b"
+
+
+class Clock:
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver().start()
+    yield r
+    r.stop()
+
+
+def _settings(receiver: Receiver, **grouping: Any) -> Settings:
+    return Settings.model_validate({
+        "notifiers": {
+            "grouping": {"enabled": True, "group_wait_seconds": 10,
+                         "group_interval_seconds": 60, **grouping},
+            "webhook": {"url": f"{receiver.url}/hook"},
+            "slack": {"bot_token": "xoxb-test-token", "channel": "C0RLMON",
+                      "api_url": f"{receiver.url}/api/", "min_interval_seconds": 0},
+            "pagerduty": {"routing_key": "R" * 32, "min_interval_seconds": 0},
+            "console": {"enabled": False},
+        },
+        "routing": {"critical": ["pagerduty", "slack", "webhook"],
+                    "warning": ["slack", "webhook"]},
+    })
+
+
+def _dispatcher(settings: Settings, receiver: Receiver, clock: Clock, path: Path) -> Dispatcher:
+    outbox = Outbox(path, clock=clock, backoff=Backoff(1.0, 1.0, 0.0))
+    return Dispatcher(settings, outbox, build_notifiers(
+        settings, transports={"pagerduty": LoopbackTransport(receiver.port)}), clock=clock)
+
+
+def _slack_ok(receiver: Receiver, ts: str) -> None:
+    receiver.script("/api/chat.postMessage", 200, {"Content-Type": "application/json"},
+                    json.dumps({"ok": True, "channel": "C0RLMON", "ts": ts}))
+
+
+def _event(role: str, step: int, alert: str = "RunDied", state: str = "firing",
+           severity: str = "critical", run: str = RUN) -> AlertEvent:
+    return AlertEvent(run, role, step, alert, severity, state, "", None)  # type: ignore[arg-type]
+
+
+def _slack(receiver: Receiver) -> list[dict[str, Any]]:
+    return [r.body for r in receiver.accepted("/api/chat.postMessage")]
+
+
+def test_three_alerts_of_a_run_within_the_group_wait_are_one_message(
+        receiver: Receiver, tmp_path: Path) -> None:
+    clock = Clock()
+    start = clock.now
+    dispatcher = _dispatcher(_settings(receiver), receiver, clock, tmp_path / "outbox.sqlite")
+    _slack_ok(receiver, "1700000000.000100")
+    for i, role in enumerate(("actor", "rollout", "reward")):
+        clock.now = start + i
+        dispatcher.submit([_event(role, 10 + i)])
+    clock.now = start + 9.9
+    dispatcher.pump(clock.now)
+    # PagerDuty is not grouped: one incident per alert, at once
+    assert [r.body["dedup_key"] for r in receiver.accepted("/v2/enqueue")] == [
+        f"{RUN}/{role}/RunDied" for role in ("actor", "rollout", "reward")]
+    assert not receiver.accepted("/hook") and not _slack(receiver)  # still in the group wait
+    clock.now = start + 10.0
+    dispatcher.pump(clock.now)
+    hooks = [r.body for r in receiver.accepted("/hook")]
+    assert len(hooks) == 1
+    body = hooks[0]
+    assert [(a["role"], a["step"], a["alert"]) for a in body["alerts"]] == [
+        ("actor", 10, "RunDied"), ("rollout", 11, "RunDied"), ("reward", 12, "RunDied")]
+    assert body["group_key"] == f"group:{RUN}" and body["update"] is False
+    assert body["roles"] == ["actor", "reward", "rollout"] and body["status"] == "firing"
+    slack = _slack(receiver)
+    assert len(slack) == 1 and "thread_ts" not in slack[0] and slack[0]["channel"] == "C0RLMON"
+    assert "3 firing on grpo-7b (3 roles)" in slack[0]["blocks"][0]["text"]["text"]
+    assert dispatcher.outbox.pending() == 0
+    counts = dispatcher.stats().outcomes
+    assert (counts[("webhook", "sent")], counts[("slack", "sent")]) == (1, 1)
+
+    # a resolve and an escalation later: one update of the group, after the group interval,
+    # in the Slack thread of the group's first message
+    clock.now = start + 30
+    dispatcher.submit([_event("actor", 13, state="resolved")])
+    clock.now = start + 31
+    dispatcher.submit([_event("rollout", 14, alert="KLDivergence")])
+    _slack_ok(receiver, "1700000070.000200")
+    clock.now = start + 69.9
+    dispatcher.pump(clock.now)
+    assert len(receiver.accepted("/hook")) == 1
+    clock.now = start + 70.0
+    dispatcher.pump(clock.now)
+    hooks = [r.body for r in receiver.accepted("/hook")]
+    assert len(hooks) == 2
+    update = hooks[1]
+    assert update["update"] is True and update["group_key"] == f"group:{RUN}"
+    assert [(a["alert"], a["state"]) for a in update["alerts"]] == [
+        ("RunDied", "resolved"), ("KLDivergence", "firing")]
+    slack = _slack(receiver)
+    assert len(slack) == 2 and slack[1]["thread_ts"] == "1700000000.000100"
+    assert slack[1]["text"].startswith("Update: ")
+    # PagerDuty's resolve went at once, one per alert
+    assert [r.body["event_action"] for r in receiver.accepted("/v2/enqueue")][-2:] == [
+        "resolve", "trigger"]
+
+
+def test_runs_are_grouped_apart_and_one_step_keeps_the_steps_message(
+        receiver: Receiver, tmp_path: Path) -> None:
+    clock = Clock()
+    dispatcher = _dispatcher(_settings(receiver, group_wait_seconds=0), receiver, clock,
+                             tmp_path / "outbox.sqlite")
+    _slack_ok(receiver, "1.1")
+    _slack_ok(receiver, "2.2")
+    dispatcher.submit([_event("actor", 3, run="a"), _event("actor", 3, alert="X", run="a")])
+    dispatcher.submit([_event("actor", 5, run="b")])
+    dispatcher.pump(clock.now)
+    hooks = sorted((r.body for r in receiver.accepted("/hook")), key=lambda b: b["run"])
+    assert [(b["run"], len(b["alerts"]), b["role"], b["step"]) for b in hooks] == [
+        ("a", 2, "actor", 3), ("b", 1, "actor", 5)]
+    # one step's alerts: the message a step has always had (its header names role and step)
+    assert all("/ actor, step" in s["blocks"][0]["text"]["text"] for s in _slack(receiver))
+
+
+def test_an_undelivered_group_is_retried_kept_and_sent_whole_after_a_restart(
+        receiver: Receiver, tmp_path: Path) -> None:
+    clock = Clock()
+    start = clock.now
+    settings = _settings(receiver)
+    settings.routing.critical = ["webhook"]
+    path = tmp_path / "outbox.sqlite"
+    dispatcher = _dispatcher(settings, receiver, clock, path)
+    for role in ("actor", "rollout", "reward"):
+        dispatcher.submit([_event(role, 1)])
+    receiver.script("/hook", 503)
+    clock.now = start + 10
+    dispatcher.pump(clock.now)
+    assert len(receiver.tried("/hook")) == 1 and not receiver.accepted("/hook")
+    assert dispatcher.outbox.pending() == 3  # every member kept
+    dispatcher.outbox.close()
+    # a restart: a new dispatcher on the same outbox file
+    again = _dispatcher(settings, receiver, clock, path)
+    clock.now = start + 12
+    again.pump(clock.now)
+    hooks = [r.body for r in receiver.accepted("/hook")]
+    assert len(hooks) == 1 and len(hooks[0]["alerts"]) == 3
+    assert again.outbox.pending() == 0 and again.outbox.counters().sent == 3
+
+
+def test_a_runs_end_on_every_role_is_one_message_from_the_live_service(
+        receiver: Receiver, tmp_path: Path) -> None:
+    settings = _settings(receiver, group_wait_seconds=1.0, group_interval_seconds=1.0)
+    settings.routing.critical = ["slack", "webhook"]
+    _slack_ok(receiver, "1700000000.000300")
+    _slack_ok(receiver, "1700000000.000400")
+    core = ServiceCore(settings, state_dir=tmp_path)
+    try:
+        now = time.time()
+        roles = ("actor", "rollout", "reward")
+        for role in roles:  # each role's own view: the aggregator's timer sees them apart
+            core.liveness([LivenessView(RUN, role, RunState.DEAD, now - 60, now, 9, now - 60,
+                                        now - 60, 1.0, 30.0, 2, heartbeats=True)])
+        wait_for(lambda: receiver.accepted("/hook") and _slack(receiver), 30,
+                 "the grouped messages")
+        wait_for(lambda: core.dispatcher.outbox.pending() == 0, 30, "nothing left to send")
+        hooks = [r.body for r in receiver.accepted("/hook")]
+        assert len(hooks) == 1 and len(_slack(receiver)) == 1
+        assert sorted(a["role"] for a in hooks[0]["alerts"]) == sorted(roles)
+        assert {a["alert"] for a in hooks[0]["alerts"]} == {"RunDied"}
+        # the actor comes back: the resolve is an update of the group, in the Slack thread
+        later = time.time()
+        core.liveness([LivenessView(RUN, "actor", RunState.RUNNING, later, later, 10, later,
+                                    later, 1.0, 30.0, 2, heartbeats=True)])
+        wait_for(lambda: len(receiver.accepted("/hook")) == 2 and len(_slack(receiver)) == 2,
+                 30, "the group's update")
+        update = receiver.accepted("/hook")[1].body
+        assert update["update"] is True and [(a["role"], a["state"]) for a in
+                                             update["alerts"]] == [("actor", "resolved")]
+        assert _slack(receiver)[1]["thread_ts"] == "1700000000.000300"
+    finally:
+        core.close(5.0)
+
+
+def test_a_large_group_stays_within_slacks_block_limit(receiver: Receiver) -> None:
+    from rlmon.service.alerting.notify.grouping import group_slack_body
+
+    events = [_event("actor", step, alert=f"Alert{step}") for step in range(40)]
+    body = group_slack_body(events, _settings(receiver), None, False, "group:x@1")
+    assert len(body["blocks"]) <= 50
+    assert "more blocks not shown" in body["blocks"][-1]["elements"][0]["text"]
+    assert body["text"].count("[CRITICAL]") == 40  # the fallback text names every alert
