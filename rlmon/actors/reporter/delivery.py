@@ -150,6 +150,24 @@ class Delivery(Generic[Raw]):
             self._trim()
             self._cond.notify()
 
+    def beat_now(self, wait: float = 0.0) -> bool:
+        """Send a heartbeat at once (something worth saying happened), waiting up to ``wait``
+        seconds for it to leave; True when it did (or no wait was asked)."""
+        if self.heartbeat is None or self._said_closing or self._gone:
+            return False
+        with self._cond:
+            sent = self.heartbeats
+            self._in_a_stage = True  # a rank that raised before any step is heard too
+            self._next_beat = 0.0
+            self._cond.notify_all()
+            deadline = time.monotonic() + wait
+            while wait > 0 and self.heartbeats == sent and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
     def stage_entered(self) -> None:
         """The rank entered its first stage (span): heartbeats start now if no step did."""
         if not self._in_a_stage:
@@ -266,7 +284,9 @@ class Delivery(Generic[Raw]):
                 if self._said_closing and not closing:
                     return
                 send([self.heartbeat(closing)])
-            self.heartbeats += 1
+            with self._cond:
+                self.heartbeats += 1
+                self._cond.notify_all()  # beat_now may be waiting for it
         except Exception as exc:
             if isinstance(exc, SinkClosed):
                 self._give_up(exc)
