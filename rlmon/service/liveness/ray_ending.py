@@ -90,8 +90,8 @@ class RayEnding:
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 _LAST_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:\([\w.]*\))?): ?(.*)$")
-_MEMORY = re.compile(r"Memory on the node \(IP: ([^,]+), ID: [^)]*\)[^.]*? was ([\d.]+\s*[KMGT]?B"
-                     r" / [\d.]+\s*[KMGT]?B(?: \([\d.]+\))?)")
+_MEMORY = re.compile(r"Memory on the node \(IP: ([^,]+),.*? was ([\d.]+\s*[KMGT]?B"
+                     r" / [\d.]+\s*[KMGT]?B(?: \([\d.]+\))?)", re.DOTALL)
 _OWNER_EXIT = re.compile(r"Owner worker exit type: ([A-Z_]+)")
 
 

@@ -409,6 +409,7 @@ class _Stream:
     total_steps: int | None = None  # the steps the run plans (its Reporters said)
     ended_how: str = ""  # how a finished run ended (Ray's account, or its Reporters')
     ray_due: float = 0.0  # when silent ranks' processes are next asked how they ended
+    ray_quiet: frozenset[Rank] = frozenset()  # ... and which were silent when last asked
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -639,9 +640,10 @@ class LivenessTracker:
         p = self.params
         quiet = [(rank, r) for rank, r in stream.ranks.items()
                  if not r.closed and r.process is not None and now - r.heard >= p.ask_ray_after]
-        if not quiet or now < stream.ray_due:
-            return
-        stream.ray_due = now + p.heartbeat_seconds
+        asking = frozenset(rank for rank, _ in quiet)
+        if not quiet or (now < stream.ray_due and asking <= stream.ray_quiet):
+            return  # asked lately, and no rank fell silent since
+        stream.ray_due, stream.ray_quiet = now + p.heartbeat_seconds, asking
         named = {r.process: r.process_since for _, r in quiet if r.process is not None}
         try:
             seen = self.probe.check(list(named), named)
