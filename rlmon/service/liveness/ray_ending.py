@@ -184,11 +184,8 @@ def judge_ending(facts: RayFacts, name: str, reached_end: bool | None = None) ->
         return RayEnding(EndingKind.FAILED, f"Ray: the driver (owner) of {name} died ({kind})",
                          Outcome(OutcomeKind.EXCEPTION, "OwnerDied", _first_line(death.message)))
     if death.reason == "RAY_KILL":
-        if reached_end is False:
-            return RayEnding(EndingKind.PREEMPTED, f"Ray: {name} was killed with ray.kill before "
-                             "the run's planned last step", Outcome(
-                                 OutcomeKind.SIGNAL, "RayKill", "killed with ray.kill",
-                                 signal="ray.kill"))
+        if reached_end is False:  # killed mid-run (a lost rank, a teardown after a failure):
+            return None  # its peers and the silence say more than the kill
         return RayEnding(EndingKind.FINISHED, f"its driver killed {name} with ray.kill "
                                               "(Ray: RAY_KILL)")
     if death.reason in ("OUT_OF_SCOPE", "REF_DELETED"):
