@@ -32,6 +32,7 @@ from rlmon.service.alerting.alert_types import AlertEvent
 from rlmon.service.alerting.engine import AlertEngine
 from rlmon.service.alerting.first_mover import FirstMovers
 from rlmon.service.alerting.liveness_alerts import liveness_events, liveness_firing
+from rlmon.service.alerting.run_end import close_with_run
 from rlmon.service.alerting.notify.factory import build_dispatcher, open_outbox, outbox_path
 from rlmon.service.alerting.notify.render import summary_line
 from rlmon.service.alerting.rules import Rule, default_rules, load_rules, unknown_metrics
@@ -537,8 +538,11 @@ class ServiceCore:
                                     view.last_step, view.last_step_at,
                                     describe(view) if view.state is not RunState.RUNNING
                                     else ""))
-                mine = self.costs.stamp_at(liveness_events(self.engine, view), view.at,
-                                           self.engine.all_states())
+                said = liveness_events(self.engine, view)
+                if view.state is RunState.FINISHED:  # its alerts end with it (run_end)
+                    said += close_with_run(self.engine, view.run, view.role, view.last_step,
+                                           view.at)
+                mine = self.costs.stamp_at(said, view.at, self.engine.all_states())
                 self.metrics.set_liveness(view, liveness_firing(self.engine, *stream))
                 streams.add(stream)
                 if mine:
