@@ -32,10 +32,10 @@ from rlmon.service.alerting.alert_types import AlertEvent
 from rlmon.service.alerting.engine import AlertEngine
 from rlmon.service.alerting.first_mover import FirstMovers
 from rlmon.service.alerting.liveness_alerts import liveness_events, liveness_firing
-from rlmon.service.alerting.run_end import close_with_run
 from rlmon.service.alerting.notify.factory import build_dispatcher, open_outbox, outbox_path
 from rlmon.service.alerting.notify.render import summary_line
 from rlmon.service.alerting.rules import Rule, default_rules, load_rules, unknown_metrics
+from rlmon.service.alerting.run_end import close_with_run
 from rlmon.service.alerting.sanity import Finding, SanityChecker, checker_args, relay_warnings
 from rlmon.service.config import Settings, load_config
 from rlmon.service.contract.step_record import StepRecord
