@@ -717,6 +717,9 @@ class Reporter:
             marks = outcome.thread_stage(self._training_thread)
         else:
             ending, marks = outcome.process_outcome(), outcome.process_stage()
+        if ending is None and self._raised is not None:
+            # a method of its actor raised and no step ended since: the rank ends with it
+            return self._raised
         if ending is None:
             return None, None
         if ending.kind is not OutcomeKind.EXCEPTION:
