@@ -31,30 +31,37 @@ from rlmon.service.liveness.ray_ending import ActorDeath, JobEnd, RayFacts, Task
 
 __all__ = ["RayProcessProbe"]
 
+_MAX_ENDED = 4096  # dead actors whose end is remembered
+
 
 class RayProcessProbe:
     """Ray's GCS first (actors, the job's driver), then the same node's ``/proc``."""
 
     def __init__(self, local: SameNodeProbe | None = None) -> None:
         self.local = local or SameNodeProbe()
+        # a dead actor's death cause and last task never change: read once (bounded)
+        self._ended: dict[str, Sighting] = {}
+        self._tasks: dict[str, TaskFailure | None] | None = None
+        self._info: tuple[str, dict[str, Any]] | None = None  # the actor table entry just read
 
     def check(self, processes: Sequence[ProcessId],
               since: Mapping[ProcessId, float]) -> dict[ProcessId, Sighting]:
-        jobs: dict[str, tuple[bool, str]] | None = None
-        self._tasks: dict[str, TaskFailure | None] | None = None  # read once per check
+        jobs: dict[str, tuple[bool, str]] = {}
+        self._tasks = None  # the task events are read at most once per check
         out = {}
         for proc in processes:
             ray_says: Sighting | None = None
             try:
-                if jobs is None and (proc.actor_id or proc.job_id):
-                    jobs = self._jobs()
+                if not jobs and (proc.job_id and not proc.actor_id or proc.actor_id in self._ended
+                                 or proc.actor_id and self._dead(proc.actor_id)):
+                    jobs = self._jobs()  # only for what ended: a driver, a dead actor
                 if proc.actor_id:
                     ray_says = self._actor(proc.actor_id)
                     if ray_says.facts is not None and proc.job_id:
                         ray_says = replace(ray_says, facts=replace(
-                            ray_says.facts, job=self._job_end((jobs or {}).get(proc.job_id))))
+                            ray_says.facts, job=self._job_end(jobs.get(proc.job_id))))
                 elif proc.job_id:
-                    dead, submission = (jobs or {}).get(proc.job_id, (None, ""))
+                    dead, submission = jobs.get(proc.job_id, (None, ""))
                     if dead is not None:
                         facts = RayFacts(job=self._job_end((dead, submission)),
                                          driver_gone=True) if dead else None
@@ -67,10 +74,23 @@ class RayProcessProbe:
             out[proc] = _combine(ray_says, self.local.sight(proc, since.get(proc)))
         return out
 
-    def _actor(self, actor_id: str) -> Sighting:
+    def _dead(self, actor_id: str) -> bool:
+        """Whether the actor is dead (its table entry kept for :meth:`_actor`)."""
         from ray._private.state import state
 
-        info: dict[str, Any] = state.actor_table(actor_id)
+        self._info = (actor_id, state.actor_table(actor_id))
+        return str(self._info[1].get("State", "")) == "DEAD" if self._info[1] else False
+
+    def _actor(self, actor_id: str) -> Sighting:
+        known = self._ended.get(actor_id)
+        if known is not None:
+            return known
+        from ray._private.state import state
+
+        cached = self._info
+        info: dict[str, Any] = (cached[1] if cached is not None and cached[0] == actor_id
+                                else state.actor_table(actor_id))
+        self._info = None
         if not info:
             return Sighting(ProcessFate.UNKNOWN, f"Ray: no actor {actor_id}")
         status = str(info.get("State", ""))
@@ -82,8 +102,14 @@ class RayProcessProbe:
             death, task = _death(info.get("DeathCause"))
             if death is None:  # an older Ray, or no cause kept: judged by silence, as before
                 return Sighting(ProcessFate.GONE, how + "; Ray gave no death cause")
-            return Sighting(ProcessFate.GONE, how, RayFacts(
-                death, task or self._last_failed_task(actor_id)))
+            if task is None and death.reason in ("OWNER_DIED", "RAY_KILL"):
+                # the ends that read as clean: only its last task tells a raise from a finish
+                task = self._last_failed_task(actor_id)
+            seen = Sighting(ProcessFate.GONE, how, RayFacts(death, task))
+            while len(self._ended) >= _MAX_ENDED:
+                del self._ended[next(iter(self._ended))]
+            self._ended[actor_id] = seen
+            return seen
         return Sighting(ProcessFate.ALIVE, f"Ray: actor {actor_id} is {status}")
 
     def _last_failed_task(self, actor_id: str) -> TaskFailure | None:
