@@ -52,8 +52,9 @@ class RayProcessProbe:
         for proc in processes:
             ray_says: Sighting | None = None
             try:
-                if not jobs and (proc.job_id and not proc.actor_id or proc.actor_id in self._ended
-                                 or proc.actor_id and self._dead(proc.actor_id)):
+                driver = bool(proc.job_id) and not proc.actor_id
+                if not jobs and (driver or proc.actor_id in self._ended
+                                 or (bool(proc.actor_id) and self._dead(proc.actor_id))):
                     jobs = self._jobs()  # only for what ended: a driver, a dead actor
                 if proc.actor_id:
                     ray_says = self._actor(proc.actor_id)
