@@ -459,6 +459,7 @@ class LivenessTracker:
         # asked before a silent run is called dead (the Ray actors set Ray's own)
         self.probe: ProcessProbe = probe if probe is not None else SameNodeProbe()
         self._streams: dict[Stream, _Stream] = {}
+        self._totals: dict[str, int] = {}  # run -> its planned steps, said by any of its roles
 
     def __len__(self) -> int:
         return len(self._streams)
@@ -492,6 +493,7 @@ class LivenessTracker:
         stream.gpus_per_rank = beat.gpus_per_rank
         if beat.total_steps is not None:
             stream.total_steps = beat.total_steps
+            self._totals[beat.run] = beat.total_steps  # the run's other roles share it
         outcome = beat.outcome if beat.outcome is not None and beat.outcome.failed else None
         rerun = False
         for item in beat.ranks:
@@ -569,6 +571,8 @@ class LivenessTracker:
 
     def forget(self, run: str, role: str) -> None:
         self._streams.pop((run, role), None)
+        if not any(r == run for r, _ in self._streams):
+            self._totals.pop(run, None)
 
     # --- the timer -------------------------------------------------------------------------------
 
@@ -627,11 +631,13 @@ class LivenessTracker:
         ending = ending_deadline(p, progress, self._reached_end(stream) is True, live)
         return threshold if ending is None else max(threshold, ending - progress)
 
-    @staticmethod
-    def _reached_end(stream: _Stream) -> bool | None:
-        if stream.total_steps is None:
+    def _reached_end(self, stream: _Stream) -> bool | None:
+        """Whether the stream finalized its run's planned last step (None: no total said by
+        any role of the run: the driver's integration often says it for the workers)."""
+        total = stream.total_steps or self._totals.get(stream.run)
+        if total is None:
             return None
-        return stream.last_step is not None and stream.last_step + 1 >= stream.total_steps
+        return stream.last_step is not None and stream.last_step + 1 >= total
 
     def _ask_ray(self, stream: _Stream, now: float) -> None:
         """Ranks silent for two heartbeats: ask the probe how their processes ended, and take
@@ -799,7 +805,8 @@ class LivenessTracker:
             tuple(role for role in failed_roles if role != stream.role),
             stream.processes if stream.state in (RunState.DEAD, RunState.FROZEN) else None,
             stream.sightings if stream.state in (RunState.DEAD, RunState.FROZEN) else (),
-            stream.overdue, stream.first_heard, stream.ended_how, stream.total_steps)
+            stream.overdue, stream.first_heard, stream.ended_how,
+            stream.total_steps or self._totals.get(stream.run))
 
     # --- durable knowledge -----------------------------------------------------------------------
 
@@ -812,6 +819,8 @@ class LivenessTracker:
         """Continue from :meth:`dump` (a restart): states, periods and who was heard when."""
         for (run, role), obj in streams.items():
             try:
-                self._streams[(run, role)] = _Stream.from_json(run, role, obj)
+                stream = self._streams[(run, role)] = _Stream.from_json(run, role, obj)
+                if stream.total_steps is not None:
+                    self._totals[run] = stream.total_steps
             except (KeyError, TypeError, ValueError):
                 continue  # an unreadable entry is relearned from the next messages
