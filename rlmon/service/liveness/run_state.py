@@ -337,6 +337,7 @@ class _Rank:
     end: RankEnd | None = None  # how the rank ended badly (None: running or clean)
     closed_sent: float = 0.0  # the closing heartbeat's send time (older beats are not a rerun)
     raised: Outcome | None = None  # a method of its actor raised (rlmon's wrapper), no step since
+    pending: RankEnd | None = None  # an actor's SIGTERM, until Ray says why (not saved)
 
     def to_json(self, rank: Rank) -> list[Any]:
         proc = self.process
@@ -512,11 +513,17 @@ class LivenessTracker:
                 seen.process, seen.process_since = beat.process, now
             seen.raised = beat.raised
             seen.closed = beat.closing
+            seen.pending = None
             if beat.closing:
                 seen.closed_sent = beat.sent
                 seen.end = None if outcome is None else RankEnd(
                     item.rank, outcome, now, "/".join(s.name for s in seen.stage),
                     seen.last_step, bool(item.spans))
+                if seen.end is not None and seen.end.stop and seen.process is not None \
+                        and seen.process.actor_id:
+                    # Ray SIGTERMs an actor whose driver ended, well or not: Ray's account of
+                    # the actor decides (_ask_ray); the signal stands if Ray says nothing
+                    seen.pending, seen.end, seen.closed = seen.end, None, False
         if rerun:
             for other in stream.ranks.values():
                 other.end = None
@@ -644,6 +651,9 @@ class LivenessTracker:
         an end it can tell (Ray's account of a dead actor) at once. Asked again every heartbeat
         period while they stay silent; a probe that fails leaves them to the dead limit."""
         p = self.params
+        for r in stream.ranks.values():  # Ray said nothing of a signalled actor: the signal
+            if r.pending is not None and now - r.heard >= p.dead_after_seconds:
+                r.end, r.pending, r.closed = r.pending, None, True
         quiet = [(rank, r) for rank, r in stream.ranks.items()
                  if not r.closed and r.process is not None and now - r.heard >= p.ask_ray_after]
         asking = frozenset(rank for rank, _ in quiet)
@@ -664,7 +674,7 @@ class LivenessTracker:
             ending = judge_ending(sighting.facts, "its actor", reached)
             if ending is None:
                 continue
-            r.closed, r.closed_sent = True, now
+            r.closed, r.closed_sent, r.pending = True, now, None
             stage = "/".join(s.name for s in r.stage)
             if ending.kind is EndingKind.FINISHED and r.raised is None:
                 hows.append(ending.how)

@@ -283,3 +283,28 @@ def test_a_save_mid_run_has_its_own_allowance() -> None:
             pages += [(e.alert, e.state, now) for e in liveness_events(engine, view)]
     assert [(a, s) for a, s, _ in pages] == [("RunStalled", "firing")]
     assert pages[0][2] - last <= params.stall_floor_seconds + 10.0
+
+
+def test_ray_s_sigterm_of_an_actor_whose_driver_ended_is_not_a_preemption() -> None:
+    """Ray SIGTERMs the actors of a driver that ended: their closing heartbeats say SIGTERM,
+    and Ray's death cause says why; a SIGTERM Ray cannot explain stays a preemption."""
+    sigterm = Outcome(OutcomeKind.SIGNAL, signal="SIGTERM")
+    for owner_ended in (True, False):
+        ray = ScriptedRay()
+        tracker = LivenessTracker(LivenessParams(), probe=ray)
+        engine = AlertEngine(default_rules())
+        last = _run(tracker, 30, total=30)
+        for dp in (0, 1):
+            tracker.heartbeat(Heartbeat("r", "actor", World(dp=2), (RankBeat(Rank(dp=dp)),),
+                                        last + 0.2, True, 1.0, sigterm, _proc(dp)), last + 0.3)
+            if owner_ended:
+                ray.dead[f"actor{dp}"] = RayFacts(ActorDeath("OWNER_DIED", CLEAN_OWNER))
+        pages = _pages(tracker, engine, last + 60, start=last + 1)
+        view = tracker.view("r", "actor", last + 60)
+        assert view is not None
+        if owner_ended:
+            assert pages == [] and view.state is RunState.FINISHED
+        else:
+            assert [(a, s) for a, s, _ in pages] == [("RunPreempted", "firing")]
+            assert view.state is RunState.PREEMPTED
+            assert pages[0][2] - last <= tracker.params.dead_after_seconds + 2.0
