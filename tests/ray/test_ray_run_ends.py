@@ -8,6 +8,7 @@ printed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -79,7 +80,7 @@ last = STEPS - 1 if not failing else 5
 for step in range(last + 1):
     ray.get([r.step.remote(step) for r in ranks])
 assert all(ray.get([r.flush.remote() for r in ranks]))
-print("ready", time.time(), pids[1], flush=True)
+print("ready", time.time(), pids[1], pids[0], flush=True)
 if failing:  # rank 1 raises at step 6: the driver's ray.get raises, it exits 1
     ray.get(ranks[1].step.remote(last + 1, fail=True))
 elif mode in ("sigkill", "node"):  # the test kills rank 1's worker (or its node): the driver waits
@@ -261,6 +262,8 @@ def test_every_ray_actor_ending_pages_what_it_should(ray_cluster: Any, ray_names
             in worker
         # the latency from each end: the driver's last word, its kill, the SIGKILL
         since = {mode: drivers[mode].at("at ending") or 0.0 for mode in EXPECTED}
+        for mode in ("raises", "raises_watched"):  # raised right after it said ready
+            since[mode] = drivers[mode].at("at ready") or 0.0
         since["kill_stays"] = drivers["kill_stays"].at("at killed") or 0.0
         since["sigkill"] = killed["sigkill"]
         _report(seen, since, firing, states)
@@ -296,7 +299,12 @@ def test_a_removed_node_fails_the_run_naming_the_node(ray_cluster: Any, ray_name
 
         def actions() -> None:
             if "ready" in driver.said and not lost:
-                os.killpg(node.pid, signal.SIGKILL)  # the machine is gone: raylet and workers
+                # the machine is gone: its raylet and the workers it started (in sessions of
+                # their own), at once
+                os.killpg(node.pid, signal.SIGKILL)
+                for pid in driver.said["ready"][1:3]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
                 lost["node"] = time.time()
                 driver.go.touch()
 

@@ -684,8 +684,10 @@ class LivenessTracker:
                                 f"a method of its actor raised (rlmon's method wrapper); then "
                                 f"{ending.how}")
                 continue
+            # its own last step, else the run's last finalized one (every rank ended that)
+            last = r.last_step if r.last_step is not None else stream.last_step
             r.end = RankEnd(rank, ending.outcome or r.raised or Outcome(OutcomeKind.EXCEPTION),
-                            now, stage, r.last_step, False, ending.how,
+                            now, stage, last, False, ending.how,
                             ending.kind is EndingKind.PREEMPTED)
         if hows:
             stream.ended_how = "; ".join(dict.fromkeys(hows))
