@@ -308,3 +308,15 @@ def test_ray_s_sigterm_of_an_actor_whose_driver_ended_is_not_a_preemption() -> N
             assert [(a, s) for a, s, _ in pages] == [("RunPreempted", "firing")]
             assert view.state is RunState.PREEMPTED
             assert pages[0][2] - last <= tracker.params.dead_after_seconds + 2.0
+
+
+def test_a_run_s_state_is_its_worst_role_s_and_finished_once_every_role_is() -> None:
+    from rlmon.service.liveness.run_state import run_level
+
+    assert run_level([("actor", "finished", "Finished at step 29: a"),
+                      ("reward", "finished", "Finished at step 29: b")]) == (
+        "finished", "actor: Finished at step 29: a")
+    assert run_level([("actor", "finished", "x"), ("rollout", "running", "")]) == ("running", "")
+    assert run_level([("actor", "finished", "x"), ("driver", "failed", "dp=0: ValueError"),
+                      ("reward", "preempted", "y")]) == ("failed", "driver: dp=0: ValueError")
+    assert run_level([]) == ("running", "")
