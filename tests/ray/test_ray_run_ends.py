@@ -8,7 +8,6 @@ printed."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -275,8 +274,14 @@ def test_every_ray_actor_ending_pages_what_it_should(ray_cluster: Any, ray_names
 
 def test_a_removed_node_fails_the_run_naming_the_node(ray_cluster: Any, ray_namespace: str,
                                                      tmp_path: Path) -> None:
-    """A second node joins the session's cluster (``ray start --address``) and holds the ranks;
-    it is then killed as a lost machine would be: the run fails, naming the node."""
+    """A second node joins the session's cluster and holds the ranks; it is then removed as
+    ``ray.cluster_utils.Cluster.remove_node`` does (its raylet and workers killed, no grace): the
+    run fails, naming the node. The node is added the way ``Cluster.add_node`` adds a worker
+    node, to the session's Ray (``ray start`` and a ``Cluster`` head would leave their address
+    in Ray's temp folder, where every ``ray.init()`` on the machine would find it)."""
+    from ray._private.node import Node
+    from ray._private.parameter import RayParams
+
     ray = ray_cluster
     config = tmp_path / "rlmon.yaml"
     config.write_text(CONFIG)
@@ -284,12 +289,12 @@ def test_a_removed_node_fails_the_run_naming_the_node(ray_cluster: Any, ray_name
                                                            state_dir=str(tmp_path / "state")))
     address = ray.get_runtime_context().gcs_address
     (tmp_path / "driver.py").write_text(DRIVER)
-    ray_bin = Path(sys.executable).with_name("ray")
-    node = subprocess.Popen(
-        [str(ray_bin), "start", "--address", address, "--num-cpus", "1", "--block",
-         "--resources", '{"lost_node": 1}', "--disable-usage-stats"],
-        env=_env(address), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True)
+    params = RayParams(gcs_address=address, num_cpus=1, num_gpus=0,
+                       resources={"lost_node": 1.0}, object_store_memory=80 * 1024 * 1024,
+                       min_worker_port=0, max_worker_port=0, include_log_monitor=False,
+                       node_manager_port=0)
+    params.dashboard_agent_listen_port = None
+    node = Node(params, head=False, shutdown_at_exit=False, spawn_reaper=False)
     driver = None
     try:
         wait_for(lambda: any(n["Alive"] and n["Resources"].get("lost_node") for n in ray.nodes()),
@@ -299,12 +304,7 @@ def test_a_removed_node_fails_the_run_naming_the_node(ray_cluster: Any, ray_name
 
         def actions() -> None:
             if "ready" in driver.said and not lost:
-                # the machine is gone: its raylet and the workers it started (in sessions of
-                # their own), at once
-                os.killpg(node.pid, signal.SIGKILL)
-                for pid in driver.said["ready"][1:3]:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(int(pid), signal.SIGKILL)
+                node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
                 lost["node"] = time.time()
                 driver.go.touch()
 
@@ -318,7 +318,5 @@ def test_a_removed_node_fails_the_run_naming_the_node(ray_cluster: Any, ray_name
     finally:
         if driver is not None:
             driver.stop()
-        if node.poll() is None:
-            os.killpg(node.pid, signal.SIGKILL)
-        node.wait(30)
+        node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
         shutdown_runtime(ray_namespace)
