@@ -8,6 +8,7 @@ printed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -304,7 +305,12 @@ def test_a_removed_node_fails_the_run_naming_the_node(ray_cluster: Any, ray_name
 
         def actions() -> None:
             if "ready" in driver.said and not lost:
+                # the machine is gone: its raylet, and at once the workers it started (left
+                # alone they would serve the driver's direct calls until they noticed)
                 node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
+                for pid in driver.said["ready"][1:3]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
                 lost["node"] = time.time()
                 driver.go.touch()
 
