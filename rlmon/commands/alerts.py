@@ -47,10 +47,10 @@ def run_alerts(args: argparse.Namespace) -> int:
         states = store.liveness(args.run)
         found["liveness"] = [row for row in states if row["state"] in (
             "slow", "stalled", "frozen", "dead", "failed", "preempted")]
-        # runs that ended well, and how (the latest first): a clean end is said, never paged
-        finished = sorted((row for row in states if row["state"] == "finished"),
-                          key=lambda row: -(row["since"] or 0.0))
-        found["finished"] = finished[:max(args.limit, 0)]
+        if not args.firing:  # runs that ended well, and how (latest first): said, not paged
+            finished = sorted((row for row in states if row["state"] == "finished"),
+                              key=lambda row: -(row["since"] or 0.0))
+            found["finished"] = finished[:max(args.limit, 0)]
     finally:
         store.close()
     if args.json:
