@@ -134,7 +134,9 @@ class Driver:
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            word, *rest = line.split()
+            word, *rest = line.split() or [""]
+            if word not in ("ready", "killed", "ending"):
+                continue  # anything else a driver prints (Ray's own lines)
             self.said[word] = rest
             self.said.setdefault("at " + word, [str(time.time())])
 
