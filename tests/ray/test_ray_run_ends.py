@@ -89,6 +89,10 @@ elif mode in ("sigkill", "node"):  # the test kills rank 1's worker (or its node
     ray.get(ranks[1].step.remote(last + 1))  # raises RayActorError: exit 1
 elif mode == "final_save":  # longer than the stall floor, after the last step
     ray.get([r.save_checkpoint.remote(8.0) for r in ranks])
+elif mode == "released":  # its last handles released: Ray ends the actors gracefully
+    del ranks
+    while not os.path.exists(go):
+        time.sleep(0.1)
 elif mode in ("kill", "kill_stays"):
     for r in ranks:
         ray.kill(r)
@@ -105,6 +109,7 @@ EXPECTED: dict[str, tuple[tuple[str, str] | None, str]] = {
     "kill": (None, "finished"),
     "kill_stays": (None, "finished"),
     "final_save": (None, "finished"),
+    "released": (None, "finished"),
     "raises_watched": (("actor", "RunFailed"), "failed"),
     "raises": (("actor", "RunFailed"), "failed"),
     "sigkill": (("actor", "RunFailed"), "failed"),
@@ -182,7 +187,13 @@ def _watch(ray: Any, service: Any, drivers: dict[str, Driver], expected: dict[st
                 seen[mode] = time.time()
         return len(seen) == len(expected)
 
-    wait_for(done, PATIENCE, "every run's end", every=0.1)
+    try:
+        wait_for(done, PATIENCE, "every run's end", every=0.1)
+    except pytest.fail.Exception:
+        said = {mode: (d.said, d.proc.poll()) for mode, d in drivers.items()}
+        pytest.fail(f"not every run ended as expected: ended {sorted(seen)}; drivers said "
+                    f"{said}; states {_states(ray, service)}; events "
+                    f"{ {r: [(e.alert, e.state) for e in es] for r, es in _events(ray, service).items()} }")
     return seen, _states(ray, service)
 
 
@@ -230,6 +241,10 @@ def test_every_ray_actor_ending_pages_what_it_should(ray_cluster: Any, ray_names
             os.kill(int(sigkill.said["ready"][1]), signal.SIGKILL)  # rank 1's worker process
             killed["sigkill"] = time.time()
             sigkill.go.touch()
+        released = drivers["released"]
+        if "ready" in released.said and not released.go.exists() and _states(ray, service).get(
+                "released-run", {}).get("state") == "finished":
+            released.go.touch()  # finished while its driver lives on
         stays = drivers["kill_stays"]
         # the driver is alive, its actors killed after their last step: finished already
         if "killed" in stays.said and not stays_checked and _states(ray, service).get(
@@ -239,7 +254,7 @@ def test_every_ray_actor_ending_pages_what_it_should(ray_cluster: Any, ray_names
 
     try:
         seen, states = _watch(ray, service, drivers, EXPECTED, actions)
-        for mode in ("returns", "kill", "final_save", "raises", "raises_watched"):
+        for mode in ("returns", "kill", "final_save", "raises", "raises_watched", "released"):
             assert drivers[mode].proc.wait(PATIENCE) == (1 if "raises" in mode else 0), mode
         assert drivers["kill_stays"].proc.wait(PATIENCE) == 0 and stays_checked
         assert drivers["sigkill"].proc.wait(PATIENCE) == 1
@@ -248,6 +263,9 @@ def test_every_ray_actor_ending_pages_what_it_should(ray_cluster: Any, ray_names
             assert "driver ended normally" in states[f"{mode}-run"]["detail"], states
         for mode in ("kill", "kill_stays"):
             assert "ray.kill" in states[f"{mode}-run"]["detail"], states
+        # __ray_shutdown__ closed the Reporters (or, had it come late, Ray's OUT_OF_SCOPE)
+        released = states["released-run"]["detail"]
+        assert "its Reporters closed cleanly" in released or "out of scope" in released
         for mode in EXPECTED:
             if EXPECTED[mode][1] == "finished":
                 assert states[f"{mode}-run"]["detail"].startswith("Finished at step 7 of 8 ")
@@ -264,7 +282,7 @@ def test_every_ray_actor_ending_pages_what_it_should(ray_cluster: Any, ray_names
             in worker
         # the latency from each end: the driver's last word, its kill, the SIGKILL
         since = {mode: drivers[mode].at("at ending") or 0.0 for mode in EXPECTED}
-        for mode in ("raises", "raises_watched"):  # raised right after it said ready
+        for mode in ("raises", "raises_watched", "released"):  # right after it said ready
             since[mode] = drivers[mode].at("at ready") or 0.0
         since["kill_stays"] = drivers["kill_stays"].at("at killed") or 0.0
         since["sigkill"] = killed["sigkill"]

@@ -297,7 +297,7 @@ def describe_finish(view: LivenessView) -> str:
     """A finished run: its last step (of how many planned) and how it ended."""
     last = f"step {view.last_step}" if view.last_step is not None else "no step"
     of = f" of {view.total_steps} planned" if view.total_steps is not None else ""
-    how = view.ended_how or "every rank closed its Reporter"
+    how = view.ended_how or "its Reporters closed cleanly"
     return f"Finished at {last}{of}: {how}"
 
 
