@@ -86,6 +86,10 @@ if failing:  # rank 1 raises at step 6: the driver's ray.get raises, it exits 1
 elif mode in ("sigkill", "node"):  # the test kills rank 1's worker (or its node): the driver waits
     while not os.path.exists(go):
         time.sleep(0.1)
+    # a driver in a collective with the lost ranks waits until Ray declares their node dead
+    while mode == "node" and any(n["Alive"] and n["Resources"].get("lost_node")
+                                 for n in ray.nodes()):
+        time.sleep(0.2)
     ray.get(ranks[1].step.remote(last + 1))  # raises RayActorError: exit 1
 elif mode == "final_save":  # longer than the stall floor, after the last step
     ray.get([r.save_checkpoint.remote(8.0) for r in ranks])
