@@ -164,12 +164,13 @@ def judge_ending(facts: RayFacts, name: str, reached_end: bool | None = None) ->
                                  _first_line(death.message) or "its worker process died"))
     if death.reason == "NODE_DIED":
         said = f"{death.node_death} {death.node_death_message} {death.message}".lower()
+        its_node = f"node {death.node_ip}" if death.node_ip else "the node"
         if "preempt" in said:
-            return RayEnding(EndingKind.PREEMPTED, f"Ray: the node{node} of {name} was preempted",
+            return RayEnding(EndingKind.PREEMPTED, f"Ray: {its_node} of {name} was preempted",
                              Outcome(OutcomeKind.SIGNAL, "NodePreempted",
                                      death.node_death_message or _first_line(death.message),
                                      signal="node preempted"))
-        return RayEnding(EndingKind.FAILED, f"Ray: the node{node} of {name} died", Outcome(
+        return RayEnding(EndingKind.FAILED, f"Ray: {its_node} of {name} died", Outcome(
             OutcomeKind.EXCEPTION, "NodeDied",
             death.node_death_message or _first_line(death.message) or "its node died"))
     if job is not None and job.status == "SUCCEEDED":

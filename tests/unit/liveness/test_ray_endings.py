@@ -218,7 +218,7 @@ def test_an_oom_kill_and_a_lost_node_name_node_and_memory() -> None:
     tracker.evaluate(last + 15)
     view = tracker.view("r", "actor", last + 15)
     assert view is not None and view.state is RunState.PREEMPTED
-    assert "the node on node 10.0.0.9 of its actor was preempted" in describe(view)
+    assert "Ray: node 10.0.0.9 of its actor was preempted" in describe(view)
 
 
 def test_where_ray_cannot_tell_the_silence_is_judged_as_before() -> None:
