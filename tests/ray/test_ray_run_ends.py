@@ -309,7 +309,9 @@ def test_a_removed_node_fails_the_run_naming_the_node(ray_cluster: Any, ray_name
 
     ray = ray_cluster
     config = tmp_path / "rlmon.yaml"
-    config.write_text(CONFIG)
+    # Ray declares a node dead after its health checks fail (about 15 s): the dead limit is
+    # set above that, as the default 30 s is, so that Ray's word comes first
+    config.write_text(CONFIG.replace("dead_after_seconds: 6", "dead_after_seconds: 45"))
     service = ensure_runtime(ray_namespace, RuntimeOptions(config=str(config),
                                                            state_dir=str(tmp_path / "state")))
     address = ray.get_runtime_context().gcs_address
