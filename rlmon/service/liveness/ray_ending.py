@@ -159,9 +159,11 @@ def judge_ending(facts: RayFacts, name: str, reached_end: bool | None = None) ->
                              f" {where}".rstrip(), Outcome(
                                  OutcomeKind.EXCEPTION, "OutOfMemory",
                                  f"Ray's memory monitor killed the worker {where}".strip()))
+        # Ray's message, without its list of common causes (the alert's what-to-check has them)
+        said = _first_line(death.message).split(" Some common causes include")[0]
         return RayEnding(EndingKind.FAILED, f"Ray: the worker process of {name} died{node}",
                          Outcome(OutcomeKind.EXCEPTION, "WorkerDied",
-                                 _first_line(death.message) or "its worker process died"))
+                                 said or "its worker process died"))
     if death.reason == "NODE_DIED":
         said = f"{death.node_death} {death.node_death_message} {death.message}".lower()
         its_node = f"node {death.node_ip}" if death.node_ip else "the node"
