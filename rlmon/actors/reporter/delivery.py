@@ -115,6 +115,7 @@ class Delivery(Generic[Raw]):
         # or a late regular beat would read as the rank coming back after its end
         self._beat_lock = threading.Lock()
         self.heartbeats = 0
+        self._beats_asked = self._beats_built = 0  # beat_now's requests, and those answered
         self.pack = pack
         self.tally = tally
         self.run, self.role = run, role
@@ -156,12 +157,13 @@ class Delivery(Generic[Raw]):
         if self.heartbeat is None or self._said_closing or self._gone:
             return False
         with self._cond:
-            sent = self.heartbeats
+            self._beats_asked += 1
+            asked = self._beats_asked
             self._in_a_stage = True  # a rank that raised before any step is heard too
             self._next_beat = 0.0
             self._cond.notify_all()
             deadline = time.monotonic() + wait
-            while wait > 0 and self.heartbeats == sent and not self._closed:
+            while wait > 0 and self._beats_built < asked and not self._closed:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -276,6 +278,7 @@ class Delivery(Generic[Raw]):
     def _beat(self, closing: bool = False) -> None:
         """Send a heartbeat alone (nothing else to send); a failure waits for the next one."""
         self._next_beat = time.monotonic() + self.heartbeat_s
+        asked = self._beats_asked  # the beat_now calls this heartbeat answers (built after)
         send = getattr(self.sink, "heartbeat", None)
         if self.heartbeat is None or send is None:
             return
@@ -286,6 +289,9 @@ class Delivery(Generic[Raw]):
                 send([self.heartbeat(closing)])
             with self._cond:
                 self.heartbeats += 1
+                self._beats_built = max(self._beats_built, asked)
+                if self._beats_asked > asked:
+                    self._next_beat = 0.0  # asked while this one was built: one more, now
                 self._cond.notify_all()  # beat_now may be waiting for it
         except Exception as exc:
             if isinstance(exc, SinkClosed):
