@@ -46,7 +46,7 @@ def test_total_steps_and_a_raising_method_are_said_in_heartbeats() -> None:
         rep.end_step(0)
         assert rep.flush(10.0)
         assert Rank().step(False) == 1
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="reward model returned NaN"):
             Rank().step(True)  # the heartbeat left before the exception reached the caller
         with sink.lock:
             last: Any = sink.beats[-1]
