@@ -16,7 +16,7 @@ import pytest
 from rlmon.actors.integrations import openrlhf, skyrl, trl, verl
 from tests.support.integrations_support import ServiceHub
 
-SILENCE = 400.0  # past the stall floor (90 s) and the dead limit (30 s) of the defaults
+SILENCE = 150.0  # past the stall floor (90 s) and the dead limit (30 s) of the defaults
 
 
 @pytest.fixture

@@ -127,7 +127,7 @@ def test_a_closed_probe_ends_cleanly_and_pages_nothing(engine, tmp_path) -> None
             engine.step()
             probe.record(step, loss=float(loss))
         probe.close()
-        assert hub.pages_after(400) == []
+        assert hub.pages_after(150) == []
         assert hub.states()[("ds-end", "actor")] == "finished"
     finally:
         hub.close()
