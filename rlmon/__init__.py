@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["CATALOG", "Reporter", "StepRecord", "default_rules", "replay"]
+__all__ = ["CATALOG", "Reporter", "StepRecord", "default_rules", "replay", "watch_methods"]
 __version__ = "0.1.0"
 
 _LAZY = {
@@ -18,6 +18,7 @@ _LAZY = {
     "default_rules": "rlmon.service.alerting.rules",
     "replay": "rlmon.service.replay",
     "Reporter": "rlmon.actors.reporter",
+    "watch_methods": "rlmon.actors.reporter",
 }
 
 

@@ -47,9 +47,10 @@ def _actor_classes() -> tuple[Any, Any, Any]:
     @remote(num_cpus=0, max_restarts=0)
     class PolicyRank:
         def __init__(self, namespace: str, run: str, dp: int, cp: int, world: dict[str, int],
-                     cfg: grpo.GRPOConfig, theta_ref: np.ndarray, opts: RuntimeOptions) -> None:
+                     cfg: grpo.GRPOConfig, theta_ref: np.ndarray, opts: RuntimeOptions,
+                     steps: int) -> None:
             self.rep = Reporter(run, "actor", rank={"dp": dp, "cp": cp}, world=world,
-                                namespace=namespace, runtime=opts)
+                                namespace=namespace, runtime=opts, total_steps=steps)
             self.dp, self.cp, self.world, self.cfg = dp, cp, world, cfg
             self.theta_ref = theta_ref
             self.theta_old = theta_ref
@@ -81,11 +82,15 @@ def _actor_classes() -> tuple[Any, Any, Any]:
         def flush(self) -> bool:
             return self.rep.flush(30)
 
+        def close(self) -> None:  # the end of training: the rank says it ended cleanly
+            self.rep.close(30)
+
     @remote(num_cpus=0, max_restarts=0)
     class RolloutWorker:
         def __init__(self, namespace: str, run: str, cfg: grpo.GRPOConfig, theta: np.ndarray,
-                     opts: RuntimeOptions) -> None:
-            self.rep = Reporter(run, "rollout", namespace=namespace, runtime=opts)
+                     opts: RuntimeOptions, steps: int) -> None:
+            self.rep = Reporter(run, "rollout", namespace=namespace, runtime=opts,
+                                total_steps=steps)
             self.engine = grpo.Rollout(cfg, theta, seed=cfg.seed + 2)
             self.cfg = cfg
             self.targets = grpo.targets_for(cfg)
@@ -106,11 +111,15 @@ def _actor_classes() -> tuple[Any, Any, Any]:
         def flush(self) -> bool:
             return self.rep.flush(30)
 
+        def close(self) -> None:  # the end of training: the rank says it ended cleanly
+            self.rep.close(30)
+
     @remote(num_cpus=0, max_restarts=0)
     class RewardWorker:
         def __init__(self, namespace: str, run: str, cfg: grpo.GRPOConfig,
-                     opts: RuntimeOptions) -> None:
-            self.rep = Reporter(run, "reward", namespace=namespace, runtime=opts)
+                     opts: RuntimeOptions, steps: int) -> None:
+            self.rep = Reporter(run, "reward", namespace=namespace, runtime=opts,
+                                total_steps=steps)
             self.cfg = cfg
 
         def score(self, step: int, batch: grpo.Batch) -> np.ndarray:
@@ -122,6 +131,9 @@ def _actor_classes() -> tuple[Any, Any, Any]:
 
         def flush(self) -> bool:
             return self.rep.flush(30)
+
+        def close(self) -> None:  # the end of training: the rank says it ended cleanly
+            self.rep.close(30)
 
     return PolicyRank, RolloutWorker, RewardWorker
 
@@ -152,11 +164,12 @@ class DemoJob:
         theta_ref = ray.put(trainer.theta_ref)
         ranks = {
             (d, c): PolicyRank.remote(self.namespace, self.run, d, c, world, cfg, theta_ref,
-                                      self.opts)
+                                      self.opts, self.steps)
             for d in range(self.dp) for c in range(self.cp)
         }
-        rollout = RolloutWorker.remote(self.namespace, self.run, cfg, trainer.theta, self.opts)
-        reward = RewardWorker.remote(self.namespace, self.run, cfg, self.opts)
+        rollout = RolloutWorker.remote(self.namespace, self.run, cfg, trainer.theta, self.opts,
+                                       self.steps)
+        reward = RewardWorker.remote(self.namespace, self.run, cfg, self.opts, self.steps)
         prompt_rng = np.random.default_rng(cfg.seed + 3)
         killed: list[tuple[int, int]] = []
         try:
@@ -193,6 +206,8 @@ class DemoJob:
                 if on_step is not None:
                     on_step(step)
             flushed = ray.get([a.flush.remote() for a in (*ranks.values(), rollout, reward)])
+            # the end of training: every Reporter closes (a clean end, said by each rank)
+            ray.get([a.close.remote() for a in (*ranks.values(), rollout, reward)])
         finally:
             for actor in (*ranks.values(), rollout, reward):
                 ray.kill(actor)

@@ -139,6 +139,11 @@ def service_actor_class() -> Any:
         def alerts(self, run: str | None = None) -> list[dict[str, Any]]:
             return self.core.history.alerts(run)
 
+        def run_states(self, run: str | None = None) -> list[dict[str, Any]]:
+            """Each (run, role)'s liveness state as last stored: running ... finished, failed,
+            preempted, dead, with since, the last step and how it ended (docs/liveness.md)."""
+            return self.core.history.liveness(run)
+
         def stats(self) -> dict[str, Any]:
             return {
                 "redeliveries": self.core.redeliveries,

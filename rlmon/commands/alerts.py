@@ -44,8 +44,13 @@ def run_alerts(args: argparse.Namespace) -> int:
         found["stops"] = [d.to_json() for d in store.stops(args.run)]
         # runs not simply running, by time (docs/liveness.md): slow, stalled, frozen, dead,
         # failed, preempted
-        found["liveness"] = [row for row in store.liveness(args.run) if row["state"] in (
+        states = store.liveness(args.run)
+        found["liveness"] = [row for row in states if row["state"] in (
             "slow", "stalled", "frozen", "dead", "failed", "preempted")]
+        if not args.firing:  # runs that ended well, and how (latest first): said, not paged
+            finished = sorted((row for row in states if row["state"] == "finished"),
+                              key=lambda row: -(row["since"] or 0.0))
+            found["finished"] = finished[:max(args.limit, 0)]
     finally:
         store.close()
     if args.json:
@@ -97,6 +102,13 @@ def _print_tables(found: dict[str, list[dict[str, Any]]]) -> None:
                 f"{_when(row['last_step_at'])}"
             table.add_row(row["state"], row["run"], row["role"], _when(row["since"]), last,
                           row["detail"])
+        console.print(table)
+    if found.get("finished"):
+        table = Table(title="runs that finished, latest first")
+        for col in ("run", "role", "since (UTC)", "how it ended"):
+            table.add_column(col)
+        for row in found["finished"]:
+            table.add_row(row["run"], row["role"], _when(row["since"]), row["detail"])
         console.print(table)
     if found["stops"]:
         table = Table(title="runs asked to stop")

@@ -275,6 +275,14 @@ def _run(args: argparse.Namespace) -> int:
             if {s["step"] for s in steps if s["role"] == "actor"} >= set(range(args.steps)):
                 break
             time.sleep(0.1)
+        # the ranks closed their Reporters: the run reads finished (its report and page say
+        # so) once the service has judged their closing heartbeats
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            states = ray.get(service.run_states.remote(run))
+            if states and all(s["state"] not in ("running", "slow") for s in states):
+                break
+            time.sleep(0.1)
         on_step(args.steps)
         steps = ray.get(service.steps.remote(run))
         alerts = ray.get(service.alerts.remote(run))

@@ -22,7 +22,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from rlmon.service.liveness.thresholds import COLD_SPAN_WORDS, SYNC_SPAN_WORDS, LivenessParams
+from rlmon.service.liveness.thresholds import (
+    COLD_SPAN_WORDS,
+    SAVE_SPAN_WORDS,
+    SYNC_SPAN_WORDS,
+    LivenessParams,
+)
 from rlmon.service.redact import Redactor
 
 __all__ = [
@@ -475,8 +480,11 @@ class LivenessConfig(_Section):
     first_step_seconds: float = Field(default=3600.0, gt=0.0)  # before step 0, in no telling span
     cold_span_seconds: float = Field(default=3600.0, gt=0.0)  # first time in load/compile/...
     sync_span_seconds: float = Field(default=300.0, gt=0.0)  # in a weight sync before step 0
+    save_span_seconds: float = Field(default=1800.0, gt=0.0)  # in a save/eval/upload span
+    final_seconds: float = Field(default=3600.0, gt=0.0)  # after the planned last step
     cold_span_words: list[str] = Field(default_factory=lambda: list(COLD_SPAN_WORDS))
     sync_span_words: list[str] = Field(default_factory=lambda: list(SYNC_SPAN_WORDS))
+    save_span_words: list[str] = Field(default_factory=lambda: list(SAVE_SPAN_WORDS))
     dead_after_seconds: float = Field(default=30.0, gt=0.0)  # every rank silent this long
     slow_factor: float = Field(default=3.0, gt=1.0)  # step intervals this far over baseline
     slow_steps: int = Field(default=3, ge=1)  # ... this many in a row: StepTimeRegression

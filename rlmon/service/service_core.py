@@ -35,6 +35,7 @@ from rlmon.service.alerting.liveness_alerts import liveness_events, liveness_fir
 from rlmon.service.alerting.notify.factory import build_dispatcher, open_outbox, outbox_path
 from rlmon.service.alerting.notify.render import summary_line
 from rlmon.service.alerting.rules import Rule, default_rules, load_rules, unknown_metrics
+from rlmon.service.alerting.run_end import close_with_run
 from rlmon.service.alerting.sanity import Finding, SanityChecker, checker_args, relay_warnings
 from rlmon.service.config import Settings, load_config
 from rlmon.service.contract.step_record import StepRecord
@@ -551,8 +552,11 @@ class ServiceCore:
                                     view.last_step, view.last_step_at,
                                     describe(view) if view.state is not RunState.RUNNING
                                     else ""))
-                mine = self.costs.stamp_at(liveness_events(self.engine, view), view.at,
-                                           self.engine.all_states())
+                said = liveness_events(self.engine, view)
+                if view.state is RunState.FINISHED:  # its alerts end with it (run_end)
+                    said += close_with_run(self.engine, view.run, view.role, view.last_step,
+                                           view.at)
+                mine = self.costs.stamp_at(said, view.at, self.engine.all_states())
                 self.metrics.set_liveness(view, liveness_firing(self.engine, *stream))
                 streams.add(stream)
                 if mine:

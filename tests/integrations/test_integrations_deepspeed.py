@@ -11,7 +11,7 @@ import os
 import pytest
 
 from rlmon.service.metrics import catalog
-from tests.support.integrations_support import Hub
+from tests.support.integrations_support import Hub, ServiceHub
 from tests.support.network import free_port
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
@@ -110,3 +110,24 @@ def test_deepspeed_scales_the_loss_by_gas_and_the_comparable_view_undoes_it(engi
     assert info.algorithm == "sft" and info.dp == 1
     assert not any(name.startswith("deepspeed/") and name != rl_ds.LOSS_SCALED for name in rec)
     hub.close()
+
+
+def test_a_closed_probe_ends_cleanly_and_pages_nothing(engine, tmp_path) -> None:
+    """The end of training closes the probe's Reporter (``close()``, or ``engine.destroy()``):
+    the run reads finished and no stall or death pages after its last step."""
+    hub = ServiceHub(tmp_path)
+    try:
+        probe = rl_ds.EngineProbe(engine, reporter=hub.reporter("ds-end", "actor"),
+                                  total_steps=3)
+        assert probe.reporter.total_steps == 3
+        for step in range(3):
+            x, y = _batch(step)
+            loss = torch.nn.functional.mse_loss(engine(x), y)
+            engine.backward(loss)
+            engine.step()
+            probe.record(step, loss=float(loss))
+        probe.close()
+        assert hub.pages_after(150) == []
+        assert hub.states()[("ds-end", "actor")] == "finished"
+    finally:
+        hub.close()

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from rlmon.service.metrics import catalog
-from tests.support.integrations_support import Hub
+from tests.support.integrations_support import Hub, ServiceHub
 
 pytestmark = pytest.mark.vllm
 
@@ -175,3 +175,20 @@ def test_a_dropped_engine_sends_its_open_step() -> None:
     gc.collect()
     assert [(r.step, r.metrics[catalog.TOKENS]) for r in hub.records()] == [(3, 9)]
     hub.close()
+
+
+def test_the_engine_s_end_closes_its_reporter_and_a_clean_end_pages_nothing(tmp_path) -> None:
+    """A logger whose Reporter it made (the plugin's way) closes it when the engine ends: the
+    rank ends cleanly instead of going silent, and nothing pages however long the silence."""
+    hub = ServiceHub(tmp_path)
+    try:
+        clock = Clock(5000.0)
+        lg = rl_vllm.RlmonStatLogger(None, 0, run="vllm-end", make=hub.factory, clock=clock)
+        for _ in range(3):
+            lg.record(_sched(1, 0, 0.1, 0, 0), _iter(5, 0))
+            clock.t += 10.0  # one window a step
+        lg.close()  # the engine's shutdown
+        assert hub.pages_after(150) == []
+        assert hub.states()[("vllm-end", "vllm")] == "finished"
+    finally:
+        hub.close()

@@ -66,6 +66,14 @@ def test_demo_writes_a_report_consistent_with_its_timelines(tmp_path: Path) -> N
     assert reasons.get(("wasted", "no_reward_spread"), 0.0) == pytest.approx(
         sum(generated[s] * tied.get(s, 0.0) for s in generated), abs=1e-6)
     assert report["steps_accounted"] == 10 and report["gpu_hours"] > 0
+    # the demo ends well and quietly: every role finished at its last step, nothing paged for it
+    ended = {s["role"]: (s["state"], s["last_step"]) for s in report["run_states"]}
+    assert ended == {"actor": ("finished", 9), "rollout": ("finished", 9),
+                     "reward": ("finished", 9)}, report["run_states"]
+    assert all(s["detail"].startswith("Finished at step 9 of 10 planned")
+               for s in report["run_states"]), report["run_states"]
+    assert not [a for a in report["alerts"]
+                if a["alert"] in ("RunDied", "RunStalled", "RunFailed", "RunPreempted")]
     # each alert's cost: the run's 6 GPUs (4 policy ranks, rollout, reward) since its onset,
     # the start of a step at or before the one that fired
     assert alerts and report["alerts"]

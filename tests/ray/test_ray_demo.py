@@ -55,7 +55,7 @@ def test_demo_dead_rank_json_and_plot(tmp_path: Path) -> None:
 def test_demo_lr_spike_computes_what_the_workload_does(tmp_path: Path) -> None:
     """The Ray job (ranks, rollout and reward actors, the driver's all-reduce) gives exactly the
     numbers of the in-process workload, so the alert sets pinned in test_demo_workload hold live:
-    ClipRatioHigh, and nothing else, on the third spiked step."""
+    ClipRatioHigh, and nothing else, on the third spiked step (closed when the run ends)."""
     env = {**os.environ, "RAY_DISABLE_USAGE_STATS": "1", "RAY_AUTH_MODE": "disabled"}
     proc = subprocess.run(
         [sys.executable, "-m", "rlmon.cli", "demo", "--steps", "7", "--fault", "lr_spike",
@@ -66,7 +66,8 @@ def test_demo_lr_spike_computes_what_the_workload_does(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     alerts = [(a["alert"], a["state"], a["step"]) for a in lines if a.get("type") == "alert"]
-    assert alerts == [("ClipRatioHigh", "firing", 5)]
+    # ... closed with the run, which ended at step 6 with it firing (issue 38)
+    assert alerts == [("ClipRatioHigh", "firing", 5), ("ClipRatioHigh", "resolved", 6)]
     live = {s["step"]: s["metrics"] for s in lines if s.get("type") == "step"
             and s["role"] == "actor"}
     records = grpo.simulate(steps=7, fault="lr_spike", fault_step=3)

@@ -12,8 +12,8 @@ from rlmon.actors.reporter.tensor_stats import is_torch
 from rlmon.service.metrics import catalog, keymaps
 from rlmon.service.metrics.forms import FORMS
 
-__all__ = ["ReporterLike", "as_float64", "make_reporter", "record_mismatch_samples", "relay",
-           "scalar", "send_run_info"]
+__all__ = ["ReporterLike", "as_float64", "end_training", "make_reporter", "plan_steps",
+           "record_mismatch_samples", "relay", "scalar", "send_run_info"]
 
 
 class ReporterLike(Protocol):
@@ -33,6 +33,28 @@ class ReporterLike(Protocol):
     def flush(self, timeout: float | None = None) -> bool: ...
 
     def close(self) -> None: ...
+
+
+def plan_steps(reporter: Any, total: Any) -> int | None:
+    """Tell the Reporter the run's planned number of steps, as the framework says it (TRL's
+    ``max_steps``, OpenRLHF's ``get_max_steps()``, verl's ``total_training_steps``): once the
+    last ended, a final save or evaluation is not a stall (docs/liveness.md). A value the
+    framework left unset (None, 0, -1) is not said."""
+    total = scalar(total)
+    setter = getattr(reporter, "set_total_steps", None)
+    if total is None or total < 1 or not float(total).is_integer() or not callable(setter):
+        return None
+    setter(int(total))
+    return int(total)
+
+
+def end_training(*reporters: ReporterLike | None, timeout: float = 10.0) -> None:
+    """The framework's end of training: flush and close each Reporter, so each rank says it
+    ended cleanly (a crash in flight is said as the crash: ``close`` sees it)."""
+    for reporter in reporters:
+        if reporter is not None:
+            reporter.flush(timeout)
+            reporter.close()
 
 
 def as_float64(x: Any) -> np.ndarray:

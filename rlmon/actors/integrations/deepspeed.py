@@ -17,8 +17,10 @@ from typing import Any
 
 from rlmon.actors.integrations._base import (
     ReporterLike,
+    end_training,
     framework_version,
     make_reporter,
+    plan_steps,
     send_run_info,
 )
 from rlmon.service.alerting.sanity import LossNormalization
@@ -75,7 +77,10 @@ class EngineProbe:
     def __init__(self, engine: Any, run: str | None = None, *,
                  reporter: ReporterLike | None = None, role: str = "actor",
                  algorithm: str | None = None, dpo: bool | None = None,
-                 **reporter_kw: Any) -> None:
+                 total_steps: int | None = None, **reporter_kw: Any) -> None:
+        """``total_steps``: the steps the training loop plans (a final save after the last is
+        then not a stall). ``engine.destroy()`` (DeepSpeed's end of an engine) closes the
+        Reporter; :meth:`close` does too."""
         self.engine = engine
         if reporter is None:
             if run is None:
@@ -88,6 +93,16 @@ class EngineProbe:
             deepspeed=True, gradient_accumulation_steps=snap.gradient_accumulation_steps,
             scaled_by_gas=True, zero_stage=snap.zero_stage, deepspeed_version=version,
         )
+        plan_steps(reporter, total_steps)
+        destroy = getattr(engine, "destroy", None)
+        if callable(destroy) and "destroy" not in vars(engine):
+            def destroy_then_close(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    return destroy(*args, **kwargs)
+                finally:
+                    self.close()
+
+            engine.destroy = destroy_then_close
         dp = getattr(engine, "dp_world_size", None)
         self.run_info = send_run_info(
             reporter, framework=FRAMEWORK, framework_version=version, deepspeed_version=version,
@@ -121,3 +136,7 @@ class EngineProbe:
         if end_step:
             rep.end_step(int(step))
         return snap
+
+    def close(self) -> None:
+        """The end of training: the Reporter closes (the rank ends cleanly). Idempotent."""
+        end_training(self.reporter)

@@ -34,8 +34,10 @@ import numpy as np
 from rlmon.actors.integrations._base import (
     ReporterLike,
     as_float64,
+    end_training,
     framework_version,
     make_reporter,
+    plan_steps,
     record_mismatch_samples,
     relay,
     send_run_info,
@@ -190,19 +192,31 @@ class RlmonLogger:
         return lambda i: describe(experience, i)
 
     def close(self) -> None:
-        for rep in (self.reporter, self.eval_reporter):
-            if rep is not None:
-                rep.flush(10.0)
-                rep.close()
+        end_training(self.reporter, self.eval_reporter)
 
 
 def attach(trainer: Any, run: str, **kw: Any) -> RlmonLogger:
     """Hook a ``BasePPOTrainer`` (v0.11.0): log beside its loggers and after experience making.
 
     Wraps ``trainer.save_logs_and_checkpoints(global_step, logs, ...)`` (where OpenRLHF calls its
-    loggers) and ``trainer.experience_maker.make_experience_batch`` (``ppo_trainer.py``).
+    loggers) and ``trainer.experience_maker.make_experience_batch`` (``ppo_trainer.py``); says
+    the planned steps (``trainer.get_max_steps()`` where the trainer has it, else its
+    ``max_steps``) and closes the Reporters when ``trainer.fit`` returns (the end of training;
+    a ``fit`` that raises closes them saying so).
     """
     logger = RlmonLogger(run, **kw)
+    planned = getattr(trainer, "get_max_steps", None)
+    plan_steps(logger.reporter, planned() if callable(planned)
+               else getattr(trainer, "max_steps", None))
+    fit = getattr(trainer, "fit", None)
+    if callable(fit):
+        def fit_then_close(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fit(*args, **kwargs)
+            finally:
+                logger.close()
+
+        trainer.fit = fit_then_close
     save = trainer.save_logs_and_checkpoints
 
     def save_logs_and_checkpoints(global_step: int, logs: Any, *args: Any, **kwargs: Any) -> Any:

@@ -32,8 +32,10 @@ import numpy as np
 from rlmon.actors.integrations._base import (
     ReporterLike,
     as_float64,
+    end_training,
     framework_version,
     make_reporter,
+    plan_steps,
     relay,
     send_run_info,
 )
@@ -234,9 +236,13 @@ class RlmonTracking:
     """
 
     def __init__(self, inner: Any, run: str, *, reporter: ReporterLike | None = None,
-                 role: str = "driver", **reporter_kw: Any) -> None:
+                 role: str = "driver", total_steps: int | None = None,
+                 **reporter_kw: Any) -> None:
+        """``total_steps``: the trainer's ``total_training_steps`` where it is known when the
+        tracker is made; else :meth:`set_total_steps` once the trainer computed it."""
         self.inner = inner
         self.reporter = reporter or make_reporter(run, role, **reporter_kw)
+        plan_steps(self.reporter, total_steps)
         # the service names SkyRL's keys in what to change (rlmon.service.metrics.remedies)
         self.run_info = send_run_info(self.reporter, framework=FRAMEWORK,
                                       framework_version=framework_version(FRAMEWORK))
@@ -254,11 +260,17 @@ class RlmonTracking:
             self.reporter.end_step(self._pending)
             self._pending = None
 
+    def set_total_steps(self, total_steps: int) -> None:
+        """The run's planned steps (SkyRL's ``trainer.total_training_steps``)."""
+        plan_steps(self.reporter, total_steps)
+
     def finish(self) -> None:
+        """SkyRL's end of training (the trainer's ``tracker.finish()``): the last step ends and
+        the Reporter closes, saying the rank ended cleanly."""
         if self._pending is not None:
             self.reporter.end_step(self._pending)
             self._pending = None
-        self.reporter.flush(10.0)
+        end_training(self.reporter)
         finish = getattr(self.inner, "finish", None)
         if callable(finish):
             finish()

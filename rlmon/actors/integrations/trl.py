@@ -46,9 +46,11 @@ from typing import Any
 
 from rlmon.actors.integrations._base import (
     ReporterLike,
+    end_training,
     env_reporter,
     framework_version,
     lazy_class,
+    plan_steps,
     relay,
     send_run_info,
 )
@@ -404,11 +406,18 @@ class _Relay:
             grad_accumulation=integer("gradient_accumulation_steps"), dp=integer("world_size"),
         )
 
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # the planned steps (TRL computes max_steps from the data and epochs before this)
+        if getattr(state, "is_world_process_zero", True):
+            plan_steps(self.reporter, getattr(state, "max_steps", None))
+
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """TRL's end of training: the last step ends and the Reporter closes (the rank ends
+        cleanly)."""
         if getattr(state, "is_world_process_zero", True):
             self._end_open_step()
         if self._reporter is not None:
-            self._reporter.flush(10.0)
+            end_training(self._reporter)
 
 
 def _build() -> type:

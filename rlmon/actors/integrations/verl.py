@@ -20,8 +20,10 @@ from typing import Any
 
 from rlmon.actors.integrations._base import (
     ReporterLike,
+    end_training,
     framework_version,
     make_reporter,
+    plan_steps,
     relay,
     send_run_info,
 )
@@ -43,13 +45,29 @@ class RlmonBackend:
             algorithm=_dig(config, "algorithm.adv_estimator"),
             loss_reduction=_dig(config, "actor_rollout_ref.actor.loss_agg_mode"),
         )
+        # the planned steps, where the config sets them (verl computes its
+        # total_training_steps from the data otherwise, and writes it back into the config)
+        self._config = config
+        plan_steps(self.reporter, _number(config, "trainer.total_training_steps"))
 
     def log(self, data: Mapping[str, Any], step: int) -> None:
+        if getattr(self.reporter, "total_steps", 1) is None:  # written back by the trainer
+            plan_steps(self.reporter, _number(self._config, "trainer.total_training_steps"))
         relay(self.reporter, FRAMEWORK, data)
         self.reporter.end_step(int(step))
 
     def finish(self) -> None:
-        self.reporter.flush(10.0)
+        """verl's end of training (``Tracking.finish``, also run when the tracker is
+        collected): the Reporter closes, saying the rank ended cleanly."""
+        end_training(self.reporter)
+
+
+def _number(config: Any, path: str) -> int | None:
+    text = _dig(config, path)
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
 
 
 def _dig(config: Any, path: str) -> str | None:

@@ -333,6 +333,7 @@ def _build() -> type:
             env = os.environ
             rank, engines = engine_rank(vllm_config, engine_index)
             self.engine_index, self.rank, self.engines = engine_index, rank, engines
+            self._own = reporter is None  # made here: closed with the engine
             self.reporter = reporter or make(
                 run or env.get("RLMON_RUN", "vllm"), ROLE, rank={"dp": rank},
                 world={"dp": engines})
@@ -355,9 +356,13 @@ def _build() -> type:
             pass
 
         def close(self, timeout: float = CLOSE_TIMEOUT_S) -> bool:
-            """Send the open step, wait for delivery, give up the engine's rank."""
+            """Send the open step, wait for delivery, give up the engine's rank; the engine's
+            end (its shutdown, its collection) closes the Reporter made for it, so the rank
+            ends cleanly instead of going silent."""
             done = self.window.close(timeout)
             self.window.release()
+            if self._own:
+                self.reporter.close()
             return done
 
     return RlmonStatLogger

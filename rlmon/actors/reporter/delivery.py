@@ -115,6 +115,7 @@ class Delivery(Generic[Raw]):
         # or a late regular beat would read as the rank coming back after its end
         self._beat_lock = threading.Lock()
         self.heartbeats = 0
+        self._beats_asked = self._beats_built = 0  # beat_now's requests, and those answered
         self.pack = pack
         self.tally = tally
         self.run, self.role = run, role
@@ -149,6 +150,25 @@ class Delivery(Generic[Raw]):
             self._raw.append(raw)
             self._trim()
             self._cond.notify()
+
+    def beat_now(self, wait: float = 0.0) -> bool:
+        """Send a heartbeat at once (something worth saying happened), waiting up to ``wait``
+        seconds for it to leave; True when it did (or no wait was asked)."""
+        if self.heartbeat is None or self._said_closing or self._gone:
+            return False
+        with self._cond:
+            self._beats_asked += 1
+            asked = self._beats_asked
+            self._in_a_stage = True  # a rank that raised before any step is heard too
+            self._next_beat = 0.0
+            self._cond.notify_all()
+            deadline = time.monotonic() + wait
+            while wait > 0 and self._beats_built < asked and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
 
     def stage_entered(self) -> None:
         """The rank entered its first stage (span): heartbeats start now if no step did."""
@@ -258,6 +278,7 @@ class Delivery(Generic[Raw]):
     def _beat(self, closing: bool = False) -> None:
         """Send a heartbeat alone (nothing else to send); a failure waits for the next one."""
         self._next_beat = time.monotonic() + self.heartbeat_s
+        asked = self._beats_asked  # the beat_now calls this heartbeat answers (built after)
         send = getattr(self.sink, "heartbeat", None)
         if self.heartbeat is None or send is None:
             return
@@ -266,7 +287,12 @@ class Delivery(Generic[Raw]):
                 if self._said_closing and not closing:
                     return
                 send([self.heartbeat(closing)])
-            self.heartbeats += 1
+            with self._cond:
+                self.heartbeats += 1
+                self._beats_built = max(self._beats_built, asked)
+                if self._beats_asked > asked:
+                    self._next_beat = 0.0  # asked while this one was built: one more, now
+                self._cond.notify_all()  # beat_now may be waiting for it
         except Exception as exc:
             if isinstance(exc, SinkClosed):
                 self._give_up(exc)

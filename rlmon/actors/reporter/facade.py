@@ -37,6 +37,7 @@ from rlmon.actors.reporter.accumulator import (
     ranked_state,
     replicated_axes,
 )
+from rlmon.actors.reporter.actor_end import register_shutdown
 from rlmon.actors.reporter.delivery import Delivery
 from rlmon.actors.reporter.detect import coerce_rank, coerce_world, detect_layout
 from rlmon.actors.reporter.hardware import HardwareSampler, visible_gpus
@@ -145,6 +146,7 @@ class Reporter:
         redact: Callable[[str], str] | None = None,
         heartbeat_seconds: float | None = None,
         gpus_per_rank: float | None = None,
+        total_steps: int | None = None,
     ) -> None:
         detected = detect_layout() if rank is None or world is None else None
         self.rank = coerce_rank(rank) if rank is not None else detected[0]  # type: ignore[index]
@@ -182,6 +184,13 @@ class Reporter:
         self._outcome: Outcome | None = None
         self._raised_spans: outcome.Spans | None = None  # where the failure that ends it was
         self._exit_spans: outcome.Spans | None = None  # the spans a SystemExit or ^C left
+        # an exception a method of this rank's actor raised (rlmon.actors.reporter.actor_end),
+        # said in every heartbeat until the next step ends, with the spans open where it was
+        self._raised: tuple[Outcome, outcome.Spans] | None = None
+        # the steps the run plans: once its last ended, a final save is not a stall
+        self.total_steps: int | None = None
+        if total_steps is not None:
+            self.set_total_steps(total_steps)
         # the GPUs this rank holds (goodput, the cost of alerts and stalls): as given, else as
         # its launcher says (hardware.visible_gpus), else 1
         self.gpus_per_rank = float(gpus_per_rank if gpus_per_rank is not None
@@ -200,6 +209,27 @@ class Reporter:
             heartbeat=self._heartbeat if heartbeat_seconds > 0 else None,
             heartbeat_s=heartbeat_seconds)
         track_sender(self)
+        # in a Ray actor: closed when Ray ends the actor gracefully (``__ray_shutdown__``)
+        register_shutdown(self.close)
+
+    def set_total_steps(self, total_steps: int) -> None:
+        """The number of steps the run plans (the framework's ``max_steps``): once its last
+        step ended, the run is ending, and a save, an evaluation or an upload after it is not
+        paged as a stall (docs/liveness.md). Said with every heartbeat."""
+        if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
+            raise ValueError(f"total_steps must be an integer >= 1, got {total_steps!r}")
+        self.total_steps = total_steps
+
+    def note_raised(self, exc: BaseException, wait: float = 0.0) -> None:
+        """A method of this rank's actor raised ``exc`` (rlmon's method wrapper calls this): say
+        it in a heartbeat now, waiting up to ``wait`` seconds for it to leave, and in every
+        heartbeat until the next step ends. The rank is not closed: its driver may go on."""
+        said = outcome.describe(exc)
+        if said is None or self._delivery.closed:
+            return
+        spans = outcome.raised_in(exc).get(id(self)) or tuple(self._open_spans)
+        self._raised = (said, spans)
+        self._delivery.beat_now(wait)
 
     # -- what the other parts count, read on the training thread ------------------------------
 
@@ -578,12 +608,16 @@ class Reporter:
         # a failed rank's closing heartbeat: the spans open where it failed, not those still
         # open once the exception unwound them
         raised = self._raised_spans if closing else None
+        noted = self._raised
+        if raised is None and noted is not None and not self._open_spans:
+            raised = noted[1]  # where the method's exception was raised, until a new stage
         opened = raised if raised is not None else list(self._open_spans)
         spans = tuple(OpenSpan(name, wall0 + (at - perf0) * 1e-9) for name, at in opened)
         return Heartbeat(self.run, self.role, self.world,
                          (RankBeat(self.rank, spans, self._last_step),), time.time(), closing,
                          self.gpus_per_rank, self._outcome if closing else None,
-                         outcome.process_id())
+                         outcome.process_id(), self.total_steps,
+                         noted[0] if noted is not None and not closing else None)
 
     def end_step(self, step: int) -> None:
         """Close the step and hand it to the sender thread; returns at once.
@@ -609,6 +643,7 @@ class Reporter:
         acc, self._acc = self._acc, {}
         self._last_step = step
         self._exit_spans = None  # a SystemExit caught inside a span: the run went on
+        self._raised = None  # a method raised and the run went on
         self._training_thread = threading.get_ident()
         outcome.step_ended()
         self._delivery.put(RawStep(step, acc, time.time(), moving, batches, captures.picks,
@@ -682,6 +717,9 @@ class Reporter:
             marks = outcome.thread_stage(self._training_thread)
         else:
             ending, marks = outcome.process_outcome(), outcome.process_stage()
+        if ending is None and self._raised is not None:
+            # a method of its actor raised and no step ended since: the rank ends with it
+            return self._raised
         if ending is None:
             return None, None
         if ending.kind is not OutcomeKind.EXCEPTION:

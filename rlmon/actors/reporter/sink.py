@@ -27,7 +27,7 @@ from rlmon.service.metrics.forms import FORMS
 from rlmon.service.metrics.partial import ALL_AXES, Partial
 
 __all__ = ["JsonlSink", "LocalSink", "ReportSink", "SinkClosed", "close_open_senders",
-           "track_sender"]
+           "open_senders", "track_sender"]
 
 
 class ReportSink(Protocol):
@@ -152,6 +152,12 @@ def track_sender(sender: _Sender, open_: bool = True) -> None:
             _OPEN.add(sender)
         else:
             _OPEN.discard(sender)
+
+
+def open_senders() -> list[_Sender]:
+    """The senders (Reporters) of this process not yet closed."""
+    with _OPEN_LOCK:
+        return list(_OPEN)
 
 
 def close_open_senders(timeout: float = 10.0) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import NamedTuple
 
-from rlmon.service.alerting import baseline, baseline_batch, reward_hacking
+from rlmon.service.alerting import baseline, baseline_batch, rank_missing, reward_hacking
 from rlmon.service.alerting.alert_types import AlertEvent, AlertState, State
 from rlmon.service.alerting.projection import alert_detail as heading
 from rlmon.service.alerting.rules import ANY_METRIC, LIVENESS_CONDITIONS, Condition, Rule
@@ -104,7 +104,8 @@ def _check(rule: Rule, record: StepRecord, state: AlertState) -> _Check:
     if cond in LIVENESS_CONDITIONS:
         return _NOT_APPLICABLE  # judged by time, on the liveness timer (ServiceCore.liveness)
     if cond is Condition.RANK_MISSING:
-        return _Check(True, not record.complete, "ranks_reporting", float(record.ranks_reporting))
+        return _Check(True, not record.complete, "ranks_reporting", float(record.ranks_reporting),
+                      "" if record.complete else rank_missing.detail(record))
     if cond is Condition.STRAGGLER_RANK:
         return _straggler_check(rule, record, state)
     if cond is Condition.REPLICA_MISMATCH:
@@ -462,6 +463,7 @@ class AlertEngine:
             condition=rule.describe(),
             what_to_check=reward_hacking.WHAT_TO_CHECK
             if rule.condition is Condition.REWARD_HACKING
+            else rank_missing.WHAT_TO_CHECK if rule.condition is Condition.RANK_MISSING
             else spec.what_to_check if spec is not None else "",
             attempt=record.attempt,
             detail=check.detail,

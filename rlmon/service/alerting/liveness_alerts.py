@@ -32,7 +32,12 @@ def _holds(condition: Condition, view: LivenessView, firing: bool) -> bool:
     if condition is Condition.RUN_DIED:
         return state is RunState.DEAD
     if condition is Condition.RUN_FAILED:  # on the roles whose own ranks failed
-        return state is RunState.FAILED and any(not e.stop for e in view.ends)
+        failed = [e for e in view.ends if not e.stop]
+        if failed and view.failed_roles and all(e.source for e in failed) and not firing:
+            # Ray's account of ranks torn down with a run whose other role already said its
+            # own failure (a driver's exception carries the rank's): one page, not two
+            return False
+        return state is RunState.FAILED and bool(failed)
     if condition is Condition.RUN_PREEMPTED:
         return state is RunState.PREEMPTED and bool(view.ends)
     if condition is Condition.RUN_FROZEN:

@@ -112,6 +112,12 @@ class Heartbeat:
     gpus_per_rank: float = 1.0  # for the cost of a stall (GPU-hours)
     outcome: Outcome | None = None  # on the closing heartbeat: how the process ended (None: clean)
     process: ProcessId | None = None  # the sending process, for telling frozen from gone
+    # the steps the run plans (its framework's max_steps): once the last of them ended, the run
+    # is ending, and its final save or evaluation is not a stall
+    total_steps: int | None = None
+    # a method of this rank's actor raised this, seen by rlmon's method wrapper (a rank whose
+    # driver then ends the run leaves no closing heartbeat); cleared by the rank's next step
+    raised: Outcome | None = None
 
 
 def _finite(value: Any, field: str) -> float:
@@ -195,6 +201,9 @@ def check_heartbeat(beat: Any) -> Heartbeat:
     outcome = _outcome(beat.outcome)
     if outcome is not None and not beat.closing:
         raise ContractError("outcome", "is said only on the closing heartbeat")
+    total = getattr(beat, "total_steps", None)
+    if total is not None:
+        total = check_integer(total, "total_steps", low=1)
     return Heartbeat(check_run(beat.run), check_role(beat.role), world, tuple(ranks),
                      _finite(beat.sent, "sent"), bool(beat.closing), gpus, outcome,
-                     _process(beat.process))
+                     _process(beat.process), total, _outcome(getattr(beat, "raised", None)))

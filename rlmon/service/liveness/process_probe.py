@@ -24,6 +24,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from rlmon.service.contract.heartbeat import ProcessId
+from rlmon.service.liveness.ray_ending import RayFacts
 
 __all__ = ["ProcessFate", "ProcessProbe", "SameNodeProbe", "Sighting", "judge_sightings"]
 
@@ -40,6 +41,9 @@ class Sighting:
 
     fate: ProcessFate
     how: str  # "same node: pid 4242 is stopped (SIGSTOP, Ctrl-Z or a debugger)", ...
+    # what Ray knows of how the process ended (its actor's death cause, its last failed task,
+    # its Ray Job's status): the tracker judges it (rlmon.service.liveness.ray_ending)
+    facts: RayFacts | None = None
 
 
 class ProcessProbe(Protocol):

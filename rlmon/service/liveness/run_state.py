@@ -8,9 +8,12 @@ knowledge is plain data (:meth:`LivenessTracker.dump` / :meth:`LivenessTracker.l
 restarted aggregator continues where it stopped instead of waiting to relearn who is dead.
 
 - failed: a rank's closing heartbeat said its process ended by an exception, a non-zero exit or
-  a fatal signal (or another role of the run failed);
-- preempted: ranks ended by a signal from outside (SIGTERM, SIGINT, SIGHUP), none failed;
-- finished: every rank that spoke closed cleanly, or the run said ``finish_run``;
+  a fatal signal (or another role of the run failed), or Ray said its actor died of a failure
+  (a method that raised, a crashed or out-of-memory worker, a lost node);
+- preempted: ranks ended by a signal from outside (SIGTERM, SIGINT, SIGHUP), a preempted node or
+  a stopped Ray Job, none failed;
+- finished: every rank that spoke closed cleanly, or Ray ended its actors with a driver that
+  ended normally (or that killed them with ``ray.kill``), or the run said ``finish_run``;
 - dead: the stream heartbeats, every rank has been silent (no heartbeat, no step) for
   ``dead_after_seconds``, and its processes are gone, or the probe cannot tell;
 - frozen: silent as dead, but a process of the run still exists (stopped, in a debugger, a
@@ -23,11 +26,17 @@ restarted aggregator continues where it stopped instead of waiting to relearn wh
 
 A stream that never sent a heartbeat (an older Reporter, a replayed file) is never called dead:
 silence between its steps is all there is to see, and it is judged a stall.
+
+A rank silent for two heartbeats has its process asked about (the probe): under Ray the probe
+says how a dead actor ended (:mod:`rlmon.service.liveness.ray_ending`), and that end is taken at
+once, without waiting for the dead limit. A run that said its planned number of steps
+(``total_steps``) and reached it is ending: no stall until ``final_seconds`` after its last step.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -47,11 +56,17 @@ from rlmon.service.liveness.process_probe import (
     Sighting,
     judge_sightings,
 )
-from rlmon.service.liveness.thresholds import LivenessParams, StepPeriods, early_deadline
+from rlmon.service.liveness.ray_ending import EndingKind, judge_ending
+from rlmon.service.liveness.thresholds import (
+    LivenessParams,
+    StepPeriods,
+    early_deadline,
+    ending_deadline,
+)
 from rlmon.service.metrics.rank import Rank
 
 __all__ = ["LivenessTracker", "LivenessView", "RankEnd", "RunState", "StageGroup", "StuckStage",
-           "describe_end", "rank_label"]
+           "describe_end", "describe_finish", "rank_label", "run_level"]
 
 Stream = tuple[str, str]
 _MAX_STAGE_NAMES = 256  # span names whose usual duration a stream remembers
@@ -120,10 +135,12 @@ class RankEnd:
     # the closing heartbeat said the stage itself (the spans open where the exception was raised,
     # or at the signal), not only the last regular heartbeat before the end
     stage_at_end: bool = False
+    source: str = ""  # how rlmon learned it, when not from the rank's own last word ("Ray: ...")
+    stopped: bool = False  # a stop from outside that is not a signal (a preempted node, ...)
 
     @property
     def stop(self) -> bool:
-        return is_stop(self.outcome)
+        return self.stopped or is_stop(self.outcome)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +169,8 @@ class LivenessView:
     sightings: tuple[str, ...] = ()  # what the probe saw, per process
     overdue: bool = False  # no finalized step for the stall threshold (whatever the state)
     first_heard: float | None = None
+    ended_how: str = ""  # a finished run: how it ended ("its driver ended normally ...")
+    total_steps: int | None = None  # the steps the run planned, when it said
 
     @property
     def idle_seconds(self) -> float:
@@ -180,6 +199,15 @@ class LivenessView:
         """What a change of makes the view worth publishing at once."""
         stuck = (self.stuck.rank, self.stuck.stage) if self.stuck is not None else None
         return self.state, stuck, self.overdue, len(self.ends)
+
+    @property
+    def reached_end(self) -> bool | None:
+        """Whether the run's last finalized step is its planned last (None: no total said).
+        Steps count from 0 or from 1 by framework: the last of ``total_steps`` is
+        ``total_steps - 1`` or ``total_steps``, either reaches it."""
+        if self.total_steps is None:
+            return None
+        return self.last_step is not None and self.last_step + 1 >= self.total_steps
 
 
 SILENT = "(silent)"
@@ -232,7 +260,9 @@ def describe_end(view: LivenessView) -> str:
         # the rank's last heartbeat before its end ("last seen in")
         where = (f"in {stage}" if at_end else f"last seen in {stage}" if stage
                  else "outside any span")
-        parts.append(f"{_ranks(ranks)}: {what}; {where}, {last}")
+        sources = sorted({e.source for e in ends if e.source})
+        told = f" ({'; '.join(sources)})" if sources else ""
+        parts.append(f"{_ranks(ranks)}: {what}{told}; {where}, {last}")
     text = "; ".join(parts)
     if not view.ends and view.failed_roles:
         text = f"the run's role {', '.join(view.failed_roles)} failed"
@@ -244,6 +274,31 @@ def describe_end(view: LivenessView) -> str:
                  f"({hours:.3g} GPU-hours) when it ended")
     last = f"step {view.last_step}" if view.last_step is not None else "no step"
     return text + f". Last finalized: {last}"
+
+
+# a run's state from its roles': the worst one, a run finished only once every role has
+_RUN_PRECEDENCE = (RunState.FAILED, RunState.PREEMPTED, RunState.DEAD, RunState.FROZEN,
+                   RunState.STALLED, RunState.SLOW, RunState.RUNNING, RunState.FINISHED)
+
+
+def run_level(roles: Iterable[tuple[str, str, str]]) -> tuple[str, str]:
+    """One state for a run from its roles' (role, state, detail), as the runs list shows it:
+    the worst of them (failed before preempted, dead, frozen, stalled, slow, running), finished
+    when every role finished; with the detail of the role that decided ("actor: ...")."""
+    ranked = sorted(roles, key=lambda r: _RUN_PRECEDENCE.index(RunState(r[1]))
+                    if r[1] in RunState.__members__.values() else len(_RUN_PRECEDENCE))
+    if not ranked:
+        return RunState.RUNNING.value, ""
+    role, state, detail = ranked[0]
+    return state, f"{role}: {detail}" if detail else ""
+
+
+def describe_finish(view: LivenessView) -> str:
+    """A finished run: its last step (of how many planned) and how it ended."""
+    last = f"step {view.last_step}" if view.last_step is not None else "no step"
+    of = f" of {view.total_steps} planned" if view.total_steps is not None else ""
+    how = view.ended_how or "its Reporters closed cleanly"
+    return f"Finished at {last}{of}: {how}"
 
 
 def _processes_text(view: LivenessView) -> str:
@@ -262,6 +317,8 @@ def describe(view: LivenessView) -> str:
     alert (its cost is the alert's, :mod:`rlmon.service.goodput.alert_costs`)."""
     if view.state in (RunState.FAILED, RunState.PREEMPTED):
         return describe_end(view)
+    if view.state is RunState.FINISHED:
+        return describe_finish(view)
     parts = []
     for group in view.where:
         stage = ("no heartbeat" if group.stage == SILENT
@@ -297,6 +354,8 @@ class _Rank:
     process_since: float = 0.0  # when this process was first heard
     end: RankEnd | None = None  # how the rank ended badly (None: running or clean)
     closed_sent: float = 0.0  # the closing heartbeat's send time (older beats are not a rerun)
+    raised: Outcome | None = None  # a method of its actor raised (rlmon's wrapper), no step since
+    pending: RankEnd | None = None  # an actor's SIGTERM, until Ray says why (not saved)
 
     def to_json(self, rank: Rank) -> list[Any]:
         proc = self.process
@@ -314,7 +373,8 @@ class _Rank:
                 "message": end.outcome.message, "frames": list(end.outcome.frames),
                 "exit_code": end.outcome.exit_code, "signal": end.outcome.signal,
                 "at": end.at, "stage": end.stage, "last_step": end.last_step,
-                "stage_at_end": end.stage_at_end}}]
+                "stage_at_end": end.stage_at_end, "source": end.source,
+                "stopped": end.stopped}}]
 
     @classmethod
     def from_json(cls, item: list[Any]) -> tuple[Rank, _Rank]:
@@ -335,7 +395,8 @@ class _Rank:
                               str(end["message"]), tuple(map(str, end["frames"])),
                               end["exit_code"], str(end["signal"]))
             seen.end = RankEnd(rank, outcome, float(end["at"]), str(end["stage"]),
-                               end["last_step"], bool(end.get("stage_at_end", False)))
+                               end["last_step"], bool(end.get("stage_at_end", False)),
+                               str(end.get("source", "")), bool(end.get("stopped", False)))
         return rank, seen
 
 
@@ -364,6 +425,10 @@ class _Stream:
     sightings: tuple[str, ...] = ()
     probe_due: float = 0.0
     overdue: bool = False
+    total_steps: int | None = None  # the steps the run plans (its Reporters said)
+    ended_how: str = ""  # how a finished run ended (Ray's account, or its Reporters')
+    ray_due: float = 0.0  # when silent ranks' processes are next asked how they ended
+    ray_quiet: frozenset[Rank] = frozenset()  # ... and which were silent when last asked
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -375,6 +440,7 @@ class _Stream:
             "steps": self.steps,
             "periods": self.periods.to_json(), "usual": self.usual, "state": self.state.value,
             "since": self.since, "finished": self.finished, "gpus_per_rank": self.gpus_per_rank,
+            "total_steps": self.total_steps, "ended_how": self.ended_how,
         }
 
     @classmethod
@@ -395,6 +461,9 @@ class _Stream:
         stream.finished = bool(obj.get("finished"))
         gpus = obj.get("gpus_per_rank")
         stream.gpus_per_rank = float(gpus) if gpus is not None else None
+        total = obj.get("total_steps")
+        stream.total_steps = int(total) if total is not None else None
+        stream.ended_how = str(obj.get("ended_how", ""))
         stream.published = (stream.state, None, stream.state is RunState.STALLED, sum(
             1 for r in stream.ranks.values() if r.end is not None))  # said before the restart
         return stream
@@ -409,6 +478,7 @@ class LivenessTracker:
         # asked before a silent run is called dead (the Ray actors set Ray's own)
         self.probe: ProcessProbe = probe if probe is not None else SameNodeProbe()
         self._streams: dict[Stream, _Stream] = {}
+        self._totals: dict[str, int] = {}  # run -> its planned steps, said by any of its roles
 
     def __len__(self) -> int:
         return len(self._streams)
@@ -440,6 +510,9 @@ class LivenessTracker:
         stream.world_size = beat.world.size
         stream.heartbeats = True
         stream.gpus_per_rank = beat.gpus_per_rank
+        if beat.total_steps is not None:
+            stream.total_steps = beat.total_steps
+            self._totals[beat.run] = beat.total_steps  # the run's other roles share it
         outcome = beat.outcome if beat.outcome is not None and beat.outcome.failed else None
         rerun = False
         for item in beat.ranks:
@@ -456,17 +529,26 @@ class LivenessTracker:
                 seen.last_step = item.last_step
             if beat.process is not None and beat.process != seen.process:
                 seen.process, seen.process_since = beat.process, now
+            seen.raised = beat.raised
             seen.closed = beat.closing
+            seen.pending = None
             if beat.closing:
                 seen.closed_sent = beat.sent
                 seen.end = None if outcome is None else RankEnd(
                     item.rank, outcome, now, "/".join(s.name for s in seen.stage),
                     seen.last_step, bool(item.spans))
+                if seen.end is not None and seen.end.stop and seen.process is not None \
+                        and seen.process.actor_id:
+                    # Ray SIGTERMs an actor whose driver ended, well or not: Ray's account of
+                    # the actor decides (_ask_ray); the signal stands if Ray says nothing
+                    seen.pending, seen.end, seen.closed = seen.end, None, False
         if rerun:
             for other in stream.ranks.values():
                 other.end = None
         if not beat.closing and stream.finished and stream.state is RunState.FINISHED:
             stream.finished = False  # heartbeats again after the end: a rerun
+        if not beat.closing and rerun:
+            stream.ended_how = ""
 
     def finalized(self, run: str, role: str, step: int, now: float,
                   happened: float | None = None) -> None:
@@ -514,6 +596,8 @@ class LivenessTracker:
 
     def forget(self, run: str, role: str) -> None:
         self._streams.pop((run, role), None)
+        if not any(r == run for r, _ in self._streams):
+            self._totals.pop(run, None)
 
     # --- the timer -------------------------------------------------------------------------------
 
@@ -554,16 +638,77 @@ class LivenessTracker:
         that what it said so far (:func:`~rlmon.service.liveness.thresholds.early_deadline`)."""
         p = self.params
         progress = stream.last_step_at if stream.last_step_at is not None else stream.first_heard
-        if stream.steps >= 2:
-            if stream.periods.recent:
-                return stream.periods.stall_threshold(p, stream.steps, stream.step0_seconds)
-            # the steps so far finalized together (one batch at a slow first connection): no
-            # period measured, but the run is past its start, so no span allowance either
-            return max(p.stall_factor * (stream.step0_seconds or 0.0), p.stall_floor_seconds)
         live = [r.spans for r in stream.ranks.values()
                 if not r.closed and now - r.heard < p.dead_after_seconds]
-        step0 = stream.step0_seconds if stream.steps >= 1 else None
-        return early_deadline(p, progress, step0, live, stream.usual) - progress
+        if stream.steps >= 2:
+            if stream.periods.recent:
+                threshold = stream.periods.stall_threshold(p, stream.steps, stream.step0_seconds)
+            else:
+                # the steps so far finalized together (one batch at a slow first connection): no
+                # period measured, but the run is past its start, so no span allowance either
+                threshold = max(p.stall_factor * (stream.step0_seconds or 0.0),
+                                p.stall_floor_seconds)
+        else:
+            step0 = stream.step0_seconds if stream.steps >= 1 else None
+            threshold = early_deadline(p, progress, step0, live, stream.usual) - progress
+        # a save, an evaluation or an upload in progress, or a run past its planned last step:
+        # their own allowance (a hang there still pages, later)
+        ending = ending_deadline(p, progress, self._reached_end(stream) is True, live)
+        return threshold if ending is None else max(threshold, ending - progress)
+
+    def _reached_end(self, stream: _Stream) -> bool | None:
+        """Whether the stream finalized its run's planned last step (None: no total said by
+        any role of the run: the driver's integration often says it for the workers)."""
+        total = stream.total_steps or self._totals.get(stream.run)
+        if total is None:
+            return None
+        return stream.last_step is not None and stream.last_step + 1 >= total
+
+    def _ask_ray(self, stream: _Stream, now: float) -> None:
+        """Ranks silent for two heartbeats: ask the probe how their processes ended, and take
+        an end it can tell (Ray's account of a dead actor) at once. Asked again every heartbeat
+        period while they stay silent; a probe that fails leaves them to the dead limit."""
+        p = self.params
+        for r in stream.ranks.values():  # Ray said nothing of a signalled actor: the signal
+            if r.pending is not None and now - r.heard >= p.dead_after_seconds:
+                r.end, r.pending, r.closed = r.pending, None, True
+        quiet = [(rank, r) for rank, r in stream.ranks.items()
+                 if not r.closed and r.process is not None and now - r.heard >= p.ask_ray_after]
+        asking = frozenset(rank for rank, _ in quiet)
+        if not quiet or (now < stream.ray_due and asking <= stream.ray_quiet):
+            return  # asked lately, and no rank fell silent since
+        stream.ray_due, stream.ray_quiet = now + p.heartbeat_seconds, asking
+        named = {r.process: r.process_since for _, r in quiet if r.process is not None}
+        try:
+            seen = self.probe.check(list(named), named)
+        except Exception:  # a probe's failure must not stop the timer; the dead limit says it
+            return
+        reached = self._reached_end(stream)
+        hows: list[str] = []
+        for rank, r in quiet:
+            sighting = seen.get(r.process) if r.process is not None else None
+            if sighting is None or sighting.facts is None:
+                continue
+            ending = judge_ending(sighting.facts, "its actor", reached)
+            if ending is None:
+                continue
+            r.closed, r.closed_sent, r.pending = True, now, None
+            stage = "/".join(s.name for s in r.stage)
+            if ending.kind is EndingKind.FINISHED and r.raised is None:
+                hows.append(ending.how)
+                continue
+            if ending.kind is EndingKind.FINISHED:  # its driver ended the run after it raised
+                r.end = RankEnd(rank, r.raised, now, stage, r.last_step, bool(stage),  # type: ignore[arg-type]
+                                f"a method of its actor raised (rlmon's method wrapper); then "
+                                f"{ending.how}")
+                continue
+            # its own last step, else the run's last finalized one (every rank ended that)
+            last = r.last_step if r.last_step is not None else stream.last_step
+            r.end = RankEnd(rank, ending.outcome or r.raised or Outcome(OutcomeKind.EXCEPTION),
+                            now, stage, last, False, ending.how,
+                            ending.kind is EndingKind.PREEMPTED)
+        if hows:
+            stream.ended_how = "; ".join(dict.fromkeys(hows))
 
     def _processes(self, stream: _Stream, now: float) -> ProcessFate:
         """Whether the processes of a silent stream still exist (asked again every heartbeat
@@ -591,6 +736,7 @@ class LivenessTracker:
 
     def _judge(self, stream: _Stream, now: float, failed_roles: Any = ()) -> LivenessView:
         p = self.params
+        self._ask_ray(stream, now)
         alive = [r for r in stream.ranks.values()
                  if not r.closed and now - r.heard < p.dead_after_seconds]
         open_ranks = [r for r in stream.ranks.values() if not r.closed]
@@ -689,7 +835,8 @@ class LivenessTracker:
             tuple(role for role in failed_roles if role != stream.role),
             stream.processes if stream.state in (RunState.DEAD, RunState.FROZEN) else None,
             stream.sightings if stream.state in (RunState.DEAD, RunState.FROZEN) else (),
-            stream.overdue, stream.first_heard)
+            stream.overdue, stream.first_heard, stream.ended_how,
+            stream.total_steps or self._totals.get(stream.run))
 
     # --- durable knowledge -----------------------------------------------------------------------
 
@@ -702,6 +849,8 @@ class LivenessTracker:
         """Continue from :meth:`dump` (a restart): states, periods and who was heard when."""
         for (run, role), obj in streams.items():
             try:
-                self._streams[(run, role)] = _Stream.from_json(run, role, obj)
+                stream = self._streams[(run, role)] = _Stream.from_json(run, role, obj)
+                if stream.total_steps is not None:
+                    self._totals[run] = stream.total_steps
             except (KeyError, TypeError, ValueError):
                 continue  # an unreadable entry is relearned from the next messages

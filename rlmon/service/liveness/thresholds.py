@@ -17,6 +17,11 @@ stages it timed bounding the same stages after it; before that, the spans open n
 name says whether a long wait is expected: loading, compiling, warming up, the first generation
 of a cold engine (``cold``: an hour by default, and only the first time the run enters a stage
 of that name) or not: a weight sync, a collective, a broadcast (``sync``: five minutes).
+
+Saving, evaluating and uploading (``save``) have their own allowance wherever they happen
+(``save_span_seconds``, 30 minutes): a checkpoint every 100 steps is not a stall. A run that said
+its planned number of steps and reached it is ending: its final save, evaluation or upload may
+take ``final_seconds`` (an hour) before the silence pages (:func:`ending_deadline`).
 """
 
 from __future__ import annotations
@@ -30,8 +35,8 @@ from statistics import median
 
 from rlmon.service.contract.heartbeat import OpenSpan
 
-__all__ = ["COLD_SPAN_WORDS", "SYNC_SPAN_WORDS", "LivenessParams", "SpanKind", "StepPeriods",
-           "early_deadline", "span_kind"]
+__all__ = ["COLD_SPAN_WORDS", "SAVE_SPAN_WORDS", "SYNC_SPAN_WORDS", "LivenessParams", "SpanKind",
+           "StepPeriods", "early_deadline", "ending_deadline", "span_kind"]
 
 # Words in a span's name that say a long first wait is expected, or that it is not. Matched as
 # whole words of the name split at anything not a letter or digit ("rollout/generate",
@@ -42,11 +47,14 @@ COLD_SPAN_WORDS = ("load", "loading", "compile", "compiling", "warmup", "warm", 
                    "generate", "generation", "rollout", "sample", "sampling")
 SYNC_SPAN_WORDS = ("sync", "weight_sync", "broadcast", "allreduce", "all_reduce", "allgather",
                    "all_gather", "reduce_scatter", "barrier", "collective", "nccl", "gloo")
+SAVE_SPAN_WORDS = ("save", "saving", "checkpoint", "ckpt", "eval", "evaluate", "evaluation",
+                   "upload", "push_to_hub", "export")
 
 
 class SpanKind(StrEnum):
     COLD = "cold"  # a long first wait is expected: loading, compiling, a cold engine's first go
     SYNC = "sync"  # never long: a weight sync, a collective
+    SAVE = "save"  # a save, an evaluation, an upload: long by nature, wherever it happens
     OTHER = "other"  # the name says neither
 
 
@@ -58,9 +66,10 @@ def _words(name: str) -> list[str]:
 
 
 def span_kind(name: str, cold: Sequence[str] = COLD_SPAN_WORDS,
-              sync: Sequence[str] = SYNC_SPAN_WORDS) -> SpanKind:
-    """A span's kind from its name; ``cold`` wins a tie (a wait the name allows is never paged
-    early). Multi-word entries ("weight_sync") match consecutive words."""
+              sync: Sequence[str] = SYNC_SPAN_WORDS,
+              save: Sequence[str] = SAVE_SPAN_WORDS) -> SpanKind:
+    """A span's kind from its name; ``cold`` wins a tie, then ``save`` (a wait the name allows
+    is never paged early). Multi-word entries ("weight_sync") match consecutive words."""
     words = _words(name)
 
     def has(entries: Sequence[str]) -> bool:
@@ -74,6 +83,8 @@ def span_kind(name: str, cold: Sequence[str] = COLD_SPAN_WORDS,
 
     if has(cold):
         return SpanKind.COLD
+    if has(save):
+        return SpanKind.SAVE
     return SpanKind.SYNC if has(sync) else SpanKind.OTHER
 
 
@@ -86,8 +97,11 @@ class LivenessParams:
     first_step_seconds: float = 3600.0  # before step 0 finalized, outside any span that says
     cold_span_seconds: float = 3600.0  # the first time in a cold span (loading, compiling, ...)
     sync_span_seconds: float = 300.0  # in a sync span (a weight sync, a collective) before step 0
+    save_span_seconds: float = 1800.0  # in a save span (a checkpoint, an evaluation), anywhere
+    final_seconds: float = 3600.0  # after the planned last step: the final save, eval, upload
     cold_span_words: Sequence[str] = COLD_SPAN_WORDS
     sync_span_words: Sequence[str] = SYNC_SPAN_WORDS
+    save_span_words: Sequence[str] = SAVE_SPAN_WORDS
     dead_after_seconds: float = 30.0  # every rank silent (no heartbeat, no step) this long
     slow_factor: float = 3.0  # slow: recent step intervals this far above the baseline
     slow_steps: int = 3  # ... for this many intervals in a row
@@ -101,20 +115,26 @@ class LivenessParams:
     def __post_init__(self) -> None:
         for name in ("heartbeat_seconds", "stall_factor", "stall_floor_seconds",
                      "first_step_seconds", "cold_span_seconds", "sync_span_seconds",
-                     "dead_after_seconds", "slow_factor", "stuck_factor",
-                     "stuck_floor_seconds", "evaluate_seconds"):
+                     "save_span_seconds", "final_seconds", "dead_after_seconds", "slow_factor",
+                     "stuck_factor", "stuck_floor_seconds", "evaluate_seconds"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"liveness.{name} must be > 0, got {getattr(self, name)!r}")
         if self.window < 3 or self.baseline_window < 8 or self.slow_steps < 1:
             raise ValueError("liveness: window >= 3, baseline_window >= 8, slow_steps >= 1")
-        for name in ("cold_span_words", "sync_span_words"):
+        for name in ("cold_span_words", "sync_span_words", "save_span_words"):
             words = getattr(self, name)
             if isinstance(words, str) or not all(isinstance(w, str) and _words(w) for w in words):
                 raise ValueError(f"liveness.{name} must be a list of words, got {words!r}")
             object.__setattr__(self, name, tuple(words))  # a config's list, kept immutable
 
     def kind(self, name: str) -> SpanKind:
-        return span_kind(name, self.cold_span_words, self.sync_span_words)
+        return span_kind(name, self.cold_span_words, self.sync_span_words, self.save_span_words)
+
+    @property
+    def ask_ray_after(self) -> float:
+        """Silence after which a rank's process is asked about (two heartbeats missed): Ray
+        knows an actor's end within a second, so its answer need not wait for the dead limit."""
+        return min(self.dead_after_seconds, 2.0 * self.heartbeat_seconds)
 
 
 @dataclass(slots=True)
@@ -195,6 +215,8 @@ def _span_allowance(span: OpenSpan, params: LivenessParams, usual: Mapping[str, 
     kind = params.kind(span.name)
     if kind is SpanKind.COLD:
         return params.cold_span_seconds
+    if kind is SpanKind.SAVE:
+        return params.save_span_seconds
     if before_step0:
         return params.sync_span_seconds if kind is SpanKind.SYNC else params.first_step_seconds
     return None
@@ -234,3 +256,19 @@ def early_deadline(params: LivenessParams, progress: float, step0_seconds: float
     if latest is None:
         return progress + params.first_step_seconds
     return max(latest, progress + params.stall_floor_seconds)
+
+
+def ending_deadline(params: LivenessParams, progress: float, reached_end: bool,
+                    ranks: Iterable[tuple[OpenSpan, ...]]) -> float | None:
+    """The latest a stream may stay without a step for its saves and its end (unix seconds;
+    None: neither applies): a live rank inside a save span (a checkpoint, an evaluation, an
+    upload) until ``save_span_seconds`` after the span opened, wherever in the run it is; and a
+    run that reached its planned last step until ``final_seconds`` after it. Past either the
+    silence is a stall again: a hung final save still pages, later."""
+    deadline = progress + params.final_seconds if reached_end else None
+    for spans in ranks:
+        for span in spans:
+            if params.kind(span.name) is SpanKind.SAVE:
+                end = span.since + params.save_span_seconds
+                deadline = end if deadline is None else max(deadline, end)
+    return deadline

@@ -366,13 +366,29 @@ def curves_from(series: Mapping[tuple[str, str], Sequence[tuple[int, float]]],
     return out
 
 
-def _run_states(store: HistoryStore, run: str) -> tuple[dict[str, Any], ...]:
+def _run_states(store: HistoryStore, run: str,
+                roles: Sequence[RoleSummary] = ()) -> tuple[dict[str, Any], ...]:
+    """Each role's state at the end: the last state the service stored (it stores a state when
+    it changes), its last step the role's last stored step. A running state older than the
+    role's last step says so: the service saw no end (it stopped, or the run goes on)."""
     try:
         rows = store.liveness(run)
     except sqlite3.OperationalError:  # a store written before liveness was kept
         return ()
-    return tuple({"role": r["role"], "state": r["state"], "since": r["since"],
-                  "last_step": r["last_step"], "detail": r["detail"] or ""} for r in rows)
+    last = {r.role: r.last for r in roles}
+    out = []
+    for r in rows:
+        step, detail = r["last_step"], r["detail"] or ""
+        latest = last.get(r["role"])
+        if latest is not None and (step is None or latest > step):
+            if r["state"] in ("running", "slow"):
+                detail = (f"no end recorded: the service last judged it {r['state']} at step "
+                          f"{step if step is not None else '(none)'}" + (f"; {detail}" if detail
+                                                                        else ""))
+            step = latest
+        out.append({"role": r["role"], "state": r["state"], "since": r["since"],
+                    "last_step": step, "detail": detail})
+    return tuple(out)
 
 
 def build_report(store: HistoryStore, run: str, config: GoodputConfig | None = None,
@@ -381,6 +397,7 @@ def build_report(store: HistoryStore, run: str, config: GoodputConfig | None = N
     MFU inputs; the defaults otherwise)."""
     config = config or GoodputConfig()
     lines = store.steps(run)
+    roles = _roles(lines)
     steps, stored = _goodput(store, run, lines, config)
     ends = [t.timeline.end_ns * 1e-9 for st in stored for t in st.ranks]
     alerts = _alerts(store, run, max(ends) if ends else None,
@@ -407,11 +424,11 @@ def build_report(store: HistoryStore, run: str, config: GoodputConfig | None = N
     if not stored:
         notes.append("the store keeps no timelines of this run: no goodput")
     return RunReport(
-        run, time.time() if now is None else now, _roles(lines), alerts,
+        run, time.time() if now is None else now, roles, alerts,
         {b.value: v for b, v in totals.by_bucket().items()}, reasons, totals.goodput,
         totals.total() / 3_600.0, totals.steps,
         tuple((s.attempt, s.step, {b.value: v for b, v in s.by_bucket().items()})
               for s in steps),
         unmapped, tuple(slow_ranks), tuple(slow_stages), tuple(_curves(lines, alerts)),
         utilisation, config.price_per_gpu_hour, config.currency, tuple(notes),
-        _run_states(store, run))
+        _run_states(store, run, roles))

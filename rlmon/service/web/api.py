@@ -136,8 +136,13 @@ def alerts_json(store: HistoryStore, run: str | None = None, firing_only: bool =
     found["stops"] = [d.to_json() for d in store.stops(run)]
     # runs not simply running, by time (docs/liveness.md): slow, stalled, frozen, dead, failed,
     # preempted
-    found["liveness"] = [row for row in store.liveness(run) if row["state"] in (
+    states = store.liveness(run)
+    found["liveness"] = [row for row in states if row["state"] in (
         "slow", "stalled", "frozen", "dead", "failed", "preempted")]
+    if not firing_only:  # runs that ended well, and how (latest first): said, not paged
+        finished = sorted((row for row in states if row["state"] == "finished"),
+                          key=lambda row: -(row["since"] or 0.0))
+        found["finished"] = finished[:max(limit, 0)]
     return found
 
 

@@ -143,3 +143,25 @@ def test_render_html_entry_point_on_an_empty_run() -> None:
         store.close()
     page = render_html(report)
     assert "No alert fired" in page and "no goodput" in page
+
+
+def test_the_run_state_is_the_state_at_the_end(store_path: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "history.sqlite"
+    shutil.copy(store_path / "history.sqlite", copy)
+    store = HistoryStore(copy)
+    try:
+        # the service stored "running" at step 2 and saw no end: not shown as the state at step 11
+        store.set_liveness([(RUN, "actor", "running", 100.0, 2, 100.0, "")])
+        (state,) = build_report(store, RUN, GOODPUT, now=0.0).run_states
+        assert (state["state"], state["last_step"]) == ("running", 11)
+        assert state["detail"] == "no end recorded: the service last judged it running at step 2"
+        how = "Finished at step 11: its driver ended normally"
+        store.set_liveness([(RUN, "actor", "finished", 200.0, 11, 200.0, how)])
+        report = build_report(store, RUN, GOODPUT, now=0.0)
+    finally:
+        store.close()
+    (state,) = report.run_states
+    assert (state["state"], state["last_step"], state["detail"]) == ("finished", 11, how)
+    assert f"actor      finished, last step 11: {how}" in render_text(report)
