@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 from rlmon.service.liveness.run_state import RunState
 
-__all__ = ["UNKNOWN", "run_state"]
+__all__ = ["UNKNOWN", "run_level", "run_state"]
 
 UNKNOWN = "unknown"
 
@@ -36,3 +36,13 @@ def run_state(role_states: Iterable[str]) -> str:
     if not known:
         return UNKNOWN
     return min(known, key=_rank)
+
+
+def run_level(roles: Iterable[tuple[str, str, str]]) -> tuple[str, str]:
+    """The run's state from its roles' (role, state, detail), with the detail of the role that
+    decided it ("actor: ..."); running when no role has a state yet."""
+    ranked = sorted((r for r in roles if r[1] and r[1] != UNKNOWN), key=lambda r: _rank(r[1]))
+    if not ranked:
+        return RunState.RUNNING.value, ""
+    role, state, detail = ranked[0]
+    return state, f"{role}: {detail}" if detail else ""

@@ -36,7 +36,6 @@ once, without waiting for the dead limit. A run that said its planned number of 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -66,7 +65,7 @@ from rlmon.service.liveness.thresholds import (
 from rlmon.service.metrics.rank import Rank
 
 __all__ = ["LivenessTracker", "LivenessView", "RankEnd", "RunState", "StageGroup", "StuckStage",
-           "describe_end", "describe_finish", "rank_label", "run_level"]
+           "describe_end", "describe_finish", "rank_label"]
 
 Stream = tuple[str, str]
 _MAX_STAGE_NAMES = 256  # span names whose usual duration a stream remembers
@@ -274,23 +273,6 @@ def describe_end(view: LivenessView) -> str:
                  f"({hours:.3g} GPU-hours) when it ended")
     last = f"step {view.last_step}" if view.last_step is not None else "no step"
     return text + f". Last finalized: {last}"
-
-
-# a run's state from its roles': the worst one, a run finished only once every role has
-_RUN_PRECEDENCE = (RunState.FAILED, RunState.PREEMPTED, RunState.DEAD, RunState.FROZEN,
-                   RunState.STALLED, RunState.SLOW, RunState.RUNNING, RunState.FINISHED)
-
-
-def run_level(roles: Iterable[tuple[str, str, str]]) -> tuple[str, str]:
-    """One state for a run from its roles' (role, state, detail), as the runs list shows it:
-    the worst of them (failed before preempted, dead, frozen, stalled, slow, running), finished
-    when every role finished; with the detail of the role that decided ("actor: ...")."""
-    ranked = sorted(roles, key=lambda r: _RUN_PRECEDENCE.index(RunState(r[1]))
-                    if r[1] in RunState.__members__.values() else len(_RUN_PRECEDENCE))
-    if not ranked:
-        return RunState.RUNNING.value, ""
-    role, state, detail = ranked[0]
-    return state, f"{role}: {detail}" if detail else ""
 
 
 def describe_finish(view: LivenessView) -> str:

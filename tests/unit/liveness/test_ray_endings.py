@@ -311,7 +311,7 @@ def test_ray_s_sigterm_of_an_actor_whose_driver_ended_is_not_a_preemption() -> N
 
 
 def test_a_run_s_state_is_its_worst_role_s_and_finished_once_every_role_is() -> None:
-    from rlmon.service.liveness.run_state import run_level
+    from rlmon.service.liveness.run_level import run_level
 
     assert run_level([("actor", "finished", "Finished at step 29: a"),
                       ("reward", "finished", "Finished at step 29: b")]) == (
