@@ -8,3 +8,18 @@
 * The Ray side: the aggregator, node-merger and service actors, the runtime that finds or
   starts them (with the Reporter's Ray sink), and the demo job.
 """
+
+from typing import Any
+
+from rlmon.actors.reporter.sink import ReportSink, set_default_sink
+
+
+def _ray_sink(namespace: str, *, start_service: bool, options: Any) -> ReportSink:
+    """A Reporter's default sink: the namespace's aggregator on Ray. Imported here, in the package
+    that holds both the client and the Ray shell, so that neither imports the other upward."""
+    from rlmon.actors.runtime import RaySink
+
+    return RaySink(namespace, start_service=start_service, options=options)
+
+
+set_default_sink(_ray_sink)
