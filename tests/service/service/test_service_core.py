@@ -150,7 +150,7 @@ def _health(port: int) -> tuple[int, str]:
 
 
 def test_healthz_reports_dead_delivery_threads_and_closed_history(tmp_path: Path) -> None:
-    core = ServiceCore(Settings(), state_dir=tmp_path, port=0, host="127.0.0.1")
+    core = ServiceCore(Settings(), state_dir=tmp_path, port=0, host="127.0.0.1").start()
     try:
         assert core.port is not None
         assert _health(core.port) == (200, "ok\n")

@@ -76,7 +76,7 @@ def test_a_firing_links_to_its_page_and_says_what_to_change(
     receiver = Receiver().start()
     core = ServiceCore(settings_for(receiver, monkeypatch, "https://placeholder.invalid"),
                        state_dir=tmp_path, port=0, host="127.0.0.1",
-                       transports={"pagerduty": LoopbackTransport(receiver.port)})
+                       transports={"pagerduty": LoopbackTransport(receiver.port)}).start()
     try:
         core.settings.public_url = f"http://127.0.0.1:{core.port}/"  # the page it serves
         core.set_run_info(RUN, {"framework": "verl"})
