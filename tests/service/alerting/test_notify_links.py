@@ -126,7 +126,7 @@ def test_a_firing_links_to_its_page_and_says_what_to_change(
 def test_relayed_keys_name_the_framework_when_the_integration_said_nothing(
         tmp_path: Path) -> None:
     core = ServiceCore(Settings.model_validate({"notifiers": {"console": {"enabled": False}}}),
-                       state_dir=tmp_path)
+                       state_dir=tmp_path).start()
     try:
         core.publish([step_record(run="or", step=0, metrics={
             c.IS_RATIO: 3.0, "openrlhf/policy_loss": 0.1})])

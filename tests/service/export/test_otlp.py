@@ -80,8 +80,7 @@ def _record() -> StepRecord:
 
 def test_otlp_is_off_by_default() -> None:
     assert Settings().otlp.enabled is False
-    service = ServiceCore(Settings.model_validate({"notifiers": {"console": {"enabled": False}}}))
-    service.start()
+    service = ServiceCore(Settings.model_validate({"notifiers": {"console": {"enabled": False}}})).start()
     assert service.otlp is None
     service.close()
 

@@ -37,7 +37,7 @@ def test_soak_one_simulated_hour_memory_and_disk_stay_flat(tmp_path: Path) -> No
                       "stream_ttl_seconds": 300, "finished_ttl_seconds": 60,
                       "max_streams": 1_000, "every_seconds": 30},
     })
-    core = ServiceCore(config, state_dir=tmp_path, clock=clock)
+    core = ServiceCore(config, state_dir=tmp_path, clock=clock).start()
     tracemalloc.start()
     marks: dict[int, tuple[int, int, dict[str, int]]] = {}
     try:

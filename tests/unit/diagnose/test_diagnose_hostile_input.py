@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import struct
-import sys
 import tracemalloc
 import zipfile
 from pathlib import Path
@@ -17,7 +16,6 @@ import pytest
 from rlmon.cli import main
 from rlmon.service.diagnose.formats import read_paths
 from tests.support.diagnose_support import trl_curves
-from tests.support.paths import REPO
 from tests.unit.diagnose.test_diagnose_trainer_state import write_state
 
 
@@ -80,25 +78,3 @@ def test_bad_steps_are_refused_by_name_and_the_rest_diagnosed(
     source = json.loads(out.splitlines()[0])
     assert source["steps"] == 40
     assert page.stat().st_size > 0
-
-
-def test_a_long_state_is_read_in_memory_that_follows_the_values(tmp_path: Path) -> None:
-    """50,000 entries (9 MiB of text): read a value at a time into columns (8 bytes a value and
-    a byte saying it was logged), the reader's peak stays under the file's size (it held the
-    text, every entry's dict and the rows: several times the file)."""
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        from bench_diagnose import build
-    finally:
-        sys.path.remove(str(REPO / "bench"))
-    path = tmp_path / "trainer_state.json"
-    build(path, 50_000)
-    tracemalloc.start()
-    try:
-        (run,), problems = read_paths([path])
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert problems == [] and run.steps == 50_000
-    assert run.rows[49_999]["loss"] == json.loads(path.read_text())["log_history"][-2]["loss"]
-    assert peak < path.stat().st_size, f"peak {peak / 2**20:.1f} MiB"

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import urllib.request
-
-import pytest
-
 from rlmon.service.alerting.engine import AlertEngine
 from rlmon.service.alerting.rules import default_rules
 from rlmon.service.contract.step_record import StepRecord
@@ -15,7 +11,6 @@ from rlmon.service.export.exporter import (
     RunInfo,
     exported_metric_names,
 )
-from rlmon.service.export.http import serve_metrics
 from rlmon.service.metrics import catalog
 from rlmon.service.redact import Redactor
 from tests.support.paths import REPO
@@ -149,24 +144,6 @@ def test_labels_are_sanitized_and_redacted() -> None:
     custom = [dict(k[1])["metric"] for k in got if k[0] == "rlmon_custom_metric"]
     assert "user/***" in custom
     assert all(secret not in c and "\n" not in c and len(c) <= 128 for c in custom)
-
-
-def test_http_server_metrics_and_healthz() -> None:
-    state = MetricsState()
-    state.update(record(1, actor__is_ratio=1.25))
-    healthy = [True]
-    server = serve_metrics(state, port=0, host="127.0.0.1", health=lambda: healthy[0])
-    try:
-        base = f"http://127.0.0.1:{server.port}"
-        text = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
-        assert f'{IS_RATIO}{{role="actor",run="grpo-7b"}} 1.25' in text
-        assert urllib.request.urlopen(base + "/healthz", timeout=5).read() == b"ok\n"
-        healthy[0] = False
-        with pytest.raises(urllib.error.HTTPError) as info:
-            urllib.request.urlopen(base + "/healthz", timeout=5)
-        assert info.value.code == 503
-    finally:
-        server.close()
 
 
 def test_docs_list_every_exported_family() -> None:
