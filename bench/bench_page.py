@@ -203,12 +203,12 @@ def bench(steps: int, chromium: Any | None) -> dict[str, Any]:
             for key, dropped in (("page_start", False), ("page_start_dropped", True)):
                 if dropped and not drop_page_cache():
                     continue
-                core = ServiceCore(state_dir=state, port=0, host="127.0.0.1")
+                core = ServiceCore(state_dir=state, port=0, host="127.0.0.1").start()
                 try:
                     out[key] = browser_load(chromium, f"http://127.0.0.1:{core.port}/")
                 finally:
                     core.close(0.0)
-        core = ServiceCore(state_dir=state, port=0, host="127.0.0.1")
+        core = ServiceCore(state_dir=state, port=0, host="127.0.0.1").start()
         base = f"http://127.0.0.1:{core.port}/"
         try:
             warmer = core._web_warmer

@@ -1,12 +1,48 @@
-"""Shared fixtures. One local Ray cluster per test session (``ray_cluster``), for tests marked ray."""
+"""Shared fixtures and the suite's layers.
+
+One local Ray cluster per test session (``ray_cluster``), for tests marked ray. Each test is
+marked with its layer from its folder (docs/development.md, "The suite in layers"), so that
+``pytest -m unit`` (or ``service``, ``ray``, ``real``, ``project``) runs one layer; a unit test
+also gets the unit layer's 10 s limit, and one marked as needing Ray, a binary or time is
+refused there.
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+LAYERS = {"unit": "unit", "service": "service", "ray": "ray", "integration": "real",
+          "integrations": "real", "frameworks": "real", "e2e": "real", "project": "project"}
+UNIT_TIMEOUT_S = 10
+_NOT_UNIT = ("ray", "integration", "slow", "examples")  # markers that place a test elsewhere
+_TESTS = Path(__file__).parent
+
+
+def layer_of(path: Path) -> str | None:
+    """The layer of a test file, from the folder under tests/ it lives in."""
+    parts = path.relative_to(_TESTS).parts if path.is_relative_to(_TESTS) else ()
+    return LAYERS.get(parts[0]) if len(parts) > 1 else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        layer = layer_of(item.path)
+        if layer is None:
+            continue
+        item.add_marker(layer)
+        if layer != "unit":
+            continue
+        misplaced = [m for m in _NOT_UNIT if item.get_closest_marker(m)]
+        if misplaced:
+            raise pytest.UsageError(
+                f"{item.nodeid} is marked {', '.join(misplaced)}: it belongs in tests/service, "
+                "tests/ray or the real-parts folders, not in the unit layer")
+        item.add_marker(pytest.mark.timeout(UNIT_TIMEOUT_S))
 
 
 @pytest.fixture(scope="session")

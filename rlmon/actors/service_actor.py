@@ -84,8 +84,7 @@ def service_actor_class() -> Any:
             self.core = ServiceCore(
                 settings, state_dir=state_dir, port=wanted, host=host,
                 rules=load_rules(rules) if rules is not None else None,
-                port_fallback=not asked, transports={"console": self.console})
-            self.core.forward.start()  # the trackers' threads (config forward), if any
+                port_fallback=not asked, transports={"console": self.console}).start()
             self.shards, self.creator, self.state_dir = shards, creator, state_dir
             self.started = time.time()
 

@@ -80,8 +80,9 @@ class ServiceCore:
         port_fallback: bool = False,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        """``port`` None: no HTTP server; with ``port_fallback`` a taken port gives way to a
-        free one (the embedded default), otherwise it raises. ``clock`` (unix seconds) drives
+        """Builds the core and starts no thread: :meth:`start` starts them, the HTTP server
+        among them. ``port`` None: no HTTP server; with ``port_fallback`` a taken port gives way
+        to a free one (the embedded default), otherwise :meth:`start` raises. ``clock`` (unix seconds) drives
         expiry and retention (tests inject a simulated one)."""
         self.settings = settings or load_config()
         self._clock = clock or time.time
@@ -116,7 +117,6 @@ class ServiceCore:
         self._redactor = self.settings.redactor()  # masks secrets in sample text sent out
         self._handover_lock = threading.Lock()
         self._hand_over()  # what a crash left between the history store and the outbox
-        self.dispatcher.start()
         exp = self.settings.exporter
         self.metrics = MetricsState(
             max_series=exp.max_series, run_ttl=exp.run_ttl_seconds,
@@ -148,11 +148,9 @@ class ServiceCore:
         self.metrics.ingest = self._ingest_counters
         self.metrics.removed = self._removed_counts
         self.events: deque[AlertEvent] = deque(maxlen=10_000)
-        self.otlp: OtlpExport | None = None
-        if self.settings.otlp.enabled:  # the step timelines' spans, to an OTLP/HTTP collector
-            self.otlp = OtlpExport(self.settings.otlp)
+        self.otlp: OtlpExport | None = None  # built by start() when otlp.enabled
         # steps, alerts, settings and ends to W&B / MLflow / TensorBoard (config forward): only
-        # queued here; its threads start with forward.start() (the service actor calls it)
+        # queued here; its threads start with start()
         self.forward = ForwardSink(self.settings.forward)
         self.redeliveries = 0
         self._finished_runs: dict[str, float] = {}  # run -> unix time it said finish_run
@@ -178,15 +176,34 @@ class ServiceCore:
         self.server: MetricsServer | None = None
         self.wanted_port = port
         self.host = host or exp.host
+        self._state, self._port_fallback = state, port_fallback
         self._web_reader: HistoryStore | None = None
         self._web_warmer: Any = None
+        self._started = False
+
+    def start(self) -> ServiceCore:
+        """Start the threads beside the alert path: the notifiers' deliveries, the goodput
+        ledger's accounting, the OTLP span export and, with a ``port``, the /metrics and run-page
+        server with its cache warmer. The service actor and ``rlmon serve`` call it once the
+        core is built; a test that drives the core on its own thread does not (delivery then
+        waits for ``dispatcher.drain`` or :meth:`close`, and the ledger accounts as it is
+        woken). Returns the core."""
+        if self._started:
+            return self
+        self._started = True
+        self.dispatcher.start()
+        self.goodput.start()
+        self.forward.start()  # the trackers' threads (config forward), if any
+        if self.settings.otlp.enabled:  # the step timelines' spans, to an OTLP/HTTP collector
+            self.otlp = OtlpExport(self.settings.otlp)
+        port, state = self.wanted_port, self._state
         if port is not None:
             web = self._web_app(state)
             try:
                 self.server = serve_metrics(self.metrics, port, self.host, health=self.healthy,
                                             web=web)
             except OSError as exc:
-                if not port_fallback:
+                if not self._port_fallback:
                     self.close(0.0)
                     raise OSError(exc.errno, f"rlmon: the requested port {port} on {self.host} "
                                   f"is taken ({exc.strerror}); free it or ask for another "
@@ -196,6 +213,7 @@ class ServiceCore:
                              "port", port, self.host, exc)
                 self.server = serve_metrics(self.metrics, 0, self.host, health=self.healthy,
                                             web=web)
+        return self
 
     def _web_app(self, state: Path | None) -> Any:
         """The run page (rlmon.service.web): it reads the history store through its own

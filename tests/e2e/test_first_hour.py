@@ -149,7 +149,7 @@ def test_a_rerun_under_the_same_name_is_recorded_as_a_new_attempt(tmp_path: Path
     state = tmp_path / "state"
     store = WatermarkStore(state / "watermark-0.sqlite")
     core = AggregatorCore(store=store)
-    service = ServiceCore(state_dir=state)
+    service = ServiceCore(state_dir=state).start()
     first = _run(core, service, range(0, 5), tied=1.0)  # NoLearningSignal fires at step 2
     assert [(e.alert, e.state, e.step) for e in service.events] == [
         ("NoLearningSignal", "firing", 2)]
@@ -158,7 +158,7 @@ def test_a_rerun_under_the_same_name_is_recorded_as_a_new_attempt(tmp_path: Path
     store.close()
     service.close()
     core = AggregatorCore(store=WatermarkStore(state / "watermark-0.sqlite"))
-    service = ServiceCore(state_dir=state)
+    service = ServiceCore(state_dir=state).start()
     second = _run(core, service, range(0, 4), tied=1.0)
     steps = service.history.steps("rerun")
     assert [(s["step"], s.get("attempt", 0)) for s in steps] == [
@@ -230,12 +230,14 @@ EXAMPLES = {
 
 @pytest.mark.slow
 @pytest.mark.examples
+@pytest.mark.ray
 @pytest.mark.parametrize("script", sorted(EXAMPLES))
-def test_example_runs_as_a_user_runs_it(script: str, tmp_path: Path) -> None:
-    # Ray's socket paths must stay under 108 bytes: a short directory of its own, whose name also
-    # finds any Ray process the script left behind
-    ray_tmp = Path(tempfile.mkdtemp(prefix="rlx-"))
-    env = {**os.environ, "RLMON_STATE_DIR": str(tmp_path / "state"), "RAY_TMPDIR": str(ray_tmp),
+def test_example_runs_as_a_user_runs_it(script: str, tmp_path: Path, ray_cluster: Any) -> None:
+    """Each example against the session's Ray (``RAY_ADDRESS``, as a job on a cluster runs): one
+    Ray for all of them instead of one each. A local Ray of rlmon's own, started and stopped
+    whole by a script, is checked by ``test_no_second_ray_after_the_users_shutdown``."""
+    env = {**os.environ, "RLMON_STATE_DIR": str(tmp_path / "state"),
+           "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address,
            "RAY_DISABLE_USAGE_STATS": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("RLMON_PORT", None)
     done = run_in_own_session([sys.executable, str(ROOT / "examples" / script)], timeout=240,
@@ -247,8 +249,14 @@ def test_example_runs_as_a_user_runs_it(script: str, tmp_path: Path) -> None:
     assert exported in done.stdout, output[-4000:]  # /metrics answered with the last step
     assert "rlmon: service started in namespace 'rlmon': /metrics on http://127.0.0.1:" in output
     assert "Traceback" not in output, output[-4000:]
-    assert _ray_processes_under(ray_tmp) == []
-    shutil.rmtree(ray_tmp, ignore_errors=True)
+    # the script started rlmon's actors and owned them: its exit shut them down
+    from ray.util import list_named_actors
+
+    def rlmon_actors() -> list[str]:
+        return [a["name"] for a in list_named_actors(all_namespaces=True)
+                if a["namespace"] == "rlmon"]
+
+    wait_for(lambda: not rlmon_actors(), 60, "the script's rlmon actors to be gone")
 
 
 AFTER_SHUTDOWN = """

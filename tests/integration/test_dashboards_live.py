@@ -52,7 +52,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, set[s
                                           "warning": ["console", "webhook"]},
                            notifiers={"webhook": {
                                "url": f"http://127.0.0.1:{dead.getsockname()[1]}/x"}})
-    core = ServiceCore(settings, state_dir=state, port=0, host="127.0.0.1")
+    core = ServiceCore(settings, state_dir=state, port=0, host="127.0.0.1").start()
     try:
         core.publish([record for record, _ in result.steps],
                      stats=AggregatorStats(partials=result.counters.partials,

@@ -376,4 +376,5 @@ def test_the_dockerfile_builds_rlmon_from_its_context(tmp_path: Path) -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     user = values["podSecurityContext"]["runAsUser"]
     assert f"useradd -u {user} " in dockerfile and f"USER {user}" in dockerfile
-    assert 'pip install --no-cache-dir /src "ray[default]==${RAY_VERSION}"' in dockerfile
+    assert 'pip install --no-cache-dir "/src[service]" "ray[default]==${RAY_VERSION}"' \
+        in dockerfile

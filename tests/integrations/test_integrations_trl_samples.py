@@ -58,7 +58,7 @@ def test_a_broken_reward_shows_its_responses_in_rlmon_samples_and_the_webhook(
     settings = webhook_settings(receiver, tmp_path / "outbox.sqlite")
     rule = Rule(name="RewardBroken", severity="critical", condition=Condition.THRESHOLD,
                 metric=catalog.REWARD_MIN, op="<", threshold=-50.0)
-    service = ServiceCore(settings, state_dir=tmp_path, rules=[*default_rules(), rule])
+    service = ServiceCore(settings, state_dir=tmp_path, rules=[*default_rules(), rule]).start()
     reporter = Reporter(RUN, "trainer", sink=LocalSink(on_record=lambda r: service.publish([r])),
                         rank={}, world={}, start_service=False)
     try:

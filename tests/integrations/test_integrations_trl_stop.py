@@ -50,7 +50,7 @@ def reward(completions: list[str], trainer_state: Any, **_: Any) -> list[float]:
 
 def test_a_broken_reward_stops_the_trainer_when_the_rule_says_so(tmp_path: Path) -> None:
     service = ServiceCore(stopping_settings({"trl-*": ["RewardBroken"]}),
-                          state_dir=tmp_path / "state", rules=parse_rules(RULES))
+                          state_dir=tmp_path / "state", rules=parse_rules(RULES)).start()
     path = InProcess(service)
     trainer = grpo_trainer(tmp_path / "out", reward, max_steps=MAX_STEPS, learning_rate=1e-3)
     rep = Reporter(RUN, "trainer", rank={}, world={}, sink=path, step_seconds=False)

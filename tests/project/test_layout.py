@@ -110,3 +110,91 @@ def test_the_worker_side_client_loads_no_ray() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Each module of rlmon -> the modules of rlmon it imports, at any depth of its code: lazy
+    (function-level) and ``TYPE_CHECKING`` imports count, and ``from pkg import name`` counts
+    ``pkg.name`` when that is a module. Importing ``a.b.c`` also runs ``a.b``'s ``__init__``,
+    so it depends on that package too, unless the importer lives inside it (Python has run
+    its own packages' ``__init__`` before it)."""
+    names = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = ("rlmon", *path.relative_to(PACKAGE).with_suffix("").parts)
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                targets.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in names
+                               else base for alias in node.names)
+        edges = {t for t in targets if t in names}
+        own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 2)}
+        edges |= {parent for t in list(edges) for i in range(1, t.count(".") + 1)
+                  if (parent := ".".join(t.split(".")[:i])) in names and parent not in own}
+        graph[name] = edges - {name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycles_lazy_imports_included() -> None:
+    """No two modules need each other, not even through a function-level import: a reader of
+    one is never sent to the other to understand it, and a cut never has to do without."""
+    assert _cycles(_module_graph()) == []
+
+
+def test_the_cycle_check_finds_a_lazy_cycle() -> None:
+    """The check above can fail: a lazy import back, through a package's ``__init__``, is one."""
+    graph = _module_graph()
+    graph["rlmon.actors.reporter.facade"] |= {"rlmon.actors.runtime"}
+    assert ["rlmon.actors.reporter", "rlmon.actors.reporter.facade",
+            "rlmon.actors.runtime"] in _cycles(graph)

@@ -17,7 +17,8 @@ import pytest
 from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, shutdown_runtime
 from tests.support.polling import wait_for
 
-pytestmark = pytest.mark.ray
+# wall-clock liveness under the Ray scheduler: make test-real and make test-load, not make test
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 PATIENCE = 120.0
 CONFIG = """

@@ -44,7 +44,7 @@ def step(run: str, n: int, value: float = 1.0, role: str = "actor") -> StepRecor
 def service(tmp_path: Path, rules: str, stop_runs: dict[str, list[str]] | None,
             clock: Clock | None = None) -> ServiceCore:
     return ServiceCore(stopping_settings(stop_runs), state_dir=tmp_path,
-                       rules=parse_rules(rules), clock=clock)
+                       rules=parse_rules(rules), clock=clock).start()
 
 
 # -- opt-in: the rule and the run glob ------------------------------------------------------------

@@ -38,7 +38,7 @@ def main(state_dir: str, destination: str, mode: str) -> int:
     # without hysteresis (resolve after one good step) so that every step is a transition: the
     # crash points are about delivery, not about when an alert resolves
     rules = [r.model_copy(update={"resolve_after": 1}) for r in default_rules()]
-    core = ServiceCore(settings, state_dir=state_dir, rules=rules)
+    core = ServiceCore(settings, state_dir=state_dir, rules=rules).start()
     for n, ratio in enumerate(STEPS):
         core.publish([StepRecord(run=RUN, role="actor", step=n, complete=True, ranks_expected=1,
                                  ranks_reporting=1, missing_ranks=(), metrics={IS_RATIO: ratio},

@@ -87,7 +87,7 @@ def fed_service(state_dir: Path, records: list[StepRecord], port: int = 0,
     from rlmon.service.config import load_config
 
     core = ServiceCore(load_config(None, **settings), state_dir=state_dir, port=port,
-                       host="127.0.0.1")
+                       host="127.0.0.1").start()
     core.publish(records)
     core.goodput.account()  # settled: the ledger's own thread may still be accounting them
     return core

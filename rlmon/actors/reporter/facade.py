@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from rlmon.actors.reporter import outcome
 from rlmon.actors.reporter.accumulator import (
@@ -51,7 +51,7 @@ from rlmon.actors.reporter.sample_capture import (
     pick_array,
     pick_tensor,
 )
-from rlmon.actors.reporter.sink import ReportSink, track_sender
+from rlmon.actors.reporter.sink import ReportSink, default_sink, track_sender
 from rlmon.actors.reporter.tally import Tally
 from rlmon.actors.reporter.tensor_stats import (
     MAX_HELD_ELEMENTS,
@@ -72,9 +72,6 @@ from rlmon.service.metrics import catalog
 from rlmon.service.metrics.forms import FORMS, form_of_keys, forms_text
 from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.metrics.spec import Form
-
-if TYPE_CHECKING:
-    from rlmon.actors.runtime import RuntimeOptions
 
 __all__ = ["Reporter"]
 
@@ -142,7 +139,7 @@ class Reporter:
         max_batch: int = 64,
         step_seconds: bool = True,
         hardware_interval: float | None = 1.0,
-        runtime: RuntimeOptions | None = None,
+        runtime: Any = None,
         redact: Callable[[str], str] | None = None,
         heartbeat_seconds: float | None = None,
         gpus_per_rank: float | None = None,
@@ -155,9 +152,7 @@ class Reporter:
             raise ValueError(f"rank {self.rank.as_dict()} lies outside world {self.world.as_dict()}")
         self.run, self.role = check_run(run), check_role(role)
         if sink is None:
-            from rlmon.actors.runtime import RaySink
-
-            sink = RaySink(namespace, start_service=start_service, options=runtime)
+            sink = default_sink(namespace, start_service=start_service, options=runtime)
         self.step_seconds = step_seconds
         # Sample payloads: every one passes `redact` (the privacy hook) before it is cut to
         # MAX_PAYLOAD_BYTES; the cut ones are counted in payloads_cut.

@@ -5,7 +5,9 @@ A sink takes a batch of :class:`~rlmon.service.contract.step_message.StepMessage
 once they are accepted (or raises to be retried later). :class:`LocalSink` runs the aggregator's
 step assembler in-process; :class:`JsonlSink` appends contract lines to a file. The Ray sink,
 :class:`rlmon.actors.runtime.RaySink`, lives with the runtime it starts and finds. The registry of
-open senders lets the runtime's exit hook flush every Reporter without importing the Reporter.
+open senders lets the runtime's exit hook flush every Reporter without importing the Reporter;
+:func:`default_sink` gives a Reporter created without a sink the Ray sink, which
+:mod:`rlmon.actors` registers (so the client never imports the Ray shell that imports it).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from rlmon.service.metrics.forms import FORMS
 from rlmon.service.metrics.partial import ALL_AXES, Partial
 
 __all__ = ["JsonlSink", "LocalSink", "ReportSink", "SinkClosed", "close_open_senders",
-           "open_senders", "track_sender"]
+           "default_sink", "open_senders", "set_default_sink", "track_sender"]
 
 
 class ReportSink(Protocol):
@@ -39,6 +41,23 @@ class ReportSink(Protocol):
     """
 
     def send(self, messages: Sequence[StepMessage]) -> IngestAck | None: ...
+
+
+DefaultSink = Callable[..., ReportSink]  # (namespace, *, start_service, options) -> sink
+_default: list[DefaultSink] = []
+
+
+def set_default_sink(make: DefaultSink) -> None:
+    """Register what :func:`default_sink` builds (:mod:`rlmon.actors`: the Ray sink)."""
+    _default[:] = [make]
+
+
+def default_sink(namespace: str, *, start_service: bool, options: Any) -> ReportSink:
+    """The sink of a Reporter created without one: the namespace's aggregator on Ray."""
+    if not _default:
+        raise RuntimeError("rlmon: no default sink is registered (rlmon.actors registers the Ray "
+                           "sink when it is imported); pass sink= to the Reporter")
+    return _default[0](namespace, start_service=start_service, options=options)
 
 
 class SinkClosed(RuntimeError):

@@ -37,19 +37,28 @@ from __future__ import annotations
 import math
 from collections import deque
 from itertools import pairwise
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from rlmon.service.metrics.spec import BaselineParams, BaselineSpec, Direction
 
-if TYPE_CHECKING:
-    from rlmon.service.alerting.baseline_batch import SeriesPredictions
-
-__all__ = ["BaselineParams", "BaselineSpec", "Direction", "departed", "observe", "predict",
+__all__ = ["BaselineParams", "BaselineSpec", "Direction", "Prediction", "Predictions", "departed",
+           "observe", "predict",
            "reference"]
 
 _MAD_TO_SD = 1.4826  # MAD of a Gaussian x this = its standard deviation
 _SCORE_CAP = 2.0  # of `decision`: bounds the steps a long fault takes to resolve
 _TINY = 1e-12
+
+Prediction = tuple[tuple[float, float], tuple[float, float]]
+
+
+class Predictions(Protocol):
+    """Predictions computed ahead for a whole recorded series
+    (:class:`rlmon.service.alerting.baseline_batch.SeriesPredictions`): for the next value,
+    ((expected, scale) extrapolated, (expected, scale) at the window's level), or None where the
+    detector must predict itself."""
+
+    def take(self, window_length: int, value: float) -> Prediction | None: ...
 
 
 def _median(values: list[float]) -> float:
@@ -99,7 +108,7 @@ def _resolution(values: list[float]) -> float:
 
 
 def observe(params: BaselineParams, history: deque[float], score: float, value: float,
-            ahead: SeriesPredictions | None = None) -> float:
+            ahead: Predictions | None = None) -> float:
     """Judge ``value`` against ``history`` (its trailing window, oldest first), append it, and
     return the new CUSUM score; the condition holds while the score is >= ``decision``.
     ``ahead``: the same predictions computed for a whole recorded series at once, where the

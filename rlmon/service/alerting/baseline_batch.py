@@ -33,7 +33,7 @@ __all__ = ["MIN_SERIES", "SeriesPredictions", "prepare", "transform"]
 
 MIN_SERIES = 2_000  # below this the step-by-step prediction is as fast as preparing a batch
 _BLOCK = 8_192  # windows predicted at a time (a block of 60-value windows is a few MB)
-Prediction = tuple[tuple[float, float], tuple[float, float]]
+Prediction = baseline.Prediction
 
 
 def transform(params: BaselineParams, values: Sequence[float] | np.ndarray) -> np.ndarray:

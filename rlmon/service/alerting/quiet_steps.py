@@ -11,7 +11,7 @@ its whole series in one tight loop, from the same predictions as
 in bulk; the engine itself (:meth:`AlertEngine.evaluate_rules`) judges the rest, in step order
 and rule order, with the state it would have had. A rule that is pending or firing is judged at
 every step; a rule whose kind has no quiet test here is judged at every step. The events, steps
-and final states are the live engine's (``tests/unit/alerting/test_batch_equals_live.py``).
+and final states are the live engine's (``tests/service/alerting/test_batch_equals_live.py``).
 """
 
 from __future__ import annotations

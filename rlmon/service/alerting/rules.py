@@ -19,10 +19,16 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rlmon.service.alerting import reward_hacking
-from rlmon.service.alerting.baseline import BaselineParams, BaselineSpec
 from rlmon.service.alerting.reward_hacking import RewardHackingParams
 from rlmon.service.metrics import catalog
-from rlmon.service.metrics.spec import AlertSpec, Comparison, LivenessAlertSpec, Severity
+from rlmon.service.metrics.spec import (
+    AlertSpec,
+    BaselineParams,
+    BaselineSpec,
+    Comparison,
+    LivenessAlertSpec,
+    Severity,
+)
 
 __all__ = [
     "LIVENESS_CONDITIONS",

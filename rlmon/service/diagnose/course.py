@@ -1,25 +1,21 @@
-"""A diagnosis' cost and course: what each finding's span cost (:mod:`.cost`) and where the
-run's metrics were heading at its end (:mod:`rlmon.service.alerting.projection`)."""
+"""A diagnosis' clock and course: the run's step times that each finding's span is priced with
+(:mod:`.cost`) and where the run's metrics were heading at its end
+(:mod:`rlmon.service.alerting.projection`)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from rlmon.service.alerting.projection import WINDOW, Projection, project_metric, targets
 from rlmon.service.alerting.rules import Rule
 from rlmon.service.contract.step_record import StepRecord
-from rlmon.service.diagnose.cost import RunClock, run_clock, span_words
+from rlmon.service.diagnose.cost import RunClock, run_clock
 from rlmon.service.diagnose.logged_run import LoggedRun
 from rlmon.service.diagnose.mapping import KeyMap
 from rlmon.service.metrics import catalog
 
-if TYPE_CHECKING:
-    from rlmon.service.diagnose.findings import Finding
-
-__all__ = ["clock_of", "priced", "projections"]
+__all__ = ["clock_of", "projections"]
 
 _TAIL = 8 * WINDOW  # records looked at for the recent values (a key logged every few steps)
 
@@ -30,26 +26,6 @@ def clock_of(run: LoggedRun, keymap: KeyMap, gpus: float | None,
     where it took one."""
     info = keymap.by_name().get(catalog.STEP_SECONDS)
     return run_clock(run, info.key if info else None, gpus, price)
-
-
-def priced(findings: Sequence[Finding], clock: RunClock | None) -> list[Finding]:
-    """Each firing with the cost of its span: from the step its condition began to the step
-    before it resolved (the run's last step while it never did)."""
-    if clock is None or clock.last_step is None:
-        return list(findings)
-    end_of_run = clock.last_step
-    out = []
-    for index, finding in enumerate(findings):
-        if finding.state != "firing":
-            out.append(finding)
-            continue
-        resolved = next((f.step for f in findings[index + 1:] if f.state == "resolved"
-                         and (f.run, f.role, f.alert) == (finding.run, finding.role,
-                                                          finding.alert)), None)
-        first = finding.since if finding.since is not None else finding.step
-        last = end_of_run if resolved is None else max(first, resolved - 1)
-        out.append(replace(finding, cost=clock.span(first, last, span_words(finding.alert))))
-    return out
 
 
 def projections(records: Sequence[StepRecord], rules: Sequence[Rule]) -> list[Projection]:

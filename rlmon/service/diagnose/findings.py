@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, overload
 
 import numpy as np
@@ -36,7 +36,7 @@ from rlmon.service.alerting.rules import (
 from rlmon.service.contract.step_record import StepRecord, json_number
 from rlmon.service.diagnose import course, signatures
 from rlmon.service.diagnose.columns import ColumnRows, RecordView
-from rlmon.service.diagnose.cost import RunClock, SpanCost
+from rlmon.service.diagnose.cost import RunClock, SpanCost, span_words
 from rlmon.service.diagnose.logged_run import LoggedRun
 from rlmon.service.diagnose.mapping import (
     KeyInfo,
@@ -333,8 +333,28 @@ def diagnose(run: LoggedRun, rules: Sequence[Rule] | None = None,
     if not isinstance(steps, LoggedSteps):
         steps = tuple((r, tuple(e)) for r, e in steps)
     clock = course.clock_of(run, keymap, gpus, price)
-    return Diagnosis(run, keymap, tuple(course.priced(findings, clock)), steps, lossy,
+    return Diagnosis(run, keymap, tuple(_priced(findings, clock)), steps, lossy,
                      not known, clock, tuple(course.projections(records, rules)))
+
+
+def _priced(findings: Sequence[Finding], clock: RunClock | None) -> list[Finding]:
+    """Each firing with the cost of its span: from the step its condition began to the step
+    before it resolved (the run's last step while it never did)."""
+    if clock is None or clock.last_step is None:
+        return list(findings)
+    end_of_run = clock.last_step
+    out = []
+    for index, finding in enumerate(findings):
+        if finding.state != "firing":
+            out.append(finding)
+            continue
+        resolved = next((f.step for f in findings[index + 1:] if f.state == "resolved"
+                         and (f.run, f.role, f.alert) == (finding.run, finding.role,
+                                                          finding.alert)), None)
+        first = finding.since if finding.since is not None else finding.step
+        last = end_of_run if resolved is None else max(first, resolved - 1)
+        out.append(replace(finding, cost=clock.span(first, last, span_words(finding.alert))))
+    return out
 
 
 def _can_apply(rule: Rule, metrics: set[str]) -> bool:

@@ -198,13 +198,20 @@ class GoodputLedger:
             for part, value in done.pop(key).items():
                 totals.rolled_back[part] = totals.rolled_back.get(part, 0.0) + value
 
-    def wake(self) -> None:
-        """Have the ledger's own thread account what is ready (the service calls this after a
-        batch's alerts are out, so the accounting delays neither them nor the next batch)."""
+    def start(self) -> None:
+        """Account on a thread of the ledger's own from now on (the service's ``start``)."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="rlmon-goodput",
                                             daemon=True)
             self._thread.start()
+
+    def wake(self) -> None:
+        """Have the ledger's own thread account what is ready (the service calls this after a
+        batch's alerts are out, so the accounting delays neither them nor the next batch);
+        not started, the ledger accounts here, on the caller's thread."""
+        if self._thread is None:
+            self._account_logged()
+            return
         self._wanted.set()
 
     def _loop(self) -> None:
@@ -213,11 +220,14 @@ class GoodputLedger:
             self._wanted.clear()
             if self._closing:
                 return
-            try:
-                self.account()
-            except Exception:  # a bug must not stop the accounting of the next steps
-                self.errors += 1
-                log.exception("rlmon: goodput accounting failed (counted in errors)")
+            self._account_logged()
+
+    def _account_logged(self) -> None:
+        try:
+            self.account()
+        except Exception:  # a bug must not stop the accounting of the next steps
+            self.errors += 1
+            log.exception("rlmon: goodput accounting failed (counted in errors)")
 
     def close(self, timeout: float = 5.0) -> None:
         self._closing = True

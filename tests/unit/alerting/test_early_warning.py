@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
-import subprocess
-import sys
 from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -36,6 +34,7 @@ from rlmon.service.metrics import catalog
 from rlmon.service.replay import replay
 from rlmon.service.service_core import ServiceCore
 from rlmon.service.storage.history import HistoryStore
+from tests.support.cli import run_rlmon
 from tests.support.paths import REPO
 from tests.support.records import step_record
 
@@ -363,9 +362,7 @@ def test_replay_rules_cli_prints_when_each_rule_would_have_fired(tmp_path: Path)
                      "actor/entropy, op: '<', threshold: 0.001}\n"
                      "  - {name: Typo, severity: warning, condition: threshold, metric: "
                      "actor/entropyy, op: '<', threshold: 0.001}\n")
-    table = subprocess.run([sys.executable, "-m", "rlmon", "replay", str(data), "--rules",
-                            str(rules)], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                           check=False)
+    table = run_rlmon("replay", data, "--rules", rules)
     assert table.returncode == 0, table.stderr
     assert "rule backtest" in table.stdout
     fired_at = next(line for line in table.stdout.splitlines() if line.startswith("│ Slide"))
@@ -373,9 +370,7 @@ def test_replay_rules_cli_prints_when_each_rule_would_have_fired(tmp_path: Path)
     assert "never fired: Low" in table.stdout
     # a metric no step holds is most likely a typo: said, not only listed as never fired
     assert "metric 'actor/entropyy' is not in the catalog" in table.stderr
-    as_json = subprocess.run([sys.executable, "-m", "rlmon", "replay", str(data), "--rules",
-                              str(rules), "--json"], capture_output=True, text=True, cwd=ROOT,
-                             timeout=120, check=False)
+    as_json = run_rlmon("replay", data, "--rules", rules, "--json")
     assert as_json.returncode == 0, as_json.stderr
     stdout_types = {json.loads(line)["type"] for line in as_json.stdout.splitlines()}
     assert stdout_types == {"step", "alert"}  # stdout stays the replay contract

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 from rlmon.service.alerting.rules import default_rules
+from tests.support.cli import run_rlmon
 from tests.support.paths import REPO
 
 ROOT = REPO
@@ -15,8 +15,7 @@ EXAMPLE = ROOT / "rlmon" / "data" / "example_run.jsonl"
 
 
 def rlmon(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rlmon", *args], input=stdin, capture_output=True,
-                          text=True, cwd=ROOT, timeout=120, check=False)
+    return run_rlmon(*args, stdin=stdin)
 
 
 def test_replay_json_follows_the_contract(tmp_path: Path) -> None:
@@ -105,24 +104,3 @@ def test_rules_check_warns_about_metrics_outside_the_catalog(tmp_path: Path) -> 
     out = rlmon("rules", "check", str(path))
     assert out.returncode == 0
     assert "'actor/is_ratoi' is not in the catalog" in out.stderr
-
-
-def test_demo_port_check_sees_a_listener_not_a_closed_scrape() -> None:
-    """The demo says 9464 is taken only when something listens there: the TIME_WAIT left by
-    the previous run's scrapes does not stop the exporter (it binds with SO_REUSEADDR)."""
-    import socket
-
-    from rlmon.commands.demo import _port_free
-
-    server = socket.socket()
-    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    port = server.getsockname()[1]
-    assert not _port_free(port)  # listening: taken
-    client = socket.create_connection(("127.0.0.1", port))
-    accepted, _ = server.accept()
-    accepted.close()  # the server side closes first: its port is left in TIME_WAIT
-    client.close()
-    server.close()
-    assert _port_free(port)

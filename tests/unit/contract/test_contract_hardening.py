@@ -9,8 +9,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ from rlmon.service.alerting.rules import parse_rules
 from rlmon.service.contract.records import MAX_LINE_BYTES, ContractError, parse_line, parse_report
 from rlmon.service.metrics.partial import REPLICA_RTOL
 from rlmon.service.replay import replay
+from tests.support.cli import run_rlmon
 from tests.support.paths import REPO
 
 ROOT = REPO
@@ -89,8 +88,7 @@ def test_an_integer_too_large_where_no_number_goes_is_rejected_too(where: str) -
 def test_replay_command_keeps_going_after_a_huge_integer(tmp_path: Path) -> None:
     path = tmp_path / "huge.jsonl"
     path.write_text("\n".join(around(with_literal({**GOOD, "step": "@"}, HUGE))) + "\n")
-    out = subprocess.run([sys.executable, "-m", "rlmon", "replay", str(path), "--json"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
+    out = run_rlmon("replay", path, "--json")
     assert out.returncode == 2, out.stderr
     steps = [json.loads(x) for x in out.stdout.splitlines()]
     assert [s["step"] for s in steps if s["type"] == "step"] == [1, 2]

@@ -1,23 +1,21 @@
 """``rlmon diagnose`` as users run it: the terminal summary, --json, --html (rendered in a
-headless browser), --rules, --fail-on and the exit codes, and the errors for bad input."""
+headless browser: tests/integration/test_diagnose_page.py), --rules, --fail-on and the exit
+codes, and the errors for bad input."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 from rlmon.service.metrics.catalog import RESOLVE_AFTER
+from tests.support.cli import run_rlmon
 from tests.support.diagnose_support import trl_curves
-from tests.support.paths import REPO
-from tests.support.web_support import browser, need_chromium
 from tests.unit.diagnose.test_diagnose_trainer_state import write_state
 
 
 def rlmon(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rlmon", "diagnose", *args],
-                          capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+    return run_rlmon("diagnose", *args)
 
 
 def test_terminal_summary_names_the_finding_and_its_context(tmp_path: Path) -> None:
@@ -102,29 +100,3 @@ def test_bad_input_is_named_and_the_rest_diagnosed(tmp_path: Path) -> None:
     assert f"{nothing_known}: no key rlmon knows among its 2 keys" in out.stderr
     assert "NonFiniteMetric" in out.stdout
     assert rlmon(str(good), str(notes)).returncode == 2
-
-
-def test_html_report_renders_the_findings(tmp_path: Path) -> None:
-    state = write_state(tmp_path / "trainer_state.json",
-                        trl_curves(fault="entropy_collapse", at=25))
-    page = tmp_path / "report.html"
-    out = rlmon(str(state), "--html", str(page))
-    assert out.returncode == 0, out.stderr
-    with browser(need_chromium()) as chromium:
-        tab = chromium.new_page()
-        tab.goto(page.as_uri())
-        text = tab.inner_text("body")
-        assert "EntropyCollapse" in text and "critical firing" in text
-        assert tab.title() == "rlmon diagnose"
-        # the run report of `rlmon report` (issue 24), built from the diagnosed steps
-        assert "Alerts and what they cost" in text
-        rows = tab.locator("tr", has_text="EntropyCollapse")
-        assert rows.count() == 2  # the finding, and the report's alert row
-        cells = rows.nth(1).locator("td").all_inner_texts()
-        assert cells[:4] == ["EntropyCollapse", "critical", "trainer", "actor/entropy"]
-        assert cells[5:7] == ["27", "firing"]
-        assert tab.locator("img").count() >= 3  # key curves with the alert marked
-        row = tab.locator("tr", has_text="EntropyCollapse").first.inner_text()
-        assert row.startswith("27 (since 25)")
-        assert "entropy: 22: " in row  # the context around the onset
-        assert "The policy became deterministic" in row  # what to check

@@ -17,7 +17,6 @@ from rlmon.service.diagnose.findings import diagnose
 from rlmon.service.diagnose.formats import read_paths
 from tests.support.diagnose_support import trl_curves
 from tests.unit.diagnose.test_diagnose_trainer_state import write_state
-from tests.unit.diagnose.test_diagnose_wandb import write_wandb
 
 T0 = 1_700_000_000.0
 STEP_SECONDS = 30.0
@@ -95,20 +94,6 @@ def test_trainer_state_step_time_and_train_runtime(tmp_path: Path,
     finding = next(json.loads(line) for line in out[1:]
                    if json.loads(line).get("alert") == "EntropyCollapse")
     assert finding["cost"]["first_step"] == 25 and finding["cost"]["last_step"] == 40
-
-
-def test_wandb_timestamps_give_the_step_times(tmp_path: Path) -> None:
-    runs = write_wandb(tmp_path, {"timed": _sliding_entropy(40)})
-    (run,), problems = read_paths([runs["timed"]])
-    assert problems == []
-    d = diagnose(run, gpus=2)
-    assert d.clock is not None and d.clock.how == "W&B _timestamp"
-    stamps = [values["_timestamp"] for values in run.rows.values()]
-    spent = max(stamps) - min(stamps)
-    assert d.clock.total_seconds == pytest.approx(spent + d.clock.seconds_per_step)
-    assert d.clock.gpu_hours(d.clock.total_seconds) == pytest.approx(
-        d.clock.total_seconds * 2 / 3600)
-    assert any(p.target.metric == "actor/entropy" for p in d.projections)
 
 
 def test_the_terminal_says_time_cost_and_heading(tmp_path: Path,

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import urllib.request
-
-import pytest
-
 from rlmon.service.alerting.engine import AlertEngine
 from rlmon.service.alerting.rules import default_rules
 from rlmon.service.contract.step_record import StepRecord
@@ -15,7 +11,6 @@ from rlmon.service.export.exporter import (
     RunInfo,
     exported_metric_names,
 )
-from rlmon.service.export.http import serve_metrics
 from rlmon.service.metrics import catalog
 from rlmon.service.redact import Redactor
 from tests.support.paths import REPO
@@ -151,50 +146,12 @@ def test_labels_are_sanitized_and_redacted() -> None:
     assert all(secret not in c and "\n" not in c and len(c) <= 128 for c in custom)
 
 
-def test_http_server_metrics_and_healthz() -> None:
-    state = MetricsState()
-    state.update(record(1, actor__is_ratio=1.25))
-    healthy = [True]
-    server = serve_metrics(state, port=0, host="127.0.0.1", health=lambda: healthy[0])
-    try:
-        base = f"http://127.0.0.1:{server.port}"
-        text = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
-        assert f'{IS_RATIO}{{role="actor",run="grpo-7b"}} 1.25' in text
-        assert urllib.request.urlopen(base + "/healthz", timeout=5).read() == b"ok\n"
-        healthy[0] = False
-        with pytest.raises(urllib.error.HTTPError) as info:
-            urllib.request.urlopen(base + "/healthz", timeout=5)
-        assert info.value.code == 503
-    finally:
-        server.close()
-
-
 def test_docs_list_every_exported_family() -> None:
 
     page = (REPO / "docs" / "metrics.md").read_text()
     section = page.split("## Exported metrics", 1)[1]
     missing = [name for name in exported_metric_names() if f"`{name}`" not in section]
     assert not missing
-
-
-@pytest.mark.slow
-def test_scrape_of_10k_series_returns_every_series() -> None:
-    """10,000 series in one scrape, every one with its value and labels (the time such a scrape
-    takes is a budget, measured by bench/bench_aggregator.py, not asserted here)."""
-    state = MetricsState(max_series=20_000)
-    specs = list(catalog.metrics())[:40]
-    runs = 10_000 // (len(specs) + 7) + 1
-    for i in range(runs):
-        metrics = {spec.name: float(i * 100 + j) for j, spec in enumerate(specs)}
-        state.update(step_record(run=f"run-{i}", step=1, ranks_expected=8, metrics=metrics))
-    assert state.series == runs * (len(specs) + 7) >= 10_000
-    got = scrape(state)
-    want = {(spec.prometheus_name, labels(run=f"run-{i}", role="actor")): float(i * 100 + j)
-            for i in range(runs) for j, spec in enumerate(specs)}
-    assert {k: got.get(k) for k in want} == want
-    per_stream = [k for k in got if dict(k[1]).keys() == {"run", "role"}]
-    assert len(per_stream) == state.series
-    assert got[("rlmon_exporter_series_refused_total", ())] == 0
 
 
 def test_run_info_set_before_the_first_step_is_kept() -> None:

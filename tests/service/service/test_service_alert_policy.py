@@ -42,12 +42,12 @@ def test_flapping_is_one_notification_and_an_escalation_survives_a_restart(
         tmp_path: Path) -> None:
     receiver = Receiver().start()
     try:
-        core = ServiceCore(settings(receiver.url), state_dir=tmp_path)
+        core = ServiceCore(settings(receiver.url), state_dir=tmp_path).start()
         # 60 steps over and under LogprobMismatch's 0.1, never 20 good steps in a row
         flapping = [0.12, 0.08, 0.09, 0.11, 0.07] * 12
         core.publish(steps(flapping, 0))
         assert core.close(timeout=30.0)
-        again = ServiceCore(settings(receiver.url), state_dir=tmp_path)
+        again = ServiceCore(settings(receiver.url), state_dir=tmp_path).start()
         climb = [0.12 + 0.02 * i for i in range(15)]  # crosses the critical 0.3 at step 69
         escalated = again.publish(steps(climb, 60))
         good = catalog.RESOLVE_AFTER

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 from tests.support.alerting_support import Receiver
+from tests.support.cli import run_rlmon
 from tests.support.paths import REPO
 
 ROOT = REPO
@@ -29,13 +28,9 @@ def replay(tmp_path: Path, *args: str, env: dict[str, str] | None = None
            ) -> subprocess.CompletedProcess[str]:
     data = tmp_path / "run.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in RUN) + "\n")
-    full_env = {**os.environ, **(env or {})}
-    for key in ("RLMON_SLACK_WEBHOOK_URL", "RLMON_PAGERDUTY_ROUTING_KEY", "RLMON_WEBHOOK_URL"):
-        if key not in (env or {}):
-            full_env.pop(key, None)
-    return subprocess.run([sys.executable, "-m", "rlmon", "replay", str(data), "--json", *args],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120, env=full_env,
-                          check=False)
+    unset: dict[str, str | None] = {key: None for key in (
+        "RLMON_SLACK_WEBHOOK_URL", "RLMON_PAGERDUTY_ROUTING_KEY", "RLMON_WEBHOOK_URL")}
+    return run_rlmon("replay", data, "--json", *args, env={**unset, **(env or {})})
 
 
 def test_alerts_to_webhook(tmp_path: Path) -> None:

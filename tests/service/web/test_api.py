@@ -291,9 +291,9 @@ def test_an_asked_port_that_is_taken_is_an_error_naming_it(tmp_path: Path) -> No
         holder.listen()
         port = holder.getsockname()[1]
         with pytest.raises(OSError, match=f"the requested port {port} on 127.0.0.1 is taken"):
-            ServiceCore(state_dir=tmp_path / "a", port=port, host="127.0.0.1")
+            ServiceCore(state_dir=tmp_path / "a", port=port, host="127.0.0.1").start()
         fallback = ServiceCore(state_dir=tmp_path / "b", port=port, host="127.0.0.1",
-                               port_fallback=True)
+                               port_fallback=True).start()
         try:
             assert fallback.port not in (None, port)
         finally:

@@ -7,11 +7,15 @@ import gc
 import tracemalloc
 from pathlib import Path
 
+import pytest
+
 from rlmon.service.aggregation.aggregator import AggregatorCore
 from rlmon.service.aggregation.watermark import WatermarkStore
 from rlmon.service.contract.step_message import StepMessage, columns_from_states
 from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.metrics.spec import Form
+
+pytestmark = pytest.mark.slow  # a soak: an hour of simulated traffic
 
 SECOND = 1.0
 HOUR = 3600 * SECOND

@@ -76,7 +76,7 @@ def test_a_firing_links_to_its_page_and_says_what_to_change(
     receiver = Receiver().start()
     core = ServiceCore(settings_for(receiver, monkeypatch, "https://placeholder.invalid"),
                        state_dir=tmp_path, port=0, host="127.0.0.1",
-                       transports={"pagerduty": LoopbackTransport(receiver.port)})
+                       transports={"pagerduty": LoopbackTransport(receiver.port)}).start()
     try:
         core.settings.public_url = f"http://127.0.0.1:{core.port}/"  # the page it serves
         core.set_run_info(RUN, {"framework": "verl"})
@@ -126,7 +126,7 @@ def test_a_firing_links_to_its_page_and_says_what_to_change(
 def test_relayed_keys_name_the_framework_when_the_integration_said_nothing(
         tmp_path: Path) -> None:
     core = ServiceCore(Settings.model_validate({"notifiers": {"console": {"enabled": False}}}),
-                       state_dir=tmp_path)
+                       state_dir=tmp_path).start()
     try:
         core.publish([step_record(run="or", step=0, metrics={
             c.IS_RATIO: 3.0, "openrlhf/policy_loss": 0.1})])

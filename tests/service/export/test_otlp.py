@@ -80,7 +80,7 @@ def _record() -> StepRecord:
 
 def test_otlp_is_off_by_default() -> None:
     assert Settings().otlp.enabled is False
-    service = ServiceCore(Settings.model_validate({"notifiers": {"console": {"enabled": False}}}))
+    service = ServiceCore(Settings.model_validate({"notifiers": {"console": {"enabled": False}}})).start()
     assert service.otlp is None
     service.close()
 
@@ -90,7 +90,7 @@ def test_spans_reach_a_loopback_otlp_receiver(receiver: OtlpReceiver, tmp_path: 
         "notifiers": {"console": {"enabled": False}},
         "outbox": {"path": str(tmp_path / "outbox.sqlite")},
         "otlp": {"enabled": True, "endpoint": receiver.url, "service_name": "rlmon-test"}})
-    service = ServiceCore(settings)
+    service = ServiceCore(settings).start()
     try:
         service.publish([_record()])
         assert service.otlp is not None and service.otlp.flush(10)

@@ -73,7 +73,7 @@ def test_an_is_alert_carries_its_worst_samples_to_the_webhook_and_rlmon_samples_
 ) -> None:
     receiver = Receiver().start()
     settings = webhook_settings(receiver, tmp_path / "outbox.sqlite")
-    service = ServiceCore(settings, state_dir=tmp_path)
+    service = ServiceCore(settings, state_dir=tmp_path).start()
     sink = LocalSink(on_record=lambda record: service.publish([record]))
     reps = [Reporter("grpo", "actor", rank={"dp": d}, world={"dp": 2}, sink=sink,
                      step_seconds=False) for d in range(2)]

@@ -34,7 +34,7 @@ def test_straggler_notification_names_the_slow_rank_and_span(
         perf_counter_ns=lambda: now[0], time=time.time, monotonic=time.monotonic))
     receiver = Receiver().start()
     settings = webhook_settings(receiver, tmp_path / "outbox.sqlite")
-    service = ServiceCore(settings, state_dir=tmp_path)
+    service = ServiceCore(settings, state_dir=tmp_path).start()
     sink = LocalSink(on_record=lambda record: service.publish([record]))
     reps = [Reporter("grpo", "actor", rank={"dp": d}, world={"dp": 4}, sink=sink)
             for d in range(4)]

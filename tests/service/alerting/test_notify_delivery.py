@@ -218,7 +218,7 @@ def test_ten_minutes_down_loses_nothing(tmp_path: Path) -> None:
 RESTART_CHILD = textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests!r})
-    from tests.unit.alerting.test_notify_delivery import make_settings, run_events, dispatcher_for
+    from tests.service.alerting.test_notify_delivery import make_settings, run_events, dispatcher_for
     from pathlib import Path
     settings = make_settings({port}, Path({outbox!r}))
     dispatcher = dispatcher_for(settings, {port})

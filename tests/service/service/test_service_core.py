@@ -47,11 +47,11 @@ def firing_series(core: ServiceCore) -> set[tuple[str, str]]:
 # --- 3: alert state survives a service restart ---------------------------------------------------
 
 def test_firing_alert_resolves_after_restart(tmp_path: Path) -> None:
-    core = ServiceCore(quiet(), state_dir=tmp_path)
+    core = ServiceCore(quiet(), state_dir=tmp_path).start()
     (fired,) = core.publish([step("r", 0, **{IS_RATIO: 3.0})])
     assert (fired.alert, fired.state) == ("ISRatioDivergence", "firing")
     core.close()
-    again = ServiceCore(quiet(), state_dir=tmp_path)
+    again = ServiceCore(quiet(), state_dir=tmp_path).start()
     try:
         good = catalog.RESOLVE_AFTER  # hysteresis: it resolves at the RESOLVE_AFTER-th good step
         events = again.publish([step("r", n, **{IS_RATIO: 1.0}) for n in range(1, good + 1)])
@@ -65,14 +65,14 @@ def test_firing_alert_resolves_after_restart(tmp_path: Path) -> None:
 
 
 def test_pending_counters_and_exported_firing_survive_restart(tmp_path: Path) -> None:
-    core = ServiceCore(quiet(), state_dir=tmp_path)
+    core = ServiceCore(quiet(), state_dir=tmp_path).start()
     core.publish([step("r", s, **{CLIP: 0.5, ENTROPY: 0.001}) for s in range(3)])
     assert ("r", "EntropyCollapse") in firing_series(core)
     good = catalog.RESOLVE_AFTER  # good steps in a row before they resolve (hysteresis)
     core.publish([step("r", 3, **{CLIP: 0.1, ENTROPY: 1.0})])  # one good step of them
     core.publish([step("s", 0, **{CLIP: 0.5}), step("s", 1, **{CLIP: 0.5})])  # 2 of 3 bad
     core.close()
-    again = ServiceCore(quiet(), state_dir=tmp_path)
+    again = ServiceCore(quiet(), state_dir=tmp_path).start()
     try:
         fired = again.publish([step("s", 2, **{CLIP: 0.5})])
         assert [(e.alert, e.state) for e in fired] == [("ClipRatioHigh", "firing")]
@@ -96,7 +96,7 @@ def test_outbox_path_from_config(tmp_path: Path, configured: str | None) -> None
     if configured == "ABS":
         configured = str(tmp_path / "elsewhere" / "ob.sqlite")
     settings = Settings.model_validate({"outbox": {"path": configured}} if configured else {})
-    core = ServiceCore(settings, state_dir=state)
+    core = ServiceCore(settings, state_dir=state).start()
     try:
         expected = {None: state / "outbox.sqlite",
                     "queue/notify.sqlite": state / "queue" / "notify.sqlite"}.get(
@@ -122,7 +122,7 @@ def test_client_library_debug_logs_are_redacted(
         "pagerduty": {"min_interval_seconds": 0}}})
     caplog.set_level(logging.DEBUG)
     core = ServiceCore(settings, state_dir=tmp_path,
-                       transports={"pagerduty": LoopbackTransport(receiver.port)})
+                       transports={"pagerduty": LoopbackTransport(receiver.port)}).start()
     try:
         core.publish([step("r", 0, **{IS_RATIO: 3.0})])
         wait_for(lambda: receiver.accepted("/slack") and receiver.accepted("/v2/enqueue"), 60,
@@ -150,7 +150,7 @@ def _health(port: int) -> tuple[int, str]:
 
 
 def test_healthz_reports_dead_delivery_threads_and_closed_history(tmp_path: Path) -> None:
-    core = ServiceCore(Settings(), state_dir=tmp_path, port=0, host="127.0.0.1")
+    core = ServiceCore(Settings(), state_dir=tmp_path, port=0, host="127.0.0.1").start()
     try:
         assert core.port is not None
         assert _health(core.port) == (200, "ok\n")
@@ -229,7 +229,7 @@ def test_console_gets_every_replayed_alert_when_named() -> None:
 
 def test_dispatch_latency_is_measured_from_finalization(tmp_path: Path) -> None:
     settings = Settings.model_validate({"routing": {"critical": ["console"]}})
-    core = ServiceCore(settings, state_dir=tmp_path)
+    core = ServiceCore(settings, state_dir=tmp_path).start()
     try:
         core.publish([step("r", 0, finalized_at=time.time() - 30.0, **{IS_RATIO: 3.0})])
         latency = wait_for(lambda: list(core.dispatcher.latencies), 60, "a delivery")
@@ -250,7 +250,7 @@ def test_graceful_close_sends_a_pending_notification_once(tmp_path: Path) -> Non
                           "webhook": {"url": f"{receiver.url}/hook"}},
             "routing": {"critical": ["webhook"]},
         })
-        core = ServiceCore(settings, state_dir=tmp_path)
+        core = ServiceCore(settings, state_dir=tmp_path).start()
         core.publish([step("r", 0, **{IS_RATIO: 3.0})])  # wakes the delivery thread
         assert core.close(timeout=10.0)
         assert len(receiver.accepted("/hook")) == 1
@@ -274,7 +274,7 @@ def test_webhook_url_credential_stays_out_of_logs_outbox_and_repr(
         settings = load_config(None, notifiers={"console": {"enabled": False}},
                                routing={"critical": ["webhook"]},
                                outbox={"backoff_initial_seconds": 60.0})
-        core = ServiceCore(settings, state_dir=tmp_path)
+        core = ServiceCore(settings, state_dir=tmp_path).start()
         with caplog.at_level(logging.INFO):
             core.publish([step("r", 0, **{IS_RATIO: 3.0})])
             wait_for(lambda: receiver.tried("/hook"), 30, "the first (failing) attempt")

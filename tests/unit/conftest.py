@@ -1,0 +1,24 @@
+"""The unit layer (docs/development.md, "The suite in layers"): each test runs without
+subprocesses or sockets, and fails if it leaves a thread alive; tests/conftest.py gives it the
+layer's 10 s limit."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.unit_layer import refuse_processes_and_sockets, threads_left
+
+
+@pytest.fixture(autouse=True)
+def _unit_layer_rules(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    before = set(threading.enumerate())
+    refuse_processes_and_sockets(monkeypatch)
+    yield
+    left = threads_left(before)
+    if left:
+        pytest.fail(f"the test left threads alive: {', '.join(left)} (the unit layer starts "
+                    "none that outlive it; close what started them, or move the test to "
+                    "tests/service)")
