@@ -178,7 +178,7 @@ class ServiceCore:
             web = self._web_app(state)
             try:
                 self.server = serve_metrics(self.metrics, port, self.host, health=self.healthy,
-                                            web=web)
+                                            web=web, hosts=web.hosts)
             except OSError as exc:
                 if not port_fallback:
                     self.close(0.0)
@@ -189,7 +189,7 @@ class ServiceCore:
                 _log.warning("rlmon: port %s on %s is taken (%s); serving /metrics on a free "
                              "port", port, self.host, exc)
                 self.server = serve_metrics(self.metrics, 0, self.host, health=self.healthy,
-                                            web=web)
+                                            web=web, hosts=web.hosts)
 
     def _web_app(self, state: Path | None) -> Any:
         """The run page (rlmon.service.web): it reads the history store through its own
