@@ -9,7 +9,8 @@ the store is a file), so a slow request never holds the lock the alert path writ
 - ``GET /api/curves?...&metrics=M1%0AM2``: those metrics instead, one panel each (any metric
   the stream reported: the key curves from their packed rows, others from the step lines)
 - ``GET /api/metrics?run=R&role=A[&attempt=N]``: every metric the stream reported, its attempts
-- ``GET /api/diff?a=R&b=R``: where two stored runs part ways (``rlmon diff A B --json``)
+- ``GET /api/diff?a=R&b=R``: where two stored runs part ways (``rlmon diff A B --json``),
+  read within a budget, cached, a limited number at a time (:mod:`.diff_reads`)
 - ``GET /api/alerts[?run=R&firing=1&limit=N]``: what ``rlmon alerts --json`` prints
 - ``GET /api/alert?run=R&role=A&alert=NAME[&step=S]``: one alert: its condition, the values
   around its onset, what to check, its worst samples and the onset step's timeline per rank
@@ -25,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,6 +37,7 @@ from rlmon.service.storage import curve_rows
 from rlmon.service.storage.history import HistoryStore
 from rlmon.service.storage.stored_samples import items_to_json
 from rlmon.service.web.curves import ColumnCache, Columns, downsample
+from rlmon.service.web.diff_reads import DiffError, DiffReads
 
 __all__ = ["PANELS", "ApiError", "Panel", "WebApi", "alerts_json"]
 
@@ -166,6 +169,8 @@ class WebApi:
         # every metric name of a stream, read once and then from its new steps only
         self._names: dict[tuple[str, str, int], tuple[int, frozenset[str]]] = {}
         self._names_lock = threading.Lock()
+        (_seq, _name, file), = [r for r in store.read("PRAGMA database_list") if r[1] == "main"]
+        self.diffs = DiffReads(store.read, Path(file) if file else None)
 
     def handle(self, path: str, params: Mapping[str, str]) -> tuple[str, bytes]:
         """(content type, body) of ``GET path``; raises :class:`ApiError`."""
@@ -396,17 +401,13 @@ class WebApi:
                 "metrics": sorted(names)}
 
     def diff(self, params: Mapping[str, str]) -> dict[str, Any]:
-        """Where two stored runs part ways (what ``rlmon diff A B --json`` prints for them)."""
-        from rlmon.service.diff import RunSeries, diff_runs
-        from rlmon.service.diff.runs import from_step_lines
-
-        def stored(name: str) -> RunSeries:
-            run = _required(params, name)
-            if not self._roles(run):
-                raise ApiError(404, f"{name}: no steps of run {run!r} in the history store")
-            return from_step_lines(self.store.steps(run), run, "history store")
-
-        return diff_runs(stored("a"), stored("b")).to_json()
+        """Where two stored runs part ways (what ``rlmon diff A B --json`` prints for them),
+        bounded, cached and limited (:mod:`rlmon.service.web.diff_reads`)."""
+        a, b = _required(params, "a"), _required(params, "b")
+        try:
+            return self.diffs.get(a, b)
+        except DiffError as exc:
+            raise ApiError(exc.status, str(exc)) from None
 
     def _transitions(self, run: str, role: str, attempt: int, lo: int | None,
                      hi: int | None) -> list[dict[str, Any]]:
