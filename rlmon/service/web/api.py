@@ -14,7 +14,8 @@ the store is a file), so a slow request never holds the lock the alert path writ
 - ``GET /api/alerts[?run=R&firing=1&limit=N]``: what ``rlmon alerts --json`` prints
 - ``GET /api/alert?run=R&role=A&alert=NAME[&step=S]``: one alert: its condition, the values
   around its onset, what to check, its worst samples and the onset step's timeline per rank
-- ``GET /api/trace?run=R[&role=A&from=S&to=S]``: the Perfetto trace of those steps (a download)
+- ``GET /api/trace?run=R&from=S&to=S[&role=A]``: the Perfetto trace of those steps (a download;
+  at most 1,000 steps)
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ _KEY_METRICS = tuple(m for p in PANELS for m in p.metrics)
 _MAX_OTHER = 12  # a role without any key metric shows up to this many of its own
 _AROUND = 20  # steps either side of an alert's onset
 _MAX_PICKED = 24  # metrics picked by name in one request
+_TRACE_STEPS = 1_000  # steps one /api/trace covers, at most
 _NAMES_STEPS = 500  # steps a query of the metrics' names reads (a wait of tens of ms for others)
 # every metric and non-finite value's name in a stream's steps (after, last]: bound parameters
 _METRIC_NAMES = (
@@ -499,6 +501,11 @@ class WebApi:
         first = _int_param(params, "from", 0)
         last = _int_param(params, "to")
         assert first is not None
+        # a bounded read (issue 40): a range of steps, never a whole run's timelines at once
+        if last is None or last - first >= _TRACE_STEPS:
+            raise ApiError(400, f"from, to: a trace covers at most {_TRACE_STEPS} steps "
+                                f"(asked: {first}:{'' if last is None else last}); rlmon trace "
+                                "writes longer ones")
         timelines = self.store.timelines(run, role, first, last)
         if not timelines:
             raise ApiError(404, f"no timelines of run {run!r} in steps {first}:"

@@ -201,3 +201,22 @@ def test_a_file_store_is_diffed_in_a_child_process(stored: Path) -> None:
         assert info.value.status == 404
     finally:
         reader.close()
+
+
+def test_a_trace_covers_a_bounded_range_of_steps(stored: Path) -> None:
+    """The page's other read that could span a whole run: a trace is asked for a range of at
+    most 1,000 steps (the alert page links one step), never a whole run."""
+    from rlmon.service.web.api import ApiError
+
+    reader = HistoryStore(stored, read_only=True)
+    try:
+        api = WebApi(reader)
+        for params in ({"run": "a"}, {"run": "a", "from": "0"}, {"run": "a", "to": "1000"},
+                       {"run": "a", "from": "10", "to": "1010"}):
+            with pytest.raises(ApiError, match="at most 1000 steps") as info:
+                api.handle("/api/trace", params)
+            assert info.value.status == 400
+        with pytest.raises(ApiError, match="no timelines"):  # in range: read (none stored)
+            api.handle("/api/trace", {"run": "a", "from": "10", "to": "1009"})
+    finally:
+        reader.close()
