@@ -67,6 +67,10 @@ def test_scrapers_reach_metrics_by_the_address_they_connect_to() -> None:
     assert check.allows("[fd00::5]:9464", arrived_on="fd00::5")
     assert not check.allows("10.1.2.4:9464", arrived_on="10.1.2.3")
     assert not check.allows("10.1.2.3:9464")  # where it arrived is not known: not answered
+    # a published container port scraped at the host's address: named in allowed_hosts
+    mapped = HostCheck("0.0.0.0", ["192.168.1.10"])
+    assert mapped.allows("192.168.1.10:9464", arrived_on="172.17.0.2")
+    assert not check.allows("192.168.1.10:9464", arrived_on="172.17.0.2")
     bound = HostCheck("10.1.2.3")  # bound to one address: that one, and loopback
     assert bound.allows("10.1.2.3:9464") and bound.allows("127.0.0.1")
     assert not bound.allows("10.1.2.4")
