@@ -56,9 +56,12 @@ done, out = threading.Event(), {}
 
 def diff():
     t0 = time.perf_counter()
-    urllib.request.urlopen(f"http://127.0.0.1:{server.port}/api/diff?a={a}&b={b}", timeout=600).read()
-    out["first"] = time.perf_counter() - t0
-    done.set()
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{server.port}/api/diff?a={a}&b={b}",
+                               timeout=900).read()
+    finally:  # an error ends the scrapes too (and the run, below)
+        out["first"] = time.perf_counter() - t0
+        done.set()
 
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 threading.Thread(target=diff).start()

@@ -38,11 +38,12 @@ __all__ = ["DiffBudget", "DiffReads", "bounded_diff"]
 Rows = Callable[[str, Sequence[Any]], Iterable[tuple[Any, ...]]]
 Version = tuple[Any, ...]
 
-# the strided read: the first step of each bucket of `stride` steps, per role and attempt
+# the strided read: the first step of each bucket of `stride` steps, per role and attempt (an IN
+# list SQLite indexes once; a join on the grouped steps was searched row by row: 77 s for 10,000)
 _STRIDED = (
-    "SELECT s.line FROM steps s JOIN (SELECT role, attempt, MIN(step) AS step FROM steps "
-    "WHERE run = ?1 GROUP BY role, attempt, step / ?2) k ON s.run = ?1 AND s.role = k.role AND "
-    "s.attempt = k.attempt AND s.step = k.step ORDER BY s.role, s.attempt, s.step")
+    "SELECT line FROM steps WHERE run = ?1 AND (role, attempt, step) IN (SELECT role, attempt, "
+    "MIN(step) FROM steps WHERE run = ?1 GROUP BY role, attempt, step / ?2) "
+    "ORDER BY role, attempt, step")
 
 
 class DiffError(Exception):
@@ -60,7 +61,7 @@ class DiffBudget:
     values: int = 400_000  # metric values read per run, at most
     concurrent: int = 1  # diffs computed at once
     cached: int = 16  # answers kept (pairs and versions)
-    timeout: float = 120.0  # seconds a diff may take (then 504)
+    timeout: float = 600.0  # seconds a diff may take (then 504): its process is niced
 
 
 @dataclass(frozen=True, slots=True)
