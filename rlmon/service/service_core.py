@@ -201,7 +201,7 @@ class ServiceCore:
             web = self._web_app(state)
             try:
                 self.server = serve_metrics(self.metrics, port, self.host, health=self.healthy,
-                                            web=web)
+                                            web=web, hosts=web.hosts)
             except OSError as exc:
                 if not self._port_fallback:
                     self.close(0.0)
@@ -212,7 +212,7 @@ class ServiceCore:
                 _log.warning("rlmon: port %s on %s is taken (%s); serving /metrics on a free "
                              "port", port, self.host, exc)
                 self.server = serve_metrics(self.metrics, 0, self.host, health=self.healthy,
-                                            web=web)
+                                            web=web, hosts=web.hosts)
         return self
 
     def _web_app(self, state: Path | None) -> Any:

@@ -9,8 +9,10 @@ docs/run-page.png.
 from __future__ import annotations
 
 import io
+import json
 import os
 import time
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -314,8 +316,6 @@ def test_a_token_is_traded_for_a_key_that_another_port_never_receives(
     import http.server
     import threading
 
-    from rlmon.service.web.server import page_key
-
     token = "s3cret-token"
     (tmp_path / "token").write_text(token)
     core = fed_service(tmp_path / "state", records, exporter={"token_file": str(tmp_path / "token")})
@@ -349,7 +349,7 @@ def test_a_token_is_traded_for_a_key_that_another_port_never_receives(
         tab.wait_for_selector("#runs tbody tr")
         assert tab.url == base + "#/"  # the token is dropped from the address
         key = tab.evaluate("() => localStorage.getItem('rlmon.key')")
-        assert key == page_key(token) and token not in key
+        assert key == _key_of(core, token) and token not in key
         assert context.cookies() == []
         assert any(h.get("authorization") == f"Bearer {key}" for h in requests)
         tab.reload()  # the key is kept: no token needed again
@@ -362,6 +362,42 @@ def test_a_token_is_traded_for_a_key_that_another_port_never_receives(
     finally:
         context.close()
         other.shutdown()
+        core.close(0.0)
+
+
+def _key_of(core: ServiceCore, token: str) -> str:
+    """The page key this start of the service hands out for ``token``."""
+    import urllib.request
+
+    request = urllib.request.Request(f"http://127.0.0.1:{core.port}/api/key",
+                                     headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        return str(json.loads(resp.read())["key"])
+
+
+@pytest.mark.parametrize("where", ["?token=", "#token="])
+def test_a_token_with_every_character_the_docs_allow_opens_the_page(
+        chromium: Any, tmp_path: Path, records: list[StepRecord], where: str) -> None:
+    """Issue 40, E16: a token may hold letters, digits and -._~+/ then = (RFC 6750); given in the
+    address as typed (a query string reads + as a space in form encoding, which a token never
+    holds), or %-escaped, it is traded for the key whole."""
+    token = "a+b/c-d.e_f~g+h=="
+    (tmp_path / "token").write_text(token)
+    core = fed_service(tmp_path / "state", records, exporter={"token_file": str(tmp_path / "token")})
+    context = chromium.new_context()
+    try:
+        base = f"http://127.0.0.1:{core.port}/"
+        for given in (token, urllib.parse.quote(token, safe="")):
+            tab = context.new_page()
+            tab.goto(base + where + given)
+            tab.wait_for_selector("#runs tbody tr")
+            assert token not in tab.url and "token" not in tab.url
+            key = tab.evaluate("() => localStorage.getItem('rlmon.key')")
+            assert key == _key_of(core, token)
+            tab.evaluate("() => localStorage.clear()")
+            tab.close()
+    finally:
+        context.close()
         core.close(0.0)
 
 

@@ -46,4 +46,12 @@ def history_path(args: argparse.Namespace, command: str) -> Path | None:
     if not db.exists():
         print(f"rlmon {command}: no history store at {db}", file=sys.stderr)
         return None
+    from rlmon.service.storage.history import HistoryStore
+    from rlmon.service.storage.sqlite_db import StoreSchemaError
+
+    try:  # a file whose schema rlmon did not write is refused before any command reads it
+        HistoryStore(db).close()
+    except StoreSchemaError as exc:
+        print(f"rlmon {command}: {exc}", file=sys.stderr)
+        return None
     return db

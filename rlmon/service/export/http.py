@@ -1,5 +1,7 @@
 """Serve the exporter: ``/metrics`` (Prometheus text or OpenMetrics) and ``/healthz``, and
 beside them, when given, the run page's app (``/``, ``/static/``, ``/api/``: docs/page.md).
+Every path answers only a ``Host`` header the server's :class:`HostCheck` allows (421 otherwise:
+DNS rebinding, docs/security.md).
 
 A threaded WSGI server of the standard library around client_python's WSGI app; the caller picks
 the address (``0.0.0.0`` in a pod, ``127.0.0.1`` in tests).
@@ -17,11 +19,13 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.process_collector import ProcessCollector
 
 from rlmon.service.export.exporter import MetricsState, RlmonCollector
+from rlmon.service.export.host_check import REFUSED, HostCheck
 
-__all__ = ["MetricsServer", "build_registry", "serve_metrics"]
+__all__ = ["ARRIVED_ON", "MetricsServer", "build_registry", "serve_metrics"]
 
 Health = Callable[[], "bool | tuple[bool, str]"]
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+ARRIVED_ON = "rlmon.arrived_on"  # environ key: the local address the request's connection reached
 
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
@@ -31,6 +35,11 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
+
+    def get_environ(self) -> dict[str, Any]:
+        environ = super().get_environ()
+        environ[ARRIVED_ON] = str(self.connection.getsockname()[0])
+        return environ
 
 
 def build_registry(state: MetricsState, process: bool = True) -> CollectorRegistry:
@@ -43,11 +52,18 @@ def build_registry(state: MetricsState, process: bool = True) -> CollectorRegist
 
 
 def _app(registry: CollectorRegistry, health: Health | None,
-         web: WsgiApp | None = None) -> Callable[..., Iterable[bytes]]:
+         web: WsgiApp | None = None, hosts: HostCheck | None = None,
+         ) -> Callable[..., Iterable[bytes]]:
     metrics = make_wsgi_app(registry)
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
+        # no fallback to SERVER_NAME: a request without a Host header is refused
+        if hosts is not None and not hosts.allows(environ.get("HTTP_HOST"),
+                                                  environ.get(ARRIVED_ON)):
+            start_response("421 Misdirected Request", [("Content-Type", "text/plain"),
+                                                       ("Content-Length", str(len(REFUSED)))])
+            return [REFUSED]
         if path == "/healthz":
             verdict = health() if health is not None else True
             ok, reason = verdict if isinstance(verdict, tuple) else (
@@ -89,15 +105,18 @@ class MetricsServer:
 def serve_metrics(
     state_or_registry: MetricsState | CollectorRegistry, port: int = 9400,
     host: str = "127.0.0.1", health: Health | None = None, web: WsgiApp | None = None,
+    hosts: HostCheck | None = None,
 ) -> MetricsServer:
     """Start serving on a daemon thread; returns at once. Loopback unless ``host`` says otherwise:
     /metrics and /healthz carry no authentication (docs/deploy.md, "Exposing /metrics");
-    ``web`` answers every other path (the run page, with its own optional token)."""
+    ``web`` answers every other path (the run page, with its own optional token). ``hosts``:
+    the Host names answered on every path (default: those of ``host`` alone)."""
     registry = (
         build_registry(state_or_registry)
         if isinstance(state_or_registry, MetricsState) else state_or_registry
     )
-    server = make_server(host, port, _app(registry, health, web), _ThreadingServer,
+    checked = hosts if hosts is not None else HostCheck(host)
+    server = make_server(host, port, _app(registry, health, web, checked), _ThreadingServer,
                          _QuietHandler)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
                               daemon=True, name="rlmon-metrics")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import sqlite3
 import threading
 from collections import deque
@@ -40,7 +41,7 @@ from rlmon.service.contract.stop_decision import StopDecision
 from rlmon.service.contract.timeline import RankTimeline
 from rlmon.service.metrics.ranked_forms import Sample
 from rlmon.service.storage import curve_rows
-from rlmon.service.storage.sqlite_db import open_database
+from rlmon.service.storage.sqlite_db import StoreSchemaError, check_schema, open_database
 from rlmon.service.storage.stored_samples import (
     StepSamples,
     bound_payloads,
@@ -48,7 +49,7 @@ from rlmon.service.storage.stored_samples import (
     items_to_json,
 )
 
-__all__ = ["HistoryStore", "Pruned", "StepTimelines"]
+__all__ = ["HistoryStore", "Pruned", "StepTimelines", "check_history_schema"]
 
 _log = logging.getLogger("rlmon.history")
 
@@ -134,22 +135,6 @@ def _metrics(line: dict[str, Any]) -> dict[str, float]:
     return values
 
 
-def _add_attempts(db: sqlite3.Connection) -> None:
-    """Rebuild a store written before runs had attempts: its rows become attempt 0."""
-    for table in ("steps", "alerts"):
-        columns = [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
-        if "attempt" in columns:
-            continue
-        create = _SCHEMA.split("CREATE TABLE IF NOT EXISTS ")[1 if table == "steps" else 2]
-        kept = ", ".join(c for c in columns)
-        db.execute("BEGIN")
-        db.execute(f"ALTER TABLE {table} RENAME TO {table}_old")
-        db.execute("CREATE TABLE " + create.strip().rstrip(";"))
-        db.execute(f"INSERT INTO {table} ({kept}) SELECT {kept} FROM {table}_old")
-        db.execute(f"DROP TABLE {table}_old")
-        db.execute("COMMIT")
-
-
 _COST_COLUMNS = (("onset", "REAL"), ("gpus", "REAL"), ("gpu_hours", "REAL"), ("money", "REAL"),
                  ("cost_note", "TEXT NOT NULL DEFAULT ''"))
 
@@ -160,10 +145,88 @@ _STATE_COST_COLUMNS = (("onset", "REAL"), ("gpus", "REAL NOT NULL DEFAULT 0"))
 _STATE_POLICY_COLUMNS = (("severity", "TEXT NOT NULL DEFAULT ''"), ("reference", "TEXT"),
                          ("sent", "TEXT NOT NULL DEFAULT '[]'"),
                          ("held", "INTEGER NOT NULL DEFAULT 0"))
+_SCORE_COLUMNS = (("score", "REAL NOT NULL DEFAULT 0"),)
+# the columns the migrations add to a store written before them, by table
+_ADDED_COLUMNS = (("alerts", _COST_COLUMNS), ("alert_state", _STATE_COST_COLUMNS),
+                  ("alert_state", _STATE_POLICY_COLUMNS), ("alert_state", _SCORE_COLUMNS))
 
 
-def _columns(db: sqlite3.Connection, table: str) -> set[str]:
-    return {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+def _code_columns() -> dict[str, frozenset[str]]:
+    """Every column of the code's own schema, by table (``_SCHEMA``'s and those the migrations
+    add): the only identifiers a migration puts into SQL text. A store file is input; the names
+    it lists are checked against these, never pasted as they come."""
+    db = sqlite3.connect(":memory:")
+    try:
+        db.executescript(_SCHEMA)
+        tables = [t for (t,) in db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")]
+        found = {t: {c for (c,) in db.execute("SELECT name FROM pragma_table_info(?)", (t,))}
+                 for t in tables}
+    finally:
+        db.close()
+    for table, added in _ADDED_COLUMNS:
+        found[table] |= {name for name, _kind in added}
+    return {t: frozenset(c) for t, c in found.items()}
+
+
+_CODE_COLUMNS = _code_columns()
+_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]*\Z")
+
+
+def _quoted(table: str, column: str | None = None) -> str:
+    """``table`` (or its ``column``) as a quoted SQL identifier, after checking it is one of
+    the code's own; anything else is a :class:`StoreSchemaError` naming it."""
+    name = table if column is None else column
+    known = _CODE_COLUMNS.get(table)
+    if known is None or (column is not None and column not in known) \
+            or not _IDENTIFIER.match(name):
+        what = f"table {table!r}" if column is None else f"table {table} has a column {column[:80]!r}"
+        raise StoreSchemaError(f"{what}, which rlmon never writes (a crafted file?); refusing to "
+                               "migrate it")
+    return f'"{name}"'
+
+
+def _columns(db: sqlite3.Connection, table: str) -> list[str]:
+    """The columns ``table`` has in the file, in order (its name a bound parameter)."""
+    return [str(c) for (c,) in db.execute("SELECT name FROM pragma_table_info(?)", (table,))]
+
+
+def check_history_schema(db: sqlite3.Connection, source: str) -> None:
+    """A reader's own connection to a history store file (the page's, ``rlmon diagnose``'s):
+    refused when the file holds SQL of its own (:func:`~rlmon.service.storage.sqlite_db.
+    check_schema`); nothing stored in it may call a function the connection registers."""
+    db.execute("PRAGMA trusted_schema=OFF")
+    check_schema(db, _SCHEMA, source)
+
+
+def _add_attempts(db: sqlite3.Connection) -> None:
+    """Rebuild a store written before runs had attempts: its rows become attempt 0."""
+    for table in ("steps", "alerts"):
+        columns = _columns(db, table)
+        if "attempt" in columns:
+            continue
+        create = _SCHEMA.split("CREATE TABLE IF NOT EXISTS ")[1 if table == "steps" else 2]
+        kept = ", ".join(_quoted(table, c) for c in columns)  # the file's names: checked
+        name, old = _quoted(table), _quoted(table)[:-1] + '_old"'
+        db.execute("BEGIN")
+        try:
+            db.execute(f"ALTER TABLE {name} RENAME TO {old}")
+            db.execute("CREATE TABLE " + create.strip().rstrip(";"))
+            db.execute(f"INSERT INTO {name} ({kept}) SELECT {kept} FROM {old}")
+            db.execute(f"DROP TABLE {old}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+
+def _add_columns(db: sqlite3.Connection, table: str,
+                 wanted: Sequence[tuple[str, str]]) -> None:
+    """Add the code's ``wanted`` columns (name, declaration) that ``table`` lacks."""
+    columns = set(_columns(db, table))
+    for name, kind in wanted:
+        if name not in columns:
+            db.execute(f"ALTER TABLE {_quoted(table)} ADD COLUMN {_quoted(table, name)} {kind}")
 
 
 def _add_cost(db: sqlite3.Connection) -> None:
@@ -174,17 +237,12 @@ def _add_cost(db: sqlite3.Connection) -> None:
     notifications counted."""
     for table, wanted in (("alerts", _COST_COLUMNS), ("alert_state", _STATE_COST_COLUMNS),
                           ("alert_state", _STATE_POLICY_COLUMNS)):
-        columns = _columns(db, table)
-        for name, kind in wanted:
-            if name not in columns:
-                db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+        _add_columns(db, table, wanted)
 
 
 def _add_score(db: sqlite3.Connection) -> None:
     """A store written before early-warning rules lacks their CUSUM score: it starts at 0."""
-    columns = [row[1] for row in db.execute("PRAGMA table_info(alert_state)")]
-    if "score" not in columns:
-        db.execute("ALTER TABLE alert_state ADD COLUMN score REAL NOT NULL DEFAULT 0")
+    _add_columns(db, "alert_state", _SCORE_COLUMNS)
 
 
 def _fill_curve_rows(db: sqlite3.Connection) -> int:
@@ -235,11 +293,16 @@ class HistoryStore:
         if read_only:
             self._db = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True,
                                        check_same_thread=False, isolation_level=None)
+            check_history_schema(self._db, str(path))
             return
         self._db = open_database(path, _SCHEMA)
-        _add_attempts(self._db)
-        _add_score(self._db)
-        _add_cost(self._db)
+        try:
+            _add_attempts(self._db)
+            _add_score(self._db)
+            _add_cost(self._db)
+        except StoreSchemaError as exc:
+            self._db.close()
+            raise StoreSchemaError(f"{path}: {exc}") from None
         packed = _fill_curve_rows(self._db)
         if packed:
             _log.info("rlmon: history store: packed the key curves of %d stored steps (once: "

@@ -10,11 +10,13 @@ the store is a file), so a slow request never holds the lock the alert path writ
 - ``GET /api/curves?...&metrics=M1%0AM2``: those metrics instead, one panel each (any metric
   the stream reported: the key curves from their packed rows, others from the step lines)
 - ``GET /api/metrics?run=R&role=A[&attempt=N]``: every metric the stream reported, its attempts
-- ``GET /api/diff?a=R&b=R``: where two stored runs part ways (``rlmon diff A B --json``)
+- ``GET /api/diff?a=R&b=R``: where two stored runs part ways (``rlmon diff A B --json``),
+  read within a budget, cached, a limited number at a time (:mod:`.diff_reads`)
 - ``GET /api/alerts[?run=R&firing=1&limit=N]``: what ``rlmon alerts --json`` prints
 - ``GET /api/alert?run=R&role=A&alert=NAME[&step=S]``: one alert: its condition, the values
   around its onset, what to check, its worst samples and the onset step's timeline per rank
-- ``GET /api/trace?run=R[&role=A&from=S&to=S]``: the Perfetto trace of those steps (a download)
+- ``GET /api/trace?run=R&from=S&to=S[&role=A]``: the Perfetto trace of those steps (a download;
+  at most 1,000 steps)
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,6 +42,7 @@ from rlmon.service.storage import curve_rows
 from rlmon.service.storage.history import HistoryStore
 from rlmon.service.storage.stored_samples import items_to_json
 from rlmon.service.web.curves import ColumnCache, Columns, downsample
+from rlmon.service.web.diff_reads import DiffError, DiffReads
 
 __all__ = ["PANELS", "ApiError", "Panel", "WebApi", "alerts_json"]
 
@@ -76,6 +80,7 @@ _AROUND = 20  # steps either side of an alert's onset
 _MAX_PICKED = 24  # metrics picked by name in one request
 _TIMED_STREAMS = 8  # streams whose points' times are kept (a dict of the points drawn each)
 _TIMES_KEPT = 50_000  # points' times kept per stream
+_TRACE_STEPS = 1_000  # steps one /api/trace covers, at most
 _NAMES_STEPS = 500  # steps a query of the metrics' names reads (a wait of tens of ms for others)
 # every metric and non-finite value's name in a stream's steps (after, last]: bound parameters
 _METRIC_NAMES = (
@@ -197,6 +202,8 @@ class WebApi:
         self._names_lock = threading.Lock()
         # each point's finalization time, per stream (also under _names_lock)
         self._step_times: dict[tuple[str, str, int], dict[int, float | None]] = {}
+        (_seq, _name, file), = [r for r in store.read("PRAGMA database_list") if r[1] == "main"]
+        self.diffs = DiffReads(store.read, Path(file) if file else None)
 
     def handle(self, path: str, params: Mapping[str, str]) -> tuple[str, bytes]:
         """(content type, body) of ``GET path``; raises :class:`ApiError`."""
@@ -542,17 +549,13 @@ class WebApi:
                 "metrics": sorted(names)}
 
     def diff(self, params: Mapping[str, str]) -> dict[str, Any]:
-        """Where two stored runs part ways (what ``rlmon diff A B --json`` prints for them)."""
-        from rlmon.service.diff import RunSeries, diff_runs
-        from rlmon.service.diff.runs import from_step_lines
-
-        def stored(name: str) -> RunSeries:
-            run = _required(params, name)
-            if not self._roles(run):
-                raise ApiError(404, f"{name}: no steps of run {run!r} in the history store")
-            return from_step_lines(self.store.steps(run), run, "history store")
-
-        return diff_runs(stored("a"), stored("b")).to_json()
+        """Where two stored runs part ways (what ``rlmon diff A B --json`` prints for them),
+        bounded, cached and limited (:mod:`rlmon.service.web.diff_reads`)."""
+        a, b = _required(params, "a"), _required(params, "b")
+        try:
+            return self.diffs.get(a, b)
+        except DiffError as exc:
+            raise ApiError(exc.status, str(exc)) from None
 
     def _transitions(self, run: str, role: str, attempt: int, lo: int | None,
                      hi: int | None) -> list[dict[str, Any]]:
@@ -644,6 +647,11 @@ class WebApi:
         first = _int_param(params, "from", 0)
         last = _int_param(params, "to")
         assert first is not None
+        # a bounded read (issue 40): a range of steps, never a whole run's timelines at once
+        if last is None or last - first >= _TRACE_STEPS:
+            raise ApiError(400, f"from, to: a trace covers at most {_TRACE_STEPS} steps "
+                                f"(asked: {first}:{'' if last is None else last}); rlmon trace "
+                                "writes longer ones")
         timelines = self.store.timelines(run, role, first, last)
         if not timelines:
             raise ApiError(404, f"no timelines of run {run!r} in steps {first}:"

@@ -3,24 +3,23 @@
 
 With a token configured (``exporter.token_file`` or ``RLMON_EXPORTER__TOKEN``), the API answers
 only a request that carries it, ``Authorization: Bearer <token>`` (any case of "bearer"), or the
-page key derived from it (an HMAC of the token) that the page asks for once with the token and
-keeps in the browser's storage of this origin (scheme, host and port: a server on another port
-never sees it; no cookie is set, cookies ignore ports). The page's own files hold no data and
-are served to anyone. ``/metrics`` and ``/healthz`` stay as they are (probes and scrapers).
+page key derived from it (an HMAC of the token under a secret drawn at each start of the
+service) that the page asks for once with the token and keeps in the browser's storage of this
+origin (scheme, host and port: a server on another port never sees it; no cookie is set,
+cookies ignore ports). The page's own files hold no data and are served to anyone. ``/metrics``
+and ``/healthz`` need no token (probes and scrapers).
 
-Every request's Host header is checked (DNS rebinding: a web page of another site that points
-its name at 127.0.0.1 must not read the page): an IP address, ``localhost``, this machine's name
-when bound beyond loopback, or a name configured in ``exporter.allowed_hosts``. See docs/page.md.
+Every request's Host header is checked, here and by the exporter's server for every path
+(:mod:`rlmon.service.export.host_check`). See docs/page.md and docs/security.md.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import json
 import logging
-import socket
+import os
 import threading
 from collections.abc import Callable, Iterable
 from http import HTTPStatus
@@ -28,6 +27,8 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qsl
 
+from rlmon.service.export.host_check import REFUSED, HostCheck
+from rlmon.service.export.http import ARRIVED_ON
 from rlmon.service.web.api import ApiError, WebApi
 
 __all__ = ["CacheWarmer", "HostCheck", "WebApp", "page_key"]
@@ -81,42 +82,11 @@ class CacheWarmer:
         self._thread.join(5.0)
 
 
-def page_key(token: str) -> str:
-    """The value the page keeps instead of the token (a browser never stores the token)."""
-    return hmac.new(token.encode(), b"rlmon run page key", hashlib.sha256).hexdigest()
-
-
-def _host_name(header: str) -> str:
-    """The name of a Host header, without its port (an IPv6 literal without its brackets)."""
-    if header.startswith("["):
-        return header[1:header.find("]")] if "]" in header else header
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
-
-
-class HostCheck:
-    """Which Host headers the page answers: an IP address, localhost, the configured names and,
-    bound beyond loopback, this machine's names."""
-
-    def __init__(self, bound: str, names: Iterable[str] = ()) -> None:
-        self.names = {n.lower().rstrip(".") for n in names} | {"localhost"}
-        try:
-            loopback = ipaddress.ip_address(bound).is_loopback
-        except ValueError:
-            loopback = bound == "localhost"
-        if not loopback:
-            self.names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
-            if bound not in ("", "0.0.0.0", "::"):
-                self.names.add(bound.lower())
-
-    def allows(self, header: str) -> bool:
-        name = _host_name(header.strip()).lower().rstrip(".")
-        if name in self.names:
-            return True
-        try:
-            ipaddress.ip_address(name)
-        except ValueError:
-            return False
-        return True
+def page_key(token: str, secret: bytes) -> str:
+    """The value the page keeps instead of the token (a browser never stores the token): an
+    HMAC of the token under ``secret``, which each start of the service draws anew and keeps in
+    memory only, so a key from an earlier start, or from a server on another port, is refused."""
+    return hmac.new(secret, b"rlmon run page key\n" + token.encode(), hashlib.sha256).hexdigest()
 
 
 class WebApp:
@@ -126,8 +96,9 @@ class WebApp:
                  hosts: HostCheck | None = None) -> None:
         self.api = api
         self._token = token
-        self._key = page_key(token) if token else None
-        self._hosts = hosts or HostCheck("127.0.0.1")
+        # drawn at each start (never stored): a key handed out before a restart is refused
+        self._key = page_key(token, os.urandom(32)) if token else None
+        self.hosts = hosts or HostCheck("127.0.0.1")
 
     def _bearer(self, environ: dict[str, Any]) -> str:
         scheme, _, given = environ.get("HTTP_AUTHORIZATION", "").strip().partition(" ")
@@ -148,11 +119,8 @@ class WebApp:
         params = dict(parse_qsl(environ.get("QUERY_STRING", ""), keep_blank_values=True))
         if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
             return self._reply(start_response, 405, "text/plain", b"the page is read-only\n")
-        host = environ.get("HTTP_HOST") or environ.get("SERVER_NAME", "")
-        if not self._hosts.allows(host):
-            return self._reply(start_response, 421, "text/plain",
-                               b"rlmon: this page answers only its own names (an IP address, "
-                               b"localhost, or a name in exporter.allowed_hosts)\n")
+        if not self.hosts.allows(environ.get("HTTP_HOST"), environ.get(ARRIVED_ON)):
+            return self._reply(start_response, 421, "text/plain", REFUSED)
         if path.startswith("/api/") and not self._authorized(environ):
             return self._reply(start_response, 401, "application/json",
                                _error("this page needs the token: open /#token=<token> once, "

@@ -371,7 +371,9 @@ def test_diff_answers_what_rlmon_diff_finds_for_two_stored_runs(
     status, body, _ = get(service, f"/api/diff?a={RUN}&b=other")
     want = diff_runs(*(from_step_lines(service.history.steps(r), r, "history store")
                        for r in (RUN, "other"))).to_json()
+    read = body.pop("read")
     assert status == 200 and body == json.loads(json.dumps(want))
+    assert read["stride"] == 1 and not read["a"]["cut"] and not read["b"]["cut"]
     entropy = next(m for m in body["metrics"] if m["metric"] == "actor/entropy")
     assert entropy["diverged"] and 12 <= entropy["onset"] <= 16
     status, body, _ = get(service, f"/api/diff?a={RUN}&b=nothing")

@@ -19,7 +19,6 @@ import pytest
 from rlmon.service.config import ConfigError, load_config
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.service_core import ServiceCore
-from rlmon.service.web.server import page_key
 from tests.support.web_support import example_records, fed_service
 
 TOKEN = "s3cret-Token_1.2~3+4/5=="
@@ -102,7 +101,7 @@ def test_the_browser_keeps_a_key_derived_from_the_token(guarded: ServiceCore) ->
     assert get(guarded, "/api/key")[0] == 401
     status, body, head = get(guarded, "/api/key", {"Authorization": f"Bearer {TOKEN}"})
     key = body["key"]
-    assert status == 200 and key == page_key(TOKEN) and TOKEN not in key and len(key) == 64
+    assert status == 200 and TOKEN not in key and len(key) == 64
     assert "Set-Cookie" not in head and head["Cache-Control"] == "no-store"
     assert get(guarded, "/api/runs", {"Authorization": f"Bearer {key}"})[0] == 200
     # the key does not buy a key: only the token does
@@ -110,6 +109,37 @@ def test_the_browser_keeps_a_key_derived_from_the_token(guarded: ServiceCore) ->
     # the page's own files are served without it, and hold no data
     status, body, head = get(guarded, "/")
     assert status == 200 and b"app.js" in body and "Set-Cookie" not in head
+
+
+def test_a_page_key_is_refused_after_a_restart_and_by_another_service(
+        guarded: ServiceCore, tmp_path: Path, records: list[StepRecord]) -> None:
+    """Issue 40, E12: the key is drawn anew at each start of the service, so a key collected
+    while rlmon was down (by whoever bound its port) or handed out by another service on
+    another port, holding the same token, opens nothing."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    first = get(guarded, "/api/key", auth)[1]["key"]
+    again = get(guarded, "/api/key", auth)[1]["key"]
+    assert first == again  # one key per start: every tab of the page shares it
+    other = fed_service(tmp_path / "other", records, exporter={
+        "token_file": str(tmp_path / "token")})
+    try:
+        assert other.port != guarded.port
+        theirs = get(other, "/api/key", auth)[1]["key"]
+        assert theirs != first
+        assert get(other, "/api/runs", {"Authorization": f"Bearer {first}"})[0] == 401
+        assert get(guarded, "/api/runs", {"Authorization": f"Bearer {theirs}"})[0] == 401
+    finally:
+        other.close(0.0)
+    state = tmp_path / "state"
+    guarded.close(0.0)
+    restarted = fed_service(state, [], exporter={"token_file": str(tmp_path / "token")})
+    try:
+        assert get(restarted, "/api/runs", {"Authorization": f"Bearer {first}"})[0] == 401
+        fresh = get(restarted, "/api/key", auth)[1]["key"]
+        assert fresh != first
+        assert get(restarted, "/api/runs", {"Authorization": f"Bearer {fresh}"})[0] == 200
+    finally:
+        restarted.close(0.0)
 
 
 def test_the_host_header_is_checked(guarded: ServiceCore) -> None:
@@ -123,8 +153,11 @@ def test_the_host_header_is_checked(guarded: ServiceCore) -> None:
         status, body, _ = get(guarded, "/", {"Host": host})
         assert status == 421 and b"exporter.allowed_hosts" in body, host
         assert get(guarded, "/api/runs", {**auth, "Host": host})[0] == 421, host
-    # scrapers reach /metrics by whatever name their service discovery gives
-    assert get(guarded, "/metrics", {"Host": "rlmon.monitoring.svc:9464"})[0] == 200
+    # every path is checked (issue 40, E14): /metrics and /healthz too, by the same names
+    for path in ("/metrics", "/healthz"):
+        assert get(guarded, path, {"Host": "attacker.example"})[0] == 421, path
+        assert get(guarded, path, {"Host": f"127.0.0.1:{port}"})[0] == 200, path
+        assert get(guarded, path, {"Host": "rlmon.example.com:9464"})[0] == 200, path
 
 
 def test_an_attempt_not_stored_is_a_404(tmp_path: Path, records: list[StepRecord]) -> None:

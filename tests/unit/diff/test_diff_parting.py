@@ -12,7 +12,7 @@ from rlmon.service.diagnose.formats import read_paths
 from rlmon.service.diff import RunSeries, diff_runs
 from rlmon.service.diff.runs import from_logged
 from rlmon.service.diff.text import render_text
-from tests.unit.diagnose.test_diagnose_settings import write_segment
+from tests.service.diagnose.test_diagnose_settings import write_segment
 from tests.unit.diagnose.test_diagnose_trainer_state import write_state
 
 

@@ -61,10 +61,12 @@ class Notifier(Protocol):
 
 
 def http_outcome(status: int, detail: str, retry_after: str | None) -> Delivery:
-    """Map an HTTP status onto a delivery outcome (2xx ok; 429/408/5xx retry; other 4xx failed)."""
+    """Map an HTTP status onto a delivery outcome (2xx ok; 3xx, 429/408/5xx retry: a redirect
+    is never followed, see :mod:`rlmon.service.alerting.notify.no_redirects`; other 4xx
+    failed)."""
     if 200 <= status < 300:
         return Delivery.accepted(status)
-    if status in (408, 425, 429) or status >= 500:
+    if 300 <= status < 400 or status in (408, 425, 429) or status >= 500:
         return Delivery("retry", detail, parse_retry_after(retry_after), status)
     return Delivery("failed", detail, None, status)
 

@@ -17,6 +17,7 @@ from pagerduty import EventsApiV2Client
 from pagerduty.errors import Error, HttpError
 
 from rlmon.service.alerting.notify.message import Delivery, http_outcome
+from rlmon.service.alerting.notify.no_redirects import redirect_outcome
 from rlmon.service.redact import Redactor
 
 __all__ = ["PagerDutyNotifier"]
@@ -55,6 +56,8 @@ class PagerDutyNotifier:
             response = exc.response
             if response is None:
                 return Delivery("retry", self._redact(f"{type(exc).__name__}: {exc}"))
+            if 300 <= response.status_code < 400:  # the client never follows one
+                return redirect_outcome(response.status_code, response.headers.get("location"))
             detail = self._redact(f"HTTP {response.status_code}: {response.text[:200]}")
             return http_outcome(response.status_code, detail, response.headers.get("retry-after"))
         except Error as exc:  # network errors, malformed responses

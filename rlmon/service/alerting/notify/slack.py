@@ -9,19 +9,53 @@ across restarts instead of sleeping in the sending thread.
 
 from __future__ import annotations
 
+import urllib.request
 from collections import OrderedDict
 from typing import Any
 
 from slack_sdk import WebClient
-from slack_sdk.errors import SlackApiError
-from slack_sdk.webhook import WebhookClient
+from slack_sdk.errors import SlackApiError, SlackRequestError
+from slack_sdk.webhook import WebhookClient, WebhookResponse
 
 from rlmon.service.alerting.notify.message import Delivery, http_outcome
+from rlmon.service.alerting.notify.no_redirects import no_redirect_opener, redirect_outcome
 from rlmon.service.redact import Redactor
 
 __all__ = ["SlackBotNotifier", "SlackNotifier"]
 
 _MAX_THREADS = 10_000  # group -> thread ts remembered (the least recent leave)
+
+
+class _NoRedirectClient(WebhookClient):
+    """slack-sdk's client with its one request made through an opener that does not follow a
+    redirect (the webhook URL's path is the secret; a 3xx comes back as an HTTP error, which the
+    client returns as a response with that status)."""
+
+    def _perform_http_request_internal(self, url: str, req: urllib.request.Request,
+                                       ) -> WebhookResponse:
+        if not url.lower().startswith("http"):
+            raise SlackRequestError(f"Invalid URL detected: {url}")
+        response = no_redirect_opener(self.ssl, self.proxy).open(req, timeout=self.timeout)
+        charset = response.headers.get_content_charset() or "utf-8"
+        return WebhookResponse(url=url, status_code=response.status,
+                               body=response.read().decode(charset),
+                               headers=response.headers)
+
+
+class _NoRedirectWebClient(WebClient):
+    """slack-sdk's Web API client (the bot mode) with its requests made through an opener that
+    does not follow a redirect: the request carries the bot token as a bearer header, which
+    urllib would send on to wherever a 3xx points."""
+
+    def _perform_urllib_http_request_internal(self, url: str, req: urllib.request.Request,
+                                              ) -> dict[str, Any]:
+        if not url.lower().startswith("http"):
+            raise SlackRequestError(f"Invalid URL detected: {url}")
+        proxy = self.proxy if isinstance(self.proxy, str) else None
+        response = no_redirect_opener(self.ssl, proxy).open(req, timeout=self.timeout)
+        charset = response.headers.get_content_charset() or "utf-8"
+        return {"status": response.status, "headers": response.headers,
+                "body": response.read().decode(charset)}
 
 
 class SlackNotifier:
@@ -31,7 +65,8 @@ class SlackNotifier:
         self, webhook_url: str, *, timeout: float = 10.0, min_interval: float = 1.0,
         redactor: Redactor | None = None,
     ) -> None:
-        self._client = WebhookClient(webhook_url, timeout=max(1, round(timeout)), retry_handlers=[])
+        self._client = _NoRedirectClient(webhook_url, timeout=max(1, round(timeout)),
+                                         retry_handlers=[])
         self.min_interval = min_interval
         self._redact = redactor or Redactor([webhook_url])
 
@@ -49,6 +84,10 @@ class SlackNotifier:
         retry_after = headers.get("retry-after")
         if isinstance(retry_after, list):
             retry_after = retry_after[0] if retry_after else None
+        if 300 <= response.status_code < 400:
+            location = headers.get("location")
+            return redirect_outcome(response.status_code,
+                                    location[0] if isinstance(location, list) else location)
         outcome = http_outcome(response.status_code, f"HTTP {response.status_code}: {text}",
                                retry_after)
         if outcome.outcome == "ok" and text.strip() not in ("", "ok"):
@@ -67,7 +106,7 @@ class SlackBotNotifier:
         self, token: str, channel: str, *, base_url: str = "https://slack.com/api/",
         timeout: float = 10.0, min_interval: float = 1.0, redactor: Redactor | None = None,
     ) -> None:
-        self._client = WebClient(token=token, base_url=base_url,
+        self._client = _NoRedirectWebClient(token=token, base_url=base_url,
                                  timeout=max(1, round(timeout)), retry_handlers=[])
         self.channel = channel
         self.min_interval = min_interval
@@ -93,6 +132,10 @@ class SlackBotNotifier:
                 retry_after = retry_after[0] if retry_after else None
             if status == 200:  # ok: false (invalid_blocks, channel_not_found ...): permanent
                 return Delivery("failed", self._redact(f"Slack API error: {error}"), status=200)
+            if 300 <= status < 400:  # answered, never followed (the token is a bearer header)
+                location = exc.response.headers.get("Location") or exc.response.headers.get(
+                    "location")
+                return redirect_outcome(status, location if isinstance(location, str) else None)
             return http_outcome(status, self._redact(f"HTTP {status}: {error}"), retry_after)
         except Exception as exc:  # urllib raises URLError/OSError for a receiver that is down
             return Delivery("retry", self._redact(f"{type(exc).__name__}: {exc}"))

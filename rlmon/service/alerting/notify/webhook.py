@@ -9,6 +9,7 @@ import urllib.request
 from typing import Any
 
 from rlmon.service.alerting.notify.message import Delivery, http_outcome
+from rlmon.service.alerting.notify.no_redirects import no_redirect_opener, redirect_outcome
 from rlmon.service.redact import Redactor
 
 __all__ = ["WebhookNotifier"]
@@ -26,6 +27,7 @@ class WebhookNotifier:
         self._timeout = timeout
         self.min_interval = min_interval
         self._redact = redactor or Redactor([url, *([token] if token else [])])
+        self._opener = no_redirect_opener()  # the token stays with the URL it was set for
 
     def __repr__(self) -> str:
         return "WebhookNotifier(url=***, token=***)"
@@ -37,9 +39,11 @@ class WebhookNotifier:
             headers["Authorization"] = f"Bearer {self._token}"
         request = urllib.request.Request(self._url, data=data, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=self._timeout) as response:
+            with self._opener.open(request, timeout=self._timeout) as response:
                 return Delivery.accepted(response.status)
         except urllib.error.HTTPError as exc:
+            if 300 <= exc.code < 400:
+                return redirect_outcome(exc.code, exc.headers.get("Location"))
             detail = self._redact(f"HTTP {exc.code}: {exc.read()[:200].decode(errors='replace')}")
             return http_outcome(exc.code, detail, exc.headers.get("Retry-After"))
         except (OSError, ValueError) as exc:

@@ -18,6 +18,8 @@ from rlmon.service.diagnose.logged_run import LogError, LoggedRun, ReadProblem
 from rlmon.service.json_input import loads as bounded_json
 from rlmon.service.metrics.rank import Rank
 from rlmon.service.replay import replay
+from rlmon.service.storage.history import check_history_schema
+from rlmon.service.storage.sqlite_db import StoreSchemaError
 
 __all__ = ["SQLITE_MAGIC", "is_partial_report", "read_history_store", "read_partial_reports"]
 
@@ -72,7 +74,10 @@ def read_history_store(path: Path) -> list[LoggedRun]:
     except sqlite3.Error as exc:
         raise LogError(str(path), f"cannot open as SQLite: {exc}") from None
     try:
+        check_history_schema(db, str(path))  # a view or trigger of its own: refused
         rows = db.execute("SELECT line FROM steps ORDER BY run, role, attempt, step").fetchall()
+    except StoreSchemaError as exc:
+        raise LogError(str(path), str(exc).removeprefix(f"{path}: ")) from None
     except sqlite3.Error as exc:
         raise LogError(str(path), "expected an rlmon history store (a SQLite file with a "
                        f"'steps' table): {exc}") from None

@@ -41,8 +41,12 @@ function authHeaders() {
 async function takeToken() {
   // /#token=... (never sent to the server) or /?token=...: traded once for the page key, then
   // dropped from the address
+  // read as typed and %-decoded, not form-decoded: a token may hold "+" (RFC 6750), never a space
   const hash = location.hash.match(/^#token=([^&]*)/);
-  const token = hash ? decodeURIComponent(hash[1]) : QUERY.get("token");
+  const query = location.search.match(/[?&]token=([^&]*)/);
+  const given = hash ? hash[1] : query ? query[1] : "";
+  let token;
+  try { token = decodeURIComponent(given); } catch (e) { token = given; }
   if (!token) return;
   QUERY.delete("token");
   history.replaceState(null, "", location.pathname + (QUERY.toString() ? "?" + QUERY : "") +
