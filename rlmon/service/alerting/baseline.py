@@ -44,8 +44,8 @@ from rlmon.service.metrics.spec import BaselineParams, BaselineSpec, Direction
 if TYPE_CHECKING:
     from rlmon.service.alerting.baseline_batch import SeriesPredictions
 
-__all__ = ["BaselineParams", "BaselineSpec", "Direction", "departed", "observe", "predict",
-           "reference"]
+__all__ = ["BaselineParams", "BaselineSpec", "Direction", "departed", "level", "observe",
+           "predict", "reference"]
 
 _MAD_TO_SD = 1.4826  # MAD of a Gaussian x this = its standard deviation
 _SCORE_CAP = 2.0  # of `decision`: bounds the steps a long fault takes to resolve
@@ -132,6 +132,12 @@ def reference(params: BaselineParams, history: deque[float]) -> tuple[float, flo
     mostly pre-onset steps when a rule fires, and its medians ignore the few that are not."""
     values = list(history)[:-1] if len(history) > params.warmup else list(history)
     return predict(params, values)
+
+
+def level(params: BaselineParams, ref: tuple[float, float]) -> float:
+    """The pre-onset level ``ref`` (:func:`reference`) in the metric's own units."""
+    expected = ref[0]
+    return expected if params.log_offset is None else math.exp(expected) - params.log_offset
 
 
 def departed(params: BaselineParams, ref: tuple[float, float], value: float) -> bool:

@@ -158,6 +158,39 @@ def _check(rule: Rule, record: StepRecord, state: AlertState) -> _Check:
     return _Check(True, _window_check(rule, state, value), rule.metric, value)
 
 
+def _level_before(rule: Rule, state: AlertState) -> float | None:
+    """A firing baseline rule's pre-onset level, in the metric's units (None: not one)."""
+    if rule.condition is not Condition.BASELINE or state.reference is None:
+        return None
+    params = rule.baseline if state.ahead is None else state.ahead.params
+    return baseline.level(params, state.reference)
+
+
+def _dropped(rule: Rule, before: float | None, value: float | None) -> bool:
+    """Whether ``value`` is more than the rule's ``critical_drop`` below ``before``."""
+    if rule.critical_drop is None or before is None or before <= 0 or value is None \
+            or not math.isfinite(value):
+        return False
+    return value <= (1 - rule.critical_drop) * before
+
+
+def _pinned(rule: Rule, state: AlertState, value: float | None) -> bool:
+    """Whether the value has not moved at all over the rule's last ``critical_pinned`` steps
+    (the detector's window ends with this step's value): a mean of many samples that stays
+    exactly put is every sample at a hard limit, the length cap."""
+    need = rule.critical_pinned
+    if need is None or value is None or len(state.history) < need:
+        return False
+    return all(v == value for v in itertools.islice(reversed(state.history), need))
+
+
+def _critical(rule: Rule, state: AlertState, value: float | None) -> bool:
+    """Whether a warning's value is at its critical level: past the rule's ``critical`` bound,
+    fallen by its ``critical_drop`` from the level before the onset, or pinned at its cap."""
+    return rule.crosses_critical(value) or _dropped(rule, _level_before(rule, state), value) \
+        or _pinned(rule, state, value)
+
+
 @dataclass(frozen=True, slots=True)
 class NotifyPolicy:
     """How often one alert may reach a person, on the steps' own clock (their finalization or
@@ -337,12 +370,15 @@ class AlertEngine:
                 state.firing = True
                 state.since_step = record.step
                 state.metric = check.metric
-                state.severity = (Severity.CRITICAL.value if rule.crosses_critical(check.value)
-                                  else rule.severity.value)
                 if rule.condition is Condition.BASELINE:  # the level before the onset
                     params = rule.baseline if state.ahead is None else state.ahead.params
                     state.reference = baseline.reference(params, state.history)
+                state.severity = (Severity.CRITICAL.value if _critical(rule, state, check.value)
+                                  else rule.severity.value)
                 event = self._event(rule, record, "firing", check, state.severity)
+                if state.severity != rule.severity.value:  # past the critical level at once
+                    event = replace(event, condition=rule.describe_critical(
+                        _level_before(rule, state)))
                 if rule.condition is Condition.BASELINE and state.history:
                     # where the metric is heading (rlmon.service.alerting.projection)
                     ahead = heading(rule.metric, state.history, self.rules)
@@ -359,7 +395,7 @@ class AlertEngine:
             return self._resolve(rule, record, state, check, now, handed_to=(
                 rule.level_rule if check.holds else ""))
         if check.holds and state.severity == Severity.WARNING.value and (
-                rule.crosses_critical(check.value) or (
+                _critical(rule, state, check.value) or (
                     rule.escalate_after is not None and state.since_step is not None
                     and record.step - state.since_step >= rule.escalate_after)):
             return self._escalate(rule, record, state, check, now)
@@ -378,7 +414,8 @@ class AlertEngine:
             check = _Check(True, False, state.metric, record.metrics.get(state.metric))
         event = self._event(rule, record, "resolved", check, state.severity or None)
         if handed_to:
-            event = replace(event, summary=f"{event.summary}: handed over to {handed_to}, "
+            event = replace(event, handed_to=handed_to,
+                            summary=f"{event.summary}: handed over to {handed_to}, "
                             "which judges this level and fires now")
         state.severity, state.reference = "", None
         return self._notify(state, event, now)
@@ -389,11 +426,28 @@ class AlertEngine:
         it), saying why."""
         state.severity = Severity.CRITICAL.value
         event = self._event(rule, record, "firing", check, state.severity)
-        if rule.crosses_critical(check.value):
-            why = f"{event.metric} crossed the critical level {rule.critical:g}"
+        before = _level_before(rule, state)
+        if _dropped(rule, before, check.value):
+            assert rule.critical_drop is not None and check.value is not None
+            why = (f"{event.metric} fell {1 - check.value / before:.0%} below its own "
+                   f"pre-onset level {before:.3g}, past the critical drop of "
+                   f"{rule.critical_drop:.0%}, at step {record.step}")
+            condition = rule.describe_critical(before)
+        elif _pinned(rule, state, check.value):
+            assert rule.critical_pinned is not None
+            why = (f"{event.metric} pinned at {check.value:g} for {rule.critical_pinned} steps: "
+                   f"every completion at the length cap ({check.value:g})")
+            condition = (f"{rule.metric} unchanged at {check.value:g} for "
+                         f"{rule.critical_pinned} steps: pinned at its cap (the critical level)")
+        elif rule.crosses_critical(check.value):
+            # the condition that made it critical, not the warning's: the level, crossed here
+            why = (f"{event.metric} crossed the critical level {rule.critical:g} at step "
+                   f"{record.step}")
+            condition = rule.describe_critical()
         else:
             why = f"firing for {record.step - (state.since_step or 0)} steps"
-        event = replace(event, escalated_from=Severity.WARNING.value,
+            condition = f"{rule.describe()}, firing for {rule.escalate_after} steps"
+        event = replace(event, escalated_from=Severity.WARNING.value, condition=condition,
                         summary=f"{event.summary} (escalated to critical: {why})")
         state.held = False  # the escalation is its own trigger
         return self._notify(state, event, now)

@@ -27,6 +27,13 @@ own earlier stretch.
   ``S = max(0, S + e - allowance)``, fires while ``S >= decision``; ``e`` is clipped so no single
   step fires alone, and ``S`` is capped at 2 x ``decision`` so the warning resolves soon after the
   run settles.
+- **Held while it lasts**: while ``S`` is above zero (evidence accumulating, or the alert
+  firing) the baseline is *pinned*: the steps since are kept out of it and the new step is judged
+  against the baseline's line projected that many steps ahead. A hack that climbs for 80 steps
+  at a steady rate (+0.008 reward, +1.2 % length a step) would otherwise become the baseline's
+  own trend within a window and the alert would resolve while the hack goes on. The pin is let go
+  after ``hold`` steps (the baseline then slides again: a new level held that long is the run's
+  own) or as soon as ``S`` is back at zero.
 
 The state is plain numbers (the trailing rows and ``S``), kept in the engine's
 :class:`~rlmon.service.alerting.engine.AlertState` and saved with it, so a restarted service and
@@ -76,6 +83,7 @@ class RewardHackingParams:
     kl_floor: float = 0.05  # log units: the KL's scale is at least 5%
     kl_offset: float = 1e-3  # log(KL + offset): a KL of 0 at the start is finite
     reward_floor: float = 0.02  # of the reward's level (and 1e-3 absolute)
+    hold: int = 120  # steps a departure may keep the baseline pinned
 
     @property
     def keep(self) -> int:
@@ -139,10 +147,13 @@ def _finite(values: list[float]) -> bool:
 
 def _evidence(p: RewardHackingParams, rows: list[float], new: tuple[float, ...]
               ) -> Evidence | None:
-    """The new step's evidence against the baseline ``rows`` (flat, oldest first)."""
+    """The new step's evidence against the baseline ``rows`` (flat, oldest first): the first
+    ``window`` of them (fewer while warming up, the newest ``guard`` left out); rows beyond
+    ``keep`` are the steps of a departure, kept while the baseline is pinned."""
     n = len(rows) // _COLUMNS
-    base = rows[:(n - p.guard) * _COLUMNS]
-    ahead = p.guard + 1
+    size = min(n, p.keep) - p.guard
+    base = rows[:size * _COLUMNS]
+    ahead = n - size + 1
     rewards, lengths, kls = _column(base, 0), _column(base, 1), _column(base, 2)
     if not (_finite(rewards) and _finite(lengths)):
         return None
@@ -210,7 +221,10 @@ def observe(params: RewardHackingParams, history: deque[float], score: float,
             e = min(max(found.evidence, -cap), cap)
             score = min(max(0.0, score + e - params.allowance), 2 * params.decision)
     history.extend(new)
-    while len(history) > params.keep * _COLUMNS:
+    # pinned while evidence accumulates (the departure kept out of the baseline), for at most
+    # ``hold`` steps; else the window slides
+    limit = params.keep + (params.hold if score > 0 else 0)
+    while len(history) > limit * _COLUMNS:
         for _ in range(_COLUMNS):
             history.popleft()
     return score, found

@@ -34,13 +34,14 @@ def clock_of(run: LoggedRun, keymap: KeyMap, gpus: float | None,
 
 def priced(findings: Sequence[Finding], clock: RunClock | None) -> list[Finding]:
     """Each firing with the cost of its span: from the step its condition began to the step
-    before it resolved (the run's last step while it never did)."""
+    before it resolved (the run's last step while it never did). A warning's escalation is the
+    same incident: its cost is the warning's, counted there once."""
     if clock is None or not clock.steps:
         return list(findings)
     end_of_run = clock.steps[-1]
     out = []
     for index, finding in enumerate(findings):
-        if finding.state != "firing":
+        if finding.state != "firing" or finding.escalated_from:
             out.append(finding)
             continue
         resolved = next((f.step for f in findings[index + 1:] if f.state == "resolved"

@@ -322,6 +322,12 @@ _SPECS: tuple[MetricSpec, ...] = (
                panel=_panel("overview", "Reward", 75)),
     MetricSpec(RESPONSE_LENGTH, "Mean response length.", MEAN,
                Unit.TOKENS, Domain.NONNEGATIVE, panel=_panel("overview", "Rollout", 10),
+               what_to_check="Responses grow longer than the run's own trend: read the longest "
+               "(rollout/truncated_longest) for loops, repetition or padding, check the reward "
+               "for a length bonus (with the reward and KL climbing too: RewardHacking), and "
+               "whether they reach the generation limit (the cap: max_completion_length, "
+               "max_response_length, max_new_tokens); a mean pinned at the cap is every "
+               "completion cut there.",
                samples=TRUNCATED_LONGEST),
     MetricSpec(RESPONSE_LENGTH_MAX, "Longest response in the step.", MAX,
                Unit.TOKENS, Domain.NONNEGATIVE, panel=_panel("overview", "Rollout", 20)),
@@ -436,7 +442,7 @@ EARLY_WARNINGS: tuple[BaselineSpec, ...] = (
                  BaselineParams("down", window=60, allowance=3, decision=3.5,
                                 relative_floor=0.03, log_offset=1e-4),
                  summary="Policy entropy sliding below the run's own baseline",
-                 level_rule="EntropyCollapse"),
+                 level_rule="EntropyCollapse", critical_drop=0.9),
     BaselineSpec("KLClimbing", KL,
                  BaselineParams("up", window=60, allowance=2.5, decision=10, log_offset=0.02),
                  summary="KL to the reference climbing above the run's own baseline",
@@ -461,7 +467,7 @@ EARLY_WARNINGS: tuple[BaselineSpec, ...] = (
                  BaselineParams("up", window=30, allowance=2.5, decision=6,
                                 relative_floor=0.03),
                  summary="Response length running away towards the length limit",
-                 level_rule="CompletionsTruncated"),
+                 level_rule="CompletionsTruncated", critical_pinned=5),
     BaselineSpec("RewardCollapsing", REWARD,
                  BaselineParams("down", window=60, allowance=1.5, decision=8, floor=0.02),
                  summary="Mean reward collapsing below the run's own baseline",
@@ -496,14 +502,11 @@ NO_CRITICAL: Mapping[str, str] = MappingProxyType({
     "resolves it; RunFailed is the critical alert for a crash",
     "RunFrozen": "the processes live and may resume (SIGCONT, a debugger); RunStalled pages "
     "(critical) once it is silent past the stall threshold",
-    "EntropySliding": _EARLY + "EntropyCollapse (critical) judges the level",
     "KLClimbing": _EARLY + "KLDivergence judges the level and is critical from 10",
     "LogprobMismatchClimbing": _EARLY + "LogprobMismatch is critical from 0.3, "
     "LogprobDivergence at 1.0",
     "GradNormBlowingUp": _EARLY + "GradNormHigh judges the level and is critical from 1e3",
     "ClipRatioClimbing": _EARLY + "ClipRatioHigh judges the level and is critical from 0.5",
-    "ResponseLengthRunaway": _EARLY + "CompletionsTruncated judges the cap and is critical "
-    "from 0.95",
     "RewardCollapsing": _EARLY + "a harder curriculum lowers the reward too; RewardStuck "
     "escalates a reward gone flat",
     "LearningSignalFading": _EARLY + "NoLearningSignal (critical) judges the level",
