@@ -171,6 +171,8 @@ def _print_terminal(diagnoses: Sequence[Diagnosis], problems: Sequence[ReadProbl
             plain(f"  note: {note}")
         if d.clock is not None:
             plain(f"  {d.clock.describe()}")
+        elif d.unpriced:
+            plain(f"  cost: {d.unpriced}")
         for projection in d.projections:
             plain(f"  heading: {projection.describe(d.seconds_per_step)}")
         if not d.findings:

@@ -36,7 +36,7 @@ from rlmon.service.alerting.rules import (
 from rlmon.service.contract.step_record import StepRecord, json_number
 from rlmon.service.diagnose import course, signatures
 from rlmon.service.diagnose.columns import ColumnRows, RecordView
-from rlmon.service.diagnose.cost import RunClock, SpanCost
+from rlmon.service.diagnose.cost import RunClock, SpanCost, no_clock
 from rlmon.service.diagnose.logged_run import LoggedRun
 from rlmon.service.diagnose.mapping import (
     KeyInfo,
@@ -164,6 +164,8 @@ class Diagnosis:
     no_known_keys: bool = False
     clock: RunClock | None = None  # step times, GPUs and price, from what the files carry
     projections: tuple[Projection, ...] = ()  # where metrics were heading at the run's end
+    # without a clock: why nothing is priced, said once ("" when priced)
+    unpriced: str = ""
 
     def worst(self) -> str | None:
         severities = {f.severity for f in self.findings if f.state != "resolved"}
@@ -180,6 +182,7 @@ class Diagnosis:
             "settings": [{"from_step": seg.first_step, "file": seg.source,
                           **seg.settings.to_json()} for seg in run.segments],
             "cost": self.clock.to_json() if self.clock is not None else None,
+            "unpriced": self.unpriced,
             "projections": [p.to_json(self.seconds_per_step) for p in self.projections],
         }
 
@@ -383,7 +386,8 @@ def diagnose(run: LoggedRun, rules: Sequence[Rule] | None = None,
         steps = tuple((r, tuple(e)) for r, e in steps)
     clock = course.clock_of(run, keymap, gpus, price)
     return Diagnosis(run, keymap, tuple(course.priced(findings, clock)), steps, lossy,
-                     not known, clock, tuple(course.projections(records, rules)))
+                     not known, clock, tuple(course.projections(records, rules)),
+                     "" if clock is not None else no_clock(gpus, price))
 
 
 def _first_moved(stream: Sequence[StepRecord], event: AlertEvent) -> str:

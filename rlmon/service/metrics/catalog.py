@@ -224,8 +224,11 @@ _SPECS: tuple[MetricSpec, ...] = (
         IS_RATIO_MIN, "Smallest token importance ratio in the step.", MIN,
         Unit.NONE, Domain.NONNEGATIVE,
         what_to_check="Some tokens come from a stale policy: check the policy lag and weight sync.",
-        alerts=(AlertSpec("ISRatioStale", WARN, Comparison.LT, 0.1,
-                          summary="Smallest IS ratio below 0.1", resolve_after=RESOLVE_AFTER),),
+        # one token's ratio is one token's luck: three steps in a row below 0.1 is staleness
+        # (a steady one-step-off-policy run's noise dips below it a step at a time)
+        alerts=(AlertSpec("ISRatioStale", WARN, Comparison.LT, 0.1, for_steps=3,
+                          summary="Smallest IS ratio below 0.1 for 3 steps in a row",
+                          resolve_after=RESOLVE_AFTER),),
         panel=_panel("overview", "Rollout / trainer mismatch", 20), samples=IS_RATIO_LOWEST,
     ),
     MetricSpec(IS_RATIO_MAX, "Largest token importance ratio in the step.", MAX,

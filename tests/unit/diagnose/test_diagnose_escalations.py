@@ -61,7 +61,7 @@ def _diagnose(tmp_path: Path, rows: dict[int, dict[str, float]]) -> tuple[Diagno
 
 
 def _of(d: Diagnosis, alert: str, state: str = "firing") -> list[Finding]:
-    return [f for d_f in [d.findings] for f in d_f if f.alert == alert and f.state == state]
+    return [f for f in d.findings if f.alert == alert and f.state == state]
 
 
 @pytest.mark.parametrize(("alert", "metric", "level"),
@@ -104,6 +104,7 @@ def test_an_entropy_collapse_of_97_percent_of_its_baseline_is_critical(tmp_path:
     d, _ = _diagnose(tmp_path, blow_up())
     assert _of(d, "EntropyCollapse") == []  # it never crossed 0.01
     warning, critical = _of(d, "EntropySliding")
+    assert warning.severity == "warning" and warning.escalated_at == critical.step
     assert critical.severity == "critical" and critical.escalated_from == "warning"
     assert "90% below its own pre-onset level" in critical.condition
     assert critical.value is not None and critical.value > 0.01
@@ -139,3 +140,22 @@ def test_diagnose_prints_the_story_and_what_to_change_for_trl(tmp_path: Path) ->
     assert "severity now: critical (escalated at step" in text
     assert "what moved first:" in text
     assert "0 warning findings" not in text and "critical, " in text
+
+
+def test_a_log_without_step_times_says_once_why_nothing_is_priced(tmp_path: Path) -> None:
+    import json
+
+    path = write_state(tmp_path / "trainer_state.json",
+                       {s: {k: v for k, v in row.items() if k != "step_time"}
+                        for s, row in blow_up().items()})
+    state = json.loads(path.read_text())  # a checkpoint's state: no closing train_runtime
+    state["log_history"] = [e for e in state["log_history"] if "train_runtime" not in e]
+    path.write_text(json.dumps(state))
+    out = subprocess.run([sys.executable, "-m", "rlmon", "diagnose", str(path), "--gpus", "8",
+                          "--price-per-gpu-hour", "2.5"], capture_output=True, text=True,
+                         cwd=REPO, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    lines = [x for x in out.stdout.splitlines() if "not priced" in x]
+    assert len(lines) == 1 and "says nothing of time" in lines[0]
+    assert "--gpus 8 and --price-per-gpu-hour 2.5 price nothing" in lines[0]
+    assert "cost: steps" not in out.stdout
