@@ -22,18 +22,20 @@ own earlier stretch.
   length has always followed its reward does not alarm when both speed up together.
 - **Evidence**: each step's z-scores (departure / scale) of the reward, the length beyond the
   coupling and the KL; the joint evidence is the smallest of the three (all three must be out
-  together), or, where a verifier score is logged, the smaller of the reward's and the gap's when
+  together; the reward's credited with ``reward_lead``), or, where a verifier score is logged,
+  the smaller of the reward's and the gap's when
   that is larger (the reward up while the held-out score does not follow). A one-sided CUSUM,
   ``S = max(0, S + e - allowance)``, fires while ``S >= decision``; ``e`` is clipped so no single
   step fires alone, and ``S`` is capped at 2 x ``decision`` so the warning resolves soon after the
   run settles.
-- **Held while it lasts**: while ``S`` is above zero (evidence accumulating, or the alert
-  firing) the baseline is *pinned*: the steps since are kept out of it and the new step is judged
-  against the baseline's line projected that many steps ahead. A hack that climbs for 80 steps
-  at a steady rate (+0.008 reward, +1.2 % length a step) would otherwise become the baseline's
-  own trend within a window and the alert would resolve while the hack goes on. The pin is let go
-  after ``hold`` steps (the baseline then slides again: a new level held that long is the run's
-  own) or as soon as ``S`` is back at zero.
+- **Held while it lasts**: while the alert fires (``S >= decision``) the baseline is *pinned*:
+  the steps since are kept out of it and each new step is judged against the baseline's lines
+  projected that many steps ahead. A hack that climbs for 80 steps at a steady rate (+0.008
+  reward, +1.2 % length, +0.004 KL a step) would otherwise become the baseline's own trend
+  within a window and the alert would resolve while the hack goes on. The pin is let go once
+  ``S`` falls back (the metrics are on their pre-onset course again) or after ``hold`` steps.
+  Pinning before it fires was tried: it turned healthy take-offs into alarms (7-10 of 200 tuning
+  runs).
 
 The state is plain numbers (the trailing rows and ``S``), kept in the engine's
 :class:`~rlmon.service.alerting.engine.AlertState` and saved with it, so a restarted service and
@@ -83,7 +85,10 @@ class RewardHackingParams:
     kl_floor: float = 0.05  # log units: the KL's scale is at least 5%
     kl_offset: float = 1e-3  # log(KL + offset): a KL of 0 at the start is finite
     reward_floor: float = 0.02  # of the reward's level (and 1e-3 absolute)
-    hold: int = 120  # steps a departure may keep the baseline pinned
+    hold: int = 300  # steps a firing alert keeps the baseline pinned (its saved state: 4 floats a step)
+    # robust SDs the reward's departure is credited with in the joint evidence: of the three
+    # legs it moves least against its noise in a steady hack (+0.008 a step against 0.02)
+    reward_lead: float = 1.0
 
     @property
     def keep(self) -> int:
@@ -178,7 +183,7 @@ def _evidence(p: RewardHackingParams, rows: list[float], new: tuple[float, ...]
         exp_k, _, sd_k, _ = _line(kls, ahead)
         z_k = (kl - exp_k) / max(sd_k, p.kl_floor, _TINY)
         kl_ratio = math.exp(kl - exp_k)
-    evidence = min(z_r, z_l, z_k)
+    evidence = min(z_r + p.reward_lead, z_l, z_k)
     z_g = gap_above = math.nan
     verifiers = _column(base, 3)
     if math.isfinite(verifier) and _finite(verifiers):
@@ -223,7 +228,7 @@ def observe(params: RewardHackingParams, history: deque[float], score: float,
     history.extend(new)
     # pinned while evidence accumulates (the departure kept out of the baseline), for at most
     # ``hold`` steps; else the window slides
-    limit = params.keep + (params.hold if score > 0 else 0)
+    limit = params.keep + (params.hold if score >= params.decision else 0)
     while len(history) > limit * _COLUMNS:
         for _ in range(_COLUMNS):
             history.popleft()

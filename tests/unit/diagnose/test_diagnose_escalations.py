@@ -159,3 +159,24 @@ def test_a_log_without_step_times_says_once_why_nothing_is_priced(tmp_path: Path
     assert len(lines) == 1 and "says nothing of time" in lines[0]
     assert "--gpus 8 and --price-per-gpu-hour 2.5 price nothing" in lines[0]
     assert "cost: steps" not in out.stdout
+
+
+def test_a_logs_report_tells_the_same_story_as_diagnose(tmp_path: Path) -> None:
+    """``rlmon report`` of a log: alerts priced as diagnose prices them (at the 8 GPUs given,
+    once per incident), an escalated warning labelled as one, and no zero goodput block, "GPUs
+    per rank: 1", "cost unknown" or empty slowest-ranks headings for what a log cannot know."""
+    d, path = _diagnose(tmp_path, blow_up())
+    out = subprocess.run([sys.executable, "-m", "rlmon", "report", str(path), "--gpus", "8",
+                          "--price-per-gpu-hour", "2.5"], capture_output=True, text=True,
+                         cwd=REPO, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    for absent in ("Goodput n/a", "over 0 steps", "GPUs per rank", "cost unknown",
+                   "Slowest ranks", "Slowest stages", "0 GPU-s"):
+        assert absent not in text, absent
+    assert text.count("no per-rank step timelines") == 1
+    warning, critical = _of(d, "KLDivergence")
+    assert warning.cost is not None
+    line = next(x for x in text.splitlines() if x.strip().startswith("KLDivergence ["))
+    assert f"[warning, escalated to critical at step {critical.step}]" in line
+    assert f"step {warning.step} " in line and warning.cost.describe() in line
