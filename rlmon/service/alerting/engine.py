@@ -429,6 +429,7 @@ class AlertEngine:
         before = _level_before(rule, state)
         if _dropped(rule, before, check.value):
             assert rule.critical_drop is not None and check.value is not None
+            assert before is not None
             why = (f"{event.metric} fell {1 - check.value / before:.0%} below its own "
                    f"pre-onset level {before:.3g}, past the critical drop of "
                    f"{rule.critical_drop:.0%}, at step {record.step}")
