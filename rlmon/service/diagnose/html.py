@@ -103,7 +103,8 @@ def log_story(report: RunReport, d: Diagnosis) -> RunReport:
                         cost_note=d.unpriced or "")
         alerts.append(a)
     notes = ("a log has no per-rank step timelines: no goodput, slowest ranks or stages",)
-    return replace(report, alerts=tuple(alerts), notes=notes, gpu_hours=(
+    return replace(report, alerts=tuple(alerts), notes=notes, goodput={}, goodput_reasons=(),
+                   goodput_steps=(), gpu_hours=(
         d.clock.gpu_hours(d.clock.total_seconds) or 0.0) if d.clock is not None else 0.0)
 
 
