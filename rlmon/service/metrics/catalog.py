@@ -486,7 +486,8 @@ EARLY_WARNINGS: tuple[BaselineSpec, ...] = (
     BaselineSpec("PolicyLagGrowing", POLICY_LAG,
                  BaselineParams("up", window=60, allowance=1.0, decision=2, floor=1.0,
                                 relative_floor=0.0, follow_drift=False),
-                 summary="Rollouts ever staler: policy lag growing (asynchronous runs)"),
+                 summary="Rollouts ever staler: policy lag growing (asynchronous runs)",
+                 for_steps=2),  # two steps over: a queue's jitter of 2 whole steps is not growth
 )
 
 
