@@ -191,6 +191,28 @@ def _critical(rule: Rule, state: AlertState, value: float | None) -> bool:
         or _pinned(rule, state, value)
 
 
+def _critical_words(rule: Rule, state: AlertState, value: float | None, step: int,
+                    ) -> tuple[str, str]:
+    """(why it is critical, the condition it quotes) for a value at its critical level: the
+    level that made it critical and the step, never the warning's condition ("" where the value
+    is at none of them)."""
+    before = _level_before(rule, state)
+    if value is not None and before is not None and _dropped(rule, before, value):
+        assert rule.critical_drop is not None
+        return (f"{rule.metric} fell {1 - value / before:.0%} below its own pre-onset level "
+                f"{before:.3g}, past the critical drop of {rule.critical_drop:.0%}, at step "
+                f"{step}", rule.describe_critical(before))
+    if value is not None and _pinned(rule, state, value):
+        return (f"{rule.metric} pinned at {value:g} for {rule.critical_pinned} steps: every "
+                f"sample at a hard limit (the length cap, {value:g})",
+                f"{rule.metric} unchanged at {value:g} for {rule.critical_pinned} steps: pinned "
+                "at its cap (the critical level)")
+    if rule.crosses_critical(value):
+        return (f"{rule.metric} crossed the critical level {rule.critical:g} at step {step}",
+                rule.describe_critical())
+    return "", ""
+
+
 @dataclass(frozen=True, slots=True)
 class NotifyPolicy:
     """How often one alert may reach a person, on the steps' own clock (their finalization or
@@ -377,8 +399,8 @@ class AlertEngine:
                                   else rule.severity.value)
                 event = self._event(rule, record, "firing", check, state.severity)
                 if state.severity != rule.severity.value:  # past the critical level at once
-                    event = replace(event, condition=rule.describe_critical(
-                        _level_before(rule, state)))
+                    event = replace(event, condition=_critical_words(
+                        rule, state, check.value, record.step)[1])
                 if rule.condition is Condition.BASELINE and state.history:
                     # where the metric is heading (rlmon.service.alerting.projection)
                     ahead = heading(rule.metric, state.history, self.rules)
@@ -426,26 +448,8 @@ class AlertEngine:
         it), saying why."""
         state.severity = Severity.CRITICAL.value
         event = self._event(rule, record, "firing", check, state.severity)
-        before = _level_before(rule, state)
-        if _dropped(rule, before, check.value):
-            assert rule.critical_drop is not None and check.value is not None
-            assert before is not None
-            why = (f"{event.metric} fell {1 - check.value / before:.0%} below its own "
-                   f"pre-onset level {before:.3g}, past the critical drop of "
-                   f"{rule.critical_drop:.0%}, at step {record.step}")
-            condition = rule.describe_critical(before)
-        elif _pinned(rule, state, check.value):
-            assert rule.critical_pinned is not None
-            why = (f"{event.metric} pinned at {check.value:g} for {rule.critical_pinned} steps: "
-                   f"every completion at the length cap ({check.value:g})")
-            condition = (f"{rule.metric} unchanged at {check.value:g} for "
-                         f"{rule.critical_pinned} steps: pinned at its cap (the critical level)")
-        elif rule.crosses_critical(check.value):
-            # the condition that made it critical, not the warning's: the level, crossed here
-            why = (f"{event.metric} crossed the critical level {rule.critical:g} at step "
-                   f"{record.step}")
-            condition = rule.describe_critical()
-        else:
+        why, condition = _critical_words(rule, state, check.value, record.step)
+        if not why:
             why = f"firing for {record.step - (state.since_step or 0)} steps"
             condition = f"{rule.describe()}, firing for {rule.escalate_after} steps"
         event = replace(event, escalated_from=Severity.WARNING.value, condition=condition,
