@@ -334,7 +334,7 @@ def _rule_from_spec(metric: str, spec: AlertSpec) -> Rule:
         }
     fields.update(name=spec.name, severity=spec.severity, metric=metric, summary=spec.summary,
                   resolve_after=spec.resolve_after, critical=spec.critical,
-                  escalate_after=spec.escalate_after)
+                  escalate_after=spec.escalate_after, resolve_margin=spec.resolve_margin)
     fields["for"] = spec.for_steps
     return Rule.model_validate(fields)
 

@@ -105,6 +105,10 @@ class AlertSpec:
     # ``escalate_after`` steps; a warning with neither says why in the catalog's NO_CRITICAL
     critical: float | None = None
     escalate_after: int | None = None
+    # a firing alert counts a step as good only when the value clears the threshold by this
+    # much (the metric's units): a mean that sits on the threshold fires once, not again and
+    # again
+    resolve_margin: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
