@@ -13,7 +13,13 @@ sampling noise and a slow wander on every series. Hacking runs are the same runs
 at a known step (60-120), where the policy finds a loophole: the reward climbs steeply (+0.15 to
 +0.4 over 1-30 steps), the length balloons (x1.5 to x3) and the KL rises (x1.5 to x4) with it,
 the entropy steady and the verifier score not following. A second kind (``verifier gap``) moves
-the length and the KL only a little (x1.1): there only the held-out score tells.
+the length and the KL only a little (x1.1): there only the held-out score tells. Two more
+(issue 39) climb at a steady rate from the onset to the end of the run, as a hack that is never
+fixed does: ``climb`` (+0.005 to +0.012 reward, +0.8 to +1.5 % length, +0.002 to +0.006 KL a
+step, with or without a verifier score) and ``climb-gap`` (the reward climbing at that rate away
+from a verifier score that stays on its healthy course, the length and the KL on theirs). For
+them the share of the steps from the first alert to the end that the alert holds is printed:
+a hack that goes on must not be "resolved".
 
 Also run: ``bench_detection.py``'s healthy runs and its single-metric faults (a length runaway,
 a KL blow-up alone), which must not be called reward hacking.
@@ -101,7 +107,8 @@ def healthy(seed: int, steps: int = STEPS) -> tuple[Series, str]:
 @dataclass(frozen=True, slots=True)
 class Case:
     seed: int
-    kind: str  # healthy | length | gap | detection-healthy | length_runaway | kl_blowup
+    kind: str  # healthy | length | gap | climb | climb-gap | detection-healthy | length_runaway
+    #            | kl_blowup
     ramp: str = ""
     onset: int = 0
 
@@ -120,6 +127,16 @@ def series_of(case: Case) -> Series:
     if case.kind == "healthy":
         return s
     rng = np.random.default_rng(case.seed + 10_000)
+    if case.kind.startswith("climb"):
+        k = np.clip(np.arange(STEPS) - case.onset + 1, 0, None).astype(float)
+        s[c.REWARD] = s[c.REWARD] + rng.uniform(0.005, 0.012) * k
+        if case.kind == "climb":
+            s[c.RESPONSE_LENGTH] = s[c.RESPONSE_LENGTH] * (1 + rng.uniform(0.008, 0.015)) ** k
+            s[c.KL] = s[c.KL] + rng.uniform(0.002, 0.006) * k
+        elif c.VERIFIER_SCORE not in s:  # climb-gap: a verifier on the run's healthy course
+            s[c.VERIFIER_SCORE] = healthy(case.seed)[0][c.REWARD] \
+                + 0.02 * rng.standard_normal(STEPS)
+        return s
     lo, hi = RAMPS[case.ramp]
     p = _progress(STEPS, case.onset, int(rng.integers(lo, hi + 1)))
     s[c.REWARD] = s[c.REWARD] + rng.uniform(0.15, 0.4) * p
@@ -143,11 +160,39 @@ def records(s: Series, run: str) -> Iterable[StepRecord]:
 
 
 def firings(case: Case, rules: list[Rule]) -> list[tuple[str, int]]:
+    return [(alert, step) for alert, step, state in transitions(case, rules)
+            if state == "firing"]
+
+
+def transitions(case: Case, rules: list[Rule]) -> list[tuple[str, int, str]]:
+    """Every (alert, step, firing|resolved) of the rules on the case's run."""
     engine = AlertEngine(rules)
     out = []
     for record in records(series_of(case), f"run-{case.seed}"):
-        out += [(e.alert, e.step) for e in engine.evaluate(record) if e.state == "firing"]
+        out += [(e.alert, e.step, e.state) for e in engine.evaluate(record)]
     return out
+
+
+def held_share(events: list[tuple[str, int, str]], alert: str, end: int) -> float | None:
+    """The share of the steps from ``alert``'s first firing to ``end`` (exclusive) that it
+    was firing; None where it never fired."""
+    firing_at = None
+    first = None
+    held = 0
+    for name, step, state in events:
+        if name != alert:
+            continue
+        if state == "firing" and firing_at is None:
+            firing_at = step
+            first = step if first is None else first
+        elif state == "resolved" and firing_at is not None:
+            held += step - firing_at
+            firing_at = None
+    if first is None:
+        return None
+    if firing_at is not None:
+        held += end - firing_at
+    return held / max(1, end - first)
 
 
 def cases(seeds: range) -> list[Case]:
@@ -160,6 +205,8 @@ def cases(seeds: range) -> list[Case]:
         out.append(Case(seed, "length", ramp, onset))
         if seed % 2:  # the runs with a verifier score
             out.append(Case(seed, "gap", ramp, onset))
+        out.append(Case(seed, "climb", "steady", onset))
+        out.append(Case(seed, "climb-gap", "steady", onset))
         if seed % 4 == 0:
             out.append(Case(seed, "detection-healthy"))
             out.append(Case(seed, "length_runaway", "gradual", onset))
@@ -181,8 +228,14 @@ def main() -> int:
     other: dict[tuple[str, str], list[int | None]] = {}
     quiet: dict[str, list[str]] = {}
     early: list[str] = []
+    held: dict[str, list[float]] = {}
     for case in cases(seeds):
-        fired = firings(case, hacking)
+        events = transitions(case, hacking)
+        fired = [(a, st) for a, st, state in events if state == "firing"]
+        if case.kind.startswith("climb"):
+            share = held_share(events, "RewardHacking", STEPS)
+            if share is not None:
+                held.setdefault(case.kind, []).append(share)
         if case.kind in ("healthy", "detection-healthy", "length_runaway", "kl_blowup"):
             quiet.setdefault(case.kind, [])
             if fired:
@@ -213,6 +266,9 @@ def main() -> int:
         print(f"{kind}: {len(fired_runs)} of {runs} runs fired RewardHacking"
               + (": " + ", ".join(fired_runs[:8]) if fired_runs else ""))
     print(f"before the onset: {len(early)}" + (": " + ", ".join(early[:8]) if early else ""))
+    for kind, shares in sorted(held.items()):
+        print(f"{kind}: held {statistics.mean(shares):.0%} of the steps from its first alert to "
+              f"the end (lowest {min(shares):.0%}, {len(shares)} runs caught)")
     return 0
 
 

@@ -307,7 +307,7 @@ def _run(args: argparse.Namespace) -> int:
               f"cost (rlmon report {run} --state-dir {state_dir})",
               file=sys.stderr if args.json else out, flush=True)
         # the alert each fault is shown by, and how many steps after the fault it fires
-        expected = {"stale_weights": ("ISRatioStale", 8), "dead_rank": ("RankMissing", 0),
+        expected = {"stale_weights": ("ISRatioStale", 10), "dead_rank": ("RankMissing", 0),
                     "lr_spike": ("ClipRatioHigh", 2)}
         if args.fault in expected:
             want, after = expected[args.fault]

@@ -138,11 +138,13 @@ def _dump(obj: object, out: IO[str]) -> None:
 
 
 def _summary(diagnoses: Sequence[Diagnosis], problems: Sequence[ReadProblem]) -> dict[str, object]:
-    fired = [f for d in diagnoses for f in d.findings if f.state != "resolved"]
+    # one count per incident, at its severity at the end (an escalation is its warning's)
+    fired = [f for d in diagnoses for f in d.findings
+             if f.state != "resolved" and not f.escalated_from]
     return {"type": "summary", "runs": len(diagnoses),
             "steps": sum(d.run.steps for d in diagnoses),
-            "critical": sum(f.severity == "critical" for f in fired),
-            "warning": sum(f.severity == "warning" for f in fired),
+            "critical": sum(f.severity_now == "critical" for f in fired),
+            "warning": sum(f.severity_now == "warning" for f in fired),
             "problems": len(problems)}
 
 
@@ -191,6 +193,8 @@ def _print_terminal(diagnoses: Sequence[Diagnosis], problems: Sequence[ReadProbl
             plain(f"  note: {note}")
         if d.clock is not None:
             plain(f"  {d.clock.describe()}")
+        elif d.unpriced:
+            plain(f"  cost: {d.unpriced}")
         for projection in d.projections:
             plain(f"  heading: {projection.describe(d.seconds_per_step)}")
         if not d.findings:
@@ -210,14 +214,28 @@ def _print_finding(console: object, f: Finding) -> None:
     assert isinstance(console, Console)
     value = "n/a" if f.value is None else (f"{f.value:.4g}" if f.value == f.value else "NaN")
     key = f.key if f.key == f.metric else f"{f.metric} ({f.key})"
+    if f.state == "resolved" and f.handed_to:
+        console.print(f"  [{_colour(f.severity)}]{f.alert} handed over[/] at step {f.step} to "
+                      f"{esc(f.handed_to)}, which judges this level and fires now: "
+                      f"{esc(key)} = {value}")
+        return
     if f.state == "resolved":
         console.print(f"  [{_colour(f.severity)}]{f.alert} resolved[/] at step {f.step}: "
                       f"{esc(key)} = {value}")
         return
-    since = f" (condition held since step {f.since})" if f.since not in (None, f.step) else ""
+    if f.escalated_from:
+        crossed = f", first past the critical level at step {f.since}" \
+            if f.since is not None and "critical level" in f.condition else ""
+        since = f" (escalated from {f.escalated_from}{crossed})"
+    else:
+        since = f" (condition held since step {f.since})" if f.since not in (None, f.step) \
+            else ""
     label = f.severity.upper()
     console.print(f"  [{_colour(f.severity)}]{label} {f.alert}[/] at step {f.step}{since}: "
                   + esc(f"{key} = {value}" + (f" ({f.condition})" if f.condition else "")))
+    if f.escalated_from:
+        console.print(f"    escalated from {f.escalated_from}: the same incident as the "
+                      f"{f.escalated_from} above, its cost counted there once", markup=False)
     if f.value_is:
         console.print(f"    value: {f.value_is}", markup=False)
     if f.detail:
@@ -226,7 +244,14 @@ def _print_finding(console: object, f: Finding) -> None:
         console.print("    around the onset:")
         for related in f.related:
             console.print(f"      {related.describe()}", markup=False)
+    if f.escalated_at is not None:
+        console.print(f"    severity now: critical (escalated at step {f.escalated_at})",
+                      markup=False)
+    if f.first_moved:
+        console.print(f"    what moved first: {f.first_moved}", markup=False)
     if f.cost is not None:
         console.print(f"    cost: {f.cost.describe()}", markup=False)
     if f.what_to_check:
         console.print(f"    check: {f.what_to_check}", markup=False)
+    if f.what_to_change:
+        console.print(f"    change: {f.what_to_change}", markup=False)

@@ -89,11 +89,7 @@ def _foreign_report(args: argparse.Namespace) -> int:
             continue
         sys.stdout.write(render_text(report))
         print(f"from {d.run.source} ({d.run.format})")
-        print(d.clock.describe() if d.clock is not None
-              else "time: the files carry no step times")
-        for f in d.findings:
-            if f.cost is not None:
-                print(f"  {f.alert} from step {f.cost.first}: {f.cost.describe()}")
+        print(d.clock.describe() if d.clock is not None else f"cost: {d.unpriced}")
         for p in d.projections:
             print(f"heading: {p.describe(d.seconds_per_step)}")
     if args.html and diagnoses:

@@ -36,7 +36,7 @@ config (``tests/e2e/test_demo_workload.py`` pins them):
 - ``stale_weights``: the rollout engine no longer receives weight updates. The trainer keeps
   learning (above all to stop ending early, which the stale engine keeps doing), so its
   log-probabilities of the tokens the engine samples drift away: ``LogprobMismatch`` about 3
-  steps after the fault, ``ISRatioStale`` about 7 after, both staying on; ``LogprobDivergence``
+  steps after the fault, ``ISRatioStale`` about 9 after, both staying on; ``LogprobDivergence``
   only about 45 steps after. The token-mean IS ratio stays near 1 (the engine samples close to
   its own distribution, so E[p_trainer / p_rollout] stays about 1), so ``ISRatioDivergence``
   does not fire.

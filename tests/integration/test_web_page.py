@@ -206,7 +206,7 @@ def test_a_late_answer_does_not_replace_the_page_navigated_to(page: Any) -> None
         }).observe(status, { childList: true }); }""")
     held[0].continue_()
     page.wait_for_function("() => window.firstLoadDone === true")
-    assert page.url.endswith(f"#/alert/{RUN}/actor/ISRatioStale/10")
+    assert page.url.endswith(f"#/alert/{RUN}/actor/ISRatioStale/12")
     assert page.query_selector("#runs") is None
     assert page.eval_on_selector_all("#samples tr.sample", "rows => rows.length") > 0
 
@@ -423,7 +423,7 @@ def test_careless_addresses_are_handled(page: Any, service: ServiceCore,
         t.timeline.spans, key=lambda s: -s.depth)))) for t in template.timelines)
     assert isinstance(timelines[0].timeline.spans[0], Span) and timelines[0].timeline.spans[0].depth == 1
     service.history.add([replace(template, timelines=timelines)], [], states={})
-    page.goto(page.base + f"#/alert/{RUN}/actor/ISRatioStale/10")
+    page.goto(page.base + f"#/alert/{RUN}/actor/ISRatioStale/12")
     page.wait_for_selector("#timeline rect.span")
     depths = page.eval_on_selector_all("#timeline rect.span", "r => r.map(e => Number(e.dataset.depth))")
     per_rank = [depths[i:i + 3] for i in range(0, len(depths), 3)]

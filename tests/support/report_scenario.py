@@ -46,8 +46,10 @@ def report_store(state: Path) -> Path:
     from rlmon.service.alerting.rules import default_rules
     from rlmon.service.service_core import ServiceCore
 
-    # ISRatioStale resolving at the first good step (no hysteresis): the scenario is short
-    rules = [r.model_copy(update={"resolve_after": 1}) if r.name == "ISRatioStale" else r
+    # ISRatioStale firing at its first bad step and resolving at the first good one (no
+    # persistence, no hysteresis): the scenario is short
+    rules = [r.model_copy(update={"resolve_after": 1, "for_steps": 1})
+             if r.name == "ISRatioStale" else r
              for r in default_rules()]
     core = ServiceCore(Settings.model_validate({"notifiers": {"console": {"enabled": False}},
                                                 "goodput": GOODPUT.model_dump()}),

@@ -66,6 +66,9 @@ class AlertEvent:
     escalated_from: str = ""
     repeat: bool = False
     notify: bool = True
+    # a resolve because the rule's level rule fires now and judges the level reached (an early
+    # warning handed over to its fixed rule: EntropySliding to EntropyCollapse): that rule's name
+    handed_to: str = ""
 
     @property
     def dedup_key(self) -> str:

@@ -42,8 +42,7 @@ from typing import Protocol
 from rlmon.service.metrics.spec import BaselineParams, BaselineSpec, Direction
 
 __all__ = ["BaselineParams", "BaselineSpec", "Direction", "Prediction", "Predictions", "departed",
-           "observe", "predict",
-           "reference"]
+           "level", "observe", "predict", "reference"]
 
 _MAD_TO_SD = 1.4826  # MAD of a Gaussian x this = its standard deviation
 _SCORE_CAP = 2.0  # of `decision`: bounds the steps a long fault takes to resolve
@@ -141,6 +140,12 @@ def reference(params: BaselineParams, history: deque[float]) -> tuple[float, flo
     mostly pre-onset steps when a rule fires, and its medians ignore the few that are not."""
     values = list(history)[:-1] if len(history) > params.warmup else list(history)
     return predict(params, values)
+
+
+def level(params: BaselineParams, ref: tuple[float, float]) -> float:
+    """The pre-onset level ``ref`` (:func:`reference`) in the metric's own units."""
+    expected = ref[0]
+    return expected if params.log_offset is None else math.exp(expected) - params.log_offset
 
 
 def departed(params: BaselineParams, ref: tuple[float, float], value: float) -> bool:

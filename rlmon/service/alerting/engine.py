@@ -159,6 +159,61 @@ def _check(rule: Rule, record: StepRecord, state: AlertState) -> _Check:
     return _Check(True, _window_check(rule, state, value), rule.metric, value)
 
 
+def _level_before(rule: Rule, state: AlertState) -> float | None:
+    """A firing baseline rule's pre-onset level, in the metric's units (None: not one)."""
+    if rule.condition is not Condition.BASELINE or state.reference is None:
+        return None
+    params = rule.baseline if state.ahead is None else state.ahead.params
+    return baseline.level(params, state.reference)
+
+
+def _dropped(rule: Rule, before: float | None, value: float | None) -> bool:
+    """Whether ``value`` is more than the rule's ``critical_drop`` below ``before``."""
+    if rule.critical_drop is None or before is None or before <= 0 or value is None \
+            or not math.isfinite(value):
+        return False
+    return value <= (1 - rule.critical_drop) * before
+
+
+def _pinned(rule: Rule, state: AlertState, value: float | None) -> bool:
+    """Whether the value has not moved at all over the rule's last ``critical_pinned`` steps
+    (the detector's window ends with this step's value): a mean of many samples that stays
+    exactly put is every sample at a hard limit, the length cap."""
+    need = rule.critical_pinned
+    if need is None or value is None or len(state.history) < need:
+        return False
+    return all(v == value for v in itertools.islice(reversed(state.history), need))
+
+
+def _critical(rule: Rule, state: AlertState, value: float | None) -> bool:
+    """Whether a warning's value is at its critical level: past the rule's ``critical`` bound,
+    fallen by its ``critical_drop`` from the level before the onset, or pinned at its cap."""
+    return rule.crosses_critical(value) or _dropped(rule, _level_before(rule, state), value) \
+        or _pinned(rule, state, value)
+
+
+def _critical_words(rule: Rule, state: AlertState, value: float | None, step: int,
+                    ) -> tuple[str, str]:
+    """(why it is critical, the condition it quotes) for a value at its critical level: the
+    level that made it critical and the step, never the warning's condition ("" where the value
+    is at none of them)."""
+    before = _level_before(rule, state)
+    if value is not None and before is not None and _dropped(rule, before, value):
+        assert rule.critical_drop is not None
+        return (f"{rule.metric} fell {1 - value / before:.0%} below its own pre-onset level "
+                f"{before:.3g}, past the critical drop of {rule.critical_drop:.0%}, at step "
+                f"{step}", rule.describe_critical(before))
+    if value is not None and _pinned(rule, state, value):
+        return (f"{rule.metric} pinned at {value:g} for {rule.critical_pinned} steps: every "
+                f"sample at a hard limit (the length cap, {value:g})",
+                f"{rule.metric} unchanged at {value:g} for {rule.critical_pinned} steps: pinned "
+                "at its cap (the critical level)")
+    if rule.crosses_critical(value):
+        return (f"{rule.metric} crossed the critical level {rule.critical:g} at step {step}",
+                rule.describe_critical())
+    return "", ""
+
+
 @dataclass(frozen=True, slots=True)
 class NotifyPolicy:
     """How often one alert may reach a person, on the steps' own clock (their finalization or
@@ -338,12 +393,15 @@ class AlertEngine:
                 state.firing = True
                 state.since_step = record.step
                 state.metric = check.metric
-                state.severity = (Severity.CRITICAL.value if rule.crosses_critical(check.value)
-                                  else rule.severity.value)
                 if rule.condition is Condition.BASELINE:  # the level before the onset
                     params = rule.baseline if state.ahead is None else state.ahead.params
                     state.reference = baseline.reference(params, state.history)
+                state.severity = (Severity.CRITICAL.value if _critical(rule, state, check.value)
+                                  else rule.severity.value)
                 event = self._event(rule, record, "firing", check, state.severity)
+                if state.severity != rule.severity.value:  # past the critical level at once
+                    event = replace(event, condition=_critical_words(
+                        rule, state, check.value, record.step)[1])
                 if rule.condition is Condition.BASELINE and state.history:
                     # where the metric is heading (rlmon.service.alerting.projection)
                     ahead = heading(rule.metric, state.history, self.rules)
@@ -360,7 +418,7 @@ class AlertEngine:
             return self._resolve(rule, record, state, check, now, handed_to=(
                 rule.level_rule if check.holds else ""))
         if check.holds and state.severity == Severity.WARNING.value and (
-                rule.crosses_critical(check.value) or (
+                _critical(rule, state, check.value) or (
                     rule.escalate_after is not None and state.since_step is not None
                     and record.step - state.since_step >= rule.escalate_after)):
             return self._escalate(rule, record, state, check, now)
@@ -379,7 +437,8 @@ class AlertEngine:
             check = _Check(True, False, state.metric, record.metrics.get(state.metric))
         event = self._event(rule, record, "resolved", check, state.severity or None)
         if handed_to:
-            event = replace(event, summary=f"{event.summary}: handed over to {handed_to}, "
+            event = replace(event, handed_to=handed_to,
+                            summary=f"{event.summary}: handed over to {handed_to}, "
                             "which judges this level and fires now")
         state.severity, state.reference = "", None
         return self._notify(state, event, now)
@@ -390,11 +449,11 @@ class AlertEngine:
         it), saying why."""
         state.severity = Severity.CRITICAL.value
         event = self._event(rule, record, "firing", check, state.severity)
-        if rule.crosses_critical(check.value):
-            why = f"{event.metric} crossed the critical level {rule.critical:g}"
-        else:
+        why, condition = _critical_words(rule, state, check.value, record.step)
+        if not why:
             why = f"firing for {record.step - (state.since_step or 0)} steps"
-        event = replace(event, escalated_from=Severity.WARNING.value,
+            condition = f"{rule.describe()}, firing for {rule.escalate_after} steps"
+        event = replace(event, escalated_from=Severity.WARNING.value, condition=condition,
                         summary=f"{event.summary} (escalated to critical: {why})")
         state.held = False  # the escalation is its own trigger
         return self._notify(state, event, now)

@@ -22,11 +22,20 @@ own earlier stretch.
   length has always followed its reward does not alarm when both speed up together.
 - **Evidence**: each step's z-scores (departure / scale) of the reward, the length beyond the
   coupling and the KL; the joint evidence is the smallest of the three (all three must be out
-  together), or, where a verifier score is logged, the smaller of the reward's and the gap's when
+  together; the reward's credited with ``reward_lead``), or, where a verifier score is logged,
+  the smaller of the reward's and the gap's when
   that is larger (the reward up while the held-out score does not follow). A one-sided CUSUM,
   ``S = max(0, S + e - allowance)``, fires while ``S >= decision``; ``e`` is clipped so no single
   step fires alone, and ``S`` is capped at 2 x ``decision`` so the warning resolves soon after the
   run settles.
+- **Held while it lasts**: while the alert fires (``S >= decision``) the baseline is *pinned*:
+  the steps since are kept out of it and each new step is judged against the baseline's lines
+  projected that many steps ahead. A hack that climbs for 80 steps at a steady rate (+0.008
+  reward, +1.2 % length, +0.004 KL a step) would otherwise become the baseline's own trend
+  within a window and the alert would resolve while the hack goes on. The pin is let go once
+  ``S`` falls back (the metrics are on their pre-onset course again) or after ``hold`` steps.
+  Pinning before it fires was tried: it turned healthy take-offs into alarms (7-10 of 200 tuning
+  runs).
 
 The state is plain numbers (the trailing rows and ``S``), kept in the engine's
 :class:`~rlmon.service.alerting.engine.AlertState` and saved with it, so a restarted service and
@@ -76,6 +85,10 @@ class RewardHackingParams:
     kl_floor: float = 0.05  # log units: the KL's scale is at least 5%
     kl_offset: float = 1e-3  # log(KL + offset): a KL of 0 at the start is finite
     reward_floor: float = 0.02  # of the reward's level (and 1e-3 absolute)
+    hold: int = 300  # steps a firing alert keeps the baseline pinned (its saved state: 4 floats a step)
+    # robust SDs the reward's departure is credited with in the joint evidence: of the three
+    # legs it moves least against its noise in a steady hack (+0.008 a step against 0.02)
+    reward_lead: float = 1.0
 
     @property
     def keep(self) -> int:
@@ -139,10 +152,13 @@ def _finite(values: list[float]) -> bool:
 
 def _evidence(p: RewardHackingParams, rows: list[float], new: tuple[float, ...]
               ) -> Evidence | None:
-    """The new step's evidence against the baseline ``rows`` (flat, oldest first)."""
+    """The new step's evidence against the baseline ``rows`` (flat, oldest first): the first
+    ``window`` of them (fewer while warming up, the newest ``guard`` left out); rows beyond
+    ``keep`` are the steps of a departure, kept while the baseline is pinned."""
     n = len(rows) // _COLUMNS
-    base = rows[:(n - p.guard) * _COLUMNS]
-    ahead = p.guard + 1
+    size = min(n, p.keep) - p.guard
+    base = rows[:size * _COLUMNS]
+    ahead = n - size + 1
     rewards, lengths, kls = _column(base, 0), _column(base, 1), _column(base, 2)
     if not (_finite(rewards) and _finite(lengths)):
         return None
@@ -167,7 +183,7 @@ def _evidence(p: RewardHackingParams, rows: list[float], new: tuple[float, ...]
         exp_k, _, sd_k, _ = _line(kls, ahead)
         z_k = (kl - exp_k) / max(sd_k, p.kl_floor, _TINY)
         kl_ratio = math.exp(kl - exp_k)
-    evidence = min(z_r, z_l, z_k)
+    evidence = min(z_r + p.reward_lead, z_l, z_k)
     z_g = gap_above = math.nan
     verifiers = _column(base, 3)
     if math.isfinite(verifier) and _finite(verifiers):
@@ -210,7 +226,10 @@ def observe(params: RewardHackingParams, history: deque[float], score: float,
             e = min(max(found.evidence, -cap), cap)
             score = min(max(0.0, score + e - params.allowance), 2 * params.decision)
     history.extend(new)
-    while len(history) > params.keep * _COLUMNS:
+    # pinned while evidence accumulates (the departure kept out of the baseline), for at most
+    # ``hold`` steps; else the window slides
+    limit = params.keep + (params.hold if score >= params.decision else 0)
+    while len(history) > limit * _COLUMNS:
         for _ in range(_COLUMNS):
             history.popleft()
     return score, found

@@ -131,6 +131,12 @@ class Rule(BaseModel):
     # (on the rule's side) or once it has fired for `escalate_after` steps
     critical: float | None = None
     escalate_after: int | None = Field(default=None, ge=1, le=1_000_000)
+    # baseline rules watching a fall: critical once the value is more than this share below
+    # its own pre-onset level (0.9: under a tenth of it), a collapse whatever its absolute level
+    critical_drop: float | None = Field(default=None, gt=0.0, lt=1.0)
+    # baseline rules watching a rise: critical once the value has not moved at all for this many
+    # steps while firing (a mean pinned at a hard limit: every completion at the length cap)
+    critical_pinned: int | None = Field(default=None, ge=2, le=1_000)
     # baseline: the fixed rule judging the level the slide heads to (hands over to it)
     level_rule: str = ""
     roles: tuple[str, ...] | None = None
@@ -181,7 +187,16 @@ class Rule(BaseModel):
                 raise ValueError(f"'critical' must be a finite number, got {self.critical}")
             if cond is Condition.THRESHOLD and self.op == "abs<":
                 raise ValueError("'critical' does not apply to op 'abs<'")
-        if (self.critical is not None or self.escalate_after is not None) \
+        if self.critical_drop is not None and (cond is not Condition.BASELINE
+                                               or self.direction != "down"):
+            raise ValueError("'critical_drop' applies to condition 'baseline' with direction "
+                             "'down' only")
+        if self.critical_pinned is not None and (cond is not Condition.BASELINE
+                                                 or self.direction != "up"):
+            raise ValueError("'critical_pinned' applies to condition 'baseline' with direction "
+                             "'up' only")
+        if (self.critical is not None or self.escalate_after is not None
+                or self.critical_drop is not None or self.critical_pinned is not None) \
                 and self.severity is Severity.CRITICAL:
             raise ValueError("'critical' and 'escalate_after' escalate a warning; this rule is "
                              "critical already")
@@ -222,6 +237,22 @@ class Rule(BaseModel):
         side = self.direction if self.condition is Condition.BASELINE else (
             "up" if self.op in (">", ">=") else "down")
         return value >= bound if side == "up" else value <= bound
+
+    def describe_critical(self, before: float | None = None) -> str:
+        """The critical level in words (the condition an escalated alert quotes), "" when the
+        rule has none; ``before``: the pre-onset level a ``critical_drop`` is judged from."""
+        if self.critical_drop is not None and before is not None and (
+                self.critical is None or (1 - self.critical_drop) * before > self.critical):
+            return (f"{self.metric} <= {(1 - self.critical_drop) * before:.3g}, "
+                    f"{self.critical_drop:.0%} below its own pre-onset level {before:.3g} "
+                    "(the critical level)")
+        if self.critical is None:
+            return ""
+        if self.condition is Condition.BASELINE:
+            op = ">=" if self.direction == "up" else "<="
+        else:
+            op = self.op or ">"
+        return f"{self.metric} {op} {self.critical:g} (the critical level)"
 
     @property
     def resolve_steps(self) -> int:
@@ -309,7 +340,7 @@ def _rule_from_spec(metric: str, spec: AlertSpec) -> Rule:
         }
     fields.update(name=spec.name, severity=spec.severity, metric=metric, summary=spec.summary,
                   resolve_after=spec.resolve_after, critical=spec.critical,
-                  escalate_after=spec.escalate_after)
+                  escalate_after=spec.escalate_after, resolve_margin=spec.resolve_margin)
     fields["for"] = spec.for_steps
     return Rule.model_validate(fields)
 
@@ -322,7 +353,8 @@ def _rule_from_baseline(spec: BaselineSpec) -> Rule:
         "allowance": p.allowance, "decision": p.decision, "relative_floor": p.relative_floor,
         "follow_drift": p.follow_drift, "for": spec.for_steps,
         "resolve_after": spec.resolve_after, "summary": spec.summary,
-        "level_rule": spec.level_rule,
+        "level_rule": spec.level_rule, "critical_drop": spec.critical_drop,
+        "critical_pinned": spec.critical_pinned,
     }
     if p.log_offset is not None:
         fields["log_offset"] = p.log_offset

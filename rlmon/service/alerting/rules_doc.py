@@ -19,6 +19,12 @@ def _critical(rule: Rule) -> str:
         side = ("<=" if rule.direction == "down" else ">=") \
             if rule.condition is Condition.BASELINE else rule.op
         parts.append(f"at `{rule.metric}` {side} {rule.critical:g}")
+    if rule.critical_drop is not None:
+        parts.append(f"at `{rule.metric}` {rule.critical_drop:.0%} below its own pre-onset "
+                     "level")
+    if rule.critical_pinned is not None:
+        parts.append(f"at `{rule.metric}` unchanged for {rule.critical_pinned} steps (pinned at "
+                     "its cap)")
     if rule.escalate_after is not None:
         parts.append(f"after {rule.escalate_after} steps firing")
     return "; ".join(parts) or f"none: {catalog.NO_CRITICAL.get(rule.name, '?')}"

@@ -29,7 +29,7 @@ from typing import Any
 from rlmon.service.diagnose.columns import ColumnRows
 from rlmon.service.diagnose.logged_run import LoggedRun
 
-__all__ = ["RunClock", "SpanCost", "run_clock", "span_words"]
+__all__ = ["NO_CLOCK", "RunClock", "SpanCost", "no_clock", "run_clock", "span_words"]
 
 _DURATION_KEYS = ("step_time",)  # TRL's per-step wall time (bare; a tracker may prefix train/)
 _TIMESTAMP_KEYS = ("_timestamp",)  # W&B: unix seconds of the log call
@@ -45,6 +45,20 @@ _SPAN_WORDS = {
     "NonFiniteMetric": "while values were NaN or Inf",
     "RewardStuck": "while the reward was stuck",
 }
+
+
+# why a log's findings cannot be priced: said once, in place of a cost
+NO_CLOCK = ("not priced: the log says nothing of time (no logged step time such as step_time "
+            "or timing_s/step, no TensorBoard wall times, no W&B _timestamp or _runtime, no "
+            "train_runtime)")
+
+
+def no_clock(gpus: float | None, price: float | None) -> str:
+    """The sentence for a log without step times, naming what was given to price with."""
+    given = [f"--gpus {gpus:g}" if gpus is not None else "",
+             f"--price-per-gpu-hour {price:g}" if price is not None else ""]
+    given = [g for g in given if g]
+    return NO_CLOCK + (f", so {' and '.join(given)} price nothing" if given else "")
 
 
 def span_words(alert: str) -> str:

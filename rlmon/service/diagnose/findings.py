@@ -18,7 +18,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from rlmon.service.alerting import sanity
+from rlmon.service.alerting import first_mover, sanity
 from rlmon.service.alerting.engine import (
     AlertEngine,
     AlertEvent,
@@ -36,7 +36,7 @@ from rlmon.service.alerting.rules import (
 from rlmon.service.contract.step_record import StepRecord, json_number
 from rlmon.service.diagnose import course, signatures
 from rlmon.service.diagnose.columns import ColumnRows, RecordView
-from rlmon.service.diagnose.cost import RunClock, SpanCost, span_words
+from rlmon.service.diagnose.cost import RunClock, SpanCost, no_clock, span_words
 from rlmon.service.diagnose.logged_run import LoggedRun
 from rlmon.service.diagnose.mapping import (
     KeyInfo,
@@ -46,6 +46,7 @@ from rlmon.service.diagnose.mapping import (
     rlmon_key_map,
 )
 from rlmon.service.metrics import catalog as c
+from rlmon.service.metrics import remedies
 
 __all__ = ["Diagnosis", "Finding", "Related", "diagnose", "to_records"]
 
@@ -122,6 +123,13 @@ class Finding:
     detail: str = ""
     source: str = "rules"  # rules | sanity
     cost: SpanCost | None = None  # a firing's span: its steps' time and GPU-hours (.cost)
+    # a firing that is a warning's escalation (the same incident, priced once with the warning)
+    escalated_from: str = ""
+    # a resolve because the rule's level rule fires now and judges the level (its name)
+    handed_to: str = ""
+    what_to_change: str = ""  # the framework's keys to move (rlmon.service.metrics.remedies)
+    escalated_at: int | None = None  # a warning's firing: the step it escalated to critical
+    first_moved: str = ""  # the related metric that left its baseline first, before the onset
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -134,7 +142,15 @@ class Finding:
             "lossy": self.lossy, "detail": self.detail, "what_to_check": self.what_to_check,
             "related": [r.to_json() for r in self.related], "source": self.source,
             "cost": self.cost.to_json() if self.cost is not None else None,
+            "escalated_from": self.escalated_from, "handed_to": self.handed_to,
+            "what_to_change": self.what_to_change, "first_moved": self.first_moved,
+            "escalated_at": self.escalated_at, "severity_now": self.severity_now,
         }
+
+    @property
+    def severity_now(self) -> str:
+        """The incident's severity at its end: a warning that escalated is critical."""
+        return "critical" if self.escalated_at is not None else self.severity
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +164,8 @@ class Diagnosis:
     no_known_keys: bool = False
     clock: RunClock | None = None  # step times, GPUs and price, from what the files carry
     projections: tuple[Projection, ...] = ()  # where metrics were heading at the run's end
+    # without a clock: why nothing is priced, said once ("" when priced)
+    unpriced: str = ""
 
     def worst(self) -> str | None:
         severities = {f.severity for f in self.findings if f.state != "resolved"}
@@ -164,6 +182,7 @@ class Diagnosis:
             "settings": [{"from_step": seg.first_step, "file": seg.source,
                           **seg.settings.to_json()} for seg in run.segments],
             "cost": self.clock.to_json() if self.clock is not None else None,
+            "unpriced": self.unpriced,
             "projections": [p.to_json(self.seconds_per_step) for p in self.projections],
         }
 
@@ -208,9 +227,21 @@ def _index_after(stream: Sequence[StepRecord], step: int) -> int:
 
 
 def _since(stream: Sequence[StepRecord], event: AlertEvent, rule: Rule | None) -> int | None:
-    """The first step of the run of steps (holding the metric) the rule needed to fire."""
+    """The first step of the run of steps (holding the metric) the rule needed to fire; for a
+    warning's escalation at its critical level, the step the level was first crossed (the
+    escalation's own step: it is judged at every firing step), and for a warning past its
+    critical level at once, the first of those steps past it."""
     if rule is None or event.state != "firing":
         return None
+    if event.escalated_from:  # judged at every firing step: here, or pinned since
+        if rule.critical_pinned is None or event.value is None:
+            return event.step
+        index = _index_after(stream, event.step) - 1
+        since = event.step
+        while index >= 0 and stream[index].metrics.get(event.metric) == event.value:
+            since = stream[index].step
+            index -= 1
+        return since
     need = rule.for_steps
     if isinstance(stream, RecordView):  # in step order: walk back from the firing step
         holding: list[int] = []
@@ -223,7 +254,21 @@ def _since(stream: Sequence[StepRecord], event: AlertEvent, rule: Rule | None) -
     else:
         holding = [r.step for r in stream if r.step <= event.step
                    and (not event.metric or event.metric in r.metrics)]
-    return holding[-need] if len(holding) >= need else event.step
+    if len(holding) < need:
+        return event.step
+    since = holding[-need]
+    if event.severity != rule.severity.value and rule.critical is not None:
+        since = event.step  # the steps up to it past the critical level, in a row
+        for step in reversed(holding[-need:]):
+            if not rule.crosses_critical(_value_at(stream, step, event.metric)):
+                break
+            since = step
+    return since
+
+
+def _value_at(stream: Sequence[StepRecord], step: int, metric: str) -> float | None:
+    record = _at_step(stream, step)
+    return None if record is None else record.metrics.get(metric)
 
 
 def _related(stream: Sequence[StepRecord], event: AlertEvent, since: int | None,
@@ -319,9 +364,16 @@ def diagnose(run: LoggedRun, rules: Sequence[Rule] | None = None,
             findings.append(Finding(
                 event.run, event.role, event.step, event.alert, event.severity, event.state,
                 event.metric, info.key if info else event.metric, event.value, since,
-                event.condition, _hint(event, related) if event.state == "firing" else "",
+                event.condition,
+                _hint(event, related) if event.state == "firing" and not event.escalated_from
+                else "",
                 info.describe() if info else "", bool(info and info.lossy), related,
-                _detail(stream, event) or event.detail))
+                _detail(stream, event) or event.detail, escalated_from=event.escalated_from,
+                handed_to=event.handed_to,
+                what_to_change=remedies.remedy_text(event.alert, keymap.framework)
+                if event.state == "firing" and not event.escalated_from else "",
+                first_moved=_first_moved(stream, event)))
+    findings = _escalations(findings)
     findings.extend(_sanity(records, keymap, run))
     if not run.records:
         findings.extend(_gaps(run, keymap))
@@ -334,18 +386,51 @@ def diagnose(run: LoggedRun, rules: Sequence[Rule] | None = None,
         steps = tuple((r, tuple(e)) for r, e in steps)
     clock = course.clock_of(run, keymap, gpus, price)
     return Diagnosis(run, keymap, tuple(_priced(findings, clock)), steps, lossy,
-                     not known, clock, tuple(course.projections(records, rules)))
+                     not known, clock, tuple(course.projections(records, rules)),
+                     "" if clock is not None else no_clock(gpus, price))
+
+
+def _first_moved(stream: Sequence[StepRecord], event: AlertEvent) -> str:
+    """Which related metric left its baseline first before a firing (the service's
+    :mod:`rlmon.service.alerting.first_mover`, over the log's steps up to it)."""
+    if event.state != "firing" or event.escalated_from or event.alert not in first_mover.RELATED:
+        return ""
+    end = _index_after(stream, event.step)
+    start = max(0, end - first_mover.LOOKBACK - first_mover.BASELINE - 1)
+    history: dict[str, list[tuple[int, float]]] = {}
+    for record in stream[start:end]:
+        for name, value in record.metrics.items():
+            if name in first_mover.TRACKED:
+                history.setdefault(name, []).append((record.step, value))
+    return first_mover.first_moved(event.alert, history, event.step)
+
+
+def _escalations(findings: list[Finding]) -> list[Finding]:
+    """Each warning's firing marked with the step it escalated at (one incident: the
+    escalation is the same alert's firing before its resolve)."""
+    open_: dict[tuple[str, str, str], int] = {}
+    out = list(findings)
+    for index, f in enumerate(out):
+        key = (f.run, f.role, f.alert)
+        if f.state == "firing" and not f.escalated_from:
+            open_[key] = index
+        elif f.state == "firing" and key in open_:
+            out[open_[key]] = replace(out[open_[key]], escalated_at=f.step)
+        elif f.state == "resolved":
+            open_.pop(key, None)
+    return out
 
 
 def _priced(findings: Sequence[Finding], clock: RunClock | None) -> list[Finding]:
     """Each firing with the cost of its span: from the step its condition began to the step
-    before it resolved (the run's last step while it never did)."""
+    before it resolved (the run's last step while it never did). A warning's escalation is the
+    same incident: its cost is the warning's, counted there once."""
     if clock is None or clock.last_step is None:
         return list(findings)
     end_of_run = clock.last_step
     out = []
     for index, finding in enumerate(findings):
-        if finding.state != "firing":
+        if finding.state != "firing" or finding.escalated_from:
             out.append(finding)
             continue
         resolved = next((f.step for f in findings[index + 1:] if f.state == "resolved"

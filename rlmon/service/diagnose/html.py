@@ -128,20 +128,45 @@ def run_report(d: Diagnosis) -> RunReport:
             # samples: the report reads them from the store as it reads a service's
             store.add([record for record, _ in steps],
                       [event for _, events in steps for event in events])
-            return build_report(store, d.run.name)
+            return log_story(build_report(store, d.run.name), d)
         records = steps.records
         store.add([], steps.events)
         report = build_report(_WithoutSteps(store), d.run.name)  # type: ignore[arg-type]
         if not len(records):
-            return report
+            return log_story(report, d)
         at = records.steps()
         width = thinning_width(len(records))
         series = {(records.role, name): _thinned(at, *records.column(name), width)
                   for name in curve_metrics(report.alerts) if name in records.names}
         role = RoleSummary(records.role, len(records), int(at.min()), int(at.max()), 0, 1, 1)
-        return replace(report, roles=(role,), curves=tuple(curves_from(series, report.alerts)))
+        return log_story(replace(report, roles=(role,),
+                                 curves=tuple(curves_from(series, report.alerts))), d)
     finally:
         store.close()
+
+
+def log_story(report: RunReport, d: Diagnosis) -> RunReport:
+    """A log's report telling the diagnosis' story: each alert priced as ``diagnose`` prices
+    it (its span of the log's steps, at the GPUs given or read, priced once per incident),
+    and what a log cannot know (goodput, slowest ranks and stages: they need per-rank step
+    timelines; the GPUs per rank of a live service) said once instead of zeros."""
+
+    costs = {(f.alert, f.step): f for f in d.findings if f.cost is not None}
+    gpus = d.clock.gpus if d.clock is not None else None
+    alerts = []
+    for a in report.alerts:
+        f = costs.get((a.alert, a.fired_step))
+        if f is not None and f.cost is not None:
+            a = replace(a, gpus=gpus, gpu_hours=f.cost.gpu_hours, money=f.cost.money,
+                        cost_note=f.cost.describe())
+        else:
+            a = replace(a, gpus=gpus, gpu_hours=None, money=None,
+                        cost_note=d.unpriced or "")
+        alerts.append(a)
+    notes = ("a log has no per-rank step timelines: no goodput, slowest ranks or stages",)
+    return replace(report, alerts=tuple(alerts), notes=notes, goodput={}, goodput_reasons=(),
+                   goodput_steps=(), gpu_hours=(
+        d.clock.gpu_hours(d.clock.total_seconds) or 0.0) if d.clock is not None else 0.0)
 
 
 def _run_report(d: Diagnosis) -> tuple[str, str]:

@@ -162,11 +162,12 @@ def map_keys(keys: Sequence[str], framework: str | None = None,
                            row.fidelity.value, row.reduction.value, not row.comparable, row.note)
         elif key in BOOKKEEPING or bare in BOOKKEEPING:
             info = KeyInfo(key, KeyStatus.BOOKKEEPING, "")
-        elif catalog.lookup(key) is not None and key not in claimed:
-            info = KeyInfo(key, KeyStatus.CANONICAL, key, "logged under the canonical name",
+        elif catalog.lookup(bare) is not None and bare not in claimed:
+            # a canonical name, as logged or under a tracker's prefix (train/rollout/verifier_score)
+            info = KeyInfo(key, KeyStatus.CANONICAL, bare, "logged under the canonical name",
                            note="logged under rlmon's canonical name; its reduction is the "
                            "writer's")
-            claimed[key] = (_FIDELITY_RANK[keymaps.Fidelity.RELAYED], len(infos))
+            claimed[bare] = (_FIDELITY_RANK[keymaps.Fidelity.RELAYED], len(infos))
         elif _is_eval(key):
             info = KeyInfo(key, KeyStatus.EVALUATION, key)
         else:

@@ -105,6 +105,10 @@ class AlertSpec:
     # ``escalate_after`` steps; a warning with neither says why in the catalog's NO_CRITICAL
     critical: float | None = None
     escalate_after: int | None = None
+    # a firing alert counts a step as good only when the value clears the threshold by this
+    # much (the metric's units): a mean that sits on the threshold fires once, not again and
+    # again
+    resolve_margin: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,3 +208,9 @@ class BaselineSpec:
     # the fixed rule that judges the level this slide heads to: while it fires on the same
     # stream, this warning hands over to it (resolves, naming it)
     level_rule: str = ""
+    # critical once the value has fallen by more than this share of its own pre-onset level
+    # (0.9: below a tenth of it), whether or not it reaches the level rule's fixed bound
+    critical_drop: float | None = None
+    # critical once the value has not moved at all for this many steps while firing: a mean
+    # pinned at a hard limit (every completion at the length cap)
+    critical_pinned: int | None = None

@@ -144,11 +144,12 @@ def render_html(report: RunReport) -> str:
              f"<h1>rlmon report: run {_e(report.run)}</h1>"]
     total = sum(report.goodput.values())
     firing = sum(1 for a in report.alerts if a.resolved_step is None)
+    goodput = (f"Goodput <b>{_num(report.goodput_ratio, 3)}</b> over {report.steps_accounted} "
+               f"accounted steps ({report.gpu_hours:.4g} GPU-hours)"
+               + (f", MFU {_num(report.mfu, 3)}" if report.mfu is not None else "") + "; "
+               ) if report.steps_accounted else ""  # none without timelines: said in the notes
     parts.append(
-        f"<p>Goodput <b>{_num(report.goodput_ratio, 3)}</b> over {report.steps_accounted} "
-        f"accounted steps ({report.gpu_hours:.4g} GPU-hours)"
-        + (f", MFU {_num(report.mfu, 3)}" if report.mfu is not None else "")
-        + f"; {len(report.alerts)} alert(s)"
+        f"<p>{goodput}{len(report.alerts)} alert(s)"
         + (f', <span class="firing">{firing} still firing</span>' if firing else "") + ".</p>")
     if report.run_states:
         parts.append('<h2 id="state">Run state</h2>')
@@ -167,7 +168,9 @@ def render_html(report: RunReport) -> str:
             resolved = (str(a.resolved_step) if a.resolved_step is not None
                         else '<span class="firing">firing</span>')
             money = (f"{report.currency} {a.money:,.2f}" if a.money is not None else "")
-            rows.append([_e(a.alert), _e(a.severity), _e(a.role), _e(a.metric), _num(a.value),
+            severity = a.severity if a.escalated_step is None else \
+                f"warning, escalated to {a.severity} at step {a.escalated_step}"
+            rows.append([_e(a.alert), _e(severity), _e(a.role), _e(a.metric), _num(a.value),
                          str(a.fired_step), resolved,
                          _num(a.gpus, 6) if a.gpus is not None else "n/a",
                          _num(a.gpu_hours), _e(money), _e(a.cost_note or "cost unknown")])
@@ -183,6 +186,22 @@ def render_html(report: RunReport) -> str:
                              f"{_e(a.samples_metric)})</h3><div class=\"samples\">{_e(lines)}</div>")
     else:
         parts.append('<p class="muted">No alert fired.</p>')
+    if report.steps_accounted:
+        _goodput_section(parts, report, total)
+    if report.slowest_ranks or report.slowest_stages:
+        _slowest_section(parts, report)
+    parts.append('<h2 id="curves">Key curves (red: an alert fired; green: it resolved)</h2>')
+    for curve in report.curves:
+        parts.append(_img(_curve_png(curve), f"{curve.role} {curve.metric}",
+                          f"{curve.role}: {curve.metric}", "curve"))
+    if report.notes:
+        parts.append('<h2 id="notes">Notes</h2><ul>'
+                     + "".join(f"<li>{_e(n)}</li>" for n in report.notes) + "</ul>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _goodput_section(parts: list[str], report: RunReport, total: float) -> None:
     parts.append('<h2 id="goodput">Goodput: where the GPU-hours went</h2>')
     parts.append(_table(["bucket", "GPU-seconds", "share"], [
         [_e(b), f"{v:.4g}", f"{100 * v / total:.1f} %" if total > 0 else "n/a"]
@@ -193,6 +212,9 @@ def render_html(report: RunReport) -> str:
     if report.goodput_steps:
         parts.append(_img(_goodput_png(report.goodput_steps), "goodput by bucket per step",
                           "GPU-seconds by bucket, step by step", "goodput"))
+
+
+def _slowest_section(parts: list[str], report: RunReport) -> None:
     parts.append('<h2 id="slowest">Slowest ranks and stages</h2>')
     parts.append(_table(["role", "rank", "times the slowest", "median ratio", "max ratio"], [
         [_e(r["role"]), _e(" ".join(f"{k}={v}" for k, v in r["rank"].items())),
@@ -201,12 +223,3 @@ def render_html(report: RunReport) -> str:
     parts.append(_table(["role", "span", "steps", "mean s per rank", "max s per rank"], [
         [_e(s["role"]), _e(s["span"]), str(s["steps"]), f"{s['mean_seconds']:.4g}",
          f"{s['max_seconds']:.4g}"] for s in report.slowest_stages], {2, 3, 4}))
-    parts.append('<h2 id="curves">Key curves (red: an alert fired; green: it resolved)</h2>')
-    for curve in report.curves:
-        parts.append(_img(_curve_png(curve), f"{curve.role} {curve.metric}",
-                          f"{curve.role}: {curve.metric}", "curve"))
-    if report.notes:
-        parts.append('<h2 id="notes">Notes</h2><ul>'
-                     + "".join(f"<li>{_e(n)}</li>" for n in report.notes) + "</ul>")
-    parts.append("</body></html>")
-    return "\n".join(parts)

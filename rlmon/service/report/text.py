@@ -33,29 +33,35 @@ def render_text(report: RunReport) -> str:
         out.append(f"  {r.role:<10} {r.steps:>6} steps ({r.first}..{r.last}), {r.ranks} ranks, "
                    f"{r.incomplete} incomplete, {r.attempts} attempt(s)")
     total = sum(report.goodput.values())
-    out += ["", f"Goodput {_num(report.goodput_ratio, 3)} over {report.steps_accounted} steps, "
-            f"{report.gpu_hours:.4g} GPU-hours"
-            + (f", MFU {_num(report.mfu, 3)}" if report.mfu is not None else "")]
-    for bucket, seconds in report.goodput.items():
-        out.append(f"  {bucket:<10} {seconds:>12.4g} GPU-s  {_pct(seconds, total)}")
-    for bucket, why, seconds in report.goodput_reasons:
-        out.append(f"    {bucket + '/' + why:<28} {seconds:>12.4g} GPU-s  {_pct(seconds, total)}")
+    if report.steps_accounted:
+        out += ["", f"Goodput {_num(report.goodput_ratio, 3)} over {report.steps_accounted} "
+                f"steps, {report.gpu_hours:.4g} GPU-hours"
+                + (f", MFU {_num(report.mfu, 3)}" if report.mfu is not None else "")]
+        for bucket, seconds in report.goodput.items():
+            out.append(f"  {bucket:<10} {seconds:>12.4g} GPU-s  {_pct(seconds, total)}")
+        for bucket, why, seconds in report.goodput_reasons:
+            out.append(f"    {bucket + '/' + why:<28} {seconds:>12.4g} GPU-s  "
+                       f"{_pct(seconds, total)}")
     out += ["", f"Alerts ({len(report.alerts)})"]
     for a in report.alerts:
         until = f"resolved at step {a.resolved_step}" if a.resolved_step is not None else (
             "still firing")
-        cost = a.cost_note or "cost unknown"
-        out.append(f"  {a.alert} [{a.severity}] {a.role} step {a.fired_step} "
-                   f"({a.metric} = {_num(a.value)}), {until}; {cost}")
+        severity = a.severity if a.escalated_step is None else \
+            f"warning, escalated to {a.severity} at step {a.escalated_step}"
+        cost = f"; {a.cost_note}" if a.cost_note else ""
+        out.append(f"  {a.alert} [{severity}] {a.role} step {a.fired_step} "
+                   f"({a.metric} = {_num(a.value)}), {until}{cost}")
         for item in a.samples:
             text = " ".join(str(item["payload"]).split())[:80]
             out.append(f"      {a.samples_metric} {item['id']} {_num(item['score'])}: {text}")
-    out += ["", "Slowest ranks (times the slowest of a step)"]
+    if report.slowest_ranks:  # none without timelines (a log): said once in the notes
+        out += ["", "Slowest ranks (times the slowest of a step)"]
     for rank in report.slowest_ranks:
         where = " ".join(f"{k}={v}" for k, v in rank["rank"].items())
         out.append(f"  {rank['role']:<10} {where:<22} {rank['times_slowest']:>5} steps, median "
                    f"{rank['median_ratio']:.3g}x the median rank, max {rank['max_ratio']:.3g}x")
-    out += ["", "Slowest stages (seconds per rank and step)"]
+    if report.slowest_stages:
+        out += ["", "Slowest stages (seconds per rank and step)"]
     for s in report.slowest_stages:
         out.append(f"  {s['role']:<10} {s['span']:<28} mean {s['mean_seconds']:.4g} s, max "
                    f"{s['max_seconds']:.4g} s over {s['steps']} steps")

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from rlmon.service.alerting import first_mover
 from rlmon.service.alerting.rules import Rule
 from rlmon.service.goodput.cost import Price
 from rlmon.service.liveness.run_level import UNKNOWN, run_state
@@ -579,21 +580,15 @@ class WebApi:
     def alert(self, params: Mapping[str, str]) -> dict[str, Any]:
         run, role, name = (_required(params, k) for k in ("run", "role", "alert"))
         step = _int_param(params, "step")
-        query = ("SELECT step, severity, metric, value, attempt FROM alerts WHERE run = ? AND "
-                 "role = ? AND alert = ? AND state = 'firing'")
-        args: list[Any] = [run, role, name]
-        if step is not None:
-            query += " AND step = ?"
-            args.append(step)
-        rows = self.store.read(query + " ORDER BY id DESC LIMIT 1", args)
-        if not rows:
+        incident = _incident(self.store, run, role, name, step)
+        if incident is None:
             at = f" at step {step}" if step is not None else ""
             raise ApiError(404, f"alert {name!r} of run {run!r} role {role!r} never fired{at}")
-        onset, severity, metric, value, attempt = rows[0]
-        resolved = self.store.read(
-            "SELECT MIN(step) FROM alerts WHERE run = ? AND role = ? AND attempt = ? AND "
-            "alert = ? AND state = 'resolved' AND step > ?", (run, role, attempt, name, onset))
-        resolved_step = resolved[0][0] if resolved else None
+        fired, escalation, resolved_row = incident
+        onset, severity, metric, value, attempt = (fired["step"], fired["severity"],
+                                                   fired["metric"], fired["value"],
+                                                   int(fired["attempt"] or 0))
+        resolved_step = resolved_row["step"] if resolved_row is not None else None
         rule = self.rules.get(name)
         spec = catalog.lookup(metric) if metric else None
         timed = next((a for a in catalog.LIVENESS_ALERTS if a.name == name), None)
@@ -606,10 +601,24 @@ class WebApi:
                       "y": [_number(v) for v in near.values[metric].tolist()],
                       "nonfinite": _nonfinite(near.steps, near.values[metric],
                                               near.nonfinite[metric], 2 * _AROUND + 1)}
+        # the incident's cost so far: the resolve's (the whole incident), else the latest firing
+        latest = resolved_row or escalation or fired
         return {
-            "run": run, "role": role, "attempt": attempt, "alert": name, "severity": severity,
+            "run": run, "role": role, "attempt": attempt, "alert": name,
+            # the severity now: a warning that escalated is critical (one incident)
+            "severity": escalation["severity"] if escalation is not None else severity,
+            "first_severity": severity,
+            "escalated_at": escalation["step"] if escalation is not None else None,
+            "escalated_value": escalation["value"] if escalation is not None else None,
+            "critical_condition": (rule.describe_critical() if rule is not None
+                                   and escalation is not None else ""),
             "metric": metric, "value": value, "onset": onset, "resolved": resolved_step,
             "firing": resolved_step is None,
+            "cost": {"gpu_hours": latest.get("gpu_hours"), "money": latest.get("money"),
+                     "note": latest.get("cost_note") or ""},
+            "framework": self._framework(run, role, attempt),
+            "what_to_change": remedies.remedy_text(name, self._framework(run, role, attempt)),
+            "first_moved": self._first_moved(run, name, attempt, onset),
             "condition": rule.describe() if rule is not None else "",
             "summary": rule.summary if rule is not None else "",
             "what_to_check": (spec.what_to_check if spec is not None
@@ -621,6 +630,36 @@ class WebApi:
             "timeline": self._timeline(run, role, onset),
             "trace": f"/api/trace?run={_q(run)}&role={_q(role)}&from={onset}&to={onset}",
         }
+
+    def _framework(self, run: str, role: str, attempt: int) -> str:
+        """The run's framework as its relayed keys name it (``openrlhf/...``), "" else: the
+        keys of what to change (the service names it from RunInfo too; a store does not keep
+        that)."""
+        names = self.metrics({"run": run, "role": role, "attempt": str(attempt)})["metrics"]
+        for name in names:
+            prefix, sep, _ = name.partition("/")
+            if sep and prefix in remedies.FRAMEWORKS:
+                return prefix
+        return ""
+
+    def _first_moved(self, run: str, alert: str, attempt: int, onset: int) -> str:
+        """Which related metric left its baseline first before the onset, over every role of
+        the run (the service's sentence, from the stored steps)."""
+        if alert not in first_mover.RELATED:
+            return ""
+        history: dict[str, list[tuple[int, float]]] = {}
+        lo = onset - first_mover.LOOKBACK - first_mover.BASELINE
+        wanted = tuple(sorted(first_mover.TRACKED))
+        for role in self._roles(run):
+            cols = self.columns.get(run, role, attempt, wanted).window(lo, onset)
+            for metric in wanted:
+                values = cols.values[metric]
+                points = [(int(s), float(v)) for s, v in zip(cols.steps.tolist(),
+                                                             values.tolist(), strict=True)
+                          if math.isfinite(v)]
+                if points and metric not in history:
+                    history[metric] = points
+        return first_mover.first_moved(alert, history, onset)
 
     def _samples(self, run: str, role: str, step: int, metric: str) -> list[dict[str, Any]]:
         """The worst samples stored at ``step``: the alert metric's sample metric first (all of
@@ -663,6 +702,36 @@ class WebApi:
         alerts = [a for a in self.store.alerts(run)
                   if first <= a["step"] <= (last if last is not None else a["step"])]
         return build_trace(TraceInput(timelines, alerts, steps))
+
+
+def _incident(store: HistoryStore, run: str, role: str, alert: str, step: int | None,
+              ) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any] | None] | None:
+    """(firing, escalation, resolve) rows of one incident of the alert: the one that fired (or
+    escalated) at ``step``, else the latest; a firing while one is open is its escalation."""
+    incidents: list[list[dict[str, Any] | None]] = []
+    open_: dict[int, list[dict[str, Any] | None]] = {}
+    for row in store.alerts(run, cost=True):
+        if row["role"] != role or row["alert"] != alert:
+            continue
+        attempt = int(row["attempt"] or 0)
+        held = open_.get(attempt)
+        if row["state"] == "firing":
+            if held is None:
+                held = open_[attempt] = [row, None, None]
+                incidents.append(held)
+            else:
+                held[1] = row
+        elif held is not None:
+            held[2] = row
+            del open_[attempt]
+    if step is not None:
+        incidents = [i for i in incidents if any(r is not None and r["state"] == "firing"
+                                                 and r["step"] == step for r in i[:2])]
+    if not incidents:
+        return None
+    fired, escalation, resolved = incidents[-1]
+    assert fired is not None
+    return fired, escalation, resolved
 
 
 def _q(text: str) -> str:

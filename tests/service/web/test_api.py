@@ -65,7 +65,7 @@ def test_runs_lists_each_run_once_with_its_roles_beneath(service: ServiceCore) -
     assert (actor["first_step"], actor["last_step"], actor["attempt"]) == (0, 29, 0)
     assert (actor["ranks_reporting"], actor["ranks_expected"]) == (4, 4)
     assert {a["alert"]: a["step"] for a in actor["firing"]} == {
-        "LogprobMismatch": 6, "ISRatioStale": 10}
+        "LogprobMismatch": 6, "ISRatioStale": 12}
     assert actor["state"] == "unknown" and actor["age_seconds"] >= 0.0
     assert body["alerts_seen"] == len(service.history.alerts())
     goodput = {run: g for run, (_s, g, _m) in service.goodput.snapshot().items()}
@@ -161,14 +161,14 @@ def test_curves_hold_every_step_of_a_short_run_and_the_alert_transitions(
             assert ys == [line["metrics"].get(metric) for line in lines]
     onsets = {(a["alert"], a["step"]) for a in body["alerts"] if a["state"] == "firing"}
     # LogprobMismatch escalates to critical at 14 (docs/alerting.md: escalation)
-    assert onsets == {("LogprobMismatch", 6), ("ISRatioStale", 10), ("LogprobMismatch", 14)}
+    assert onsets == {("LogprobMismatch", 6), ("ISRatioStale", 12), ("LogprobMismatch", 14)}
 
 
 def test_curves_zoom_to_a_step_range(service: ServiceCore) -> None:
     _, body, _ = get(service, "/api/curves?run=grpo-demo-0&role=actor&from=8&to=12")
     assert (body["from"], body["to"], body["shown_steps"]) == (8, 12, 5)
     assert all(p["x"] == [8, 9, 10, 11, 12] for p in body["panels"])
-    assert [a["step"] for a in body["alerts"]] == [10]
+    assert [a["step"] for a in body["alerts"]] == [12]
 
 
 def test_a_role_without_key_metrics_gets_a_panel_per_metric(service: ServiceCore) -> None:
@@ -209,18 +209,18 @@ def test_an_alert_has_its_condition_values_samples_and_timeline(
         service: ServiceCore) -> None:
     status, a, _ = get(service, "/api/alert?run=grpo-demo-0&role=actor&alert=ISRatioStale")
     assert status == 200
-    assert (a["onset"], a["severity"], a["metric"]) == (10, "warning", "actor/is_ratio_min")
-    assert a["condition"] == "actor/is_ratio_min < 0.1"
+    assert (a["onset"], a["severity"], a["metric"]) == (12, "warning", "actor/is_ratio_min")
+    assert a["condition"] == "actor/is_ratio_min < 0.1 for 3 steps"
     assert a["what_to_check"].startswith("Some tokens come from a stale policy")
     assert a["around"]["x"] == list(range(0, 30))
-    line = service.history.steps("grpo-demo-0", "actor")[10]
-    assert a["around"]["y"][10] == line["metrics"]["actor/is_ratio_min"] == a["value"]
-    stored = service.history.samples("grpo-demo-0", "actor", 10, "actor/is_ratio_lowest")
+    line = service.history.steps("grpo-demo-0", "actor")[12]
+    assert a["around"]["y"][12] == line["metrics"]["actor/is_ratio_min"] == a["value"]
+    stored = service.history.samples("grpo-demo-0", "actor", 12, "actor/is_ratio_lowest")
     assert [(s["metric"], len(s["items"])) for s in a["samples"]] == [
         ("actor/is_ratio_lowest", len(stored[0].items))]
     assert a["samples"][0]["items"][0]["id"] == stored[0].items[0][1]
     ranks = a["timeline"]["ranks"]
-    assert a["timeline"]["step"] == 10 and len(ranks) == 4
+    assert a["timeline"]["step"] == 12 and len(ranks) == 4
     assert [s[0] for s in ranks[0]["spans"]] == ["generate", "train", "backward"]
     status, trace, head = get(service, a["trace"])
     assert status == 200 and b"generate" in trace and b"backward" in trace

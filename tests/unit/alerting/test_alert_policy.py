@@ -162,7 +162,8 @@ def test_every_default_rule_has_a_critical_level_or_says_why_not() -> None:
         if rule.severity.value == "critical":
             assert rule.name not in catalog.NO_CRITICAL, rule.name
             continue
-        escalates = rule.critical is not None or rule.escalate_after is not None
+        escalates = any(level is not None for level in (
+            rule.critical, rule.escalate_after, rule.critical_drop, rule.critical_pinned))
         assert escalates != (rule.name in catalog.NO_CRITICAL), rule.name
 
 

@@ -103,7 +103,9 @@ def test_the_service_tracker_spans_roles_is_bounded_and_forgets() -> None:
         movers.observe(step_record(run="r", role="rollout", step=step,
                                    metrics={c.POLICY_LAG: 1.0}))
     fired = next(i for i, v in enumerate(s[c.IS_RATIO_MIN]) if v < 0.1)
-    engine = AlertEngine(default_rules())
+    # one step's firing (the default rule waits for three in a row)
+    engine = AlertEngine([r.model_copy(update={"for_steps": 1}) if r.name == "ISRatioStale"
+                          else r for r in default_rules()])
     event = next(e for e in engine.evaluate(step_record(
         run="r", step=fired, metrics={c.IS_RATIO_MIN: 0.05})) if e.alert == "ISRatioStale")
     (told,) = movers.explain([event])

@@ -15,7 +15,7 @@ from rlmon.service.metrics import catalog
 # docs/design.md, "Default alert rules" (normative): name -> (severity, metric, for)
 DESIGN_TABLE = {
     "ISRatioDivergence": ("critical", "actor/is_ratio", 1),
-    "ISRatioStale": ("warning", "actor/is_ratio_min", 1),
+    "ISRatioStale": ("warning", "actor/is_ratio_min", 3),
     "LogprobMismatch": ("warning", "actor/logp_diff", 1),
     "LogprobDivergence": ("critical", "actor/logp_diff", 1),
     "ClipRatioHigh": ("warning", "actor/clip_ratio", 3),

@@ -17,8 +17,8 @@ import pytest
 from rlmon.cli import main
 from rlmon.service.diagnose.findings import diagnose
 from rlmon.service.diagnose.formats import read_paths
-from tests.support.diagnose_support import trl_curves
 from tests.service.diagnose.test_diagnose_settings import write_segment
+from tests.support.diagnose_support import trl_curves
 from tests.unit.diagnose.test_diagnose_trainer_state import write_state
 
 HUGE = 2**53 - 1

@@ -93,8 +93,10 @@ def test_counters_equal_the_accounting_of_the_joined_steps() -> None:
 
 def test_alert_cost_since_onset_in_events_history_and_bodies(tmp_path: Path) -> None:
     start = step_input(5).roles[0].timelines[0].timeline.start_ns * 1e-9
-    # ISRatioStale resolving at the first good step (no hysteresis): the scenario is short
-    rules = [r.model_copy(update={"resolve_after": 1}) if r.name == "ISRatioStale" else r
+    # ISRatioStale firing at its first bad step and resolving at the first good one (no
+    # persistence, no hysteresis): the scenario is short
+    rules = [r.model_copy(update={"resolve_after": 1, "for_steps": 1})
+             if r.name == "ISRatioStale" else r
              for r in default_rules()]
     core = ServiceCore(settings(price_per_gpu_hour=2.5), state_dir=tmp_path,
                        clock=lambda: start + 100.0, rules=rules)

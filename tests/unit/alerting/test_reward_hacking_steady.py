@@ -1,0 +1,104 @@
+"""RewardHacking on a hack that climbs at a steady rate and never stops (issue 39): the
+reward-length-KL signature without a verifier, the verifier gap alone and both are named within
+15 steps of the onset and held while the climb goes on (no "resolved" a few steps later), in a
+``trainer_state.json`` and in its TensorBoard copy alike (``train/rollout/verifier_score``)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlmon.service.alerting.engine import AlertEngine
+from rlmon.service.alerting.rules import reward_hacking_rule
+from rlmon.service.contract.step_record import StepRecord
+from rlmon.service.metrics import catalog as c
+
+STEPS = 150
+ONSET = 70
+TRL_KEYS = {c.REWARD: "reward", c.RESPONSE_LENGTH: "completions/mean_length", c.KL: "kl",
+            c.ENTROPY: "entropy", c.VERIFIER_SCORE: c.VERIFIER_SCORE}
+
+
+def climb(seed: int, signature: bool = True, verifier: bool = False) -> list[dict[str, float]]:
+    """150 steps of a healthy slow learner; from step 70 to the end the reward climbs +0.008 a
+    step and, with ``signature``, the length +1.2 % and the KL +0.004 a step with it; the
+    verifier score (where logged) stays on the healthy course."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for step in range(STEPS):
+        k = max(0, step - ONSET + 1)
+        row = {
+            c.REWARD: 0.3 + 0.001 * step + 0.008 * k + 0.02 * rng.standard_normal(),
+            c.RESPONSE_LENGTH: 300 * 1.0005 ** step * (1.012 ** k if signature else 1.0)
+            * math.exp(0.02 * rng.standard_normal()),
+            c.KL: (0.02 + 0.0002 * step + (0.004 * k if signature else 0.0))
+            * math.exp(0.05 * rng.standard_normal()),
+            c.ENTROPY: 0.4 + 0.01 * rng.standard_normal(),
+        }
+        if verifier:
+            row[c.VERIFIER_SCORE] = 0.3 + 0.001 * step + 0.02 * rng.standard_normal()
+        rows.append(row)
+    return rows
+
+
+def transitions(rows: list[dict[str, float]]) -> list[tuple[int, str]]:
+    engine = AlertEngine([reward_hacking_rule()])
+    out = []
+    for step, metrics in enumerate(rows):
+        out += [(e.step, e.state) for e in engine.evaluate(
+            StepRecord("r", "trainer", step, True, 1, 1, (), metrics))]
+    return out
+
+
+@pytest.mark.parametrize(("signature", "verifier"), [(True, False), (True, True), (False, True)],
+                         ids=["signature-without-verifier", "both", "verifier-gap-alone"])
+def test_a_steady_hack_is_named_within_15_steps_and_held_to_the_end(
+        signature: bool, verifier: bool) -> None:
+    for seed in range(4):
+        events = transitions(climb(seed, signature, verifier))
+        assert events, (seed, "never named")
+        (step, state), *rest = events
+        assert state == "firing" and ONSET <= step <= ONSET + 15, (seed, events)
+        assert rest == [], (seed, "resolved while the hack goes on", rest)
+
+
+def test_reward_and_length_growing_together_stay_quiet_with_the_pinned_baseline() -> None:
+    """A healthy run whose reward, length and KL grow together from the start, at the issue's
+    rates: the pinned baseline does not turn the run's own trend into an alarm."""
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        rows = [{c.REWARD: 0.2 + 0.004 * s + 0.02 * rng.standard_normal(),
+                 c.RESPONSE_LENGTH: 200 * 1.006 ** s * math.exp(0.02 * rng.standard_normal()),
+                 c.KL: (0.01 + 0.002 * s) * math.exp(0.05 * rng.standard_normal())}
+                for s in range(STEPS)]
+        assert transitions(rows) == [], seed
+
+
+def _write_both(tmp_path: Path, rows: list[dict[str, float]]) -> list[Path]:
+    from tests.unit.diagnose.test_diagnose_tensorboard import write_tensorboard
+    from tests.unit.diagnose.test_diagnose_trainer_state import write_state
+
+    logged = {step + 1: {TRL_KEYS[k]: v for k, v in m.items()} for step, m in enumerate(rows)}
+    return [write_state(tmp_path / "state" / "trainer_state.json", logged),
+            write_tensorboard(tmp_path / "tb", logged)]
+
+
+@pytest.mark.parametrize("signature", [True, False], ids=["both", "verifier-gap-alone"])
+def test_every_format_names_it_at_the_same_step(tmp_path: Path, signature: bool) -> None:
+    from rlmon.service.diagnose.findings import diagnose
+    from rlmon.service.diagnose.formats import read_paths
+
+    found = []
+    for path in _write_both(tmp_path, climb(1, signature, verifier=True)):
+        (run,), problems = read_paths([path])
+        assert problems == []
+        d = diagnose(run)
+        info = {k.key.removeprefix("train/"): k for k in d.keymap.keys}[c.VERIFIER_SCORE]
+        assert info.status.value == "canonical" and info.name == c.VERIFIER_SCORE, info
+        hacking = [(f.step, f.state) for f in d.findings if f.alert == "RewardHacking"]
+        assert len(hacking) == 1 and hacking[0][1] == "firing", (run.format, hacking)
+        found.append(hacking[0][0])
+    assert found[0] == found[1] and ONSET < found[0] <= ONSET + 16
