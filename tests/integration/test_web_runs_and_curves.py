@@ -415,13 +415,15 @@ def test_the_alert_view_shows_what_to_change_what_moved_first_and_the_cost_when_
     assert page.inner_text("#first-moved") == extra["first_moved"]
 
 
-def _seeded(records: list[StepRecord], run: str, seed: int, changed: bool) -> list[StepRecord]:
+def _seeded(records: list[StepRecord], run: str, seed: int, changed: bool,
+            slower: bool | None = None) -> list[StepRecord]:
     """Two seeds of one small run (their own noise); the second with a doubled learning rate, its
     KL and clipped tokens (a count that moves rarely) leaving from step 15, its gradient norm NaN
     from step 20, and a slower machine from step 3."""
     import random
 
     rng = random.Random(seed)
+    slower = changed if slower is None else slower
     out = []
     for r in (r for r in records if r.role == "actor"):
         late = changed and r.step >= 15
@@ -431,7 +433,7 @@ def _seeded(records: list[StepRecord], run: str, seed: int, changed: bool) -> li
             "actor/clipped_tokens": 3.0 + (rng.random() < 0.1) + (5.0 if late else 0.0),
             "actor/grad_norm": math.nan if changed and r.step >= 20 else 1.0 + rng.gauss(0, 0.05),
             "actor/lr": 2e-6 if changed else 1e-6,
-            "perf/step_seconds": (3.0 if changed and r.step >= 3 else 1.0) + rng.gauss(0, 0.01)}))
+            "perf/step_seconds": (3.0 if slower and r.step >= 3 else 1.0) + rng.gauss(0, 0.01)}))
     return out
 
 
@@ -475,3 +477,27 @@ def test_the_diff_view_keeps_telemetry_and_schedules_apart_and_names_each_depart
     assert "null" not in page.inner_text("main")
     assert page.inner_text("#diff-compared") == want.compared()
     assert want.compared().startswith("5 metrics compared")
+
+
+def test_a_diff_where_only_the_machine_differs_says_no_divergence_everywhere(
+        page: Any, service: ServiceCore, records: list[StepRecord]) -> None:
+    # the same run again on a slower machine: the headline's "no divergence" is the page's too,
+    # the telemetry that differs listed apart
+    from rlmon.service.diff import diff_runs
+    from rlmon.service.diff.runs import from_step_lines
+
+    service.publish(_seeded(records, "seed-a", 1, False)
+                    + _seeded(records, "seed-c", 1, False, slower=True))
+    want = diff_runs(*(from_step_lines(service.history.steps(r), r, "history store")
+                       for r in ("seed-a", "seed-c")))
+    assert not want.diverged and [m.metric for m in want.telemetry if m.diverged] == [
+        "perf/step_seconds"]
+    page.goto(page.base + "#/diff/seed-a/seed-c")
+    page.wait_for_selector("#diff-telemetry")
+    assert page.inner_text("#diff-headline") == want.headline()
+    assert "(5 metrics compared)" in want.headline()
+    assert page.query_selector("#diff-metrics") is None
+    assert "no metric parts ways beyond the runs' own noise" in page.inner_text("main")
+    assert page.eval_on_selector_all("#diff-telemetry-metrics tr.diverged",
+                                     "rs => rs.map(r => r.dataset.metric)") == ["perf/step_seconds"]
+
