@@ -73,8 +73,10 @@ def bench_engine(tmp: Path) -> dict[str, Summary]:
     receiver = Receiver().start()
     os.environ["RLMON_SLACK_WEBHOOK_URL"] = f"{receiver.url}/slack/T0/B0/bench"
     os.environ["RLMON_PAGERDUTY_ROUTING_KEY"] = "0" * 32
+    # the delivery path itself: grouped (the default), Slack's message also waits the group
+    # wait (notifiers.grouping.group_wait_seconds) by design; PagerDuty never does
     settings = Settings.model_validate({
-        "notifiers": {"slack": {"min_interval_seconds": 0.0},
+        "notifiers": {"grouping": {"enabled": False}, "slack": {"min_interval_seconds": 0.0},
                       "pagerduty": {"min_interval_seconds": 0.0}, "console": {"enabled": False}},
         "outbox": {"path": str(tmp / "outbox.sqlite")},
     })

@@ -201,11 +201,13 @@ class GroupingConfig(_Section):
     first alerts wait ``group_wait_seconds`` for the rest (a run's end on every role, three
     alerts at once: one message), later ones (escalations, resolves, new alerts) go as updates
     of the group at most every ``group_interval_seconds``. PagerDuty is never grouped (one
-    incident per alert, by its dedup key). Off unless enabled: each step's alerts are then one
-    message, at once."""
+    incident per alert, by its dedup key), nor is the console. On by default, with a wait of
+    seconds (a run's roles end within a second of each other; a page must not wait long) and an
+    interval of a minute (a Slack-only team still sees an escalation within a minute);
+    disabled, each step's alerts are one message, at once."""
 
-    enabled: bool = False
-    group_wait_seconds: float = Field(default=10.0, ge=0.0)
+    enabled: bool = True
+    group_wait_seconds: float = Field(default=3.0, ge=0.0)
     group_interval_seconds: float = Field(default=60.0, ge=0.0)
     # a group whose last message is older than this starts afresh (waits group_wait again,
     # opens a new Slack thread)

@@ -6,6 +6,7 @@ RLMON_UPDATE_SCREENSHOT=1 the screenshots of docs/page.md are written to docs/.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -412,3 +413,91 @@ def test_the_alert_view_shows_what_to_change_what_moved_first_and_the_cost_when_
         assert shown in facts
     assert page.inner_text("h1 .badge") == "critical"
     assert page.inner_text("#first-moved") == extra["first_moved"]
+
+
+def _seeded(records: list[StepRecord], run: str, seed: int, changed: bool,
+            slower: bool | None = None) -> list[StepRecord]:
+    """Two seeds of one small run (their own noise); the second with a doubled learning rate, its
+    KL and clipped tokens (a count that moves rarely) leaving from step 15, its gradient norm NaN
+    from step 20, and a slower machine from step 3."""
+    import random
+
+    rng = random.Random(seed)
+    slower = changed if slower is None else slower
+    out = []
+    for r in (r for r in records if r.role == "actor"):
+        late = changed and r.step >= 15
+        out.append(replace(r, run=run, metrics={
+            "actor/kl": 0.05 + rng.gauss(0, 0.002) + (0.05 if late else 0.0),
+            "actor/entropy": 1.0 + rng.gauss(0, 0.01),
+            "actor/clipped_tokens": 3.0 + (rng.random() < 0.1) + (5.0 if late else 0.0),
+            "actor/grad_norm": math.nan if changed and r.step >= 20 else 1.0 + rng.gauss(0, 0.05),
+            "actor/lr": 2e-6 if changed else 1e-6,
+            "perf/step_seconds": (3.0 if slower and r.step >= 3 else 1.0) + rng.gauss(0, 0.01)}))
+    return out
+
+
+def test_the_diff_view_keeps_telemetry_and_schedules_apart_and_names_each_departure(
+        page: Any, service: ServiceCore, records: list[StepRecord]) -> None:
+    # rlmon diff's verdicts (issue 42): telemetry listed apart and never the headline, a schedule
+    # apart from the training metrics, a count compared against its noise not called a setting,
+    # a NaN named as one, and the count in the headline the training metrics compared
+    from rlmon.service.diff import diff_runs
+    from rlmon.service.diff.runs import from_step_lines
+
+    service.publish(_seeded(records, "seed-a", 1, False) + _seeded(records, "seed-b", 2, True))
+    want = diff_runs(*(from_step_lines(service.history.steps(r), r, "history store")
+                       for r in ("seed-a", "seed-b")))
+    verdict = {m.metric: m for m in want.metrics}
+    # the scenario is what it says (so that the page is checked on every kind of verdict)
+    assert verdict["perf/step_seconds"].telemetry and verdict["perf/step_seconds"].onset == 3
+    assert verdict["actor/clipped_tokens"].discrete and verdict["actor/clipped_tokens"].diverged
+    assert verdict["actor/lr"].exact and not verdict["actor/lr"].shared_start
+    assert verdict["actor/grad_norm"].nonfinite == "B"
+    page.goto(page.base + "#/diff/seed-a/seed-b")
+    page.wait_for_selector("#diff-headline")
+    assert page.inner_text("#diff-headline") == want.headline()
+    assert "(first diverging metric: actor/kl)" in want.headline()
+
+    def rows(table: str) -> dict[str, str]:
+        return dict(page.eval_on_selector_all(
+            f"{table} tr.diverged", "rs => rs.map(r => [r.dataset.metric, r.lastChild.textContent])"))
+
+    parted = rows("#diff-metrics")
+    assert set(parted) == {"actor/kl", "actor/clipped_tokens", "actor/grad_norm"}
+    assert "a setting or a schedule" not in page.inner_text("#diff-metrics")
+    assert parted["actor/clipped_tokens"].endswith("x the bar; a series that moves rarely, in steps")
+    assert parted["actor/grad_norm"] == "NaN or Inf in the second run only"
+    grad = "#diff-metrics tr[data-metric='actor/grad_norm'] td"
+    assert page.eval_on_selector_all(grad, "ts => ts[3].textContent") == "NaN or Inf"
+    assert rows("#diff-schedules") == {"actor/lr": "no noise in either run: a setting or a schedule"}
+    assert page.get_attribute("#diff-telemetry", "data-apart") == "1"
+    assert list(rows("#diff-telemetry-metrics")) == ["perf/step_seconds"]
+    assert "the machines differ" in rows("#diff-telemetry-metrics")["perf/step_seconds"]
+    assert "null" not in page.inner_text("main")
+    assert page.inner_text("#diff-compared") == want.compared()
+    assert want.compared().startswith("5 metrics compared")
+
+
+def test_a_diff_where_only_the_machine_differs_says_no_divergence_everywhere(
+        page: Any, service: ServiceCore, records: list[StepRecord]) -> None:
+    # the same run again on a slower machine: the headline's "no divergence" is the page's too,
+    # the telemetry that differs listed apart
+    from rlmon.service.diff import diff_runs
+    from rlmon.service.diff.runs import from_step_lines
+
+    service.publish(_seeded(records, "seed-a", 1, False)
+                    + _seeded(records, "seed-c", 1, False, slower=True))
+    want = diff_runs(*(from_step_lines(service.history.steps(r), r, "history store")
+                       for r in ("seed-a", "seed-c")))
+    assert not want.diverged and [m.metric for m in want.telemetry if m.diverged] == [
+        "perf/step_seconds"]
+    page.goto(page.base + "#/diff/seed-a/seed-c")
+    page.wait_for_selector("#diff-telemetry")
+    assert page.inner_text("#diff-headline") == want.headline()
+    assert "(5 metrics compared)" in want.headline()
+    assert page.query_selector("#diff-metrics") is None
+    assert "no metric parts ways beyond the runs' own noise" in page.inner_text("main")
+    assert page.eval_on_selector_all("#diff-telemetry-metrics tr.diverged",
+                                     "rs => rs.map(r => r.dataset.metric)") == ["perf/step_seconds"]
+

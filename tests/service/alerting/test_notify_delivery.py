@@ -56,8 +56,11 @@ def run_events() -> list[list[AlertEvent]]:
 def make_settings(receiver_port: int, outbox: Path, slack_interval: float = 0.0) -> Settings:
     os.environ["RLMON_SLACK_WEBHOOK_URL"] = f"http://127.0.0.1:{receiver_port}/slack/T0/B0/sEcReT"
     os.environ["RLMON_PAGERDUTY_ROUTING_KEY"] = KEY
+    # each step's message on its own: these tests are about delivery (exactly once, retries,
+    # rate limits); a run's messages grouped are test_notify_grouping's
     return Settings.model_validate({
-        "notifiers": {"slack": {"min_interval_seconds": slack_interval},
+        "notifiers": {"grouping": {"enabled": False},
+                      "slack": {"min_interval_seconds": slack_interval},
                       "pagerduty": {"min_interval_seconds": 0.0},
                       "webhook": {"url": f"http://127.0.0.1:{receiver_port}/hook"},
                       "console": {"enabled": False}},
@@ -187,7 +190,8 @@ def test_ten_minutes_down_loses_nothing(tmp_path: Path) -> None:
     port = free_port()
     os.environ["RLMON_SLACK_WEBHOOK_URL"] = f"http://127.0.0.1:{port}/slack/T0/B0/sEcReT"
     settings = Settings.model_validate({
-        "notifiers": {"slack": {"min_interval_seconds": 0.0}, "console": {"enabled": False}},
+        "notifiers": {"grouping": {"enabled": False}, "slack": {"min_interval_seconds": 0.0},
+                      "console": {"enabled": False}},
         "routing": {"critical": ["slack"], "warning": ["slack"]},
         "outbox": {"backoff_initial_seconds": 1, "backoff_max_seconds": 60},
     })

@@ -41,11 +41,14 @@ def receiver() -> Iterator[Receiver]:
     r.stop()
 
 
-def _settings(receiver: Receiver, **grouping: Any) -> Settings:
+def _settings(receiver: Receiver, defaults: bool = False, **grouping: Any) -> Settings:
+    """Slack (a bot), the webhook and PagerDuty on ``receiver``; grouping with a wait of 10 s and
+    an interval of 60 s (with ``defaults``: as a first-time user gets it, nothing set)."""
+    wanted = {} if defaults else {"enabled": True, "group_wait_seconds": 10,
+                                  "group_interval_seconds": 60, **grouping}
     return Settings.model_validate({
         "notifiers": {
-            "grouping": {"enabled": True, "group_wait_seconds": 10,
-                         "group_interval_seconds": 60, **grouping},
+            "grouping": wanted,
             "webhook": {"url": f"{receiver.url}/hook"},
             "slack": {"bot_token": "xoxb-test-token", "channel": "C0RLMON",
                       "api_url": f"{receiver.url}/api/", "min_interval_seconds": 0},
@@ -218,3 +221,84 @@ def test_a_large_group_stays_within_slacks_block_limit(receiver: Receiver) -> No
     assert len(body["blocks"]) <= 50
     assert "more blocks not shown" in body["blocks"][-1]["elements"][0]["text"]
     assert body["text"].count("[CRITICAL]") == 40  # the fallback text names every alert
+
+
+def test_by_default_the_demos_end_on_its_three_roles_is_one_message_and_pages_at_once(
+        receiver: Receiver, tmp_path: Path) -> None:
+    """The demo's run (the bundled example: its alerts on their steps, 10 s apart) with nothing
+    configured about grouping, then its end on every role within a second, after a quiet spell:
+    Slack and the webhook get the end as one message, a few seconds after it; PagerDuty gets one
+    incident per role at once."""
+    from importlib import resources
+
+    from rlmon.service.replay import replay
+
+    settings = _settings(receiver, defaults=True)
+    grouping = settings.notifiers.grouping
+    assert grouping.enabled and grouping.group_wait_seconds <= 5  # a page in seconds
+    wait = grouping.group_wait_seconds
+    with (resources.files("rlmon") / "data" / "example_run.jsonl").open("rb") as handle:
+        run = replay(handle)
+    demo = run.alerts[0].run
+    clock = Clock()
+    start = clock.now
+    dispatcher = _dispatcher(settings, receiver, clock, tmp_path / "outbox.sqlite")
+    for i in range(8):
+        _slack_ok(receiver, f"1700000000.00010{i}")
+    by_step: dict[int, list[AlertEvent]] = {}
+    for event in run.alerts:
+        by_step.setdefault(event.step, []).append(event)
+    for tick in range(0, 10 * 30 + 1):  # the run, pumped every second of its 300 s
+        clock.now = start + tick
+        if tick % 10 == 0 and tick // 10 in by_step:
+            dispatcher.submit(by_step[tick // 10])
+        dispatcher.pump(clock.now)
+    during = len(receiver.accepted("/hook"))
+    assert during >= 1 and len(_slack(receiver)) == during
+    assert dispatcher.outbox.pending() == 0
+    pages = len(receiver.accepted("/v2/enqueue"))
+    # the end, on every role within a second, ten minutes after the run's last message
+    end = start + 900
+    for offset, role in zip((0.0, 0.4, 0.9), ("actor", "rollout", "reward"), strict=True):
+        clock.now = end + offset
+        dispatcher.submit([_event(role, 29, run=demo)])
+        dispatcher.pump(clock.now)
+    assert len(receiver.accepted("/v2/enqueue")) == pages + 3  # not grouped, not delayed
+    clock.now = end + wait - 0.01
+    dispatcher.pump(clock.now)
+    assert len(receiver.accepted("/hook")) == during  # the group wait: the rest may come
+    clock.now = end + wait
+    dispatcher.pump(clock.now)
+    hooks = [r.body for r in receiver.accepted("/hook")]
+    assert len(hooks) == during + 1
+    assert sorted(a["role"] for a in hooks[-1]["alerts"]) == ["actor", "reward", "rollout"]
+    assert hooks[-1]["update"] is True and hooks[-1]["group_key"] == f"group:{demo}"
+    slack = _slack(receiver)
+    assert len(slack) == during + 1
+    assert "3 firing on grpo-demo-0 (3 roles)" in slack[-1]["blocks"][0]["text"]["text"]
+    assert slack[-1]["thread_ts"] == "1700000000.000100"  # a reply in the run's thread
+    assert dispatcher.outbox.pending() == 0
+
+
+def test_by_default_a_runs_end_is_one_message_from_the_live_service(
+        receiver: Receiver, tmp_path: Path) -> None:
+    """A live service with the default grouping (a first-time user's): a run whose three roles
+    die at once is one Slack message and one webhook post."""
+    settings = _settings(receiver, defaults=True)
+    settings.routing.critical = ["slack", "webhook"]
+    _slack_ok(receiver, "1700000000.000500")
+    core = ServiceCore(settings, state_dir=tmp_path)
+    try:
+        now = time.time()
+        roles = ("actor", "rollout", "reward")
+        for role in roles:
+            core.liveness([LivenessView(RUN, role, RunState.DEAD, now - 60, now, 9, now - 60,
+                                        now - 60, 1.0, 30.0, 2, heartbeats=True)])
+        wait_for(lambda: receiver.accepted("/hook") and _slack(receiver), 30,
+                 "the grouped messages")
+        wait_for(lambda: core.dispatcher.outbox.pending() == 0, 30, "nothing left to send")
+        hooks = [r.body for r in receiver.accepted("/hook")]
+        assert len(hooks) == 1 and len(_slack(receiver)) == 1
+        assert sorted(a["role"] for a in hooks[0]["alerts"]) == sorted(roles)
+    finally:
+        core.close(5.0)

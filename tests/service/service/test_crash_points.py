@@ -60,6 +60,9 @@ def _env(receiver: Receiver, destination: str, tag: str, crash_at: str | None) -
         env["RLMON_NOTIFIERS__SLACK__MIN_INTERVAL_SECONDS"] = "0"
     else:
         env["RLMON_NOTIFIERS__WEBHOOK__URL"] = f"{receiver.url}/hook/{tag}"
+    # each step's transitions as one message, counted per step (a group's members survive a
+    # crash as every notification does: test_notify_grouping's restart test)
+    env["RLMON_NOTIFIERS__GROUPING__ENABLED"] = "false"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CHILD.parent),
                                                       env.get("PYTHONPATH")]))
     if crash_at is not None:

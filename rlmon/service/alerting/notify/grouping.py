@@ -2,9 +2,9 @@
 
 Routing stores each step's transitions for a grouped destination as a *member* of its run's group
 (the events themselves, rendered at send time), in the durable outbox like any notification,
-with the run's group as its order key. A group's first member is due after ``group_wait``; a
-member that comes while the group has sent within ``group_interval`` is due that interval after
-the group's last message. When the oldest member of a group is due, the deliverer claims every
+with the run's group as its order key. A member is due after ``group_wait`` (its companions
+arrive meanwhile), and once the group has sent, not before ``group_interval`` after the group's
+last message. When the oldest member of a group is due, the deliverer claims every
 member the group holds (:meth:`Outbox.claim_group`) and sends them as one message: a run's
 end on every role, or three alerts in the group wait, is one message; an escalation or a resolve
 later is an update of the group (the webhook's ``update``; with a Slack bot token a reply in the
@@ -96,9 +96,12 @@ class Groups:
             return None
         with self._lock:
             group = self._live(notification.destination, notification.order_key, now)
+            wait = now + self.config.group_wait_seconds
             if group is None or not group.sent:
-                return now + self.config.group_wait_seconds
-            return max(now, group.last + self.config.group_interval_seconds)
+                return wait
+            # an update waits the group wait too: a run's end on every role after a quiet
+            # interval is still one message, not its first role's and then the rest
+            return max(wait, group.last + self.config.group_interval_seconds)
 
     def sent(self, destination: str, order_key: str, now: float) -> None:
         """A group message was accepted."""

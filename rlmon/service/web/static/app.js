@@ -1124,24 +1124,61 @@ async function showAlert(where, current) {
 
 // --- two runs compared -----------------------------------------------------------------------
 
+function diffValue(m, run) {
+  // a non-finite value travels as null: the run that logged it says which
+  const value = run === "A" ? m.a_value : m.b_value;
+  if (value === null && (m.nonfinite === run || m.nonfinite === "both")) return "NaN or Inf";
+  return fmt(value);
+}
+
+function howFar(m) {
+  // what the departure is, as rlmon diff describes it (MetricDivergence.describe)
+  if (m.nonfinite === "both") return "non-finite in both runs, but not alike";
+  if (m.nonfinite) return "NaN or Inf in " + (m.nonfinite === "A" ? "the first" : "the second") + " run only";
+  if (m.telemetry) return (m.exact ? "differs value for value" : fmt(m.score) + "x the bar") +
+    "; the machines differ, not the training";
+  if (m.shared_start) return "logged identically until this step (the same seed and data), then differs";
+  if (m.exact) return "no noise in either run: a setting or a schedule";
+  if (m.discrete) return fmt(m.score) + "x the bar; a series that moves rarely, in steps";
+  return fmt(m.score) + "x the bar";
+}
+
 async function showDiff(where, current) {
   // where two runs part ways beyond their own noise (rlmon diff), and their curves side by side
   const d = await api("diff", { a: where.a, b: where.b });
   if (!current()) return;
-  const rows = d.metrics.filter((m) => m.diverged).map((m) => el("tr", { class: "diverged", "data-metric": m.metric },
+  // as rlmon diff sorts them (service/diff/divergence.py): the training metrics that part ways,
+  // the schedules and constants that differ (no noise in either run), the machines' telemetry
+  const training = d.metrics.filter((m) => !m.telemetry);
+  const schedule = (m) => m.exact && !m.shared_start && !m.nonfinite;
+  const row = (m) => el("tr", { class: "diverged", "data-metric": m.metric },
     el("td", {}, m.metric), el("td", { class: "num" }, m.onset),
-    el("td", { class: "num" }, fmt(m.a_value)), el("td", { class: "num" }, fmt(m.b_value)),
-    el("td", {}, m.exact ? "no noise in either run: a setting or a schedule" : fmt(m.score) + "x the bar")));
+    el("td", { class: "num" }, diffValue(m, "A")), el("td", { class: "num" }, diffValue(m, "B")),
+    el("td", {}, howFar(m)));
+  const rows = training.filter((m) => m.diverged && !schedule(m)).map(row);
+  const schedules = training.filter((m) => m.diverged && schedule(m)).map(row);
+  const machine = d.metrics.filter((m) => m.telemetry);
+  const machineApart = machine.filter((m) => m.diverged).map(row);
+  const head = (last) => el("thead", {}, el("tr", {},
+    ["metric", "parts at step", d.a.run, d.b.run, last].map((h) => el("th", {}, h))));
   const settings = d.settings.map((x) => el("tr", {}, el("td", {}, x.key), el("td", {}, fmt(x.a)),
                                                  el("td", {}, fmt(x.b))));
   const grid = el("div", { class: "grid", id: "panels" });
   view.replaceChildren(
     el("h1", {}, runLink(d.a.run, "", d.a.run), " vs ", runLink(d.b.run, "", d.b.run)),
     el("p", { id: "diff-headline", "data-step": d.step ?? "", "data-metric": d.metric ?? "" }, d.headline),
+    el("p", { id: "diff-compared", class: "muted" }, d.compared),
     el("p", {}, el("a", { href: runHash({ run: d.a.run, with: [d.b.run] }) }, "overlay them on the run page")),
-    rows.length ? el("table", { id: "diff-metrics" }, el("thead", {}, el("tr", {},
-      ["metric", "parts at step", d.a.run, d.b.run, "how far"].map((h) => el("th", {}, h)))), el("tbody", {}, rows))
+    rows.length ? el("table", { id: "diff-metrics" }, head("how far"), el("tbody", {}, rows))
       : el("p", { class: "muted" }, "no metric parts ways beyond the runs' own noise"),
+    ...(schedules.length ? [el("h2", {}, "schedules and constants that differ"),
+                            el("table", { id: "diff-schedules" }, head("why"), el("tbody", {}, schedules))] : []),
+    ...(machine.length ? [el("h2", {}, "host and hardware telemetry"),
+                          el("p", { id: "diff-telemetry", class: "muted", "data-series": machine.length,
+                                    "data-apart": machineApart.length },
+                             machine.length + " series, the machines', not the training's: " + machineApart.length + " differ"),
+                          ...(machineApart.length ? [el("table", { id: "diff-telemetry-metrics" }, head("how far"),
+                                                        el("tbody", {}, machineApart))] : [])] : []),
     ...(settings.length ? [el("h2", {}, "settings that differ"),
                            el("table", { id: "diff-settings" }, el("tbody", {}, settings))] : []),
     grid);
@@ -1152,7 +1189,7 @@ async function showDiff(where, current) {
       return { label: r.run, panel: { metrics: [name], x: pts.map((p) => p[0]), y: [pts.map((p) => p[1])],
                                       nonfinite: [{ count: 0, x: [], value: [] }] } };
     }), PLAIN);
-    const onsets = d.metrics.filter((m) => m.metric === name && m.diverged).map((m) => ({
+    const onsets = training.filter((m) => m.metric === name && m.diverged).map((m) => ({
       step: m.onset, alert: "parts ways", state: "firing", severity: "warning", metric: name }));
     const chart = makeChart(panel, onsets, width, () => {});
     grid.append(chart.rlmon.panelEl);
