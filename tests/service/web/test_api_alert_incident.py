@@ -13,7 +13,7 @@ from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.metrics import remedies
 from rlmon.service.service_core import ServiceCore
 from tests.support.web_support import example_records, fed_service
-from tests.unit.web.test_api import get
+from tests.service.web.test_api import get
 
 RUN = "grpo-demo-0"
 
