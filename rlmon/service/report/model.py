@@ -74,7 +74,7 @@ class AlertEntry:
     gpus: float | None
     gpu_hours: float | None
     money: float | None
-    cost_note: str
+    cost_note: str | None  # None: the store kept no cost for it (said "cost unknown")
     samples_metric: str = ""
     samples: tuple[dict[str, Any], ...] = ()
     # the step a warning escalated to critical at (issue 30: the same incident, its severity
@@ -176,7 +176,7 @@ def _alerts(store: HistoryStore, run: str, run_end: float | None, price: Price,
         escalation = escalated.get(id(fired))
         # the resolve carries the whole incident's cost, else the escalation (the cost so far)
         latest = resolved or escalation or fired
-        gpu_hours, money, note = latest["gpu_hours"], latest["money"], latest["cost_note"] or ""
+        gpu_hours, money, note = latest["gpu_hours"], latest["money"], latest["cost_note"]  # None: not kept
         if resolved is None and fired["onset"] is not None and fired["gpus"]:
             # to the run's last step, or to when it fired if that was later (a stall fires
             # after the last step: its firing row's cost is a floor)

@@ -48,7 +48,9 @@ def render_text(report: RunReport) -> str:
             "still firing")
         severity = a.severity if a.escalated_step is None else \
             f"warning, escalated to {a.severity} at step {a.escalated_step}"
-        cost = f"; {a.cost_note}" if a.cost_note else ""
+        # None: a store that kept no cost (written before costs were); "": said once in the notes
+        cost = f"; {a.cost_note}" if a.cost_note else "; cost unknown" if a.cost_note is None \
+            else ""
         out.append(f"  {a.alert} [{severity}] {a.role} step {a.fired_step} "
                    f"({a.metric} = {_num(a.value)}), {until}{cost}")
         for item in a.samples:

@@ -72,12 +72,10 @@ def test_a_live_sliding_entropy_alert_says_how_long_is_left() -> None:
         record = StepRecord(run="r", role="actor", step=step, complete=True, ranks_expected=1,
                             ranks_reporting=1, missing_ranks=(),
                             metrics={"actor/entropy": entropy})
-        for event in engine.evaluate(record):
-            if event.alert == "EntropySliding" and event.state == "firing":
-                detail = event.detail
-                fired = step
-                break
-        if detail:
+        firing = [e for e in engine.evaluate(record)
+                  if e.alert == "EntropySliding" and e.state == "firing"]
+        if firing:  # the first firing (a later escalation is the same incident)
+            detail, fired = firing[0].detail, step
             break
     # a few values into the decay, 220 steps from the level: too few to calibrate a range on
     assert fired < 165 and "reaches" not in detail, detail

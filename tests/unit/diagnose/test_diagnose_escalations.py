@@ -8,8 +8,6 @@ change and what moved first are printed."""
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +15,7 @@ import pytest
 
 from rlmon.service.diagnose.findings import Diagnosis, Finding, diagnose
 from rlmon.service.diagnose.formats import read_paths
-from tests.support.paths import REPO
+from tests.support.cli import run_rlmon
 from tests.unit.diagnose.test_diagnose_trainer_state import write_state
 
 STEPS = 150
@@ -124,9 +122,8 @@ def test_a_length_pinned_at_its_cap_is_critical_and_names_the_cap(tmp_path: Path
 
 def test_diagnose_prints_the_story_and_what_to_change_for_trl(tmp_path: Path) -> None:
     _, path = _diagnose(tmp_path, blow_up())
-    out = subprocess.run([sys.executable, "-m", "rlmon", "diagnose", str(path), "--gpus", "8",
-                          "--price-per-gpu-hour", "2.5"], capture_output=True, text=True,
-                         cwd=REPO, timeout=120, check=False)
+    out = run_rlmon("diagnose", str(path), "--gpus", "8",
+                    "--price-per-gpu-hour", "2.5")
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert "CRITICAL KLDivergence at step" in text
@@ -151,9 +148,8 @@ def test_a_log_without_step_times_says_once_why_nothing_is_priced(tmp_path: Path
     state = json.loads(path.read_text())  # a checkpoint's state: no closing train_runtime
     state["log_history"] = [e for e in state["log_history"] if "train_runtime" not in e]
     path.write_text(json.dumps(state))
-    out = subprocess.run([sys.executable, "-m", "rlmon", "diagnose", str(path), "--gpus", "8",
-                          "--price-per-gpu-hour", "2.5"], capture_output=True, text=True,
-                         cwd=REPO, timeout=120, check=False)
+    out = run_rlmon("diagnose", str(path), "--gpus", "8",
+                    "--price-per-gpu-hour", "2.5")
     assert out.returncode == 0, out.stderr
     lines = [x for x in out.stdout.splitlines() if "not priced" in x]
     assert len(lines) == 1 and "says nothing of time" in lines[0]
@@ -166,9 +162,8 @@ def test_a_logs_report_tells_the_same_story_as_diagnose(tmp_path: Path) -> None:
     once per incident), an escalated warning labelled as one, and no zero goodput block, "GPUs
     per rank: 1", "cost unknown" or empty slowest-ranks headings for what a log cannot know."""
     d, path = _diagnose(tmp_path, blow_up())
-    out = subprocess.run([sys.executable, "-m", "rlmon", "report", str(path), "--gpus", "8",
-                          "--price-per-gpu-hour", "2.5"], capture_output=True, text=True,
-                         cwd=REPO, timeout=120, check=False)
+    out = run_rlmon("report", str(path), "--gpus", "8",
+                    "--price-per-gpu-hour", "2.5")
     assert out.returncode == 0, out.stderr
     text = out.stdout
     for absent in ("Goodput n/a", "over 0 steps", "GPUs per rank", "cost unknown",

@@ -12,7 +12,7 @@ from pathlib import Path
 from rlmon.cli import main
 from rlmon.service.diagnose.findings import diagnose
 from rlmon.service.diagnose.formats import read_paths
-from rlmon.service.diagnose.html import run_report
+from rlmon.service.diagnose.html import log_story, run_report
 from rlmon.service.report.model import MAX_CURVE_POINTS, build_report
 from rlmon.service.storage.history import HistoryStore
 
@@ -39,7 +39,7 @@ def test_the_long_report_is_built_from_the_columns_as_from_a_store(tmp_path: Pat
     report = run_report(d)
     store = HistoryStore(":memory:")
     store.add([record for record, _ in d.steps], [e for _, events in d.steps for e in events])
-    stored = build_report(store, d.run.name)
+    stored = log_story(build_report(store, d.run.name), d)  # a log's story, as diagnose's
     store.close()
     assert report.roles == stored.roles
     assert report.curves == stored.curves
