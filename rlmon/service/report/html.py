@@ -173,7 +173,8 @@ def render_html(report: RunReport) -> str:
             rows.append([_e(a.alert), _e(severity), _e(a.role), _e(a.metric), _num(a.value),
                          str(a.fired_step), resolved,
                          _num(a.gpus, 6) if a.gpus is not None else "n/a",
-                         _num(a.gpu_hours), _e(money), _e("cost unknown" if a.cost_note is None else a.cost_note)])
+                         _num(a.gpu_hours), _e(money),
+                         _e("cost unknown" if a.cost_note is None else a.cost_note)])
         parts.append(_table(["alert", "severity", "role", "metric", "value", "fired at step",
                              "resolved at step", "GPUs", "GPU-hours", "money", "cost"], rows,
                             {4, 5, 7, 8}))

@@ -12,8 +12,8 @@ import pytest
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.metrics import remedies
 from rlmon.service.service_core import ServiceCore
-from tests.support.web_support import example_records, fed_service
 from tests.service.web.test_api import get
+from tests.support.web_support import example_records, fed_service
 
 RUN = "grpo-demo-0"
 
