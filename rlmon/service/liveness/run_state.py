@@ -64,8 +64,8 @@ from rlmon.service.liveness.thresholds import (
 )
 from rlmon.service.metrics.rank import Rank
 
-__all__ = ["LivenessTracker", "LivenessView", "RankEnd", "RunState", "StageGroup", "StuckStage",
-           "describe_end", "describe_finish", "rank_label"]
+__all__ = ["LivenessTracker", "LivenessView", "RankEnd", "RankSeen", "RunState", "StageGroup",
+           "StuckStage", "describe_end", "describe_finish", "rank_label"]
 
 Stream = tuple[str, str]
 _MAX_STAGE_NAMES = 256  # span names whose usual duration a stream remembers
@@ -109,6 +109,22 @@ class StageGroup:
     stage: str
     ranks: tuple[Rank, ...]
     since: float | None  # when the earliest of them entered it
+
+
+@dataclass(frozen=True, slots=True)
+class RankSeen:
+    """Where a rank that fell silent or ended was last heard: its stage, its host (and Ray node),
+    when, and the last step it ended (what ``RankMissing`` says of the ranks a step lacks)."""
+
+    rank: Rank
+    stage: str  # the spans of its last heartbeat ("": none open)
+    host: str
+    node: str  # Ray's node id ("": not under Ray)
+    heard: float
+    last_step: int | None
+
+
+_MAX_SEEN = 64  # silent ranks a view names where they were last heard
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +186,7 @@ class LivenessView:
     first_heard: float | None = None
     ended_how: str = ""  # a finished run: how it ended ("its driver ended normally ...")
     total_steps: int | None = None  # the steps the run planned, when it said
+    last_seen: tuple[RankSeen, ...] = ()  # ranks silent for two heartbeats, or ended
 
     @property
     def idle_seconds(self) -> float:
@@ -818,7 +835,14 @@ class LivenessTracker:
             stream.processes if stream.state in (RunState.DEAD, RunState.FROZEN) else None,
             stream.sightings if stream.state in (RunState.DEAD, RunState.FROZEN) else (),
             stream.overdue, stream.first_heard, stream.ended_how,
-            stream.total_steps or self._totals.get(stream.run))
+            stream.total_steps or self._totals.get(stream.run),
+            tuple(RankSeen(rank, "/".join(s.name for s in r.spans or r.stage),
+                           r.process.hostname if r.process is not None else "",
+                           r.process.node_id if r.process is not None else "", r.heard,
+                           r.last_step)
+                  for rank, r in sorted(stream.ranks.items())
+                  if r.end is not None or (not r.closed and now - r.heard >= p.ask_ray_after)
+                  )[:_MAX_SEEN])
 
     # --- durable knowledge -----------------------------------------------------------------------
 

@@ -170,6 +170,7 @@ def test_a_failed_ray_job_names_its_entrypoint_s_exception_and_a_running_one_is_
                           "its actor")
     assert worker is not None and worker.kind is EndingKind.FAILED
 
+
 def test_a_driver_that_returns_finishes_the_run_within_two_heartbeats_and_pages_nothing() -> None:
     ray = ScriptedRay()
     tracker = LivenessTracker(LivenessParams(), probe=ray)
