@@ -35,6 +35,7 @@ once, without waiting for the dead limit. A run that said its planned number of 
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -65,7 +66,7 @@ from rlmon.service.liveness.thresholds import (
 from rlmon.service.metrics.rank import Rank
 
 __all__ = ["LivenessTracker", "LivenessView", "RankEnd", "RankSeen", "RunState", "StageGroup",
-           "StuckStage", "describe_end", "describe_finish", "rank_label"]
+           "StuckStage", "describe_end", "describe_finish", "end_cause", "rank_label"]
 
 Stream = tuple[str, str]
 _MAX_STAGE_NAMES = 256  # span names whose usual duration a stream remembers
@@ -298,6 +299,36 @@ def describe_finish(view: LivenessView) -> str:
     of = f" of {view.total_steps} planned" if view.total_steps is not None else ""
     how = view.ended_how or "its Reporters closed cleanly"
     return f"Finished at {last}{of}: {how}"
+
+
+_RAY_SAID = re.compile(r"\(Ray: ([A-Z_]+)\)")
+
+
+def end_cause(view: LivenessView) -> tuple[str, str]:
+    """How an ended (run, role) ended, as a short token and the stage it ended in (the labels of
+    ``rlmon_run_end_info``): ``clean`` (its Reporters closed, or ``finish_run``), Ray's word
+    for a run Ray ended (``owner_died``, ``ray_kill``, ``out_of_scope``, ``ray_job_succeeded``),
+    else the first end's exception type, ``exit_N`` or signal; ("", "") while it runs."""
+    if view.state is RunState.FINISHED:
+        said = _RAY_SAID.search(view.ended_how)
+        if said:
+            return said.group(1).lower(), ""
+        if "Ray Job" in view.ended_how and "SUCCEEDED" in view.ended_how:
+            return "ray_job_succeeded", ""
+        return ("clean" if not view.ended_how else "ended"), ""
+    if view.state not in (RunState.FAILED, RunState.PREEMPTED):
+        return "", ""
+    if not view.ends:
+        return ("role_failed", "") if view.failed_roles else ("unknown", "")
+    first = min(view.ends, key=lambda e: (e.at, e.rank))
+    outcome = first.outcome
+    if outcome.kind is OutcomeKind.EXIT:
+        cause = f"exit_{outcome.exit_code}" if outcome.exit_code is not None else "exit"
+    elif outcome.kind is OutcomeKind.SIGNAL:
+        cause = outcome.signal or outcome.exc_type or "signal"
+    else:
+        cause = outcome.exc_type or "exception"
+    return cause, first.stage
 
 
 def _processes_text(view: LivenessView) -> str:

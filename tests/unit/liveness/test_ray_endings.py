@@ -7,6 +7,7 @@ Job's status), which the Ray tests (tests/ray/test_ray_run_ends.py) ask for real
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from rlmon.service.alerting.engine import AlertEngine
 from rlmon.service.alerting.liveness_alerts import liveness_events
@@ -28,7 +29,7 @@ from rlmon.service.liveness.ray_ending import (
     TaskFailure,
     judge_ending,
 )
-from rlmon.service.liveness.run_state import LivenessTracker, RunState, describe
+from rlmon.service.liveness.run_state import LivenessTracker, RunState, describe, end_cause
 from rlmon.service.liveness.thresholds import LivenessParams
 from rlmon.service.metrics.rank import Rank, World
 from tests.unit.liveness.support import T0
@@ -185,6 +186,12 @@ def test_a_driver_that_returns_finishes_the_run_within_two_heartbeats_and_pages_
     assert view.since - last <= 2 * tracker.params.heartbeat_seconds + 1.0
     assert describe(view) == ("Finished at step 29 of 30 planned: its driver ended normally and "
                               "Ray ended its actor with it (Ray: OWNER_DIED)")
+    assert end_cause(view) == ("owner_died", "")  # rlmon_run_end_info's labels
+    for how, cause in (("its driver killed its actor with ray.kill (Ray: RAY_KILL)", "ray_kill"),
+                       ("Ray Job raysubmit_1 SUCCEEDED; Ray ended its actor with it",
+                        "ray_job_succeeded"), ("", "clean")):
+        assert end_cause(replace(view, ended_how=how)) == (cause, "")
+    assert end_cause(replace(view, state=RunState.RUNNING)) == ("", "")
 
 
 def test_a_rank_that_raised_is_named_with_its_exception_and_stage_from_its_heartbeat() -> None:
