@@ -563,6 +563,8 @@ class ServiceCore:
                     self._last_seen[stream] = {r.rank: r for r in view.last_seen}
                     while len(self._last_seen) > self.settings.retention.max_streams:
                         del self._last_seen[next(iter(self._last_seen))]
+                else:  # every rank heard again: what was seen of them before is stale
+                    self._last_seen.pop(stream, None)
                 self.goodput.declare(view.run, view.role,
                                      view.gpus_per_rank if view.heartbeats else None, view.ranks)
                 if self._live_states.get(stream) is not view.state:

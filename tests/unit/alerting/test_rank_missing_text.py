@@ -73,6 +73,14 @@ def test_rank_missing_says_where_the_missing_ranks_were_last_heard(tmp_path: Pat
         assert firing[0].detail.startswith(
             "Missing dp=1 (1 of 2 ranks) from step 5 on. Last heard: dp=1 in train/rollout on "
             "node-1 (Ray node a1b2c3d4), 15 s before, after step 4. To change: ")
+        # dp=1 heard again: its old whereabouts are not said of a later step without it
+        service.liveness([replace(view, last_seen=())])
+        whole = replace(_record(6, ()), ranks_expected=2, ranks_reporting=2, finalized_at=now + 4)
+        assert [e.state for e in service.publish([whole]) if e.alert == "RankMissing"] == [
+            "resolved"]
+        (again,) = [e for e in service.publish([replace(record, step=7)])
+                    if e.alert == "RankMissing"]
+        assert again.state == "firing" and "Last heard" not in again.detail
         # a rank the views never named missing: no whereabouts are made up
         (other,) = AlertEngine([r for r in default_rules() if r.name == "RankMissing"]).evaluate(
             _record(5, (Rank(dp=3),)))
