@@ -29,13 +29,15 @@ def test_ray_jobs_succeeded_failed_and_stopped_page_what_they_should(tmp_path: P
                RAY_DISABLE_USAGE_STATS="1", RAY_AUTH_MODE="disabled",
                RAY_ENABLE_UV_RUN_RUNTIME_ENV="0")
     done = subprocess.run([sys.executable, "-m", "tests.support.ray_jobs_child", str(tmp_path),
-                           str(free_port())], env=env, capture_output=True, text=True,
+                           str(free_port()), str(free_port())], env=env, capture_output=True, text=True,
                           timeout=420)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, (done.returncode, done.stdout[-3000:],
                                             done.stderr[-5000:])
-    jobs = json.loads(lines[-1].removeprefix("RESULT "))
-    report = ["", "Ray Jobs: latency from the job's end, and the words"]
+    said = json.loads(lines[-1].removeprefix("RESULT "))
+    jobs = said["jobs"]
+    report = ["", f"Ray with a dashboard started in {said['init_seconds']:.1f}s; Ray Jobs: "
+              "latency from the job's end (as Ray recorded it), and the words"]
     for mode, job in jobs.items():
         firing = [a for a in job["alerts"] if a[2] == "firing"]
         words = (f"{firing[0][1]}: {firing[0][3]}" if firing
@@ -59,3 +61,8 @@ def test_ray_jobs_succeeded_failed_and_stopped_page_what_they_should(tmp_path: P
     assert "FAILED" in failed and "last step 5" in failed, failed
     stopped = next(a[3] for a in jobs["stopped"]["alerts"] if a[2] == "firing")
     assert "STOPPED" in stopped, stopped
+    # /metrics says how each ended (rlmon_run_end_info), beside the state
+    for mode, cause in (("succeeded", "ray_job_succeeded"), ("failed", "RuntimeError"),
+                        ("stopped", "ray job stop")):
+        (line,) = jobs[mode]["metrics"]
+        assert f'cause="{cause}"' in line and f'state="{jobs[mode]["state"]}"' in line, line

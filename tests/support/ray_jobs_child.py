@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import sys
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 JOB = """
 import os, sys, time
@@ -68,24 +70,45 @@ EXPECTED: dict[str, tuple[tuple[str, str] | None, str]] = {
 PATIENCE = 240.0
 
 
-def main(tmp: Path, dashboard_port: int) -> None:
+def _submit(client: Any, entrypoint: str) -> str:
+    """Submit a job, once the dashboard's agent takes jobs (it starts after the dashboard:
+    until then the job API answers "No available agent to submit job")."""
+    deadline = time.monotonic() + PATIENCE
+    while True:
+        try:
+            return str(client.submit_job(entrypoint=entrypoint))
+        except RuntimeError as exc:
+            if "No available agent" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def main(tmp: Path, dashboard_port: int, agent_port: int) -> None:
     import ray
+    from ray._private.node import Node
+    from ray._private.parameter import RayParams
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, shutdown_runtime
 
     namespace = "ray-jobs"
-    context = ray.init(num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1",
-                       dashboard_port=dashboard_port, namespace=namespace, log_to_driver=False,
+    started = time.monotonic()
+    # a head node as ray.init starts one, but with the dashboard agent on a free port (its
+    # default, 52365, is taken by any other Ray with a dashboard on the machine: its job API
+    # then answers "No available agent" for ever)
+    node = Node(RayParams(num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1",
+                          dashboard_port=dashboard_port, dashboard_agent_listen_port=agent_port),
+                head=True, shutdown_at_exit=True, spawn_reaper=True)
+    context = ray.init(address=node.address, namespace=namespace, log_to_driver=False,
                        configure_logging=False)
+    init_seconds = time.monotonic() - started  # Ray with its dashboard, up
     (tmp / "rlmon.yaml").write_text(CONFIG)
     (tmp / "job.py").write_text(JOB)
     service = ensure_runtime(namespace, RuntimeOptions(config=str(tmp / "rlmon.yaml"),
                                                        state_dir=str(tmp / "state")))
     client = JobSubmissionClient(f"http://{context.dashboard_url}")
-    ids = {mode: client.submit_job(
-        entrypoint=f"{sys.executable} {tmp / 'job.py'} {mode} {mode}-run {namespace} "
-                   f"{tmp / ('ready-' + mode)}") for mode in EXPECTED}
+    ids = {mode: _submit(client, f"{sys.executable} {tmp / 'job.py'} {mode} {mode}-run "
+                                 f"{namespace} {tmp / ('ready-' + mode)}") for mode in EXPECTED}
     seen: dict[str, float] = {}
     stop_asked = 0.0
     deadline = time.monotonic() + PATIENCE
@@ -113,6 +136,10 @@ def main(tmp: Path, dashboard_port: int) -> None:
     events = {}
     for e in ray.get(service.recent_events.remote(0))[1]:
         events.setdefault(e.run, []).append(e)
+    port = ray.get(service.layout.remote())["port"]  # /metrics: how each run ended
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as page:
+        ends = [line for line in page.read().decode().splitlines()
+                if line.startswith("rlmon_run_end_info{")]
     out = {}
     for mode, job_id in ids.items():
         info = client.get_job_info(job_id)
@@ -123,11 +150,13 @@ def main(tmp: Path, dashboard_port: int) -> None:
             "message": info.message or "", "ended": (info.end_time or 0) / 1000.0,
             "seen": seen.get(mode), "state": row.get("state"), "detail": row.get("detail", ""),
             "alerts": [[e.role, e.alert, e.state, e.detail] for e in events.get(f"{mode}-run", [])],
+            "metrics": [line for line in ends if f'run="{mode}-run"' in line],
         }
     shutdown_runtime(namespace)
     ray.shutdown()
-    print("RESULT " + json.dumps(out), flush=True)
+    node.kill_all_processes(check_alive=False, allow_graceful=True, wait=True)
+    print("RESULT " + json.dumps({"init_seconds": init_seconds, "jobs": out}), flush=True)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]))
+    main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
