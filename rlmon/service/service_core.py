@@ -34,6 +34,7 @@ from rlmon.service.alerting.first_mover import FirstMovers
 from rlmon.service.alerting.liveness_alerts import liveness_events, liveness_firing
 from rlmon.service.alerting.notify.factory import build_dispatcher, open_outbox, outbox_path
 from rlmon.service.alerting.notify.render import summary_line
+from rlmon.service.alerting.rank_missing import detail as rank_missing_detail
 from rlmon.service.alerting.rules import Rule, default_rules, load_rules, unknown_metrics
 from rlmon.service.alerting.run_end import close_with_run
 from rlmon.service.alerting.sanity import Finding, SanityChecker, checker_args, relay_warnings
@@ -47,8 +48,9 @@ from rlmon.service.export.otlp import OtlpExport
 from rlmon.service.forward.sink import ForwardSink
 from rlmon.service.goodput.alert_costs import AlertCosts
 from rlmon.service.goodput.ledger import GoodputLedger
-from rlmon.service.liveness.run_state import LivenessView, RunState, describe
+from rlmon.service.liveness.run_state import LivenessView, RankSeen, RunState, describe
 from rlmon.service.metrics import catalog, keymaps, remedies
+from rlmon.service.metrics.rank import Rank
 from rlmon.service.redact import install_redaction
 from rlmon.service.storage.history import HistoryStore
 from rlmon.service.storage.stored_samples import notify_items
@@ -156,6 +158,8 @@ class ServiceCore:
         self._finished_runs: dict[str, float] = {}  # run -> unix time it said finish_run
         self._deferred: Expired | None = None  # left the tracker during the batch being stored
         self._live_states: dict[tuple[str, str], RunState] = {}  # last stored, per stream
+        # per stream, where its silent or ended ranks were last heard (RankMissing names it)
+        self._last_seen: dict[tuple[str, str], dict[Rank, RankSeen]] = {}
         # The stop switch (rlmon.service.contract.stop_decision): the rules that carry the stop action, the
         # decisions taken (restored from the history store) and how many, by alert.
         self._stoppers = {r.name for r in self.engine.rules if STOP in r.actions}
@@ -338,6 +342,7 @@ class ServiceCore:
                 mine = self._decide_stops(record, mine, now, decided)
                 if mine:
                     mine = self._explain(record, mine)
+                    mine = self._with_last_seen(record, mine)
                 if record.samples:
                     mine = self._with_samples(record, mine)
                 streams.add((record.run, record.role))
@@ -428,6 +433,16 @@ class ServiceCore:
         framework = self._framework(record)
         out = self.first_movers.explain(events)
         return [replace(e, framework=framework) for e in out] if framework else out
+
+    def _with_last_seen(self, record: StepRecord,
+                        events: list[AlertEvent]) -> list[AlertEvent]:
+        """A firing ``RankMissing`` says where the missing ranks were last heard (their stage,
+        host and Ray node), where the liveness views said so."""
+        seen = self._last_seen.get((record.run, record.role))
+        if not seen or not any(r in seen for r in record.missing_ranks):
+            return events
+        return [replace(e, detail=rank_missing_detail(record, seen))
+                if e.alert == "RankMissing" and e.state == "firing" else e for e in events]
 
     def _framework(self, record: StepRecord) -> str:
         """What the integration said (RunInfo.framework), else the prefix of a key the step
@@ -562,6 +577,12 @@ class ServiceCore:
                     view = replace(view, state=RunState.FINISHED)  # finish_run said so
                 seen.append(view)
                 self._remember(stream, now)
+                if view.last_seen:
+                    self._last_seen[stream] = {r.rank: r for r in view.last_seen}
+                    while len(self._last_seen) > self.settings.retention.max_streams:
+                        del self._last_seen[next(iter(self._last_seen))]
+                else:  # every rank heard again: what was seen of them before is stale
+                    self._last_seen.pop(stream, None)
                 self.goodput.declare(view.run, view.role,
                                      view.gpus_per_rank if view.heartbeats else None, view.ranks)
                 if self._live_states.get(stream) is not view.state:

@@ -30,8 +30,6 @@ GAS = 4
 
 @pytest.fixture(scope="module")
 def engine():
-    import deepspeed
-
     # the launcher's variables for this module only: a later test's subprocess (a trainer of
     # its own) must not inherit a MASTER_PORT this process still listens on
     patch = pytest.MonkeyPatch()
@@ -39,21 +37,26 @@ def engine():
                        "WORLD_SIZE": "1", "LOCAL_RANK": "0", "DS_ACCELERATOR": "cpu"}.items():
         if key not in os.environ:
             patch.setenv(key, value)
+    yield _build(GAS)
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    patch.undo()
+
+
+def _build(gas: int):
+    """A DeepSpeed engine on the CPU accelerator (the launcher's variables set)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     config = {
         "train_micro_batch_size_per_gpu": 4,
-        "gradient_accumulation_steps": GAS,
+        "gradient_accumulation_steps": gas,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
         "zero_optimization": {"stage": 0},
         "gradient_clipping": 1.0,
     }
     eng, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                    config=config)
-    yield eng
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    patch.undo()
+    return eng
 
 
 def _batch(i: int):
@@ -125,9 +128,35 @@ def test_a_closed_probe_ends_cleanly_and_pages_nothing(engine, tmp_path) -> None
             loss = torch.nn.functional.mse_loss(engine(x), y)
             engine.backward(loss)
             engine.step()
-            probe.record(step, loss=float(loss))
+            probe.record(step, loss=loss.item())
         probe.close()
         assert hub.pages_after(150) == []
         assert hub.states()[("ds-end", "actor")] == "finished"
+    finally:
+        hub.close()
+
+
+def test_engine_destroy_closes_every_probe_of_the_engine_and_pages_nothing(engine,
+                                                                            tmp_path) -> None:
+    """DeepSpeed's own end of an engine, ``engine.destroy()``, closes its probes' Reporters (two
+    probes on one engine: both), so the runs read finished and nothing pages after the silence.
+    An engine of its own: destroy frees it (the module's engine serves the other tests)."""
+    own = _build(1)
+    hub = ServiceHub(tmp_path)
+    try:
+        probes = [rl_ds.EngineProbe(own, reporter=hub.reporter(run, "actor"), total_steps=3)
+                  for run in ("ds-destroy", "ds-destroy-2")]
+        for step in range(3):
+            x, y = _batch(step)
+            loss = torch.nn.functional.mse_loss(own(x), y)
+            own.backward(loss)
+            own.step()
+            for probe in probes:
+                probe.record(step, loss=loss.item())
+        own.destroy()
+        assert hub.pages_after(150) == []
+        states = hub.states()  # an open Reporter past its planned last step would read running
+        assert (states[("ds-destroy", "actor")], states[("ds-destroy-2", "actor")]) == (
+            "finished", "finished")
     finally:
         hub.close()

@@ -12,6 +12,7 @@ stage, gas and the DeepSpeed version go to the service as run metadata (``set_ru
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ from rlmon.service.metrics import catalog, keymaps
 __all__ = ["EngineProbe", "EngineSnapshot", "probe"]
 
 FRAMEWORK = "deepspeed"
+_CLOSERS = "_rlmon_close_on_destroy"  # the engine's probes, closed by its destroy()
 LOSS_SCALED = keymaps.relay_name(FRAMEWORK, "loss_scaled")  # what engine.backward propagates
 
 
@@ -94,15 +96,23 @@ class EngineProbe:
             scaled_by_gas=True, zero_stage=snap.zero_stage, deepspeed_version=version,
         )
         plan_steps(reporter, total_steps)
+        # every probe of the engine closes on its destroy (one wrapper, however many probes)
+        closers: list[Callable[[], None]] | None = vars(engine).get(_CLOSERS)
         destroy = getattr(engine, "destroy", None)
-        if callable(destroy) and "destroy" not in vars(engine):
+        if closers is None and callable(destroy) and "destroy" not in vars(engine):
+            closers = []
+
             def destroy_then_close(*args: Any, **kwargs: Any) -> Any:
                 try:
                     return destroy(*args, **kwargs)
                 finally:
-                    self.close()
+                    for close in list(closers):
+                        close()
 
             engine.destroy = destroy_then_close
+            setattr(engine, _CLOSERS, closers)
+        if closers is not None:
+            closers.append(self.close)
         dp = getattr(engine, "dp_world_size", None)
         self.run_info = send_run_info(
             reporter, framework=FRAMEWORK, framework_version=version, deepspeed_version=version,

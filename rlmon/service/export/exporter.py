@@ -28,7 +28,7 @@ from rlmon.service.alerting.engine import AlertEvent
 from rlmon.service.clock import Clock
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.export import series
-from rlmon.service.liveness.run_state import LivenessView, RunState
+from rlmon.service.liveness.run_state import LivenessView, RunState, end_cause
 from rlmon.service.metrics import catalog
 from rlmon.service.redact import Redactor
 
@@ -410,11 +410,14 @@ class RlmonCollector(Collector):
     def _liveness_families(snap: _Snapshot, firing: GaugeMetricFamily | CounterMetricFamily,
                            lab: Callable[[object], str]) -> Iterator[Metric]:
         fams = [declared.family() for declared in series.LIVENESS]
-        state, last_step, last_heard, period, threshold = fams
+        state, last_step, last_heard, period, threshold, end = fams
         for view, alerts in snap.liveness:
             run, role = lab(view.run), lab(view.role)
             for name in RunState:
                 state.add_metric([run, role, name.value], 1.0 if view.state is name else 0.0)
+            if view.state in (RunState.FINISHED, RunState.FAILED, RunState.PREEMPTED):
+                cause, stage = end_cause(view)
+                end.add_metric([run, role, view.state.value, lab(cause), lab(stage)], 1.0)
             for fam, value in ((last_step, view.last_step_at), (last_heard, view.last_heard),
                                (period, view.period), (threshold, view.threshold)):
                 if value is not None:

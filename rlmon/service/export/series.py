@@ -39,6 +39,7 @@ __all__ = [
     "RANKS_EXPECTED",
     "RANKS_REPORTING",
     "REPLICA_MISMATCHES",
+    "RUN_END",
     "RUN_INFO",
     "RUN_RESTARTS",
     "RUN_STATE",
@@ -126,7 +127,12 @@ STEP_PERIOD = Series("rlmon_step_period_seconds", "gauge",
 STALL_THRESHOLD = Series("rlmon_stall_threshold_seconds", "gauge",
                          "Seconds without a finalized step after which the (run, role) is "
                          "stalled: max(k x typical period, floor).", _RUN_ROLE)
-LIVENESS = (RUN_STATE, LAST_STEP_TIME, LAST_HEARD_TIME, STEP_PERIOD, STALL_THRESHOLD)
+RUN_END = Series("rlmon_run_end_info", "gauge",
+                 "1 for a (run, role) that ended, saying how (label `state`: finished, failed, "
+                 "preempted; `cause`: clean, owner_died, ray_kill, out_of_scope, "
+                 "ray_job_succeeded, the exception type, exit_N, the signal; `stage`: where "
+                 "it ended, \"\" for a clean end).", (*_RUN_ROLE, "state", "cause", "stage"))
+LIVENESS = (RUN_STATE, LAST_STEP_TIME, LAST_HEARD_TIME, STEP_PERIOD, STALL_THRESHOLD, RUN_END)
 
 CUSTOM_METRIC = Series("rlmon_custom_metric", "gauge",
                        "A metric outside the rlmon catalog (label `metric`; latest step).",

@@ -21,7 +21,7 @@ for a failure, the :class:`~rlmon.service.contract.heartbeat.Outcome` its alert 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from rlmon.service.contract.heartbeat import MAX_OUTCOME_FRAMES, Outcome, OutcomeKind
@@ -113,6 +113,15 @@ def _exception(task: TaskFailure) -> Outcome:
     return Outcome(OutcomeKind.EXCEPTION, exc_type, message, frames[-MAX_OUTCOME_FRAMES:])
 
 
+def _job_exception(message: str) -> Outcome | None:
+    """The exception a failed Ray Job's entrypoint died of: the last traceback in the logs Ray
+    appends to the job's message ("... failed with exit code 1, last available logs ...")."""
+    at = message.rfind("Traceback (most recent call last):")
+    if at < 0:
+        return None
+    return _exception(TaskFailure("", "RayJobFailed", message[at:]))
+
+
 def _memory(death: ActorDeath) -> str:
     """"on node 10.0.0.3, 7.3GB / 7.7GB (0.95) in use": what Ray's memory monitor says."""
     text = death.oom or death.message
@@ -139,14 +148,21 @@ def judge_ending(facts: RayFacts, name: str, reached_end: bool | None = None) ->
         return RayEnding(EndingKind.FAILED, f"Ray: {task.name or 'a task'} of {name} raised "
                                             f"{outcome.exc_type} (a failed task)", outcome)
     if job is not None and job.status in ("FAILED", "STOPPED"):
-        message = _first_line(job.message)
+        # "... failed with exit code 1, last available logs (...):": the logs follow, not said
+        message = _first_line(job.message).split(", last available logs")[0]
         how = f"Ray Job {job.submission_id} {job.status}" + (f": {message}" if message else "")
         if job.status == "STOPPED":
             return RayEnding(EndingKind.PREEMPTED, how, Outcome(
                 OutcomeKind.SIGNAL, "RayJobStopped", message, signal="ray job stop"))
+        raised = _job_exception(job.message)
+        if raised is not None:  # the entrypoint's own exception, from the logs Ray kept
+            return RayEnding(EndingKind.FAILED, how, replace(raised, exit_code=job.exit_code))
         return RayEnding(EndingKind.FAILED, how, Outcome(
             OutcomeKind.EXIT if job.exit_code else OutcomeKind.EXCEPTION, "RayJobFailed",
             message, exit_code=job.exit_code))
+    if job is not None and job.status in ("PENDING", "RUNNING") and (
+            death is None or death.reason == "OWNER_DIED"):
+        return None  # its driver just ended: the job's status, written next, says how
     if death is None:
         if facts.driver_gone and job is not None and job.status == "SUCCEEDED":
             return RayEnding(EndingKind.FINISHED, f"Ray Job {job.submission_id} SUCCEEDED")

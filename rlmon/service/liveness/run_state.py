@@ -35,6 +35,7 @@ once, without waiting for the dead limit. A run that said its planned number of 
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -64,8 +65,8 @@ from rlmon.service.liveness.thresholds import (
 )
 from rlmon.service.metrics.rank import Rank
 
-__all__ = ["LivenessTracker", "LivenessView", "RankEnd", "RunState", "StageGroup", "StuckStage",
-           "describe_end", "describe_finish", "rank_label"]
+__all__ = ["LivenessTracker", "LivenessView", "RankEnd", "RankSeen", "RunState", "StageGroup",
+           "StuckStage", "describe_end", "describe_finish", "end_cause", "rank_label"]
 
 Stream = tuple[str, str]
 _MAX_STAGE_NAMES = 256  # span names whose usual duration a stream remembers
@@ -109,6 +110,22 @@ class StageGroup:
     stage: str
     ranks: tuple[Rank, ...]
     since: float | None  # when the earliest of them entered it
+
+
+@dataclass(frozen=True, slots=True)
+class RankSeen:
+    """Where a rank that fell silent or ended was last heard: its stage, its host (and Ray node),
+    when, and the last step it ended (what ``RankMissing`` says of the ranks a step lacks)."""
+
+    rank: Rank
+    stage: str  # the spans of its last heartbeat ("": none open)
+    host: str
+    node: str  # Ray's node id ("": not under Ray)
+    heard: float
+    last_step: int | None
+
+
+_MAX_SEEN = 64  # silent ranks a view names where they were last heard
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +187,7 @@ class LivenessView:
     first_heard: float | None = None
     ended_how: str = ""  # a finished run: how it ended ("its driver ended normally ...")
     total_steps: int | None = None  # the steps the run planned, when it said
+    last_seen: tuple[RankSeen, ...] = ()  # ranks silent for two heartbeats, or ended
 
     @property
     def idle_seconds(self) -> float:
@@ -281,6 +299,36 @@ def describe_finish(view: LivenessView) -> str:
     of = f" of {view.total_steps} planned" if view.total_steps is not None else ""
     how = view.ended_how or "its Reporters closed cleanly"
     return f"Finished at {last}{of}: {how}"
+
+
+_RAY_SAID = re.compile(r"\(Ray: ([A-Z_]+)\)")
+
+
+def end_cause(view: LivenessView) -> tuple[str, str]:
+    """How an ended (run, role) ended, as a short token and the stage it ended in (the labels of
+    ``rlmon_run_end_info``): ``clean`` (its Reporters closed, or ``finish_run``), Ray's word
+    for a run Ray ended (``owner_died``, ``ray_kill``, ``out_of_scope``, ``ray_job_succeeded``),
+    else the first end's exception type, ``exit_N`` or signal; ("", "") while it runs."""
+    if view.state is RunState.FINISHED:
+        said = _RAY_SAID.search(view.ended_how)
+        if said:
+            return said.group(1).lower(), ""
+        if "Ray Job" in view.ended_how and "SUCCEEDED" in view.ended_how:
+            return "ray_job_succeeded", ""
+        return ("clean" if not view.ended_how else "ended"), ""
+    if view.state not in (RunState.FAILED, RunState.PREEMPTED):
+        return "", ""
+    if not view.ends:
+        return ("role_failed", "") if view.failed_roles else ("unknown", "")
+    first = min(view.ends, key=lambda e: (e.at, e.rank))
+    outcome = first.outcome
+    if outcome.kind is OutcomeKind.EXIT:
+        cause = f"exit_{outcome.exit_code}" if outcome.exit_code is not None else "exit"
+    elif outcome.kind is OutcomeKind.SIGNAL:
+        cause = outcome.signal or outcome.exc_type or "signal"
+    else:
+        cause = outcome.exc_type or "exception"
+    return cause, first.stage
 
 
 def _processes_text(view: LivenessView) -> str:
@@ -818,7 +866,14 @@ class LivenessTracker:
             stream.processes if stream.state in (RunState.DEAD, RunState.FROZEN) else None,
             stream.sightings if stream.state in (RunState.DEAD, RunState.FROZEN) else (),
             stream.overdue, stream.first_heard, stream.ended_how,
-            stream.total_steps or self._totals.get(stream.run))
+            stream.total_steps or self._totals.get(stream.run),
+            tuple(RankSeen(rank, "/".join(s.name for s in r.spans or r.stage),
+                           r.process.hostname if r.process is not None else "",
+                           r.process.node_id if r.process is not None else "", r.heard,
+                           r.last_step)
+                  for rank, r in sorted(stream.ranks.items())
+                  if r.end is not None or (not r.closed and now - r.heard >= p.ask_ray_after)
+                  )[:_MAX_SEEN])
 
     # --- durable knowledge -----------------------------------------------------------------------
 

@@ -244,6 +244,15 @@ def test_run_failed_pages_once_with_its_cost_survives_a_restart_and_a_rerun_reso
     assert got[("rlmon_run_state", (("role", "actor"), ("run", "crash"), ("state", "failed")))] == 1
     assert got[("rlmon_run_state", (("role", "actor"), ("run", "term"),
                                     ("state", "preempted")))] == 1
+    # how each ended, beside the state: the cause and the stage it ended in
+    ends = {labels: v for (name, labels), v in got.items() if name == "rlmon_run_end_info"}
+    assert ends == {
+        (("cause", "torch.OutOfMemoryError"), ("role", "actor"), ("run", "crash"),
+         ("stage", "update_actor"), ("state", "failed")): 1,
+        (("cause", "SIGTERM"), ("role", "actor"), ("run", "term"), ("stage", ""),
+         ("state", "preempted")): 1,
+        (("cause", "clean"), ("role", "actor"), ("run", "done"), ("stage", ""),
+         ("state", "finished")): 1}, ends
     c.restart_service()
     c.restart_aggregator()
     c.run(10, {"crash": {"beat": False}, "term": {"beat": False}, "done": {"beat": False}})

@@ -7,6 +7,7 @@ Job's status), which the Ray tests (tests/ray/test_ray_run_ends.py) ask for real
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from rlmon.service.alerting.engine import AlertEngine
 from rlmon.service.alerting.liveness_alerts import liveness_events
@@ -28,7 +29,7 @@ from rlmon.service.liveness.ray_ending import (
     TaskFailure,
     judge_ending,
 )
-from rlmon.service.liveness.run_state import LivenessTracker, RunState, describe
+from rlmon.service.liveness.run_state import LivenessTracker, RunState, describe, end_cause
 from rlmon.service.liveness.thresholds import LivenessParams
 from rlmon.service.metrics.rank import Rank, World
 from tests.unit.liveness.support import T0
@@ -145,6 +146,32 @@ def _pages(tracker: LivenessTracker, engine: AlertEngine, until: float, every: f
     return out
 
 
+def test_a_failed_ray_job_names_its_entrypoint_s_exception_and_a_running_one_is_waited_for() -> None:
+    """Ray appends the entrypoint's last logs to a failed job's message: its traceback's
+    exception is the cause named. A driver that just ended under a job still RUNNING (its status
+    is written next) is not yet judged: a clean OWNER_DIED would read finished."""
+    owner = ActorDeath("OWNER_DIED", CLEAN_OWNER)
+    logs = ("Job entrypoint command failed with exit code 1, last available logs (truncated to "
+            "20,000 chars):\nstep 5 done\nTraceback (most recent call last):\n"
+            '  File "/jobs/train.py", line 30, in <module>\n'
+            '    raise RuntimeError("the learner diverged")\n'
+            "RuntimeError: the learner diverged\n")
+    ending = judge_ending(RayFacts(owner, job=JobEnd("raysubmit_2", "FAILED", logs, 1)),
+                          "its actor")
+    assert ending is not None and ending.kind is EndingKind.FAILED and ending.outcome is not None
+    assert (ending.outcome.exc_type, ending.outcome.message) == (
+        "RuntimeError", "the learner diverged")
+    assert ending.outcome.frames == ("/jobs/train.py:30 in <module>",)
+    assert ending.how == ("Ray Job raysubmit_2 FAILED: Job entrypoint command failed with exit "
+                          "code 1")
+    for status in ("PENDING", "RUNNING"):
+        assert judge_ending(RayFacts(owner, job=JobEnd("s", status)), "its actor") is None
+    # what the job's status cannot change is judged at once
+    worker = judge_ending(RayFacts(ActorDeath("WORKER_DIED", "died"), job=JobEnd("s", "RUNNING")),
+                          "its actor")
+    assert worker is not None and worker.kind is EndingKind.FAILED
+
+
 def test_a_driver_that_returns_finishes_the_run_within_two_heartbeats_and_pages_nothing() -> None:
     ray = ScriptedRay()
     tracker = LivenessTracker(LivenessParams(), probe=ray)
@@ -159,6 +186,12 @@ def test_a_driver_that_returns_finishes_the_run_within_two_heartbeats_and_pages_
     assert view.since - last <= 2 * tracker.params.heartbeat_seconds + 1.0
     assert describe(view) == ("Finished at step 29 of 30 planned: its driver ended normally and "
                               "Ray ended its actor with it (Ray: OWNER_DIED)")
+    assert end_cause(view) == ("owner_died", "")  # rlmon_run_end_info's labels
+    for how, cause in (("its driver killed its actor with ray.kill (Ray: RAY_KILL)", "ray_kill"),
+                       ("Ray Job raysubmit_1 SUCCEEDED; Ray ended its actor with it",
+                        "ray_job_succeeded"), ("", "clean")):
+        assert end_cause(replace(view, ended_how=how)) == (cause, "")
+    assert end_cause(replace(view, state=RunState.RUNNING)) == ("", "")
 
 
 def test_a_rank_that_raised_is_named_with_its_exception_and_stage_from_its_heartbeat() -> None:

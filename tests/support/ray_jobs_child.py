@@ -1,0 +1,162 @@
+"""A Ray cluster with a dashboard, and three Ray Jobs submitted to it with
+``JobSubmissionClient`` (``ray job submit``): one succeeds, one fails, one is stopped with
+``ray job stop``. Run as a process of its own by tests/ray/test_ray_jobs.py: the session's Ray
+has no dashboard (the job API needs one), and a process joins one Ray cluster only. Started
+with ``ray.init``, not ``ray start``, which would leave its address in Ray's temp folder for every
+``ray.init()`` on the machine. Prints one JSON line: per job, its end (status, end time) and
+what rlmon said (state, how it ended, the alerts that fired, when it first saw the end)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+JOB = """
+import os, sys, time
+import ray
+from rlmon import Reporter
+mode, run, namespace, ready = sys.argv[1:5]
+ray.init(namespace=namespace, log_to_driver=False)
+STEPS = 8
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class Rank:
+    def __init__(self, dp):
+        self.rep = Reporter(run, "actor", rank={"dp": dp}, world={"dp": 2}, namespace=namespace,
+                            hardware_interval=None, total_steps=STEPS)
+
+    def step(self, step):
+        with self.rep.span("train"):
+            time.sleep(0.05)
+        self.rep.record("actor/loss", sum=1.0, count=1.0)
+        self.rep.end_step(step)
+
+    def flush(self):
+        return self.rep.flush(120)
+
+ranks = [Rank.remote(dp) for dp in (0, 1)]
+last = STEPS - 1 if mode == "succeeded" else 5
+for step in range(last + 1):
+    ray.get([r.step.remote(step) for r in ranks])
+assert all(ray.get([r.flush.remote() for r in ranks]))
+if mode == "failed":  # the driver's own failure: nothing of Ray's actors says it, the job does
+    raise RuntimeError("the learner diverged: loss is NaN at step 5")
+if mode == "stopped":  # running until `ray job stop`
+    open(ready, "w").close()
+    while True:
+        time.sleep(0.2)
+"""
+
+CONFIG = """
+notifiers: {console: {enabled: true}}
+exporter: {port: 0}
+liveness:
+  heartbeat_seconds: 0.5
+  stall_floor_seconds: 4
+  dead_after_seconds: 20
+  evaluate_seconds: 0.2
+"""
+
+# per job: the alert it pages (role, alert) and the state its run ends in
+EXPECTED: dict[str, tuple[tuple[str, str] | None, str]] = {
+    "succeeded": (None, "finished"),
+    "failed": (("actor", "RunFailed"), "failed"),
+    "stopped": (("actor", "RunPreempted"), "preempted"),
+}
+PATIENCE = 240.0
+
+
+def _submit(client: Any, entrypoint: str) -> str:
+    """Submit a job, once the dashboard's agent takes jobs (it starts after the dashboard:
+    until then the job API answers "No available agent to submit job")."""
+    deadline = time.monotonic() + PATIENCE
+    while True:
+        try:
+            return str(client.submit_job(entrypoint=entrypoint))
+        except RuntimeError as exc:
+            if "No available agent" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def main(tmp: Path, dashboard_port: int, agent_port: int) -> None:
+    import ray
+    from ray._private.node import Node
+    from ray._private.parameter import RayParams
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, shutdown_runtime
+
+    namespace = "ray-jobs"
+    started = time.monotonic()
+    # a head node as ray.init starts one, but with the dashboard agent on a free port (its
+    # default, 52365, is taken by any other Ray with a dashboard on the machine: its job API
+    # then answers "No available agent" for ever)
+    node = Node(RayParams(num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1",
+                          dashboard_port=dashboard_port, dashboard_agent_listen_port=agent_port),
+                head=True, shutdown_at_exit=True, spawn_reaper=True)
+    context = ray.init(address=node.address, namespace=namespace, log_to_driver=False,
+                       configure_logging=False)
+    init_seconds = time.monotonic() - started  # Ray with its dashboard, up
+    (tmp / "rlmon.yaml").write_text(CONFIG)
+    (tmp / "job.py").write_text(JOB)
+    service = ensure_runtime(namespace, RuntimeOptions(config=str(tmp / "rlmon.yaml"),
+                                                       state_dir=str(tmp / "state")))
+    client = JobSubmissionClient(f"http://{context.dashboard_url}")
+    ids = {mode: _submit(client, f"{sys.executable} {tmp / 'job.py'} {mode} {mode}-run "
+                                 f"{namespace} {tmp / ('ready-' + mode)}") for mode in EXPECTED}
+    seen: dict[str, float] = {}
+    stop_asked = 0.0
+    deadline = time.monotonic() + PATIENCE
+    states: dict[str, dict] = {}
+    events: dict[str, list] = {}
+    while time.monotonic() < deadline and len(seen) < len(EXPECTED):
+        if not stop_asked and (tmp / "ready-stopped").exists():
+            stop_asked = time.time()
+            client.stop_job(ids["stopped"])
+        states = {row["run"]: row for row in ray.get(service.run_states.remote())}
+        events = {}
+        for e in ray.get(service.recent_events.remote(0))[1]:
+            events.setdefault(e.run, []).append(e)
+        for mode, (alert, state) in EXPECTED.items():
+            fired = [(e.role, e.alert) for e in events.get(f"{mode}-run", [])
+                     if e.state == "firing"]
+            if (mode not in seen and states.get(f"{mode}-run", {}).get("state") == state
+                    and (alert is None or alert in fired)):
+                seen[mode] = time.time()
+        time.sleep(0.1)
+    settle = time.monotonic() + 5.0  # a moment past the ends: nothing else pages
+    while time.monotonic() < settle:
+        time.sleep(0.2)
+    states = {row["run"]: row for row in ray.get(service.run_states.remote())}
+    events = {}
+    for e in ray.get(service.recent_events.remote(0))[1]:
+        events.setdefault(e.run, []).append(e)
+    port = ray.get(service.layout.remote())["port"]  # /metrics: how each run ended
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as page:
+        ends = [line for line in page.read().decode().splitlines()
+                if line.startswith("rlmon_run_end_info{")]
+    out = {}
+    for mode, job_id in ids.items():
+        info = client.get_job_info(job_id)
+        row = states.get(f"{mode}-run", {})
+        out[mode] = {
+            "status": str(info.status.value if isinstance(info.status, JobStatus)
+                          else info.status),
+            "message": info.message or "", "ended": (info.end_time or 0) / 1000.0,
+            "seen": seen.get(mode), "state": row.get("state"), "detail": row.get("detail", ""),
+            "alerts": [[e.role, e.alert, e.state, e.detail] for e in events.get(f"{mode}-run", [])],
+            "metrics": [line for line in ends if f'run="{mode}-run"' in line],
+        }
+    shutdown_runtime(namespace)
+    ray.shutdown()
+    node.kill_all_processes(check_alive=False, allow_graceful=True, wait=True)
+    print("RESULT " + json.dumps({"init_seconds": init_seconds, "jobs": out}), flush=True)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
