@@ -185,7 +185,7 @@ def test_a_runs_end_on_every_role_is_one_message_from_the_live_service(
     settings.routing.critical = ["slack", "webhook"]
     _slack_ok(receiver, "1700000000.000300")
     _slack_ok(receiver, "1700000000.000400")
-    core = ServiceCore(settings, state_dir=tmp_path)
+    core = ServiceCore(settings, state_dir=tmp_path).start()
     try:
         now = time.time()
         roles = ("actor", "rollout", "reward")
@@ -287,7 +287,7 @@ def test_by_default_a_runs_end_is_one_message_from_the_live_service(
     settings = _settings(receiver, defaults=True)
     settings.routing.critical = ["slack", "webhook"]
     _slack_ok(receiver, "1700000000.000500")
-    core = ServiceCore(settings, state_dir=tmp_path)
+    core = ServiceCore(settings, state_dir=tmp_path).start()
     try:
         now = time.time()
         roles = ("actor", "rollout", "reward")

@@ -20,6 +20,7 @@ from rlmon.cli import main
 from rlmon.service.alerting.engine import AlertEvent
 from rlmon.service.alerting.notify.console import ConsoleNotifier
 from rlmon.service.alerting.notify.render import pagerduty_body, slack_body, webhook_body
+from rlmon.service.alerting.rules import default_rules
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.export.http import build_registry
 from rlmon.service.metrics import catalog
@@ -73,7 +74,10 @@ def test_an_is_alert_carries_its_worst_samples_to_the_webhook_and_rlmon_samples_
 ) -> None:
     receiver = Receiver().start()
     settings = webhook_settings(receiver, tmp_path / "outbox.sqlite")
-    service = ServiceCore(settings, state_dir=tmp_path).start()
+    # ISRatioStale at its first stale step (its default waits three): this test is the samples'
+    rules = [r.model_copy(update={"for_steps": 1}) if r.name == "ISRatioStale" else r
+             for r in default_rules()]
+    service = ServiceCore(settings, state_dir=tmp_path, rules=rules).start()
     sink = LocalSink(on_record=lambda record: service.publish([record]))
     reps = [Reporter("grpo", "actor", rank={"dp": d}, world={"dp": 2}, sink=sink,
                      step_seconds=False) for d in range(2)]
