@@ -103,7 +103,7 @@ $(EXTRAS_STAMP): pyproject.toml constraints/frameworks.txt
 
 test-extras: $(EXTRAS_STAMP)
 	RLMON_REQUIRE_EXTRAS=1 $(EXTRAS_VENV)/bin/python -m pytest -m "vllm or deepspeed or torch or trl or frameworks" \
-		tests/integrations tests/frameworks tests/unit/reporter
+		tests/integrations tests/frameworks tests/unit/reporter tests/service/reporter
 
 bench: $(STAMP)
 	for f in bench/bench_*.py; do $(PY) $$f || exit 1; done

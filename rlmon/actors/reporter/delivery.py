@@ -139,6 +139,7 @@ class Delivery(Generic[Raw]):
         self._closed = False
         self._calling = False  # the sender thread is inside a call to the sink
         self._gone = False  # the sink said Ray is gone for good: nothing more can be sent
+        self._closed_whole = False  # closed with every message acknowledged
         self._thread = threading.Thread(target=self._send_loop, name="rlmon-reporter", daemon=True)
         self._thread.start()
 
@@ -193,7 +194,11 @@ class Delivery(Generic[Raw]):
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every message was acknowledged; False if ``timeout`` passed first or
-        nothing can be sent any more. With messages retained, also wait for a fresh probe."""
+        nothing can be sent any more. With messages retained, also wait for a fresh probe. Once
+        closed (an integration closes its Reporter at the framework's end of training): whether
+        the close left nothing undelivered."""
+        if self._closed:
+            return self._closed_whole
         deadline = None if timeout is None else time.monotonic() + timeout
         probes = self._probes
         with self._cond:
@@ -232,6 +237,7 @@ class Delivery(Generic[Raw]):
             self._closed = True
             lost = len(self._pending) + len(self._raw)
             self.dropped += lost
+            self._closed_whole = not lost and not self._gone
             self._pending.clear()
             self._raw.clear()
             self._cond.notify_all()

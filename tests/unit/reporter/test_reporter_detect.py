@@ -11,8 +11,6 @@ from rlmon.actors.reporter import Reporter
 from rlmon.actors.reporter.detect import detect_layout
 from rlmon.actors.reporter.sink import LocalSink
 from rlmon.service.metrics.rank import Rank, World
-from tests.support.extras import optional_import
-from tests.support.network import free_port
 
 
 def test_launcher_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -27,21 +25,6 @@ def test_single_rank_without_any_source(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert detect_layout() == (Rank(), World())
-
-
-@pytest.mark.torch
-def test_torch_distributed_gloo_group(monkeypatch: pytest.MonkeyPatch) -> None:
-    dist = optional_import("torch.distributed")
-    port = free_port()
-    monkeypatch.delenv("RANK", raising=False)
-    if dist.is_initialized():  # a DeepSpeed engine earlier in the session leaves its group behind
-        dist.destroy_process_group()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                            world_size=1)
-    try:
-        assert detect_layout() == (Rank(dp=0), World(dp=1))
-    finally:
-        dist.destroy_process_group()
 
 
 def test_megatron_parallel_state(monkeypatch: pytest.MonkeyPatch) -> None:
