@@ -129,12 +129,12 @@ def test_run_page_draws_every_point_and_the_alert_onsets(page: Any, service: Ser
         assert drawn["series"] == ",".join(
             str(sum(v is not None for v in ys)) for ys in want["y"])
         # LogprobMismatch, ISRatioStale, LogprobMismatch escalated to critical: in every panel
-        assert drawn["onsets"] == "6,10,14"
+        assert drawn["onsets"] == "6,12,14"
     # the markers are on the canvas, at the onset steps' pixels, in the warning colour
     found = page.evaluate("""() => {
         const u = window.rlmonCharts()[0];
         const ctx = u.ctx, out = {};
-        for (const step of [6, 10, 20]) {
+        for (const step of [6, 12, 20]) {
             const x = Math.round(u.valToPos(step, 'x', true));
             let hits = 0;
             for (let y = u.bbox.top; y < u.bbox.top + u.bbox.height; y += 2) {
@@ -145,7 +145,7 @@ def test_run_page_draws_every_point_and_the_alert_onsets(page: Any, service: Ser
         }
         return out;
     }""")
-    assert found["6"] > 10 and found["10"] > 10 and found["20"] == 0
+    assert found["6"] > 10 and found["12"] > 10 and found["20"] == 0
 
 
 def test_zoom_and_role_tabs(page: Any) -> None:
@@ -156,12 +156,12 @@ def test_zoom_and_role_tabs(page: Any) -> None:
     page.click("#zoom-apply")
     page.wait_for_function("() => document.querySelector('#panels .panel')?.dataset.points === '11'")
     assert {p["points"] for p in panels(page)} == {11}
-    assert {p["onsets"] for p in panels(page)} == {"6,10,14"}
+    assert {p["onsets"] for p in panels(page)} == {"6,12,14"}
     page.click(".tabs a:text('rollout')")
     page.wait_for_function("() => [...document.querySelectorAll('#panels .panel')].some("
                            "p => p.dataset.metrics === 'rollout/policy_lag')")
     lag = next(p for p in panels(page) if p["metrics"] == ["rollout/policy_lag"])
-    assert lag["points"] == 30 and lag["onsets"] == "24"
+    assert lag["points"] == 30 and lag["onsets"] == "25"
 
 
 def test_alert_page_lists_the_worst_samples_and_the_timeline(page: Any,
@@ -169,7 +169,7 @@ def test_alert_page_lists_the_worst_samples_and_the_timeline(page: Any,
     page.goto(page.base)
     page.click("#runs tr[data-role=actor] a:text('ISRatioStale')")
     page.wait_for_selector("#samples tr.sample")
-    stored = service.history.samples(RUN, "actor", 10, "actor/is_ratio_lowest")[0]
+    stored = service.history.samples(RUN, "actor", 12, "actor/is_ratio_lowest")[0]
     rows = page.eval_on_selector_all("#samples tr.sample", """rows => rows.map(r =>
         [r.cells[3].textContent, r.cells[4].textContent])""")
     assert rows == [[ident, payload] for _score, ident, payload in stored.items]
@@ -183,7 +183,7 @@ def test_alert_page_lists_the_worst_samples_and_the_timeline(page: Any,
         page.click("#perfetto")
     assert b"backward" in Path(download.value.path()).read_bytes()
     assert href.startswith("api/trace?")
-    assert page.get_attribute("#around", "data-onsets") == "10"
+    assert page.get_attribute("#around", "data-onsets") == "12"
 
 
 def test_a_late_answer_does_not_replace_the_page_navigated_to(page: Any) -> None:
@@ -418,7 +418,7 @@ def test_careless_addresses_are_handled(page: Any, service: ServiceCore,
     # a timeline whose child span comes first in the record
     from rlmon.service.contract.timeline import Span
 
-    template = next(r for r in records if r.role == "actor" and r.step == 10)
+    template = next(r for r in records if r.role == "actor" and r.step == 12)
     timelines = tuple(replace(t, timeline=replace(t.timeline, spans=tuple(sorted(
         t.timeline.spans, key=lambda s: -s.depth)))) for t in template.timelines)
     assert isinstance(timelines[0].timeline.spans[0], Span) and timelines[0].timeline.spans[0].depth == 1

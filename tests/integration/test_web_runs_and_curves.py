@@ -225,7 +225,7 @@ def test_curves_smooth_log_time_axes_and_the_rank_band_as_drawn(
     onset_pixels = page.evaluate("""(sel) => {
         const u = window.rlmonCharts().find(c => c.rlmon.panelEl.matches(sel));
         const out = {};
-        for (const step of [6, 10, 20]) {
+        for (const step of [6, 12, 20]) {
             const x = Math.round(u.valToPos(10 * step, 'x', true));
             let hits = 0;
             for (let y = u.bbox.top + 40; y < u.bbox.top + u.bbox.height; y += 2) {
@@ -236,7 +236,7 @@ def test_curves_smooth_log_time_axes_and_the_rank_band_as_drawn(
         }
         return out;
     }""", kl_sel)
-    assert onset_pixels["6"] > 10 and onset_pixels["10"] > 10 and onset_pixels["20"] == 0
+    assert onset_pixels["6"] > 10 and onset_pixels["12"] > 10 and onset_pixels["20"] == 0
     page.select_option("#curve-x", "wall")
     page.wait_for_function(f"() => window.rlmonCharts().find(c => c.rlmon.panelEl.matches("
                            f"\"{kl_sel}\")).scales.x.time === true")
@@ -343,10 +343,10 @@ def test_alert_labels_stand_right_of_their_own_lines(page: Any) -> None:
     page.goto(page.base + f"#/run/{RUN}?role=actor")
     is_ratio = "#panels .panel[data-title='IS ratio and its extremes']"
     page.wait_for_selector(is_ratio + "[data-onsets]")
-    # ISRatioStale fired at step 10, a LogprobMismatch line 4 steps either side of it
-    sides = label_sides(page, is_ratio, 10, warning=True)
+    # ISRatioStale fired at step 12, a LogprobMismatch line 6 steps before it
+    sides = label_sides(page, is_ratio, 12, warning=True)
     assert sides["right"] > 20 and sides["left"] == 0, sides
-    assert page.get_attribute(is_ratio, "data-labels") == "10:4"  # 4 px right of its line
+    assert page.get_attribute(is_ratio, "data-labels") == "12:4"  # 4 px right of its line
 
 
 def test_axis_labels_of_large_values_are_whole(page: Any, service: ServiceCore,
