@@ -116,10 +116,11 @@ def _wandb_records(root: Path) -> list[Any]:
     assert len(runs) == 1  # one W&B run for the one rlmon run
     out = []
     for file in run_files(runs[0]):
-        for payload in _payloads(file.read_bytes(), str(file), []):
-            record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
-            record.ParseFromString(payload)
-            out.append(record)
+        with file.open("rb") as handle:
+            for payload in _payloads(handle, str(file), []):
+                record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
+                record.ParseFromString(payload)
+                out.append(record)
     return out
 
 
