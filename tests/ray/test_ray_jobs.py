@@ -17,7 +17,7 @@ import pytest
 
 from tests.support.network import free_port
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_ray_jobs_succeeded_failed_and_stopped_page_what_they_should(tmp_path: Path) -> None:
@@ -30,7 +30,7 @@ def test_ray_jobs_succeeded_failed_and_stopped_page_what_they_should(tmp_path: P
                RAY_ENABLE_UV_RUN_RUNTIME_ENV="0")
     done = subprocess.run([sys.executable, "-m", "tests.support.ray_jobs_child", str(tmp_path),
                            str(free_port()), str(free_port())], env=env, capture_output=True, text=True,
-                          timeout=420)
+                          timeout=840)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, (done.returncode, done.stdout[-3000:],
                                             done.stderr[-5000:])
@@ -43,7 +43,10 @@ def test_ray_jobs_succeeded_failed_and_stopped_page_what_they_should(tmp_path: P
         words = (f"{firing[0][1]}: {firing[0][3]}" if firing
                  else f"no page; {job['detail']}")
         latency = job["seen"] - job["ended"] if job["seen"] else float("nan")
-        report.append(f"  {mode} ({job['status']}): {latency:.1f}s: {words}")
+        report.append(f"  {mode} ({job['status']}, ended {job['ended'] - job['submitted']:.1f}s "
+                      f"after submission, last step {job['last_step']}): {latency:.1f}s: {words}")
+        if not job["seen"]:  # what Ray said of the job (its message ends with the job's logs)
+            report.append("    Ray: " + job["message"][-3000:].replace("\n", "\n    "))
     print("\n".join(report))
     assert {mode: job["status"] for mode, job in jobs.items()} == {
         "succeeded": "SUCCEEDED", "failed": "FAILED", "stopped": "STOPPED"}, jobs
