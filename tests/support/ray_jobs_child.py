@@ -20,7 +20,15 @@ import os, sys, time
 import ray
 from rlmon import Reporter
 mode, run, namespace, ready = sys.argv[1:5]
-ray.init(namespace=namespace, log_to_driver=False)
+deadline = time.monotonic() + 180
+while True:  # on a loaded machine a driver's first connection to the GCS can time out
+    try:
+        ray.init(namespace=namespace, log_to_driver=False)
+        break
+    except ConnectionError:
+        if time.monotonic() > deadline:
+            raise
+        time.sleep(1)
 STEPS = 8
 
 @ray.remote(num_cpus=0, max_restarts=0)
