@@ -46,11 +46,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[Any]:
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A 2-CPU local Ray cluster without dashboard, started once and shared by every Ray test.
 
-    Tests isolate themselves by namespace (``ray_namespace``), never by restarting Ray.
+    Tests isolate themselves by namespace (``ray_namespace``), never by restarting Ray. A service
+    started by a Reporter in an actor keeps its state where Ray's workers say (their environment
+    is this process's): in a folder of the session's, not in the user's own state directory,
+    where an earlier session's runs of the same names would be found.
     """
+    os.environ.setdefault("XDG_STATE_HOME", str(tmp_path_factory.mktemp("xdg-state")))
     os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")

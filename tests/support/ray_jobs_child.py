@@ -2,14 +2,17 @@
 ``JobSubmissionClient`` (``ray job submit``): one succeeds, one fails, one is stopped with
 ``ray job stop``. Run as a process of its own by tests/ray/test_ray_jobs.py: the session's Ray
 has no dashboard (the job API needs one), and a process joins one Ray cluster only. Started
-with ``ray.init``, not ``ray start``, which would leave its address in Ray's temp folder for every
+as a head node with a temp folder of its own, where its address is written for the job
+supervisor, not with ``ray start``, which would write it in Ray's shared temp folder for every
 ``ray.init()`` on the machine. Prints one JSON line: per job, its end (status, end time) and
 what rlmon said (state, how it ended, the alerts that fired, when it first saw the end)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -20,15 +23,7 @@ import os, sys, time
 import ray
 from rlmon import Reporter
 mode, run, namespace, ready = sys.argv[1:5]
-deadline = time.monotonic() + 180
-while True:  # on a loaded machine a driver's first connection to the GCS can time out
-    try:
-        ray.init(namespace=namespace, log_to_driver=False)
-        break
-    except ConnectionError:
-        if time.monotonic() > deadline:
-            raise
-        time.sleep(1)
+ray.init(namespace=namespace, log_to_driver=False)
 STEPS = 8
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -64,7 +59,7 @@ notifiers: {console: {enabled: true}}
 exporter: {port: 0}
 liveness:
   heartbeat_seconds: 0.5
-  stall_floor_seconds: 4
+  stall_floor_seconds: 60  # the stopped job waits for its stop: not a stall under test
   dead_after_seconds: 20
   evaluate_seconds: 0.2
 """
@@ -100,6 +95,7 @@ def main(tmp: Path, dashboard_port: int, agent_port: int) -> None:
     import ray
     from ray._private.node import Node
     from ray._private.parameter import RayParams
+    from ray._private.utils import write_ray_address
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, shutdown_runtime
@@ -109,9 +105,15 @@ def main(tmp: Path, dashboard_port: int, agent_port: int) -> None:
     # a head node as ray.init starts one, but with the dashboard agent on a free port (its
     # default, 52365, is taken by any other Ray with a dashboard on the machine: its job API
     # then answers "No available agent" for ever)
+    # Ray's temp folder of its own, holding its address: the job supervisor hands each job the
+    # address it reads there, and without one it takes any Ray running on the machine (the test
+    # session's, another session's), whose jobs then ran elsewhere or failed to connect
+    temp_dir = tempfile.mkdtemp(prefix="rlmon-jobs-")
     node = Node(RayParams(num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1",
-                          dashboard_port=dashboard_port, dashboard_agent_listen_port=agent_port),
+                          dashboard_port=dashboard_port, dashboard_agent_listen_port=agent_port,
+                          temp_dir=temp_dir),
                 head=True, shutdown_at_exit=True, spawn_reaper=True)
+    write_ray_address(node.address, temp_dir)
     context = ray.init(address=node.address, namespace=namespace, log_to_driver=False,
                        configure_logging=False)
     init_seconds = time.monotonic() - started  # Ray with its dashboard, up
@@ -182,6 +184,7 @@ def main(tmp: Path, dashboard_port: int, agent_port: int) -> None:
     shutdown_runtime(namespace)
     ray.shutdown()
     node.kill_all_processes(check_alive=False, allow_graceful=True, wait=True)
+    shutil.rmtree(temp_dir, ignore_errors=True)
     print("RESULT " + json.dumps({"init_seconds": init_seconds, "jobs": out}), flush=True)
 
 

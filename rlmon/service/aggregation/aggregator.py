@@ -117,15 +117,23 @@ class AggregatorCore:
         stream = (run, role)
         if stream in self.streams:
             return
-        if self.store is not None and stream not in self.assembler.finalized:
-            done, attempt, last = self.store.load_stream(run, role)
-            if done is not None:
-                self.assembler.finalized[stream] = done
-            if attempt:
-                self.assembler.attempts[stream] = attempt
-            if last is not None:
-                self.last_finalized[stream] = last
+        self._load_stream(stream)
         self._forget(self.streams.seen(stream, self.assembler.now()).streams)
+
+    def _load_stream(self, stream: tuple[str, str]) -> None:
+        """A stream's finalized steps, attempt and last finalization, from the store. Every
+        stream that enters memory without reporting (a restored liveness state) is read too:
+        else a rerun of it would be taken for its first attempt, and the service would drop
+        each of the rerun's steps as a redelivery of a stored one."""
+        if self.store is None or stream in self.assembler.finalized:
+            return
+        done, attempt, last = self.store.load_stream(*stream)
+        if done is not None:
+            self.assembler.finalized[stream] = done
+        if attempt:
+            self.assembler.attempts[stream] = attempt
+        if last is not None:
+            self.last_finalized[stream] = last
 
     def _forget(self, streams: list[tuple[str, str]]) -> None:
         """Drop the per-stream state of ``streams`` (those with open steps or records not yet
@@ -421,6 +429,7 @@ class AggregatorCore:
         self.liveness.load(saved)
         now, wall = self.assembler.now(), self._wall()
         for stream in saved:  # they age from now, and leave memory (and the store) as others
+            self._load_stream(stream)
             self._forget(self.streams.seen(stream, now).streams)
         for (run, role), data in saved.items():
             deadline = data.get("deadline")

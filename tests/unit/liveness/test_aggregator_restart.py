@@ -3,6 +3,7 @@ with a dead rank finalizes at its usual deadline, not after the 60 s start-up de
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from rlmon.service.aggregation.aggregator import AggregatorCore
@@ -69,3 +70,26 @@ def test_a_stream_that_left_memory_leaves_the_saved_liveness(tmp_path: Path) -> 
         core.tick()
     saved = store.load_liveness()
     assert ("old", "actor") not in saved and ("new", "actor") in saved
+
+
+def test_a_rerun_after_a_restart_is_a_new_attempt_when_its_liveness_was_restored(
+        tmp_path: Path) -> None:
+    """A run that ended more than a stream TTL before the aggregator restarted comes back into
+    memory with its saved liveness; rerun under the same name, its steps are the next attempt
+    (found by the examples on a state directory an hour old: the service dropped every step of
+    the rerun as a redelivery of the first attempt's)."""
+    clock = SimClock()
+    store = WatermarkStore(tmp_path / "w.sqlite")
+    core = AggregatorCore(store=store, clock=clock, wall_clock=clock.wall)
+    for step in range(4):
+        core.ingest([replace(step_message("q", step), started=clock.wall())])
+        core.tick()
+    assert [r.attempt for r in core.pending_records(100)] == [0, 0, 0, 0]
+    core.delivered(core.pending_records(100))
+    assert ("q", "actor") in store.load_liveness()
+    clock.advance(2 * 3600.0)  # past the stream TTL: the restart does not load the stream
+    again = AggregatorCore(store=WatermarkStore(tmp_path / "w.sqlite"), clock=clock,
+                           wall_clock=clock.wall)
+    again.ingest([replace(step_message("q", 0), started=clock.wall() - 5.0)])
+    again.tick()
+    assert [(r.step, r.attempt) for r in again.pending_records(100)] == [(0, 1)]
