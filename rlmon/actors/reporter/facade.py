@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import sys
 import threading
 import time
@@ -191,7 +190,9 @@ class Reporter:
         self.gpus_per_rank = float(gpus_per_rank if gpus_per_rank is not None
                                    else visible_gpus() or 1)
         if heartbeat_seconds is None:
-            heartbeat_seconds = float(os.environ.get("RLMON_LIVENESS__HEARTBEAT_SECONDS", "5"))
+            from rlmon.service.config import ReporterSettings
+
+            heartbeat_seconds = ReporterSettings().heartbeat_seconds
         # device memory, GPU utilisation and power, host RSS and CPU: sampled on a thread of
         # their own, added to each step by the packer (None: not sampled)
         self._hardware = HardwareSampler(hardware_interval) if hardware_interval else None

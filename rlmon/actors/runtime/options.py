@@ -25,8 +25,8 @@ class RuntimeOptions:
     config: str | None = None  # YAML file (notifiers, routing, exporter, outbox)
     rules: str | None = None
     state_dir: str | None = None  # default: RLMON_STATE_DIR, else default_state_dir(namespace)
-    port: int | None = None  # exporter port; None: RLMON_PORT, else the config's (9464)
-    host: str | None = None  # exporter address; None: RLMON_HOST, else the config's (127.0.0.1)
+    port: int | None = None  # exporter port; None: the settings' exporter.port (9464)
+    host: str | None = None  # exporter address; None: the settings' exporter.host (127.0.0.1)
     shards: int = 1
     detached: bool = False
     max_restarts: int = -1
@@ -49,15 +49,6 @@ class RuntimeOptions:
 
     def resolved_state_dir(self, namespace: str) -> str:
         return self.state_dir or os.environ.get("RLMON_STATE_DIR") or default_state_dir(namespace)
-
-    def resolved_port(self) -> int | None:
-        if self.port is not None:
-            return self.port
-        env = os.environ.get("RLMON_PORT")
-        return int(env) if env else None
-
-    def resolved_host(self) -> str | None:
-        return self.host or os.environ.get("RLMON_HOST") or None
 
 
 def default_state_dir(namespace: str) -> str:

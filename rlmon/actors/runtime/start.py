@@ -84,7 +84,7 @@ def ensure_runtime(namespace: str = "rlmon", options: RuntimeOptions | None = No
             service = service_actor_class().options(
                 name=SERVICE, namespace=namespace, get_if_exists=True, lifetime=lifetime,
                 max_restarts=opts.max_restarts, **extra,
-            ).remote(settings(), state_dir, opts.resolved_port(), opts.resolved_host(),
+            ).remote(settings(), state_dir, opts.port, opts.host or None,
                      opts.shards, opts.rules, PROCESS)
             # the aggregators' workers start beside the service's, not after it is up (each
             # worker's start-up is seconds on a busy machine; one after the other doubled it)
