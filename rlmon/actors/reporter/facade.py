@@ -655,11 +655,11 @@ class Reporter:
         return self._delivery.stop_decision is not None
 
     def set_run_info(self, **fields: Any) -> None:
-        """Send the run's metadata (fields of :class:`~rlmon.service.export.exporter.RunInfo`) to the
+        """Send the run's metadata (fields of :class:`~rlmon.service.contract.run_info.RunInfo`) to the
         service once, without waiting; an unknown field raises TypeError. No-op without a service.
         """
         from rlmon.actors.service_actor import send_to_service
-        from rlmon.service.export.exporter import RunInfo
+        from rlmon.service.contract.run_info import RunInfo
 
         send_to_service(self.sink, "set_run_info", self.run, RunInfo.from_fields(fields))
 

@@ -21,7 +21,7 @@ from rlmon.actors.runtime.held import FLUSHED
 from rlmon.actors.runtime.names import SERVICE, aggregator_name, shard_of
 from rlmon.actors.runtime.options import RuntimeOptions
 from rlmon.actors.runtime.start import ensure_runtime, node_merger
-from rlmon.service.aggregation.tier_messages import IngestAck
+from rlmon.service.contract.acks import IngestAck
 from rlmon.service.contract.heartbeat import Heartbeat
 from rlmon.service.contract.step_message import StepMessage
 

@@ -16,15 +16,16 @@ import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from rlmon.service.aggregation.aggregator_stats import AggregatorStats
-from rlmon.service.aggregation.assembly import AddOutcome, AssemblyCounters, StepAssembler
+from rlmon.service.aggregation.assembly import AssemblyCounters, StepAssembler
 from rlmon.service.aggregation.deadline import DeadlinePolicy
 from rlmon.service.aggregation.delivery import RecordOutbox
 from rlmon.service.aggregation.liveness_desk import LivenessDesk
 from rlmon.service.aggregation.step_state import StepState
 from rlmon.service.aggregation.stream_tracker import StreamTracker
-from rlmon.service.aggregation.tier_messages import IngestAck, NodeBatch, ReporterKey
+from rlmon.service.aggregation.tier_messages import NodeBatch, ReporterKey
 from rlmon.service.aggregation.watermark import WatermarkStore
 from rlmon.service.clock import Clock
+from rlmon.service.contract.acks import AddOutcome, IngestAck
 from rlmon.service.contract.heartbeat import Heartbeat
 from rlmon.service.contract.records import (
     ContractError,

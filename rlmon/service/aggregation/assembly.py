@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from rlmon.service.aggregation.finalized_steps import FinalizedSteps
 from rlmon.service.aggregation.step_state import Options, StepState
 from rlmon.service.clock import Clock
+from rlmon.service.contract.acks import AddOutcome
 from rlmon.service.contract.records import (
     ContractError,
     Report,
@@ -38,17 +39,11 @@ from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.metrics.spec import Form
 from rlmon.service.recent import RecentMap
 
-__all__ = ["AddOutcome", "AssemblyCounters", "StepAssembler"]
+__all__ = ["AssemblyCounters", "StepAssembler"]
 
 MAX_NAMES = 100_000  # metric names whose form is remembered, per generation (see RecentMap)
 MAX_SCHEMAS = 4096  # block schemas known to be checked, per generation
 MAX_OPEN_STEPS = 100_000  # open steps of all streams; a new step beyond it is refused, counted
-
-
-class AddOutcome:
-    ACCEPTED = "accepted"
-    DUPLICATE = "duplicate"
-    LATE = "late"
 
 
 @dataclass(slots=True)

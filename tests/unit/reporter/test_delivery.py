@@ -12,7 +12,7 @@ import pytest
 from rlmon.actors.reporter.delivery import Delivery, Stamp
 from rlmon.actors.reporter.sink import SinkClosed
 from rlmon.actors.reporter.tally import Tally
-from rlmon.service.aggregation.tier_messages import IngestAck
+from rlmon.service.contract.acks import IngestAck
 from rlmon.service.contract.step_message import StepMessage
 from rlmon.service.contract.stop_decision import StopDecision
 from rlmon.service.metrics.rank import Rank, World

@@ -13,8 +13,9 @@ import pytest
 from rlmon.actors.reporter import Reporter
 from rlmon.actors.reporter.sink import LocalSink
 from rlmon.actors.service_actor import send_to_service
+from rlmon.service.contract.run_info import RunInfo
 from rlmon.service.contract.step_message import StepMessage
-from rlmon.service.export.exporter import MetricsState, RunInfo
+from rlmon.service.export.exporter import MetricsState
 from rlmon.service.metrics import catalog, keymaps
 from rlmon.service.service_core import ServiceCore
 from tests.support.records import step_record
