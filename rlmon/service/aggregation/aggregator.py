@@ -9,6 +9,7 @@ loses no finalized step and finalizes none twice; liveness is judged by its desk
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -431,11 +432,8 @@ class AggregatorCore:
     def stats(self) -> AggregatorStats:
         with self.lock:
             lat = sorted(self.assembler.finalize_latency)
-            c = self.assembler.counters
             return AggregatorStats(
-                accepted=c.accepted, rejected=c.rejected, duplicates=c.duplicates, late=c.late,
-                partials=c.partials, steps_finalized=c.steps_finalized,
-                steps_incomplete=c.steps_incomplete, restarts=c.restarts, resent=c.resent,
+                **dataclasses.asdict(self.assembler.counters),  # its counts, as they stand
                 open_steps=len(self.assembler.open),
                 incarnation=self.incarnation,
                 undelivered=len(self.outbox),

@@ -48,6 +48,10 @@ MAX_OPEN_STEPS = 100_000  # open steps of all streams; a new step beyond it is r
 
 @dataclass(slots=True)
 class AssemblyCounters:
+    """The assembler's running counts: the builder of the snapshot an aggregator publishes,
+    :class:`~rlmon.service.aggregation.aggregator_stats.AggregatorStats`, whose fields of the
+    same names say what each counts (every one of these is one of its fields)."""
+
     accepted: int = 0
     rejected: int = 0
     duplicates: int = 0
