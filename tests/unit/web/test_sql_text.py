@@ -128,8 +128,11 @@ class _Scope(ast.NodeVisitor):
 
 
 def violations(path: Path) -> list[tuple[str, str]]:
+    text = path.read_text()
+    if not SQL.search(text):  # no string of the file can read as SQL: nothing to parse
+        return []
     scope = _Scope(path)
-    scope.visit(ast.parse(path.read_text(), str(path)))
+    scope.visit(ast.parse(text, str(path)))
     return scope.found
 
 
