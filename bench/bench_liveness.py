@@ -441,7 +441,7 @@ def heartbeat_cost(ranks: int = 1024, rounds: int = 20) -> dict[str, float]:
     for _ in range(5):  # what the timer saves every heartbeat period (a restart continues from it)
         started = time.perf_counter()
         assert core.store is not None
-        core.store.save_liveness(core._liveness_state(now[0]))
+        core.store.save_liveness(core.liveness_desk.saved_state(now[0]))
         best_save = min(best_save, time.perf_counter() - started)
     per_second = ranks / P.heartbeat_seconds
     timer = best_eval / P.evaluate_seconds  # evaluate + refresh once a second (upper bound)

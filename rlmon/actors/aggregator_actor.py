@@ -19,8 +19,9 @@ from rlmon.actors.process_probe import RayProcessProbe
 from rlmon.service.aggregation.aggregator import AggregatorCore, AggregatorServer
 from rlmon.service.aggregation.aggregator_stats import AggregatorStats
 from rlmon.service.aggregation.deadline import DeadlinePolicy
-from rlmon.service.aggregation.tier_messages import IngestAck, NodeBatch
+from rlmon.service.aggregation.tier_messages import NodeBatch
 from rlmon.service.aggregation.watermark import WatermarkStore
+from rlmon.service.contract.acks import IngestAck
 from rlmon.service.contract.heartbeat import Heartbeat
 from rlmon.service.contract.step_message import StepMessage
 from rlmon.service.contract.stop_decision import StopDecision

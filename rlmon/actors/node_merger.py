@@ -8,7 +8,8 @@ import time
 from typing import Any
 
 from rlmon.service.aggregation.node_merge import NodeMerger
-from rlmon.service.aggregation.tier_messages import IngestAck, NodeBatch
+from rlmon.service.aggregation.tier_messages import NodeBatch
+from rlmon.service.contract.acks import IngestAck
 from rlmon.service.contract.step_message import StepMessage
 
 __all__ = ["node_merger_actor_class"]

@@ -12,9 +12,9 @@ from rlmon.service.alerting.engine import AlertEvent
 from rlmon.service.alerting.notify.console import ConsoleBuffer
 from rlmon.service.alerting.rules import load_rules
 from rlmon.service.config import Settings
+from rlmon.service.contract.run_info import RunInfo
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.contract.stop_decision import StopDecision
-from rlmon.service.export.exporter import RunInfo
 from rlmon.service.liveness.run_state import LivenessView
 from rlmon.service.service_core import ServiceCore
 

@@ -22,12 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from rlmon.service.liveness.thresholds import (
-    COLD_SPAN_WORDS,
-    SAVE_SPAN_WORDS,
-    SYNC_SPAN_WORDS,
-    LivenessParams,
-)
+from rlmon.service.liveness.thresholds import LivenessParams
 from rlmon.service.redact import Redactor
 
 __all__ = [
@@ -41,6 +36,7 @@ __all__ = [
     "NotifiersConfig",
     "OutboxConfig",
     "PagerDutyConfig",
+    "ReporterSettings",
     "RetentionConfig",
     "RouteTable",
     "RoutingConfig",
@@ -65,6 +61,14 @@ SECRET_ENV = {
     ("pagerduty", "routing_key"): "RLMON_PAGERDUTY_ROUTING_KEY",
     ("webhook", "url"): "RLMON_WEBHOOK_URL",
     ("webhook", "token"): "RLMON_WEBHOOK_TOKEN",
+}
+
+
+# Short environment names kept as aliases of settings (the first names rlmon read, and what
+# docs/configuration.md lists); each wins over the setting's RLMON_<SECTION>__<KEY> form.
+ENV_ALIASES = {
+    "RLMON_PORT": ("exporter", "port"),
+    "RLMON_HOST": ("exporter", "host"),
 }
 
 
@@ -473,27 +477,33 @@ class GoodputConfig(_Section):
         return self
 
 
+_LIVENESS = LivenessParams()  # the liveness defaults: defined once, in LivenessParams
+
+
 class LivenessConfig(_Section):
     """When a run that stops making progress pages (docs/liveness.md for the defaults' why)."""
 
-    heartbeat_seconds: float = Field(default=5.0, gt=0.0)  # a Reporter's sender thread
-    stall_factor: float = Field(default=4.0, gt=0.0)  # k: stalled after k typical step periods
-    stall_floor_seconds: float = Field(default=90.0, gt=0.0)  # ... and never before this
-    first_step_seconds: float = Field(default=3600.0, gt=0.0)  # before step 0, in no telling span
-    cold_span_seconds: float = Field(default=3600.0, gt=0.0)  # first time in load/compile/...
-    sync_span_seconds: float = Field(default=300.0, gt=0.0)  # in a weight sync before step 0
-    save_span_seconds: float = Field(default=1800.0, gt=0.0)  # in a save/eval/upload span
-    final_seconds: float = Field(default=3600.0, gt=0.0)  # after the planned last step
-    cold_span_words: list[str] = Field(default_factory=lambda: list(COLD_SPAN_WORDS))
-    sync_span_words: list[str] = Field(default_factory=lambda: list(SYNC_SPAN_WORDS))
-    save_span_words: list[str] = Field(default_factory=lambda: list(SAVE_SPAN_WORDS))
-    dead_after_seconds: float = Field(default=30.0, gt=0.0)  # every rank silent this long
-    slow_factor: float = Field(default=3.0, gt=1.0)  # step intervals this far over baseline
-    slow_steps: int = Field(default=3, ge=1)  # ... this many in a row: StepTimeRegression
-    stuck_factor: float = Field(default=3.0, gt=0.0)  # usual stage durations: StageStuck
-    stuck_floor_seconds: float = Field(default=60.0, gt=0.0)
-    evaluate_seconds: float = Field(default=1.0, gt=0.0)  # the timer
-    gpus_per_rank: float = Field(default=1.0, ge=0.0)  # the stall's cost, unless Reporters say
+    # The settable part of LivenessParams, whose defaults these are (and whose comments say
+    # what each means); the bounds name a bad value's field in the config's words.
+
+    heartbeat_seconds: float = Field(default=_LIVENESS.heartbeat_seconds, gt=0.0)
+    stall_factor: float = Field(default=_LIVENESS.stall_factor, gt=0.0)
+    stall_floor_seconds: float = Field(default=_LIVENESS.stall_floor_seconds, gt=0.0)
+    first_step_seconds: float = Field(default=_LIVENESS.first_step_seconds, gt=0.0)
+    cold_span_seconds: float = Field(default=_LIVENESS.cold_span_seconds, gt=0.0)
+    sync_span_seconds: float = Field(default=_LIVENESS.sync_span_seconds, gt=0.0)
+    save_span_seconds: float = Field(default=_LIVENESS.save_span_seconds, gt=0.0)
+    final_seconds: float = Field(default=_LIVENESS.final_seconds, gt=0.0)
+    cold_span_words: list[str] = Field(default_factory=lambda: list(_LIVENESS.cold_span_words))
+    sync_span_words: list[str] = Field(default_factory=lambda: list(_LIVENESS.sync_span_words))
+    save_span_words: list[str] = Field(default_factory=lambda: list(_LIVENESS.save_span_words))
+    dead_after_seconds: float = Field(default=_LIVENESS.dead_after_seconds, gt=0.0)
+    slow_factor: float = Field(default=_LIVENESS.slow_factor, gt=1.0)
+    slow_steps: int = Field(default=_LIVENESS.slow_steps, ge=1)
+    stuck_factor: float = Field(default=_LIVENESS.stuck_factor, gt=0.0)
+    stuck_floor_seconds: float = Field(default=_LIVENESS.stuck_floor_seconds, gt=0.0)
+    evaluate_seconds: float = Field(default=_LIVENESS.evaluate_seconds, gt=0.0)
+    gpus_per_rank: float = Field(default=_LIVENESS.gpus_per_rank, ge=0.0)
 
     def params(self) -> LivenessParams:
         return LivenessParams(**self.model_dump())
@@ -541,7 +551,7 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # environment first: it overrides the YAML file, which arrives as init values
-        return env_settings, init_settings
+        return _AliasSource(settings_cls), env_settings, init_settings
 
     def secret_values(self) -> list[str]:
         n = self.notifiers
@@ -567,6 +577,31 @@ class Settings(BaseSettings):
 
     def silenced(self, run: str, role: str, alert: str) -> bool:
         return any(s.matches(run, role, alert) for s in self.silences)
+
+
+class _AliasSource(PydanticBaseSettingsSource):
+    """The settings named by :data:`ENV_ALIASES` (an empty value is unset)."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ gives the whole mapping
+
+    def __call__(self) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for env, (section, key) in ENV_ALIASES.items():
+            value = os.environ.get(env)
+            if value:
+                found.setdefault(section, {})[key] = value
+        return found
+
+
+class ReporterSettings(BaseSettings):
+    """What a Reporter reads of the settings, from its own process's environment (it loads no
+    config file): its heartbeat period, ``liveness.heartbeat_seconds`` by the service's name
+    ``RLMON_LIVENESS__HEARTBEAT_SECONDS`` (0: no heartbeat)."""
+
+    model_config = SettingsConfigDict(env_prefix="RLMON_LIVENESS__", extra="ignore")
+
+    heartbeat_seconds: float = Field(default=_LIVENESS.heartbeat_seconds, ge=0.0)
 
 
 _SECRET_KEYS = set(SECRET_ENV)

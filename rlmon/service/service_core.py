@@ -39,10 +39,11 @@ from rlmon.service.alerting.rules import Rule, default_rules, load_rules, unknow
 from rlmon.service.alerting.run_end import close_with_run
 from rlmon.service.alerting.sanity import Finding, SanityChecker, checker_args, relay_warnings
 from rlmon.service.config import Settings, load_config
+from rlmon.service.contract.run_info import RunInfo
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.contract.stop_decision import STOP, StopDecision
 from rlmon.service.crash_points import crash_point
-from rlmon.service.export.exporter import IngestCounters, MetricsState, RunInfo
+from rlmon.service.export.exporter import IngestCounters, MetricsState
 from rlmon.service.export.http import MetricsServer, serve_metrics
 from rlmon.service.export.otlp import OtlpExport
 from rlmon.service.forward.sink import ForwardSink

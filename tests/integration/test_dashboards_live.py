@@ -22,14 +22,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rlmon.service.aggregation.aggregator_stats import AggregatorStats
 from rlmon.service.config import load_config
+from rlmon.service.contract.run_info import RunInfo
 from rlmon.service.dashboards import DASHBOARDS, model
-from rlmon.service.dashboards.promql import metric_names
 from rlmon.service.export import series
-from rlmon.service.export.exporter import RunInfo, exported_metric_names
+from rlmon.service.export.exporter import exported_metric_names
 from rlmon.service.metrics import catalog
 from rlmon.service.replay import replay
 from rlmon.service.service_core import ServiceCore
 from tests.support.alerting_support import wait_for
+from tests.support.promql_names import metric_names
 
 pytestmark = pytest.mark.slow
 

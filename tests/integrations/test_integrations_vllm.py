@@ -24,14 +24,7 @@ from vllm.v1.metrics.loggers import StatLoggerBase, load_stat_logger_plugin_fact
 from vllm.v1.metrics.stats import IterationStats, PrefixCacheStats, SchedulerStats  # noqa: E402
 
 from rlmon.actors.integrations import vllm as rl_vllm  # noqa: E402
-
-
-class Clock:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
+from tests.support.clock import FakeClock  # noqa: E402
 
 
 def _sched(running: int, waiting: int, kv: float, queries: int, hits: int) -> SchedulerStats:
@@ -61,16 +54,16 @@ def test_entry_point_is_found_and_is_a_stat_logger() -> None:
 
 def test_two_engines_sum_and_pool_correctly() -> None:
     hub = Hub()
-    clock = Clock(1000.0)
+    clock = FakeClock(1000.0)
     cls = rl_vllm.RlmonStatLogger
     engines = [cls(None, i, reporter=hub.reporter("v", "vllm", rank={"dp": i}, world={"dp": 2}),
                    clock=clock) for i in range(2)]
     # engine 0: hit rate 90 / 100; engine 1: 1 / 10. Pooled 91 / 110, not (0.9 + 0.1) / 2.
     engines[0].record(_sched(4, 1, 0.5, 60, 50), _iter(40, 1))
     engines[1].record(_sched(2, 5, 0.75, 10, 1), _iter(25, 2))
-    clock.t = 1002.0
+    clock.now = 1002.0
     engines[0].record(_sched(3, 0, 0.25, 40, 40), _iter(60, 0))
-    clock.t = 1010.0  # the 10 s window ends; log() closes it
+    clock.now = 1010.0  # the 10 s window ends; log() closes it
     for e in engines:
         e.log()
     rec = hub.step("vllm", 0)  # window 0 of the engines' process, not an epoch window index
@@ -90,7 +83,7 @@ def test_two_engines_sum_and_pool_correctly() -> None:
 
 def test_separate_engines_take_their_rank_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """OpenRLHF / verl layout: two LLM instances, each data_parallel_size=1, engine_index 0."""
-    hub, clock = Hub(), Clock(2000.0)
+    hub, clock = Hub(), FakeClock(2000.0)
     monkeypatch.setenv("RLMON_RUN", "sep-engines")
     monkeypatch.setenv("RLMON_VLLM_ENGINES", "2")
     engines = []
@@ -117,7 +110,7 @@ def test_separate_engines_take_their_rank_from_env(monkeypatch: pytest.MonkeyPat
 def test_steps_follow_set_step_and_every_engine_sends_each_step() -> None:
     """Batch-then-pause traffic under trainer steps: the gauges' last sample is 0 after a batch,
     their mean and max show the load; an idle engine still sends its zeros, so steps complete."""
-    hub, clock = Hub(), Clock(5000.0)
+    hub, clock = Hub(), FakeClock(5000.0)
     engines = [rl_vllm.RlmonStatLogger(
         None, i, reporter=hub.reporter("steps", "vllm", rank={"dp": i}, world={"dp": 2}),
         clock=clock) for i in range(2)]
@@ -125,8 +118,8 @@ def test_steps_follow_set_step_and_every_engine_sends_each_step() -> None:
         rl_vllm.set_step(step)
         for running, tokens in ((8, 8), (8, 8), (3, 8), (0, 3)):  # one batch, then a pause
             engines[0].record(_sched(running, 0, running / 16, 0, 0), _iter(tokens, 0))
-            clock.t += 1.0
-        clock.t += 600.0  # training: no engine iteration, no window closes
+            clock.now += 1.0
+        clock.now += 600.0  # training: no engine iteration, no window closes
     rl_vllm.set_step(9)  # step 8 is sent now, not at the next request
     steps = {r.step: r for r in hub.records()}
     assert sorted(steps) == [7, 8] and all(r.complete for r in steps.values())
@@ -143,11 +136,11 @@ def test_steps_follow_set_step_and_every_engine_sends_each_step() -> None:
 
 
 def test_close_sends_the_open_step_and_time_windows_count_from_the_first_logger() -> None:
-    hub, clock = Hub(), Clock(123456.0)
+    hub, clock = Hub(), FakeClock(123456.0)
     lg = rl_vllm.RlmonStatLogger(None, 0, reporter=hub.reporter("win", "vllm", rank={"dp": 0},
                                                                 world={"dp": 1}), clock=clock)
     lg.record(_sched(1, 0, 0.1, 0, 0), _iter(5, 0))
-    clock.t += 25.0  # windows of 10 s: the next iteration is in window 2
+    clock.now += 25.0  # windows of 10 s: the next iteration is in window 2
     lg.record(_sched(1, 0, 0.1, 0, 0), _iter(6, 0))
     lg.close()  # the engine shut down: the open window 2 is sent, nothing waits for its end
     assert [(r.step, r.metrics[catalog.TOKENS]) for r in hub.records()] == [(0, 5), (2, 6)]
@@ -182,11 +175,11 @@ def test_the_engine_s_end_closes_its_reporter_and_a_clean_end_pages_nothing(tmp_
     rank ends cleanly instead of going silent, and nothing pages however long the silence."""
     hub = ServiceHub(tmp_path)
     try:
-        clock = Clock(5000.0)
+        clock = FakeClock(5000.0)
         lg = rl_vllm.RlmonStatLogger(None, 0, run="vllm-end", make=hub.factory, clock=clock)
         for _ in range(3):
             lg.record(_sched(1, 0, 0.1, 0, 0), _iter(5, 0))
-            clock.t += 10.0  # one window a step
+            clock.now += 10.0  # one window a step
         lg.close()  # the engine's shutdown
         assert hub.pages_after(150) == []
         assert hub.states()[("vllm-end", "vllm")] == "finished"

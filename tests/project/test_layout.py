@@ -196,5 +196,5 @@ def test_the_cycle_check_finds_a_lazy_cycle() -> None:
     """The check above can fail: a lazy import back, through a package's ``__init__``, is one."""
     graph = _module_graph()
     graph["rlmon.actors.reporter.facade"] |= {"rlmon.actors.runtime"}
-    assert ["rlmon.actors.reporter", "rlmon.actors.reporter.facade",
-            "rlmon.actors.runtime"] in _cycles(graph)
+    assert any({"rlmon.actors.reporter", "rlmon.actors.reporter.facade",
+                "rlmon.actors.runtime"} <= set(cycle) for cycle in _cycles(graph))

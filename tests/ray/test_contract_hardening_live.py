@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from rlmon.actors.aggregator_actor import AggregatorServer
 from rlmon.service.aggregation.aggregator import AggregatorCore
 from rlmon.service.aggregation.aggregator_stats import AggregatorStats
-from rlmon.service.aggregation.assembly import AddOutcome
 from rlmon.service.aggregation.node_merge import NodeMerger
+from rlmon.service.contract.acks import AddOutcome
 from rlmon.service.contract.records import MAX_METRICS
 from rlmon.service.contract.step_message import Columns, Schema, StepMessage, columns_from_states
 from rlmon.service.contract.step_record import StepRecord

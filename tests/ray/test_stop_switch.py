@@ -22,6 +22,7 @@ from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.contract.stop_decision import StopDecision
 from rlmon.service.metrics import catalog
 from rlmon.service.service_core import ServiceCore
+from tests.support.clock import FakeClock
 from tests.support.polling import wait_for
 from tests.support.records import step_record
 from tests.support.stop_support import InProcess, stopping_settings
@@ -29,20 +30,13 @@ from tests.support.stop_support import InProcess, stopping_settings
 NAN_STOPS = "actions: {NonFiniteMetric: [stop]}\n"  # a default rule given the stop action
 
 
-class Clock:
-    def __init__(self, now: float = 1_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
 
 def step(run: str, n: int, value: float = 1.0, role: str = "actor") -> StepRecord:
     return step_record(run=run, role=role, step=n, metrics={catalog.REWARD: value})
 
 
 def service(tmp_path: Path, rules: str, stop_runs: dict[str, list[str]] | None,
-            clock: Clock | None = None) -> ServiceCore:
+            clock: FakeClock | None = None) -> ServiceCore:
     return ServiceCore(stopping_settings(stop_runs), state_dir=tmp_path,
                        rules=parse_rules(rules), clock=clock).start()
 
@@ -99,7 +93,7 @@ def test_rule_files_and_config_name_the_field_when_wrong() -> None:
 
 def test_the_decision_survives_a_restart_and_is_renewed_only_while_the_alert_holds(
         tmp_path: Path) -> None:
-    clock = Clock()
+    clock = FakeClock()
     core = service(tmp_path, NAN_STOPS, {"*": ["*"]}, clock)
     core.publish([step("r", 0, math.nan)])
     taken = core.stops_for(["r"])["r"]

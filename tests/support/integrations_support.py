@@ -85,10 +85,10 @@ class ServiceHub(Hub):
         from rlmon.service.aggregation.watermark import WatermarkStore
         from rlmon.service.config import Settings
         from rlmon.service.service_core import ServiceCore
-        from tests.unit.liveness.support import SimClock
+        from tests.unit.liveness.support import sim_clock
 
         super().__init__()
-        self.clock = SimClock(time.time())
+        self.clock = sim_clock(time.time())
         self.lock = threading.Lock()
         self.core = AggregatorCore(store=WatermarkStore(tmp / "w.sqlite"), clock=self.clock,
                                    wall_clock=self.clock.wall)

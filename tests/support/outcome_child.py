@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from rlmon.actors.reporter import Reporter, outcome
 from rlmon.actors.reporter.sink import LocalSink
-from rlmon.service.aggregation.tier_messages import IngestAck
+from rlmon.service.contract.acks import IngestAck
 from rlmon.service.contract.heartbeat import Heartbeat, check_heartbeat
 from rlmon.service.contract.step_message import StepMessage
 

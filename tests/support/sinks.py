@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rlmon.service.aggregation.aggregator import AggregatorCore
-from rlmon.service.aggregation.tier_messages import IngestAck
+from rlmon.service.contract.acks import IngestAck
 from rlmon.service.contract.step_message import StepMessage
 
 __all__ = ["AggregatorSink"]

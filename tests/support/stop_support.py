@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 from rlmon.service.aggregation.aggregator import AggregatorCore, AggregatorServer
 from rlmon.service.aggregation.node_merge import NodeMerger
-from rlmon.service.aggregation.tier_messages import IngestAck
 from rlmon.service.config import Settings
+from rlmon.service.contract.acks import IngestAck
 from rlmon.service.contract.step_message import StepMessage
 from rlmon.service.service_core import ServiceCore
 

@@ -97,7 +97,7 @@ def lazy_class(module: str, name: str, build: Callable[[], type]) -> Callable[[s
 
 
 def send_run_info(reporter: Any, **fields: Any) -> dict[str, Any]:
-    """Send what an integration knows of the run (fields of ``rlmon.service.export.exporter.RunInfo``:
+    """Send what an integration knows of the run (fields of ``rlmon.service.contract.run_info.RunInfo``:
     framework, framework_version, algorithm, loss_reduction, dp, cp, tp, pp, grad_accumulation,
     zero_stage, deepspeed_version, dpo) through ``Reporter.set_run_info``; unknown values (None)
     are left out. Returns what was sent. Best effort: a reporter without it sends nothing."""

@@ -305,15 +305,17 @@ class Delivery(Generic[Raw]):
                 return
             self.tally.last_error = f"heartbeat: {type(exc).__name__}: {exc}"
 
-    def _riding(self, batch: list[StepMessage]) -> list[StepMessage]:
+    def _riding(self, batch: list[StepMessage]) -> tuple[list[StepMessage], int | None]:
         """The batch as sent: its last message carries the heartbeat when one is due (the
-        retained copies do not: a resend would carry a stale one)."""
+        retained copies do not: a resend would carry a stale one); and the beat_now calls that
+        heartbeat answers once the batch is sent (None: none rides)."""
         due = self._beat_due()
         if self.heartbeat is None or due is None or due > 0:
-            return batch
+            return batch, None
         self._next_beat = time.monotonic() + self.heartbeat_s
         self.heartbeats += 1
-        return [*batch[:-1], replace(batch[-1], heartbeat=self.heartbeat(False))]
+        asked = self._beats_asked  # built after: it answers these
+        return [*batch[:-1], replace(batch[-1], heartbeat=self.heartbeat(False))], asked
 
     def _probe(self, asked: int) -> None:
         """Ask the aggregator who it is, so retained messages reach a restarted one.
@@ -406,7 +408,8 @@ class Delivery(Generic[Raw]):
             try:
                 self._calling = True
                 try:
-                    ack = self.sink.send(self._riding(batch))
+                    sent, beat_answers = self._riding(batch)
+                    ack = self.sink.send(sent)
                 finally:
                     self._calling = False
             except Exception as exc:  # the aggregator is slow, restarting or gone: keep and retry
@@ -428,6 +431,10 @@ class Delivery(Generic[Raw]):
                 self.sent += len(batch)
                 self._refused_by_aggregator(ack)
                 self._retain(batch, ack)
+                if beat_answers is not None:  # beat_now waits for the heartbeat that rode
+                    self._beats_built = max(self._beats_built, beat_answers)
+                    if self._beats_asked > beat_answers:
+                        self._next_beat = 0.0  # asked while it was built: one more, now
                 self._cond.notify_all()
 
     def _give_up(self, exc: Exception) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import sys
 import threading
 import time
@@ -191,7 +190,9 @@ class Reporter:
         self.gpus_per_rank = float(gpus_per_rank if gpus_per_rank is not None
                                    else visible_gpus() or 1)
         if heartbeat_seconds is None:
-            heartbeat_seconds = float(os.environ.get("RLMON_LIVENESS__HEARTBEAT_SECONDS", "5"))
+            from rlmon.service.config import ReporterSettings
+
+            heartbeat_seconds = ReporterSettings().heartbeat_seconds
         # device memory, GPU utilisation and power, host RSS and CPU: sampled on a thread of
         # their own, added to each step by the packer (None: not sampled)
         self._hardware = HardwareSampler(hardware_interval) if hardware_interval else None
@@ -654,11 +655,11 @@ class Reporter:
         return self._delivery.stop_decision is not None
 
     def set_run_info(self, **fields: Any) -> None:
-        """Send the run's metadata (fields of :class:`~rlmon.service.export.exporter.RunInfo`) to the
+        """Send the run's metadata (fields of :class:`~rlmon.service.contract.run_info.RunInfo`) to the
         service once, without waiting; an unknown field raises TypeError. No-op without a service.
         """
         from rlmon.actors.service_actor import send_to_service
-        from rlmon.service.export.exporter import RunInfo
+        from rlmon.service.contract.run_info import RunInfo
 
         send_to_service(self.sink, "set_run_info", self.run, RunInfo.from_fields(fields))
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from rlmon.service.aggregation.assembly import StepAssembler
-from rlmon.service.aggregation.tier_messages import IngestAck
+from rlmon.service.contract.acks import IngestAck
 from rlmon.service.contract.records import ContractError
 from rlmon.service.contract.step_message import StepMessage
 from rlmon.service.contract.step_record import StepRecord
@@ -35,7 +35,7 @@ __all__ = ["JsonlSink", "LocalSink", "ReportSink", "SinkClosed", "close_open_sen
 class ReportSink(Protocol):
     """Where step messages go. ``send`` returns once they are accepted, or raises to retry later.
 
-    It may return an :class:`~rlmon.service.aggregation.aggregator.IngestAck` (``incarnation`` and
+    It may return an :class:`~rlmon.service.contract.acks.IngestAck` (``incarnation`` and
     ``floors``); the Reporter then keeps the messages of steps not yet finalized and resends them
     to a restarted aggregator.
     """

@@ -1,35 +1,40 @@
 """The aggregator's logic without Ray: ingest step messages, finalize steps, keep what must survive.
 
 :class:`AggregatorCore` is what the Aggregator actor runs; tests and benchmarks drive it
-in-process. Finalized records wait in an outbox (durable when a :class:`WatermarkStore` is given)
-until the service acknowledges them, so a restart loses no finalized step and finalizes none twice.
+in-process. Finalized records wait in an outbox (:mod:`~rlmon.service.aggregation.delivery`,
+durable when a :class:`WatermarkStore` is given) until the service acknowledges them, so a restart
+loses no finalized step and finalizes none twice; liveness is judged by its desk
+(:mod:`~rlmon.service.aggregation.liveness_desk`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from typing import Any
 
 from rlmon.service.aggregation.aggregator_stats import AggregatorStats
-from rlmon.service.aggregation.assembly import AddOutcome, AssemblyCounters, StepAssembler
+from rlmon.service.aggregation.assembly import AssemblyCounters, StepAssembler
 from rlmon.service.aggregation.deadline import DeadlinePolicy
+from rlmon.service.aggregation.delivery import RecordOutbox
+from rlmon.service.aggregation.liveness_desk import LivenessDesk
 from rlmon.service.aggregation.step_state import StepState
 from rlmon.service.aggregation.stream_tracker import StreamTracker
-from rlmon.service.aggregation.tier_messages import IngestAck, NodeBatch, ReporterKey
+from rlmon.service.aggregation.tier_messages import NodeBatch, ReporterKey
 from rlmon.service.aggregation.watermark import WatermarkStore
 from rlmon.service.clock import Clock
-from rlmon.service.contract.heartbeat import Heartbeat, check_heartbeat
+from rlmon.service.contract.acks import AddOutcome, IngestAck
+from rlmon.service.contract.heartbeat import Heartbeat
 from rlmon.service.contract.records import (
     ContractError,
 )
 from rlmon.service.contract.step_message import StepMessage
-from rlmon.service.contract.step_record import StepIdentity, StepKey, StepRecord
+from rlmon.service.contract.step_record import StepKey, StepRecord
 from rlmon.service.contract.stop_decision import StopDecision
-from rlmon.service.liveness.run_state import LivenessTracker, LivenessView
+from rlmon.service.liveness.run_state import LivenessView
 from rlmon.service.liveness.thresholds import LivenessParams
 from rlmon.service.metrics.rank import Rank
 from rlmon.service.recent import RecentMap
@@ -69,7 +74,7 @@ class AggregatorCore:
         self.max_errors = max_errors
         self.lock = threading.RLock()
         self.incarnation = uuid.uuid4().hex
-        self.undelivered: dict[StepIdentity, StepRecord] = {}
+        self.outbox = RecordOutbox(self.assembler, store)
         # each Reporter's running (dropped, refused) counts, as its messages said them
         self.reporter_counts: dict[ReporterKey, tuple[int, int]] = {}
         # node merger id -> last drain seq merged (a restarted merger has a new id)
@@ -86,15 +91,11 @@ class AggregatorCore:
         self.streams = StreamTracker(ttl=stream_ttl, finished_ttl=stream_ttl,
                                      max_streams=max_streams)
         self.retention = retention
-        # Liveness by time on the wall clock (it survives a restart, unlike a monotonic one):
-        # the state of each stream, evaluated by tick(); views wait in _views for the service.
-        self.liveness = LivenessTracker(liveness)
-        self._views: dict[tuple[str, str], LivenessView] = {}
-        self._next_liveness = 0.0
-        self._next_refresh = 0.0
+        # the state of each stream, evaluated by tick(); views wait there for the service
+        self.liveness_desk = LivenessDesk(liveness, self.deadline, now=self.assembler.now,
+                                          wall=wall_clock, store=store)
+        self.liveness = self.liveness_desk.tracker
         self._batch: list[StepRecord] = []  # finalized in the batch being ingested, not committed
-        self._liveness_gone: list[tuple[str, str]] = []
-        self.heartbeats_refused = 0
         self.streams_forgotten = 0  # per-stream state that left memory
         self.streams_pruned = 0  # streams the store forgot (retention)
         self._counts_forgotten = (0, 0)  # those of forgotten streams: the totals never fall
@@ -108,9 +109,7 @@ class AggregatorCore:
                 if last is not None:
                     self.last_finalized[stream] = last
                 self.streams.seen(stream, self.assembler.now())
-            self.undelivered.update(
-                {r.identity: r for r in store.undelivered(limit=1_000_000)})
-            self._restore_liveness(store)
+            self.liveness_desk.restore(self._restored)
 
     def _recall(self, run: str, role: str) -> None:
         """Read a stream's state back from the store when it reports after leaving memory."""
@@ -135,12 +134,17 @@ class AggregatorCore:
         if last is not None:
             self.last_finalized[stream] = last
 
+    def _restored(self, stream: tuple[str, str]) -> None:
+        """A stream back in memory with its saved liveness: read whole, aging from now."""
+        self._load_stream(stream)
+        self._forget(self.streams.seen(stream, self.assembler.now()).streams)
+
     def _forget(self, streams: list[tuple[str, str]]) -> None:
         """Drop the per-stream state of ``streams`` (those with open steps or records not yet
         delivered stay: they are active)."""
         if not streams:  # the common case, once per message (_recall): no scan of open steps
             return
-        busy = ({k[:2] for k in self.assembler.open} | {r[:2] for r in self.undelivered}
+        busy = ({k[:2] for k in self.assembler.open} | self.outbox.streams()
                 | {(r.run, r.role) for r in self._batch})  # a batch is never cut in two
         for stream in streams:
             if stream in busy:
@@ -148,9 +152,7 @@ class AggregatorCore:
                 continue
             self.assembler.forget(*stream)
             self.deadline.forget(*stream)
-            if stream in self.liveness:
-                self.liveness.forget(*stream)
-                self._liveness_gone.append(stream)  # and from the store at the next save
+            self.liveness_desk.forget(stream)
             self.last_finalized.pop(stream, None)
             self._late_said.discard(stream)
             for key in [k for k in self.reporter_counts if k[:2] == stream]:
@@ -181,10 +183,8 @@ class AggregatorCore:
         if not records:
             return
         now = self._wall()
-        if self.store is not None:
-            self.store.commit(self.assembler.finalized, records, now)
+        self.outbox.add(records, now)
         for record in records:
-            self.undelivered[record.identity] = record
             self.last_finalized[(record.run, record.role)] = now
             self.liveness.finalized(record.run, record.role, record.step, now, record.time)
 
@@ -384,69 +384,21 @@ class AggregatorCore:
 
     def _heartbeat(self, beat: Heartbeat, wall: float) -> None:
         """Fold one heartbeat in; a bad one is counted and said, never costs its step."""
-        try:
-            beat = check_heartbeat(beat)
-        except ContractError:
-            self.heartbeats_refused += 1
-            raise
+        beat = self.liveness_desk.checked(beat)
         self._recall(beat.run, beat.role)  # a heartbeat keeps its stream in memory
         # not told to the deadline policy: a rank that heartbeats but sends no step (hung on its
         # own) must not hold the others' steps; a step message is what says it is behind
         self.liveness.heartbeat(beat, wall)
 
-    def _liveness_tick(self) -> None:
-        """The timer: re-evaluate every stream's state; keep what changed (and, every
-        heartbeat period, every view) for the service; persist what a restart needs."""
-        wall = self._wall()
-        if wall < self._next_liveness:
-            return
-        params = self.liveness.params
-        self._next_liveness = wall + params.evaluate_seconds
-        for view in self.liveness.evaluate(wall):
-            self._views[(view.run, view.role)] = view
-        if wall >= self._next_refresh:
-            self._next_refresh = wall + params.heartbeat_seconds
-            for view in self.liveness.views(wall):
-                self._views[(view.run, view.role)] = view
-            if self.store is not None:
-                gone, self._liveness_gone = self._liveness_gone, []
-                self.store.save_liveness(self._liveness_state(wall), gone)
-
-    def _liveness_state(self, wall: float) -> dict[tuple[str, str], dict[str, Any]]:
-        """Per stream, the tracker's knowledge and the deadline's view of its ranks."""
-        now = self.assembler.now()
-        out = {}
-        for stream, data in self.liveness.dump().items():
-            data["deadline"] = self.deadline.dump(*stream, now=now, wall=wall)
-            out[stream] = data
-        return out
-
-    def _restore_liveness(self, store: WatermarkStore) -> None:
-        """Continue from the last saved liveness: who was heard when, the step periods, the
-        states (a stall is neither forgotten nor paged again) and the deadline's view of each
-        rank, so a step does not wait the start-up deadline for a rank known to be dead."""
-        saved = store.load_liveness()
-        self.liveness.load(saved)
-        now, wall = self.assembler.now(), self._wall()
-        for stream in saved:  # they age from now, and leave memory (and the store) as others
-            self._load_stream(stream)
-            self._forget(self.streams.seen(stream, now).streams)
-        for (run, role), data in saved.items():
-            deadline = data.get("deadline")
-            if isinstance(deadline, dict):
-                self.deadline.load(run, role, deadline, now=now, wall=wall)
-
     def take_views(self) -> list[LivenessView]:
         """The liveness views due to the service (changed, or the periodic refresh)."""
         with self.lock:
-            views, self._views = list(self._views.values()), {}
-        return views
+            return self.liveness_desk.take_views()
 
     def give_back_views(self, views: Iterable[LivenessView]) -> None:
         """Views the service did not take (it was restarting): sent again, unless newer."""
         with self.lock:
-            for view in views:
-                self._views.setdefault((view.run, view.role), view)
+            self.liveness_desk.give_back_views(list(views))
 
     def finish_run(self, run: str) -> None:
         """The run said it finished: its streams are finished, not stalled or dead."""
@@ -460,7 +412,7 @@ class AggregatorCore:
             done = self.assembler.finalize_stale(self.deadline, self._waits_for_alive)
             self._commit(done)
             self._expire()
-            self._liveness_tick()
+            self.liveness_desk.tick()
         return len(done)
 
     def finalize_all(self) -> int:
@@ -469,61 +421,34 @@ class AggregatorCore:
             self._commit(done)
         return len(done)
 
-    def _lowest_open(self) -> dict[tuple[str, str], int]:
-        low: dict[tuple[str, str], int] = {}
-        for run, role, step in self.assembler.open:
-            known = low.get((run, role))
-            if known is None or step < known:
-                low[(run, role)] = step
-        return low
+    @property
+    def heartbeats_refused(self) -> int:
+        return self.liveness_desk.heartbeats_refused
 
     def pending_records(self, limit: int = 512) -> list[StepRecord]:
-        """Finalized records ready for the service, in step order per (run, role).
-
-        A record whose (run, role) still has an earlier step open is held back (it stays in the
-        durable outbox) until that step finalizes, which its deadline guarantees: the service's
-        alerts then see every stream in increasing step order, whatever order steps finished in.
-        """
+        """Finalized records ready for the service, in step order per (run, role) (a record
+        waits for an earlier open step of its stream: :meth:`RecordOutbox.pending`)."""
         with self.lock:
-            low = self._lowest_open()
-            ready = sorted(
-                (r for r in self.undelivered.values() if not self._held(r, low)),
-                key=lambda r: r.identity,
-            )
-            return ready[:limit]
+            return self.outbox.pending(limit)
 
     @property
     def held(self) -> int:
         """Finalized records waiting for an earlier open step of their (run, role)."""
         with self.lock:
-            low = self._lowest_open()
-            return sum(1 for r in self.undelivered.values() if self._held(r, low))
-
-    def _held(self, record: StepRecord, low: dict[tuple[str, str], int]) -> bool:
-        """Whether an earlier step of the record's attempt is still open (open steps always
-        belong to the stream's current attempt; an older attempt's records never wait)."""
-        stream = (record.run, record.role)
-        return (record.attempt == self.assembler.attempts.get(stream, 0)
-                and record.step >= low.get(stream, record.step + 1))
+            return self.outbox.held()
 
     def delivered(self, records: Sequence[StepRecord]) -> None:
         with self.lock:
-            for record in records:
-                self.undelivered.pop(record.identity, None)
-            if self.store is not None:
-                self.store.delivered(records)
+            self.outbox.delivered(records)
 
     def stats(self) -> AggregatorStats:
         with self.lock:
             lat = sorted(self.assembler.finalize_latency)
-            c = self.assembler.counters
             return AggregatorStats(
-                accepted=c.accepted, rejected=c.rejected, duplicates=c.duplicates, late=c.late,
-                partials=c.partials, steps_finalized=c.steps_finalized,
-                steps_incomplete=c.steps_incomplete, restarts=c.restarts, resent=c.resent,
+                **dataclasses.asdict(self.assembler.counters),  # its counts, as they stand
                 open_steps=len(self.assembler.open),
                 incarnation=self.incarnation,
-                undelivered=len(self.undelivered),
+                undelivered=len(self.outbox),
                 held_out_of_order=self.held,
                 reporter_dropped=(sum(d for d, _ in self.reporter_counts.values())
                                   + self._counts_forgotten[0]),

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from rlmon.service.aggregation.finalized_steps import FinalizedSteps
 from rlmon.service.aggregation.step_state import Options, StepState
 from rlmon.service.clock import Clock
+from rlmon.service.contract.acks import AddOutcome
 from rlmon.service.contract.records import (
     ContractError,
     Report,
@@ -38,21 +39,19 @@ from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.metrics.spec import Form
 from rlmon.service.recent import RecentMap
 
-__all__ = ["AddOutcome", "AssemblyCounters", "StepAssembler"]
+__all__ = ["AssemblyCounters", "StepAssembler"]
 
 MAX_NAMES = 100_000  # metric names whose form is remembered, per generation (see RecentMap)
 MAX_SCHEMAS = 4096  # block schemas known to be checked, per generation
 MAX_OPEN_STEPS = 100_000  # open steps of all streams; a new step beyond it is refused, counted
 
 
-class AddOutcome:
-    ACCEPTED = "accepted"
-    DUPLICATE = "duplicate"
-    LATE = "late"
-
-
 @dataclass(slots=True)
 class AssemblyCounters:
+    """The assembler's running counts: the builder of the snapshot an aggregator publishes,
+    :class:`~rlmon.service.aggregation.aggregator_stats.AggregatorStats`, whose fields of the
+    same names say what each counts (every one of these is one of its fields)."""
+
     accepted: int = 0
     rejected: int = 0
     duplicates: int = 0

@@ -22,7 +22,8 @@ import uuid
 from collections.abc import Iterable, Sequence
 
 from rlmon.service.aggregation.step_state import StepState
-from rlmon.service.aggregation.tier_messages import IngestAck, NodeBatch, ReporterKey
+from rlmon.service.aggregation.tier_messages import NodeBatch, ReporterKey
+from rlmon.service.contract.acks import IngestAck
 from rlmon.service.contract.heartbeat import Heartbeat
 from rlmon.service.contract.records import ContractError
 from rlmon.service.contract.step_message import MessageChecks, StepMessage

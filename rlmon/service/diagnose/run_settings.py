@@ -15,7 +15,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from rlmon.service.export.exporter import RunInfo
+from rlmon.service.contract.run_info import RunInfo
 from rlmon.service.json_input import loads as bounded_json
 
 __all__ = ["RunSettings", "Segment", "flatten", "settings_from_config"]

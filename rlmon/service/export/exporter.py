@@ -13,7 +13,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.core import (
@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from rlmon.service.alerting.engine import AlertEvent
 from rlmon.service.clock import Clock
+from rlmon.service.contract.run_info import RunInfo
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.export import series
 from rlmon.service.liveness.run_state import LivenessView, RunState, end_cause
@@ -36,7 +37,6 @@ __all__ = [
     "IngestCounters",
     "MetricsState",
     "RlmonCollector",
-    "RunInfo",
     "exported_families",
     "exported_metric_names",
     "sanitize_label",
@@ -57,41 +57,6 @@ def sanitize_label(value: object, redactor: Redactor | None = None) -> str:
         text = redactor(text)
     text = "".join(ch for ch in text if ch.isprintable())
     return text if len(text) <= _MAX_LABEL else text[: _MAX_LABEL - 3] + "..."
-
-
-@dataclass(frozen=True, slots=True)
-class RunInfo:
-    """A run's metadata for ``rlmon_run_info`` (whatever the integration knows; blanks allowed)."""
-
-    framework: str = ""
-    framework_version: str = ""
-    algorithm: str = ""
-    loss_reduction: str = ""
-    dp: int | None = None
-    cp: int | None = None
-    tp: int | None = None
-    pp: int | None = None
-    grad_accumulation: int | None = None
-    zero_stage: int | None = None
-    deepspeed_version: str = ""
-    dpo: bool = False  # a preference run (DPO-style loss), whatever ``algorithm`` says
-
-    @classmethod
-    def from_fields(cls, values: Mapping[str, Any]) -> RunInfo:
-        """A RunInfo from keyword fields; an unknown field is a TypeError naming it."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise TypeError(f"RunInfo: unknown field {unknown[0]!r} (fields: {sorted(known)})")
-        return cls(**dict(values))
-
-    def labels(self) -> dict[str, str]:
-        out = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            out[f.name] = "" if value is None else (
-                str(value).lower() if isinstance(value, bool) else str(value))
-        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ take ``final_seconds`` (an hour) before the silence pages (:func:`ending_deadlin
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -88,6 +89,11 @@ def span_kind(name: str, cold: Sequence[str] = COLD_SPAN_WORDS,
     return SpanKind.SYNC if has(sync) else SpanKind.OTHER
 
 
+# The liveness timer asks for the kind of every open span of every stream each second: a run's
+# few span names are split into words once, not at every evaluation.
+_span_kind_of = functools.lru_cache(maxsize=4096)(span_kind)
+
+
 @dataclass(frozen=True, slots=True)
 class LivenessParams:
     heartbeat_seconds: float = 5.0  # how often a Reporter's sender thread heartbeats
@@ -128,7 +134,8 @@ class LivenessParams:
             object.__setattr__(self, name, tuple(words))  # a config's list, kept immutable
 
     def kind(self, name: str) -> SpanKind:
-        return span_kind(name, self.cold_span_words, self.sync_span_words, self.save_span_words)
+        return _span_kind_of(name, tuple(self.cold_span_words), tuple(self.sync_span_words),
+                             tuple(self.save_span_words))
 
     @property
     def ask_ray_after(self) -> float:

@@ -14,6 +14,7 @@ from rlmon.service.aggregation.watermark import WatermarkStore
 from rlmon.service.contract.step_message import StepMessage, columns_from_states
 from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.metrics.spec import Form
+from tests.support.clock import FakeClock
 
 pytestmark = pytest.mark.slow  # a soak: an hour of simulated traffic
 
@@ -27,26 +28,26 @@ def _message(run: str, step: int, names: list[str], dp: int = 0) -> StepMessage:
 
 
 def test_an_hour_of_new_runs_and_names_keeps_memory_and_store_flat(tmp_path: Path) -> None:
-    now = [0.0]
+    clock = FakeClock(0.0)
     store = WatermarkStore(tmp_path / "watermark-0.sqlite")  # the file and its WAL: disk
-    core = AggregatorCore(store=store, clock=lambda: now[0], wall_clock=lambda: 1e9 + now[0],
+    core = AggregatorCore(store=store, clock=clock, wall_clock=lambda: 1e9 + clock.now,
                           stream_ttl=300.0, retention=600.0)
     samples: dict[str, tuple[float, int, int, int, int]] = {}
     tracemalloc.start()
     try:
         minute = 0
-        while now[0] < HOUR:
+        while clock.now < HOUR:
             # every 10 s: a one-step run with 50 metric names of its own, and the long run's step
-            run = f"short-{int(now[0])}"
+            run = f"short-{int(clock.now)}"
             names = [f"custom/{run}/m{i}" for i in range(50)]
             core.ingest([_message(run, 0, names)])
-            step = int(now[0] // 10)
+            step = int(clock.now // 10)
             core.ingest([_message("long", step, ["actor/loss"])])
             core.delivered(core.pending_records(limit=10_000))
             core.tick()
-            now[0] += 10 * SECOND
-            if int(now[0] // 60) != minute:
-                minute = int(now[0] // 60)
+            clock.advance(10 * SECOND)
+            if int(clock.now // 60) != minute:
+                minute = int(clock.now // 60)
                 if minute in (15, 60):
                     gc.collect()
                     samples[f"{minute} min"] = (
@@ -73,12 +74,12 @@ def test_an_hour_of_new_runs_and_names_keeps_memory_and_store_flat(tmp_path: Pat
 
 
 def test_a_stream_back_after_leaving_memory_is_read_back_from_the_store(tmp_path: Path) -> None:
-    now = [0.0]
-    core = AggregatorCore(store=WatermarkStore(tmp_path / "w.sqlite"), clock=lambda: now[0],
-                          wall_clock=lambda: 1e9 + now[0], stream_ttl=60.0)
+    clock = FakeClock(0.0)
+    core = AggregatorCore(store=WatermarkStore(tmp_path / "w.sqlite"), clock=clock,
+                          wall_clock=lambda: 1e9 + clock.now, stream_ttl=60.0)
     core.ingest([_message("back", step, ["actor/loss"]) for step in range(3)])
     core.delivered(core.pending_records())
-    now[0] = 1000.0
+    clock.now = 1000.0
     core.tick()
     assert ("back", "actor") not in core.assembler.finalized  # it left memory
     ack = core.ingest([_message("back", 1, ["actor/loss"])])  # a resend of a finalized step

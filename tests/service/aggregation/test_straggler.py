@@ -21,6 +21,7 @@ from rlmon.service.metrics import catalog
 from rlmon.service.metrics.rank import Rank
 from rlmon.service.service_core import ServiceCore
 from tests.support.alerting_support import Receiver, wait_for, webhook_settings
+from tests.support.clock import FakeClock
 from tests.support.records import step_record
 
 S = 1_000_000_000
@@ -29,9 +30,9 @@ S = 1_000_000_000
 def test_straggler_notification_names_the_slow_rank_and_span(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 ) -> None:
-    now = [0]
+    clock = FakeClock(0)
     monkeypatch.setattr(reporter_module, "time", types.SimpleNamespace(
-        perf_counter_ns=lambda: now[0], time=time.time, monotonic=time.monotonic))
+        perf_counter_ns=clock, time=time.time, monotonic=time.monotonic))
     receiver = Receiver().start()
     settings = webhook_settings(receiver, tmp_path / "outbox.sqlite")
     service = ServiceCore(settings, state_dir=tmp_path).start()
@@ -42,15 +43,15 @@ def test_straggler_notification_names_the_slow_rank_and_span(
     try:
         for step in range(spec.for_steps):
             for d, rep in enumerate(reps):
-                now[0] = step * 20 * S  # every rank starts the step together...
+                clock.now = step * 20 * S  # every rank starts the step together...
                 with rep.span("rollout"):
                     with rep.span("generate", engine="vllm"):
-                        now[0] += (12 if d == 2 else 4) * S  # rank dp=2 generates slowly
+                        clock.advance((12 if d == 2 else 4) * S)  # rank dp=2 generates slowly
                     with rep.span("reward"):
-                        now[0] += S
+                        clock.advance(S)
                 with rep.span("train"):
-                    now[0] += 5 * S
-                now[0] = (step + 1) * 20 * S  # ... and ends it together (a collective waits)
+                    clock.advance(5 * S)
+                clock.now = (step + 1) * 20 * S  # ... and ends it together (a collective waits)
                 rep.end_step(step)
             for rep in reps:
                 assert rep.flush(5)

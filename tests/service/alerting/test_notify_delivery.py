@@ -25,6 +25,7 @@ from rlmon.service.alerting.notify import Dispatcher, build_dispatcher, build_no
 from rlmon.service.alerting.rules import default_rules
 from rlmon.service.config import Settings
 from tests.support.alerting_support import LoopbackTransport, Receiver, wait_for
+from tests.support.clock import FakeClock
 from tests.support.network import free_port
 from tests.support.paths import REPO
 from tests.support.records import step_record
@@ -186,7 +187,7 @@ def test_receiver_down_then_back(tmp_path: Path) -> None:
 def test_ten_minutes_down_loses_nothing(tmp_path: Path) -> None:
     """Simulated clock for the outage (real receiver, real clients): backoff is capped, and the
     first attempt after the receiver returns delivers everything."""
-    now = [1_000.0]
+    clock = FakeClock(1_000.0)
     port = free_port()
     os.environ["RLMON_SLACK_WEBHOOK_URL"] = f"http://127.0.0.1:{port}/slack/T0/B0/sEcReT"
     settings = Settings.model_validate({
@@ -197,21 +198,21 @@ def test_ten_minutes_down_loses_nothing(tmp_path: Path) -> None:
     })
     from rlmon.service.alerting.notify.outbox import Backoff, Outbox
 
-    box = Outbox(tmp_path / "o.sqlite", backoff=Backoff(1, 60, 0.2), clock=lambda: now[0])
+    box = Outbox(tmp_path / "o.sqlite", backoff=Backoff(1, 60, 0.2), clock=clock)
     dispatcher = Dispatcher(settings, box, build_notifiers(settings, ["slack"]),
-                            clock=lambda: now[0])
+                            clock=clock)
     for events in run_events():
         dispatcher.submit(events)
     attempts = 0
-    while now[0] < 1_600.0:  # ten minutes of outage
+    while clock.now < 1_600.0:  # ten minutes of outage
         attempts += dispatcher.pump()
-        now[0] += 5.0
+        clock.advance(5.0)
     assert box.pending() == 2
     assert box.counters().failed == 0
     assert 12 <= attempts <= 40  # backed off to about once a minute, not hammering
     receiver = Receiver(port).start()
     try:
-        now[0] += 60.0 * 1.2 + 1.0  # the capped backoff plus its largest jitter: every row due
+        clock.advance(60.0 * 1.2 + 1.0)  # the capped backoff plus its largest jitter: every row due
         dispatcher.pump()
         assert box.pending() == 0
         assert len(receiver.accepted("/slack")) == 2

@@ -21,17 +21,11 @@ from rlmon.service.config import Settings
 from rlmon.service.liveness.run_state import LivenessView, RunState
 from rlmon.service.service_core import ServiceCore
 from tests.support.alerting_support import LoopbackTransport, Receiver
+from tests.support.clock import FakeClock
 from tests.support.polling import wait_for
 
 RUN = "grpo-7b"
 
-
-class Clock:
-    def __init__(self, now: float = 1_700_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -60,7 +54,7 @@ def _settings(receiver: Receiver, defaults: bool = False, **grouping: Any) -> Se
     })
 
 
-def _dispatcher(settings: Settings, receiver: Receiver, clock: Clock, path: Path) -> Dispatcher:
+def _dispatcher(settings: Settings, receiver: Receiver, clock: FakeClock, path: Path) -> Dispatcher:
     outbox = Outbox(path, clock=clock, backoff=Backoff(1.0, 1.0, 0.0))
     return Dispatcher(settings, outbox, build_notifiers(
         settings, transports={"pagerduty": LoopbackTransport(receiver.port)}), clock=clock)
@@ -82,7 +76,7 @@ def _slack(receiver: Receiver) -> list[dict[str, Any]]:
 
 def test_three_alerts_of_a_run_within_the_group_wait_are_one_message(
         receiver: Receiver, tmp_path: Path) -> None:
-    clock = Clock()
+    clock = FakeClock(1_700_000_000.0)
     start = clock.now
     dispatcher = _dispatcher(_settings(receiver), receiver, clock, tmp_path / "outbox.sqlite")
     _slack_ok(receiver, "1700000000.000100")
@@ -139,7 +133,7 @@ def test_three_alerts_of_a_run_within_the_group_wait_are_one_message(
 
 def test_runs_are_grouped_apart_and_one_step_keeps_the_steps_message(
         receiver: Receiver, tmp_path: Path) -> None:
-    clock = Clock()
+    clock = FakeClock(1_700_000_000.0)
     dispatcher = _dispatcher(_settings(receiver, group_wait_seconds=0), receiver, clock,
                              tmp_path / "outbox.sqlite")
     _slack_ok(receiver, "1.1")
@@ -156,7 +150,7 @@ def test_runs_are_grouped_apart_and_one_step_keeps_the_steps_message(
 
 def test_an_undelivered_group_is_retried_kept_and_sent_whole_after_a_restart(
         receiver: Receiver, tmp_path: Path) -> None:
-    clock = Clock()
+    clock = FakeClock(1_700_000_000.0)
     start = clock.now
     settings = _settings(receiver)
     settings.routing.critical = ["webhook"]
@@ -240,7 +234,7 @@ def test_by_default_the_demos_end_on_its_three_roles_is_one_message_and_pages_at
     with (resources.files("rlmon") / "data" / "example_run.jsonl").open("rb") as handle:
         run = replay(handle)
     demo = run.alerts[0].run
-    clock = Clock()
+    clock = FakeClock(1_700_000_000.0)
     start = clock.now
     dispatcher = _dispatcher(settings, receiver, clock, tmp_path / "outbox.sqlite")
     for i in range(8):

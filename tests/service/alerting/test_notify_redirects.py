@@ -24,6 +24,7 @@ from rlmon.service.alerting.notify.slack import SlackBotNotifier, SlackNotifier
 from rlmon.service.alerting.notify.webhook import WebhookNotifier
 from rlmon.service.config import Settings
 from tests.support.alerting_support import LoopbackTransport
+from tests.support.clock import FakeClock
 
 TOKEN = "hook-Token-123"
 KEY = "0123456789abcdef0123456789abcdef"
@@ -105,10 +106,10 @@ def test_a_redirect_is_a_retry_and_is_never_followed(servers: tuple[Server, Serv
 def test_a_redirected_delivery_is_retried_reported_and_then_delivered(
         servers: tuple[Server, Server], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     receiver, elsewhere = servers
-    now = [time.time() + 1.0]  # the outbox stamps a new row with the real time
+    clock = FakeClock(time.time() + 1.0)  # the outbox stamps a new row with the real time
     outbox = Outbox(tmp_path / "outbox.sqlite", backoff=Backoff(10.0, 10.0, 0.0))
     webhook = WebhookNotifier(f"{receiver.url}/hook", token=TOKEN)
-    dispatcher = Dispatcher(Settings(), outbox, [webhook], clock=lambda: now[0])
+    dispatcher = Dispatcher(Settings(), outbox, [webhook], clock=clock)
     outbox.put(Notification("webhook", "grpo-7b/actor/ISRatioDivergence/1", "grpo-7b",
                             {"text": "firing"}))
     receiver.answers.append((302, f"{elsewhere.url}/collect"))
@@ -117,7 +118,7 @@ def test_a_redirected_delivery_is_retried_reported_and_then_delivered(
     assert dispatcher.stats().outcomes == {("webhook", "retried"): 1}
     assert outbox.pending("webhook") == 1
     assert any("HTTP 302: the receiver redirects" in r.getMessage() for r in caplog.records)
-    now[0] += 11.0  # past the backoff
+    clock.advance(11.0)  # past the backoff
     assert dispatcher.pump() == 1
     assert dispatcher.stats().outcomes == {("webhook", "retried"): 1, ("webhook", "sent"): 1}
     assert outbox.pending("webhook") == 0

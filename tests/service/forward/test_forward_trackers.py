@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from rlmon.service.contract.run_info import RunInfo
 from rlmon.service.contract.step_record import StepRecord
-from rlmon.service.export.exporter import RunInfo
 from rlmon.service.forward.tracker import TrackerRun, metric_key, step_key
 from rlmon.service.liveness.run_state import LivenessView, RunState
 from rlmon.service.service_core import ServiceCore

@@ -11,7 +11,8 @@ import pytest
 
 from rlmon.service.config import Settings
 from rlmon.service.service_core import ServiceCore
-from tests.unit.storage.test_retention import IS_RATIO, T0, SimClock, step
+from tests.support.clock import FakeClock
+from tests.unit.storage.test_retention import IS_RATIO, T0, step
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +30,7 @@ def test_soak_one_simulated_hour_memory_and_disk_stay_flat(tmp_path: Path) -> No
     """A new run every minute (two roles, ten metric names of its own, a firing and a resolve
     now and then) lives four minutes; half say they finished, half just stop. Retention keeps 10
     minutes of history. Measured after 15 minutes (steady state) and after 60."""
-    clock = SimClock()
+    clock = FakeClock(T0)
     config = Settings.model_validate({
         "notifiers": {"console": {"enabled": False}},
         "exporter": {"run_ttl_seconds": 300, "finished_run_ttl_seconds": 60},

@@ -20,6 +20,7 @@ from rlmon.service.contract.step_message import StepMessage, columns_from_states
 from rlmon.service.metrics.partial import ALL_AXES, Partial
 from rlmon.service.metrics.rank import World
 from rlmon.service.metrics.spec import Form
+from tests.support.clock import FakeClock
 
 _PLAIN = {
     "actor/loss": Form.MEAN, "rollout/tokens": Form.SUM, "actor/is_ratio_min": Form.MIN,
@@ -158,18 +159,18 @@ def test_watermark_survives_a_restart(tmp_path: Path) -> None:
 
 
 def test_deadline_finalizes_a_missing_rank_and_follows_the_step_period() -> None:
-    now = [0.0]
+    clock = FakeClock(0.0)
     policy = DeadlinePolicy(factor=3.0, floor=0.5, initial=10.0)
-    core = AggregatorCore(deadline=policy, clock=lambda: now[0])
+    core = AggregatorCore(deadline=policy, clock=clock)
     world = World(dp=2)
     # rank 1 reports steps 0 and 1 with rank 0, then dies
     msgs = [m for m in _messages(4, world, steps=6) if m.rank.dp == 0 or m.step < 2]
     for step in range(6):
         core.ingest([m for m in msgs if m.step == step])
-        now[0] += 1.0
+        clock.advance(1.0)
     assert policy(run="run", role="actor") == pytest.approx(3.0)
     assert core.tick() == 2  # now = 6: steps 2 and 3 waited their 3 s
-    now[0] += 10
+    clock.advance(10)
     assert core.tick() == 2
     records = core.pending_records()
     assert [r.step for r in records] == [0, 1, 2, 3, 4, 5]
@@ -180,17 +181,17 @@ def test_deadline_finalizes_a_missing_rank_and_follows_the_step_period() -> None
 def test_a_rank_never_heard_from_gets_the_initial_deadline() -> None:
     """Ranks start at their own pace: until each was heard once, a step waits the initial
     deadline, not the one the step period gives."""
-    now = [0.0]
+    clock = FakeClock(0.0)
     policy = DeadlinePolicy(factor=3.0, floor=0.5, initial=10.0)
-    core = AggregatorCore(deadline=policy, clock=lambda: now[0])
+    core = AggregatorCore(deadline=policy, clock=clock)
     msgs = [m for m in _messages(4, World(dp=2), steps=4) if m.rank.dp == 0]
     for m in msgs:
         core.ingest([m])
-        now[0] += 1.0
+        clock.advance(1.0)
     assert core.tick() == 0  # now = 4: 3 s past, but rank 1 was never heard from
-    now[0] = 10.0
+    clock.now = 10.0
     assert core.tick() == 1  # step 0 waited its initial 10 s
-    now[0] = 20.0
+    clock.now = 20.0
     assert core.tick() == 3
     assert all(not r.complete for r in core.pending_records())
 

@@ -15,6 +15,7 @@ from rlmon.service.alerting.rules import default_rules
 from rlmon.service.contract.step_message import StepMessage, columns_from_states
 from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.metrics.spec import Form
+from tests.support.clock import FakeClock
 
 _WORLD = World(dp=2)
 
@@ -32,8 +33,8 @@ def _deliver(core: AggregatorCore, engine: AlertEngine) -> list[tuple[str, str, 
 
 
 def test_a_step_finalized_late_at_its_deadline_is_evaluated_before_later_steps() -> None:
-    now = [0.0]
-    core = AggregatorCore(deadline=DeadlinePolicy(fixed=5.0), clock=lambda: now[0])
+    clock = FakeClock(0.0)
+    core = AggregatorCore(deadline=DeadlinePolicy(fixed=5.0), clock=clock)
     engine = AlertEngine(default_rules())
     core.ingest([_msg(3, 0), _msg(3, 1)])
     assert _deliver(core, engine) == []
@@ -41,7 +42,7 @@ def test_a_step_finalized_late_at_its_deadline_is_evaluated_before_later_steps()
     core.ingest([_msg(5, 0), _msg(5, 1)])  # step 5 completes while step 4 is open
     assert core.pending_records() == []  # step 5 is held behind the open step 4
     assert core.stats().held_out_of_order == 1
-    now[0] += 10
+    clock.advance(10)
     assert core.tick() == 1
     assert [(r.step, r.complete) for r in core.pending_records()] == [(4, False), (5, True)]
     events = _deliver(core, engine)

@@ -10,8 +10,9 @@ from pathlib import Path
 from rlmon.actors.reporter import Reporter
 from rlmon.service.aggregation.aggregator import AggregatorCore
 from rlmon.service.aggregation.node_merge import NodeMerger
-from rlmon.service.aggregation.tier_messages import IngestAck, NodeBatch
+from rlmon.service.aggregation.tier_messages import NodeBatch
 from rlmon.service.aggregation.watermark import WatermarkStore
+from rlmon.service.contract.acks import IngestAck
 from rlmon.service.contract.step_message import StepMessage, columns_from_states
 from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.metrics.spec import Form

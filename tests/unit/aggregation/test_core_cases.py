@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from rlmon.service.aggregation.assembly import AddOutcome, StepAssembler
+from rlmon.service.aggregation.assembly import StepAssembler
+from rlmon.service.contract.acks import AddOutcome
 from rlmon.service.contract.records import ContractError, parse_report
 from rlmon.service.metrics.rank import Rank
 from rlmon.service.replay import replay

@@ -19,6 +19,7 @@ from rlmon.service.contract.step_message import StepMessage, columns_from_states
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.metrics.spec import Form
+from tests.support.clock import FakeClock
 from tests.support.sinks import AggregatorSink
 
 RANKS = 128
@@ -35,8 +36,8 @@ def _simulate(lag_of: dict[int, float], steps: int, dead: dict[int, int] | None 
     """Every rank sends step s at s * PERIOD + its lag (+ jitter); ranks in ``dead`` stop at
     their step. The aggregator ticks every 20 ms of simulated time."""
     rng = random.Random(seed)
-    now = [0.0]
-    core = AggregatorCore(clock=lambda: now[0], wall_clock=lambda: now[0])  # simulated time
+    clock = FakeClock(0.0)
+    core = AggregatorCore(clock=clock, wall_clock=clock)  # simulated time
     events: list[tuple[float, int, int]] = []
     for step in range(steps):
         for dp in range(RANKS):
@@ -45,14 +46,14 @@ def _simulate(lag_of: dict[int, float], steps: int, dead: dict[int, int] | None 
             at = step * PERIOD + lag_of.get(dp, 0.05) + rng.uniform(0.0, 0.1)
             heapq.heappush(events, (at, step, dp))
     end = steps * PERIOD + 700.0
-    while now[0] < end:
-        while events and events[0][0] <= now[0]:
+    while clock.now < end:
+        while events and events[0][0] <= clock.now:
             _, step, dp = heapq.heappop(events)
             core.ingest([_msg(step, dp)])
         core.tick()
         if not events and not core.assembler.open:
             break
-        now[0] += 0.02
+        clock.advance(0.02)
     core.finalize_all()
     return sorted(core.pending_records(limit=10_000), key=lambda r: r.step)
 
@@ -71,14 +72,14 @@ def test_a_rank_falling_further_behind_while_alive_is_still_waited_for() -> None
     rng_lags = {dp: 0.05 for dp in range(RANKS)}
     rng_lags.update(lags)
     records: list[StepRecord] = []
-    now = [0.0]
-    core = AggregatorCore(clock=lambda: now[0])
+    clock = FakeClock(0.0)
+    core = AggregatorCore(clock=clock)
     events = sorted((step * PERIOD + (0.1 * step if dp == 127 else 0.05), step, dp)
                     for step in range(60) for dp in range(RANKS))
     for at, step, dp in events:
-        while now[0] < at:
+        while clock.now < at:
             core.tick()
-            now[0] += 0.02
+            clock.advance(0.02)
         core.ingest([_msg(step, dp)])
     core.finalize_all()
     records = core.pending_records(limit=10_000)

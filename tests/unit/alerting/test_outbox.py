@@ -9,14 +9,7 @@ import pytest
 
 from rlmon.service.alerting.notify.message import Notification
 from rlmon.service.alerting.notify.outbox import Backoff, Outbox
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import FakeClock
 
 
 def note(key: str, order: str = "run/actor", dest: str = "slack") -> Notification:
@@ -24,11 +17,11 @@ def note(key: str, order: str = "run/actor", dest: str = "slack") -> Notificatio
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> FakeClock:
+    return FakeClock()
 
 
-def test_dedup_before_and_after_delivery(tmp_path: Path, clock: Clock) -> None:
+def test_dedup_before_and_after_delivery(tmp_path: Path, clock: FakeClock) -> None:
     box = Outbox(tmp_path / "o.sqlite", clock=clock)
     assert box.put(note("a"))
     assert not box.put(note("a"))  # pending
@@ -40,7 +33,7 @@ def test_dedup_before_and_after_delivery(tmp_path: Path, clock: Clock) -> None:
 
 
 def test_order_key_serializes_and_destinations_do_not_block_each_other(
-    tmp_path: Path, clock: Clock
+    tmp_path: Path, clock: FakeClock
 ) -> None:
     box = Outbox(tmp_path / "o.sqlite", clock=clock, backoff=Backoff(10, 100, 0))
     box.put(note("trigger", order="r/a/X", dest="pagerduty"))
@@ -67,7 +60,7 @@ def test_backoff_grows_with_jitter_and_cap() -> None:
     assert len({round(d, 6) for d in delays}) == len(delays)  # jittered, not identical
 
 
-def test_retry_after_is_a_floor(tmp_path: Path, clock: Clock) -> None:
+def test_retry_after_is_a_floor(tmp_path: Path, clock: FakeClock) -> None:
     box = Outbox(tmp_path / "o.sqlite", clock=clock, backoff=Backoff(0.1, 1, 0))
     box.put(note("a"))
     (row,) = box.due("slack")
@@ -77,7 +70,7 @@ def test_retry_after_is_a_floor(tmp_path: Path, clock: Clock) -> None:
     assert len(box.due("slack")) == 1
 
 
-def test_pending_rows_and_schedule_survive_reopen(tmp_path: Path, clock: Clock) -> None:
+def test_pending_rows_and_schedule_survive_reopen(tmp_path: Path, clock: FakeClock) -> None:
     path = tmp_path / "o.sqlite"
     box = Outbox(path, clock=clock, backoff=Backoff(5, 50, 0))
     for key in "abc":
@@ -95,7 +88,7 @@ def test_pending_rows_and_schedule_survive_reopen(tmp_path: Path, clock: Clock) 
     assert again.counters().retried == 1  # counters persist too
 
 
-def test_permanent_failure_and_give_up(tmp_path: Path, clock: Clock) -> None:
+def test_permanent_failure_and_give_up(tmp_path: Path, clock: FakeClock) -> None:
     box = Outbox(tmp_path / "o.sqlite", clock=clock, give_up_after=60, backoff=Backoff(1, 1, 0))
     box.put(note("bad", order="1"))
     box.put(note("old", order="2"))
@@ -110,7 +103,7 @@ def test_permanent_failure_and_give_up(tmp_path: Path, clock: Clock) -> None:
     assert not box.put(note("bad"))  # a failed key is not resubmitted either
 
 
-def test_sent_memory_is_bounded(tmp_path: Path, clock: Clock) -> None:
+def test_sent_memory_is_bounded(tmp_path: Path, clock: FakeClock) -> None:
     box = Outbox(tmp_path / "o.sqlite", clock=clock, sent_memory=2)
     for key in "abc":
         clock.now += 1
@@ -120,7 +113,7 @@ def test_sent_memory_is_bounded(tmp_path: Path, clock: Clock) -> None:
     assert not box.put(note("c"))
 
 
-def test_a_claimed_row_has_one_owner_until_settled(tmp_path: Path, clock: Clock) -> None:
+def test_a_claimed_row_has_one_owner_until_settled(tmp_path: Path, clock: FakeClock) -> None:
     box = Outbox(tmp_path / "o.sqlite", clock=clock)
     box.put(note("a", order="r1/actor"))
     box.put(note("b", order="r1/actor"))
@@ -138,7 +131,7 @@ def test_a_claimed_row_has_one_owner_until_settled(tmp_path: Path, clock: Clock)
     assert [r.notification.key for r in box.claim("slack")] == ["b"]
 
 
-def test_failed_memory_is_bounded(tmp_path: Path, clock: Clock) -> None:
+def test_failed_memory_is_bounded(tmp_path: Path, clock: FakeClock) -> None:
     box = Outbox(tmp_path / "o.sqlite", clock=clock, sent_memory=2)
     for key in "abc":
         clock.now += 1

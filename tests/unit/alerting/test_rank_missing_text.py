@@ -15,7 +15,7 @@ from rlmon.service.liveness.run_state import LivenessTracker
 from rlmon.service.liveness.thresholds import LivenessParams
 from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.service_core import ServiceCore
-from tests.unit.liveness.support import T0, SimClock
+from tests.unit.liveness.support import T0, sim_clock
 
 
 def _record(step: int, missing: tuple[Rank, ...]) -> StepRecord:
@@ -61,7 +61,7 @@ def test_rank_missing_says_where_the_missing_ranks_were_last_heard(tmp_path: Pat
     assert view is not None
     assert [(s.rank, s.stage, s.host, s.node, s.heard, s.last_step) for s in view.last_seen] \
         == [(Rank(dp=1), "train/rollout", "node-1", "a1b2c3d4e51", lost, 4)]
-    clock = SimClock(now)
+    clock = sim_clock(now)
     service = ServiceCore(Settings.model_validate({"notifiers": {"console": {"enabled": False}}}),
                           state_dir=tmp_path / "state", clock=clock)
     try:

@@ -107,7 +107,7 @@ def test_a_level_shift_matches_a_settings_ratio_only_out_of_the_noise() -> None:
 
 def test_checker_args_read_the_run_info_the_service_keeps() -> None:
     from rlmon.service.alerting.sanity import checker_args
-    from rlmon.service.export.exporter import RunInfo
+    from rlmon.service.contract.run_info import RunInfo
 
     assert checker_args(None) == (False, None)
     assert checker_args(RunInfo(algorithm="DPO", deepspeed_version="0.14.0")) == (True, "0.14.0")

@@ -17,9 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlmon.service.aggregation.assembly import AddOutcome, StepAssembler
+from rlmon.service.aggregation.assembly import StepAssembler
 from rlmon.service.aggregation.finalized_steps import FinalizedSteps
 from rlmon.service.alerting.rules import parse_rules
+from rlmon.service.contract.acks import AddOutcome
 from rlmon.service.contract.records import MAX_LINE_BYTES, ContractError, parse_line, parse_report
 from rlmon.service.metrics.partial import REPLICA_RTOL
 from rlmon.service.replay import replay

@@ -22,11 +22,11 @@ from rlmon.service.dashboards import overview as overview_mod
 from rlmon.service.dashboards import rollout as rollout_mod
 from rlmon.service.dashboards.artifacts import artifacts, chart_path
 from rlmon.service.dashboards.panels import catalog_rows
-from rlmon.service.dashboards.promql import metric_names
 from rlmon.service.dashboards.thresholds import Band, alert_bands
 from rlmon.service.metrics import catalog
 from rlmon.service.metrics.spec import AlertSpec, Comparison, Severity
 from tests.support.paths import REPO
+from tests.support.promql_names import metric_names
 
 ROOT = REPO
 MODELS = {d.uid: model(d) for d in DASHBOARDS}

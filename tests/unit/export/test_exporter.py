@@ -13,6 +13,7 @@ from rlmon.service.export.exporter import (
 )
 from rlmon.service.metrics import catalog
 from rlmon.service.redact import Redactor
+from tests.support.clock import FakeClock
 from tests.support.paths import REPO
 from tests.support.records import step_record
 from tests.support.scrape import labels, scrape
@@ -20,13 +21,6 @@ from tests.support.scrape import labels, scrape
 IS_RATIO = catalog.get("actor/is_ratio").prometheus_name
 ENTROPY = catalog.get("actor/entropy").prometheus_name
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def record(step: int, run: str = "grpo-7b", role: str = "actor", complete: bool = True,
@@ -107,7 +101,7 @@ def test_cardinality_budget_refuses_and_counts() -> None:
 
 
 def test_dead_and_finished_runs_disappear_after_ttl() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     state = MetricsState(run_ttl=60, finished_ttl=10, clock=clock)
     state.update(record(1, run="dead", actor__is_ratio=1.0))
     state.update(record(1, run="done", actor__is_ratio=1.0))
@@ -127,7 +121,7 @@ def test_dead_and_finished_runs_disappear_after_ttl() -> None:
 
 
 def test_finishes_of_runs_never_shown_are_not_kept() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     state = MetricsState(run_ttl=60, finished_ttl=10, clock=clock)
     for i in range(1000):
         state.finish_run(f"never-{i}")  # finish_run before (or without) any step
@@ -155,7 +149,7 @@ def test_docs_list_every_exported_family() -> None:
 
 
 def test_run_info_set_before_the_first_step_is_kept() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     state = MetricsState(run_ttl=60, clock=clock)
     state.set_run_info("early", RunInfo(framework="skyrl"))
     state.update(record(1, run="other", actor__is_ratio=1.0))  # expiry runs on every update

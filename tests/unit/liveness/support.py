@@ -6,24 +6,15 @@ from rlmon.service.contract.heartbeat import Heartbeat, OpenSpan, RankBeat
 from rlmon.service.contract.step_message import StepMessage, columns_from_states
 from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.metrics.spec import Form
+from tests.support.clock import FakeClock
 
 T0 = 1_700_000_000.0
 
 
-class SimClock:
-    """A clock the test moves; ``wall`` is unix seconds, the call is a monotonic reading."""
-
-    def __init__(self, start: float = T0) -> None:
-        self.wall_now = start
-
-    def __call__(self) -> float:
-        return self.wall_now - T0 + 1000.0
-
-    def wall(self) -> float:
-        return self.wall_now
-
-    def advance(self, seconds: float) -> None:
-        self.wall_now += seconds
+def sim_clock(start: float = T0) -> FakeClock:
+    """The liveness tests' clock: its ``wall`` reads ``start`` (unix seconds), the call a
+    monotonic reading 1000 s into the process."""
+    return FakeClock(start - T0 + 1000.0, wall_offset=T0 - 1000.0)
 
 
 def step_message(run: str, step: int, dp: int = 0, world: int = 1, seq: int | None = None,

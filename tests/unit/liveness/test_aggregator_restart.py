@@ -8,14 +8,15 @@ from pathlib import Path
 
 from rlmon.service.aggregation.aggregator import AggregatorCore
 from rlmon.service.aggregation.watermark import WatermarkStore
-from tests.unit.liveness.support import SimClock, step_message
+from tests.support.clock import FakeClock
+from tests.unit.liveness.support import sim_clock, step_message
 
 
-def _core(path: Path, clock: SimClock) -> AggregatorCore:
+def _core(path: Path, clock: FakeClock) -> AggregatorCore:
     return AggregatorCore(store=WatermarkStore(path), clock=clock, wall_clock=clock.wall)
 
 
-def _finalize_seconds(core: AggregatorCore, clock: SimClock, step: int) -> float:
+def _finalize_seconds(core: AggregatorCore, clock: FakeClock, step: int) -> float:
     """Seconds of simulated time until ``step`` finalizes (ticking every 0.1 s)."""
     waited = 0.0
     while not any(r.step == step for r in core.pending_records(10_000)):
@@ -30,7 +31,7 @@ def _finalize_seconds(core: AggregatorCore, clock: SimClock, step: int) -> float
 def _scenario(path: Path, restart: bool) -> float:
     """Two ranks, one step a second; rank 1 dies at step 10; the aggregator restarts (or not)
     after step 12; returns how long step 13 waited."""
-    clock = SimClock()
+    clock = sim_clock()
     core = _core(path, clock)
     for step in range(10):
         core.ingest([step_message("r", step, 0, 2), step_message("r", step, 1, 2)])
@@ -57,7 +58,7 @@ def test_a_step_with_a_dead_rank_finalizes_at_its_deadline_after_a_restart(
 
 
 def test_a_stream_that_left_memory_leaves_the_saved_liveness(tmp_path: Path) -> None:
-    clock = SimClock()
+    clock = sim_clock()
     store = WatermarkStore(tmp_path / "w.sqlite")
     core = AggregatorCore(store=store, clock=clock, wall_clock=clock.wall, stream_ttl=100.0)
     core.ingest([step_message("old", 0)])

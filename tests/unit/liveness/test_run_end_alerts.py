@@ -13,7 +13,7 @@ from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.liveness.run_state import LivenessView, RunState
 from rlmon.service.metrics.rank import Rank
 from rlmon.service.service_core import ServiceCore
-from tests.unit.liveness.support import T0, SimClock
+from tests.unit.liveness.support import T0, sim_clock
 from tests.unit.liveness.test_service_liveness import _settings
 
 
@@ -30,7 +30,7 @@ def _view(run: str, state: RunState, at: float, last: int, how: str = "") -> Liv
 
 def test_a_finished_run_closes_its_firing_alerts_once_with_the_reason(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    service = ServiceCore(_settings(), state_dir=tmp_path / "state", clock=SimClock())
+    service = ServiceCore(_settings(), state_dir=tmp_path / "state", clock=sim_clock())
     fired = service.publish([_step("r", s, missing=s >= 20) for s in range(30)]
                             + [_step("f", s, missing=s >= 20) for s in range(30)])
     assert {(e.run, e.alert, e.state) for e in fired} == {("r", "RankMissing", "firing"),

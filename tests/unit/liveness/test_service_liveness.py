@@ -15,7 +15,7 @@ from rlmon.service.aggregation.watermark import WatermarkStore
 from rlmon.service.config import Settings
 from rlmon.service.service_core import ServiceCore
 from tests.support.scrape import Samples, scrape
-from tests.unit.liveness.support import SimClock, beat, step_message
+from tests.unit.liveness.support import beat, sim_clock, step_message
 
 
 def _settings() -> Settings:
@@ -27,7 +27,7 @@ class Cluster:
     """An aggregator core and a service on one simulated clock; runs of two ranks."""
 
     def __init__(self, tmp: Path) -> None:
-        self.tmp, self.clock = tmp, SimClock()
+        self.tmp, self.clock = tmp, sim_clock()
         self.core = self._core()
         self.service = self._service()
         self.events: list[tuple[float, str, str, str]] = []  # (time, run, alert, state)

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from rlmon.actors.reporter import Reporter
 from rlmon.actors.reporter.sink import LocalSink
 from rlmon.service.aggregation.aggregator import AggregatorCore
-from rlmon.service.aggregation.assembly import AddOutcome, StepAssembler
+from rlmon.service.aggregation.assembly import StepAssembler
 from rlmon.service.aggregation.node_merge import NodeMerger
+from rlmon.service.contract.acks import AddOutcome
 from rlmon.service.contract.records import ContractError, parse_line
 from rlmon.service.contract.step_message import StepMessage, columns_from_states, state_row
 from rlmon.service.metrics.forms import FORMS, Merge, form_of_keys

@@ -9,6 +9,7 @@ import pytest
 from rlmon.cli import main
 from rlmon.service.generated import all_artifacts
 from rlmon.service.metrics import catalog, keymaps
+from tests.support.clock import FakeClock
 from tests.support.paths import REPO
 
 
@@ -150,13 +151,13 @@ def _emitted_by_paths() -> dict[tuple[str, str], set[str]]:
     out["skyrl", "worker path"] = rec.names
 
     rec = Recorder()
-    now = [0.0]  # two iterations a second apart: a throughput needs a span
-    window = vllm.EngineWindow(rec, 10.0, lambda: now[0])
+    clock = FakeClock(0.0)  # two iterations a second apart: a throughput needs a span
+    window = vllm.EngineWindow(rec, 10.0, clock)
     for _ in range(2):
         window.record(NS(num_running_reqs=1, num_waiting_reqs=1, kv_cache_usage=0.5,
                          prefix_cache_stats=NS(queries=4, hits=1)),
                       NS(num_generation_tokens=3, num_preempted_reqs=1))
-        now[0] += 1.0
+        clock.advance(1.0)
     window.close_window()
     out["vllm", "stat logger"] = rec.names
 

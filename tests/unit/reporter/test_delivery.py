@@ -12,7 +12,7 @@ import pytest
 from rlmon.actors.reporter.delivery import Delivery, Stamp
 from rlmon.actors.reporter.sink import SinkClosed
 from rlmon.actors.reporter.tally import Tally
-from rlmon.service.aggregation.tier_messages import IngestAck
+from rlmon.service.contract.acks import IngestAck
 from rlmon.service.contract.step_message import StepMessage
 from rlmon.service.contract.stop_decision import StopDecision
 from rlmon.service.metrics.rank import Rank, World
@@ -273,3 +273,36 @@ def test_close_returns_within_its_timeout_when_a_call_to_the_sink_never_returns(
             release.set()
     assert d.closed and d.dropped == 1
     assert any("1 step message(s) not delivered" in r.getMessage() for r in caplog.records)
+
+
+def test_a_heartbeat_asked_for_that_rides_on_a_step_answers_the_ask() -> None:
+    """``beat_now`` (a raising actor method's ``note_raised``) returns once its heartbeat has
+    left, also when it left riding on a step message rather than alone: it waited out its
+    whole timeout before, and said it had not gone."""
+    from rlmon.service.contract.heartbeat import Heartbeat
+
+    gate, inside = threading.Event(), threading.Event()
+
+    class Gated(AckingSink):
+        def send(self, messages: Sequence[StepMessage]) -> IngestAck:
+            inside.set()
+            gate.wait(30)  # the first call holds the sender until the heartbeat is asked for
+            return super().send(messages)
+
+    sink = Gated()
+    beat = Heartbeat("r", "actor", World(dp=1), (), 1.0)
+    d = Delivery(sink, _stamped, Tally("r", "actor"), run="r", role="actor",  # type: ignore[arg-type]
+                 started=1.0, heartbeat=lambda closing: replace(beat, closing=closing),
+                 heartbeat_s=3600.0)
+    d.put(_step(0))
+    assert inside.wait(30)
+    d.put(_step(1))  # waits behind step 0: the heartbeat asked for now rides on it
+    opening = threading.Timer(0.05, gate.set)
+    opening.start()
+    try:
+        assert d.beat_now(5.0)
+    finally:
+        opening.join()
+        d.close(timeout=10.0)
+    assert [m.step for m in sink.got] == [0, 1]
+    assert sink.got[1].heartbeat is not None and sink.got[0].heartbeat is None

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from rlmon.actors.reporter.facade import Reporter
 from rlmon.actors.reporter.sink import LocalSink
-from rlmon.service.aggregation.tier_messages import IngestAck
+from rlmon.service.contract.acks import IngestAck
 from rlmon.service.contract.heartbeat import Heartbeat
 from rlmon.service.contract.step_message import StepMessage
 from tests.support.polling import wait_for

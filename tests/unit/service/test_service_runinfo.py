@@ -13,10 +13,12 @@ import pytest
 from rlmon.actors.reporter import Reporter
 from rlmon.actors.reporter.sink import LocalSink
 from rlmon.actors.service_actor import send_to_service
+from rlmon.service.contract.run_info import RunInfo
 from rlmon.service.contract.step_message import StepMessage
-from rlmon.service.export.exporter import MetricsState, RunInfo
+from rlmon.service.export.exporter import MetricsState
 from rlmon.service.metrics import catalog, keymaps
 from rlmon.service.service_core import ServiceCore
+from tests.support.clock import FakeClock
 from tests.support.records import step_record
 from tests.support.scrape import scrape
 
@@ -137,18 +139,18 @@ def test_relayed_non_comparable_keys_are_warned_once_per_run(
 
 
 def test_steps_finalized_just_after_finish_keep_the_run_finished() -> None:
-    now = [0.0]
-    state = MetricsState(run_ttl=600, finished_ttl=10, clock=lambda: now[0])
+    clock = FakeClock(0.0)
+    state = MetricsState(run_ttl=600, finished_ttl=10, clock=clock)
     rec = step_record(step=0, metrics={LOSS: 1.0})
     state.update(rec)
     state.finish_run("r")
-    now[0] = 2.0  # the tail step the aggregator finalized after the Reporter said "finished"
+    clock.now = 2.0  # the tail step the aggregator finalized after the Reporter said "finished"
     state.update(step_record(step=1, metrics={LOSS: 1.0}))
-    now[0] = 12.5
+    clock.now = 12.5
     assert state.snapshot().streams == []
-    now[0] = 100.0  # much later: the run resumed and shows again
+    clock.now = 100.0  # much later: the run resumed and shows again
     state.update(step_record(step=2, metrics={LOSS: 1.0}))
-    now[0] = 200.0
+    clock.now = 200.0
     assert len(state.snapshot().streams) == 1
 
 

@@ -17,18 +17,11 @@ from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.metrics import catalog
 from rlmon.service.service_core import ServiceCore
 from rlmon.service.storage.history import HistoryStore
+from tests.support.clock import FakeClock
 from tests.support.records import step_record
 
 IS_RATIO = catalog.get("actor/is_ratio").name
 T0 = 1_700_000_000.0
-
-
-class SimClock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def step(run: str, n: int, at: float, role: str = "actor", **metrics: float) -> StepRecord:
@@ -92,7 +85,7 @@ def test_stream_tracker_expires_quiet_and_finished_streams_and_caps_the_rest() -
 
 
 def test_a_stream_back_from_expiry_resumes_its_alert_state(tmp_path: Path) -> None:
-    clock = SimClock()
+    clock = FakeClock(T0)
     core = ServiceCore(settings(stream_ttl_seconds=60, every_seconds=1), state_dir=tmp_path,
                        clock=clock)
     try:
