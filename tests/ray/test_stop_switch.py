@@ -67,7 +67,7 @@ def test_a_run_stops_only_when_the_rule_and_the_run_glob_both_opt_in(
         assert (fired.alert, fired.state) == ("NonFiniteMetric", "firing")
         assert bool(fired.stop) is stops
         assert (run in core.stops_for([run])) is stops
-        assert core.stop_counts["NonFiniteMetric"] == int(stops)
+        assert core.spine.stops.counts["NonFiniteMetric"] == int(stops)
         if stops:
             decision = core.stops_for([run])[run]
             assert (decision.alert, decision.step, decision.role) == ("NonFiniteMetric", 1, "actor")
