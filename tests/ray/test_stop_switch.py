@@ -112,7 +112,7 @@ def test_the_decision_survives_a_restart_and_is_renewed_only_while_the_alert_hol
         assert again.publish([step("r", 1, math.nan)]) == []  # still firing: no new page...
         renewed = again.stops_for(["r"])["r"]
         assert (renewed.step, renewed.at, renewed.reason) == (1, clock.now, taken.reason)
-        assert again.stop_counts["NonFiniteMetric"] == 0  # ... and no new stop counted
+        assert again.spine.stops.counts["NonFiniteMetric"] == 0  # ... and no new stop counted
         clock.now += 60
         again.publish([step("r", 2, 1.0)])  # the condition cleared: no renewal
         assert again.stops_for(["r"])["r"] == renewed
