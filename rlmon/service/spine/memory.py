@@ -137,10 +137,11 @@ class StreamMemory:
             self._deferred.streams.extend(expired.streams)
             self._deferred.runs.extend(expired.runs)
             return
-        for forgetter in self._forgetters:
-            forgetter.forget(expired)
-        for run in expired.runs:
-            self.run_info.pop(run, None)
+        if expired.streams or expired.runs:
+            for forgetter in self._forgetters:
+                forgetter.forget(expired)
+            for run in expired.runs:
+                self.run_info.pop(run, None)
         self.removed["streams_forgotten"] += len(expired.streams)
         self.removed["runs_forgotten"] += len(expired.runs)
 
