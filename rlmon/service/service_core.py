@@ -48,7 +48,6 @@ from rlmon.service.storage.history import HistoryStore
 __all__ = ["ServiceCore"]
 
 _log = logging.getLogger("rlmon.service")
-_MAX_STOPS = 1_000  # stop decisions read back from the history store at start
 
 
 class ServiceCore:
@@ -102,7 +101,7 @@ class ServiceCore:
             _log.warning("rlmon: liveness.gpus_per_rank is no longer read: a stall costs what "
                          "every alert costs, with goodput.gpus_per_rank (docs/goodput.md)")
         run_info: dict[str, RunInfo] = {}  # the stream memory's registry, shared read-only
-        stops = StopDesk(engine, settings.stop, history.stops(limit=_MAX_STOPS))
+        stops = StopDesk(engine, settings.stop, history)
         judge = AlertJudge(engine, history, ledger, stops, run_info, settings.redactor(),
                            retention.max_streams)
         forward = ForwardSink(settings.forward)  # its threads start with start()
@@ -191,7 +190,7 @@ class ServiceCore:
         """A run's metadata: shown as ``rlmon_run_info`` and used by the run's sanity checks."""
         meta = info if isinstance(info, RunInfo) else RunInfo.from_fields(info)
         with self._lock:
-            self.spine.memory.describe(run, meta, self._clock())
+            self.spine.memory.remember_run(run, meta, self._clock())
             self.spine.sinks.run_info(run, meta)
 
     def finish_run(self, run: str) -> None:

@@ -386,7 +386,8 @@ class ForwardSink(StepSink):
             worker.put(items)
 
     def record(self, verdict: Verdict) -> None:
-        self.observe(verdict.records, verdict.events, verdict.views)
+        if self._workers:
+            self.observe(verdict.records, verdict.events, verdict.views)
 
     def run_info(self, run: str, info: RunInfo) -> None:
         self.set_run_info(run, info.labels(), info.framework)

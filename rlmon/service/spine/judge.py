@@ -85,11 +85,16 @@ class AlertJudge:
         decided: dict[str, StopDecision] = {}
         steps = tuple(self._step(record, now, decided) for record in records)
         sightings = tuple(self._sight(view) for view in views)
-        streams = list(dict.fromkeys([(s.record.run, s.record.role) for s in steps]
-                                     + [(s.view.run, s.view.role) for s in sightings]))
-        return Verdict(kind, now, shard, stats, steps, sightings, tuple(decided.values()),
-                       states=self.engine.states_of(streams),
-                       last_steps=self.engine.last_steps_of(streams))
+        if kind == "steps":  # what the commit stores beside the steps
+            streams = list(dict.fromkeys((s.record.run, s.record.role) for s in steps))
+            return Verdict(kind, now, shard, stats, steps, stops=tuple(decided.values()),
+                           states=self.engine.states_of(streams),
+                           last_steps=self.engine.last_steps_of(streams))
+        if not any(s.events for s in sightings):  # views that changed no alert store none
+            return Verdict(kind, now, shard, sightings=sightings)
+        streams = list(dict.fromkeys((s.view.run, s.view.role) for s in sightings))
+        return Verdict(kind, now, shard, sightings=sightings,
+                       states=self.engine.states_of(streams))
 
     def _step(self, record: StepRecord, now: float,
               decided: dict[str, StopDecision]) -> JudgedStep:

@@ -105,7 +105,7 @@ class StreamMemory:
         if verdict.at >= self._next_retention:
             self._retain(verdict.at)
 
-    def describe(self, run: str, info: RunInfo, now: float) -> None:
+    def remember_run(self, run: str, info: RunInfo, now: float) -> None:
         """A run's metadata: kept while the run is (it may come before the run's first step)."""
         self._forget(self.tracker.touch_run(run, now))
         self.run_info[run] = info

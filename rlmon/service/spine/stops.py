@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import replace
 
 from rlmon.service.alerting.alert_types import AlertEvent
@@ -18,6 +18,7 @@ from rlmon.service.alerting.notify.render import summary_line
 from rlmon.service.config import StopConfig
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.contract.stop_decision import STOP, StopDecision
+from rlmon.service.storage.history import HistoryStore
 
 __all__ = ["StopDesk"]
 
@@ -29,12 +30,13 @@ class StopDesk:
     """Decides stops as steps are judged; ``decisions`` (run -> the latest) and ``counts`` (by
     alert) are what the aggregators' acknowledgements and /metrics read."""
 
-    def __init__(self, engine: AlertEngine, config: StopConfig,
-                 stored: Sequence[StopDecision] = ()) -> None:
-        """``stored``: the decisions the history store holds, newest first."""
+    def __init__(self, engine: AlertEngine, config: StopConfig, history: HistoryStore) -> None:
+        """The newest decisions the history store holds are read back (a restarted service
+        keeps answering them)."""
         self._engine, self._config = engine, config
         self._stoppers = {r.name for r in engine.rules if STOP in r.actions}
-        self.decisions: dict[str, StopDecision] = {d.run: d for d in reversed(stored)}
+        self.decisions: dict[str, StopDecision] = {
+            d.run: d for d in reversed(history.stops(limit=_MAX_STOPS))}
         self.counts: Counter[str] = Counter()
         if self._stoppers and not config.runs:
             _log.warning("rlmon: rules %s carry the stop action, but the config's stop.runs lets "

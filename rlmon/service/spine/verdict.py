@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 from rlmon.service.aggregation.aggregator_stats import AggregatorStats
@@ -42,10 +43,11 @@ class Sighting:
     firing: Mapping[str, str] = field(default_factory=dict)  # the stream's liveness alerts now
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Verdict:
     """One batch, judged. ``states`` and ``last_steps`` are the engine's after the batch, for
-    the streams it touched (the commit stores them in the same transaction as the steps)."""
+    the streams it touched (the commit stores them in the same transaction as the steps). The
+    views of it below are computed once (a frozen value: they never change)."""
 
     kind: Literal["steps", "liveness"]
     at: float  # the service's clock when the batch was judged
@@ -57,21 +59,21 @@ class Verdict:
     states: Mapping[tuple[str, str, str], AlertState] = field(default_factory=dict)
     last_steps: Mapping[Stream, int] = field(default_factory=dict)
 
-    @property
+    @cached_property
     def records(self) -> tuple[StepRecord, ...]:
         return tuple(s.record for s in self.steps)
 
-    @property
+    @cached_property
     def views(self) -> tuple[LivenessView, ...]:
         return tuple(s.view for s in self.sightings)
 
-    @property
+    @cached_property
     def events(self) -> list[AlertEvent]:
         """Every transition, in the order it was decided."""
         return ([e for s in self.steps for e in s.events]
                 + [e for s in self.sightings for e in s.events])
 
-    @property
+    @cached_property
     def outbound(self) -> list[Outbound]:
         """The notifications the transitions owe, by when they were decided."""
         return ([(s.record.finalized_at, list(s.events)) for s in self.steps if s.events]
