@@ -211,7 +211,7 @@ def bench(steps: int, chromium: Any | None) -> dict[str, Any]:
         core = ServiceCore(state_dir=state, port=0, host="127.0.0.1").start()
         base = f"http://127.0.0.1:{core.port}/"
         try:
-            warmer = core._web_warmer
+            warmer = core.ports.warmer
             deadline = time.monotonic() + 120
             while not len(warmer.api.columns) and time.monotonic() < deadline:
                 time.sleep(0.05)

@@ -55,7 +55,7 @@ def aggregator_actor_class() -> Any:
             self.namespace, self.service_name = namespace, service_name
             self._service: Any = None
             self.server = AggregatorServer(core, self._publish, shard, tick_s,
-                                           publish_liveness=self._publish_liveness)
+                                           publish_liveness=self._publish_liveness).start()
 
         def _publish_liveness(self, views: list[LivenessView], shard: int) -> None:
             if self._service is None:

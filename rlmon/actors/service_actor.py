@@ -15,8 +15,10 @@ from rlmon.service.config import Settings
 from rlmon.service.contract.run_info import RunInfo
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.contract.stop_decision import StopDecision
+from rlmon.service.forward.sink import ForwardSink
 from rlmon.service.liveness.run_state import LivenessView
 from rlmon.service.service_core import ServiceCore
+from rlmon.service.spine.sinks import ExporterSink
 
 __all__ = ["SERVICE", "send_to_service", "service_actor_class"]
 
@@ -93,11 +95,11 @@ def service_actor_class() -> Any:
             return bool(settings == self.core.settings)
 
         def layout(self) -> dict[str, Any]:
-            core = self.core
+            core, ports = self.core, self.core.ports
             return {
-                "shards": self.shards, "port": core.port, "host": core.host,
-                "wanted_port": core.wanted_port,
-                "port_moved": core.port is not None and core.wanted_port not in (0, core.port),
+                "shards": self.shards, "port": core.port, "host": ports.host,
+                "wanted_port": ports.wanted_port,
+                "port_moved": core.port is not None and ports.wanted_port not in (0, core.port),
                 "creator": self.creator, "state_dir": self.state_dir,
                 "destinations": core.dispatcher.destinations(),
             }
@@ -144,16 +146,18 @@ def service_actor_class() -> Any:
             return self.core.history.liveness(run)
 
         def stats(self) -> dict[str, Any]:
+            spine = self.core.spine
             return {
-                "redeliveries": self.core.redeliveries,
-                "ingest": self.core._ingest_counters(),
+                "redeliveries": spine.memory.redeliveries,
+                "ingest": spine.sinks[ExporterSink].ingest(spine.memory.redeliveries),
                 "dispatch": self.core.dispatcher.stats(),
-                "removed": dict(self.core.removed),  # retention and expiry, by kind
-                "forward": self.core.forward.stats(),  # per tracker: sent, dropped, failures
+                "removed": dict(spine.memory.removed),  # retention and expiry, by kind
+                # per tracker: sent, dropped, failures
+                "forward": spine.sinks[ForwardSink].stats(),
             }
 
         def healthy(self) -> tuple[bool, str]:
-            return self.core.healthy()
+            return self.core.spine.commit.healthy()
 
         def close(self, timeout: float = 5.0) -> bool:
             return self.core.close(timeout)

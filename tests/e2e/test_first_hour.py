@@ -151,7 +151,7 @@ def test_a_rerun_under_the_same_name_is_recorded_as_a_new_attempt(tmp_path: Path
     core = AggregatorCore(store=store)
     service = ServiceCore(state_dir=state).start()
     first = _run(core, service, range(0, 5), tied=1.0)  # NoLearningSignal fires at step 2
-    assert [(e.alert, e.state, e.step) for e in service.events] == [
+    assert [(e.alert, e.state, e.step) for e in service.spine.commit.events] == [
         ("NoLearningSignal", "firing", 2)]
     first.close()
     # The next job: new aggregator and service on the same state directory, steps from 0 again.
@@ -163,7 +163,7 @@ def test_a_rerun_under_the_same_name_is_recorded_as_a_new_attempt(tmp_path: Path
     steps = service.history.steps("rerun")
     assert [(s["step"], s.get("attempt", 0)) for s in steps] == [
         (0, 0), (1, 0), (2, 0), (3, 0), (4, 0), (0, 1), (1, 1), (2, 1), (3, 1)]
-    assert [(e.alert, e.state, e.step, e.attempt) for e in service.events] == [
+    assert [(e.alert, e.state, e.step, e.attempt) for e in service.spine.commit.events] == [
         ("NoLearningSignal", "resolved", 0, 1), ("NoLearningSignal", "firing", 2, 1)]
     exported = _scrape(service)
     assert exported["rlmon_run_restarts_total"] == 1

@@ -137,7 +137,7 @@ def test_the_good_message_beside_a_bad_one_is_delivered(bad: Any, field: str) ->
     def publish(records: list[StepRecord], shard: int, stats: AggregatorStats) -> None:
         published.extend(records)
 
-    server = AggregatorServer(AggregatorCore(), publish, tick_s=0.01)
+    server = AggregatorServer(AggregatorCore(), publish, tick_s=0.01).start()
     try:
         # an open step of a good run, finalized by the deadline pass or at close
         open_step = msg(run="open", step=0, rank=Rank(dp=0), world=World(dp=2))

@@ -61,7 +61,7 @@ def test_a_run_stops_only_when_the_rule_and_the_run_glob_both_opt_in(
         assert (fired.alert, fired.state) == ("NonFiniteMetric", "firing")
         assert bool(fired.stop) is stops
         assert (run in core.stops_for([run])) is stops
-        assert core.stop_counts["NonFiniteMetric"] == int(stops)
+        assert core.spine.stops.counts["NonFiniteMetric"] == int(stops)
         if stops:
             decision = core.stops_for([run])[run]
             assert (decision.alert, decision.step, decision.role) == ("NonFiniteMetric", 1, "actor")
@@ -106,7 +106,7 @@ def test_the_decision_survives_a_restart_and_is_renewed_only_while_the_alert_hol
         assert again.publish([step("r", 1, math.nan)]) == []  # still firing: no new page...
         renewed = again.stops_for(["r"])["r"]
         assert (renewed.step, renewed.at, renewed.reason) == (1, clock.now, taken.reason)
-        assert again.stop_counts["NonFiniteMetric"] == 0  # ... and no new stop counted
+        assert again.spine.stops.counts["NonFiniteMetric"] == 0  # ... and no new stop counted
         clock.now += 60
         again.publish([step("r", 2, 1.0)])  # the condition cleared: no renewal
         assert again.stops_for(["r"])["r"] == renewed

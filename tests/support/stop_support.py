@@ -31,7 +31,7 @@ class InProcess:
     def __init__(self, service: ServiceCore, node_merge: bool = False) -> None:
         self.service = service
         self.core = AggregatorCore()
-        self.server = AggregatorServer(self.core, service.receive, tick_s=0.005)
+        self.server = AggregatorServer(self.core, service.receive, tick_s=0.005).start()
         self.merger = NodeMerger() if node_merge else None
 
     def send(self, messages: Sequence[StepMessage]) -> IngestAck:

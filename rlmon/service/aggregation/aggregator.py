@@ -480,7 +480,8 @@ Publish = Callable[[list[StepRecord], int, AggregatorStats], Mapping[str, StopDe
 
 
 class AggregatorServer:
-    """What the actor does, with the service handle injected (a Protocol seam for tests)."""
+    """What the actor does, with the service handle injected (a Protocol seam for tests). Its
+    delivery thread starts with :meth:`start` (the actor's), never with the constructor."""
 
     def __init__(
         self, core: AggregatorCore, publish: Publish, shard: int = 0, tick_s: float = 0.02,
@@ -493,8 +494,15 @@ class AggregatorServer:
         self.delivery_errors = 0
         self._published_stats: tuple[int, ...] | None = None
         self._delivering = threading.Lock()  # the loop and close() never publish the same records
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="rlmon-aggregator")
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> AggregatorServer:
+        """Deliver on a thread of its own from now on (idempotent); returns the server."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, daemon=True,
+                                            name="rlmon-aggregator")
+            self._thread.start()
+        return self
 
     def ingest(self, messages: list[StepMessage]) -> IngestAck:
         ack = self.core.ingest(messages)
@@ -578,5 +586,6 @@ class AggregatorServer:
         ok = self.deliver()
         self._stop.set()
         self._wake.set()
-        self._thread.join(5.0)
+        if self._thread is not None:
+            self._thread.join(5.0)
         return ok

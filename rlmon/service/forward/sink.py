@@ -28,6 +28,7 @@ from typing import Any
 from rlmon.service.alerting.alert_types import AlertEvent
 from rlmon.service.config import ForwardConfig
 from rlmon.service.contract.step_record import StepRecord
+from rlmon.service.export.exporter import RunInfo
 from rlmon.service.forward.tracker import (
     EndState,
     ForwardedStep,
@@ -36,6 +37,8 @@ from rlmon.service.forward.tracker import (
     metric_key,
 )
 from rlmon.service.liveness.run_state import LivenessView, RunState
+from rlmon.service.spine.sink import StepSink
+from rlmon.service.spine.verdict import Verdict
 
 __all__ = ["ForwardSink", "ForwardStats", "build_trackers"]
 
@@ -313,8 +316,9 @@ def build_trackers(config: ForwardConfig) -> list[Tracker]:
     return out
 
 
-class ForwardSink:
-    """Fans the service's finalized steps, alerts, settings and run ends out to the trackers."""
+class ForwardSink(StepSink):
+    """Fans the service's finalized steps, alerts, settings and run ends out to the trackers
+    (one of the service's sinks: :mod:`rlmon.service.spine.sink`)."""
 
     def __init__(self, config: ForwardConfig, trackers: Sequence[Tracker] | None = None) -> None:
         """``trackers`` None: the ones ``config`` enables."""
@@ -380,6 +384,13 @@ class ForwardSink:
                 items.append(_Item("end", TrackerRun(run, seen.attempt), end=state))
         for worker in self._workers:
             worker.put(items)
+
+    def record(self, verdict: Verdict) -> None:
+        if self._workers:
+            self.observe(verdict.records, verdict.events, verdict.views)
+
+    def run_info(self, run: str, info: RunInfo) -> None:
+        self.set_run_info(run, info.labels(), info.framework)
 
     def set_run_info(self, run: str, settings: Mapping[str, Any], framework: str = "") -> None:
         """The run's settings (what its integration reported), logged with its tracker run."""

@@ -61,13 +61,20 @@ class CacheWarmer:
     """A daemon thread that keeps the curves of the most recently active streams cached (every
     ``period`` seconds it reads their new steps through the page's own connection), so opening
     a long run does not wait for its first read. SQLite runs without the GIL: the alert path
-    is not held up."""
+    is not held up. The thread starts with :meth:`start`, never with the constructor."""
 
     def __init__(self, api: WebApi, period: float = 5.0) -> None:
         self.api, self.period = api, period
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="rlmon-web-warm", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> CacheWarmer:
+        """Start warming (idempotent); returns the warmer."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="rlmon-web-warm",
+                                            daemon=True)
+            self._thread.start()
+        return self
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -79,7 +86,8 @@ class CacheWarmer:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(5.0)
+        if self._thread is not None:
+            self._thread.join(5.0)
 
 
 def page_key(token: str, secret: bytes) -> str:

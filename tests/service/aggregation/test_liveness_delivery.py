@@ -38,7 +38,7 @@ def test_liveness_views_reach_the_service_while_steps_keep_arriving() -> None:
     publish, published = _backlogged(core, stop)
     views: list[LivenessView] = []
     server = AggregatorServer(core, publish, tick_s=0.005,
-                              publish_liveness=lambda batch, shard: views.extend(batch))
+                              publish_liveness=lambda batch, shard: views.extend(batch)).start()
     try:
         wait_for(lambda: len(published) > 5, 30, "steps handed over")
         assert core.pending_records(1), "the service never catches up in this scenario"
@@ -60,7 +60,7 @@ def test_states_are_still_judged_while_a_backlog_of_steps_lasts() -> None:
     views: list[LivenessView] = []
     core.heartbeat([beat("quiet", 0, 1, spans=(("train", time.time()),), at=time.time())])
     server = AggregatorServer(core, publish, tick_s=0.005,
-                              publish_liveness=lambda batch, shard: views.extend(batch))
+                              publish_liveness=lambda batch, shard: views.extend(batch)).start()
     try:
         wait_for(lambda: len(published) > 3, 30, "steps handed over")
         silent = wait_for(lambda: [v for v in views if v.run == "quiet"

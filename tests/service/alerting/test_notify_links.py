@@ -82,7 +82,7 @@ def test_a_firing_links_to_its_page_and_says_what_to_change(
         core.set_run_info(RUN, {"framework": "verl"})
         for step, metrics in enumerate(stale_weights()):
             core.publish([step_record(run=RUN, step=step, metrics=metrics)])
-        stale = next(e for e in core.events if e.alert == "ISRatioStale")
+        stale = next(e for e in core.spine.commit.events if e.alert == "ISRatioStale")
         assert stale.framework == "verl" and stale.first_moved == MOVED
         wait_for(lambda: any("ISRatioStale" in json.dumps(r.body)
                              for r in receiver.accepted("/v2/enqueue")), 60, "the PD trigger")
@@ -131,7 +131,7 @@ def test_relayed_keys_name_the_framework_when_the_integration_said_nothing(
         core.publish([step_record(run="or", step=0, metrics={
             c.IS_RATIO: 3.0, "openrlhf/policy_loss": 0.1})])
         core.publish([step_record(run="own", step=0, metrics={c.IS_RATIO: 3.0})])
-        by_run = {e.run: e for e in core.events if e.alert == "ISRatioDivergence"}
+        by_run = {e.run: e for e in core.spine.commit.events if e.alert == "ISRatioDivergence"}
         assert by_run["or"].framework == "openrlhf"
         assert by_run["own"].framework == ""  # a home-grown loop: plain words
     finally:

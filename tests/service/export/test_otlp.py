@@ -23,6 +23,7 @@ from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.contract.timeline import RankTimeline, Span, Timeline
 from rlmon.service.metrics.rank import Rank
 from rlmon.service.service_core import ServiceCore
+from rlmon.service.spine.sinks import OtlpSink
 from tests.support.records import step_record
 
 S = 1_000_000_000
@@ -81,7 +82,7 @@ def _record() -> StepRecord:
 def test_otlp_is_off_by_default() -> None:
     assert Settings().otlp.enabled is False
     service = ServiceCore(Settings.model_validate({"notifiers": {"console": {"enabled": False}}})).start()
-    assert service.otlp is None
+    assert service.spine.sinks[OtlpSink].otlp is None
     service.close()
 
 
@@ -93,7 +94,7 @@ def test_spans_reach_a_loopback_otlp_receiver(receiver: OtlpReceiver, tmp_path: 
     service = ServiceCore(settings).start()
     try:
         service.publish([_record()])
-        assert service.otlp is not None and service.otlp.flush(10)
+        assert (otlp := service.spine.sinks[OtlpSink].otlp) is not None and otlp.flush(10)
         spans = wait_for(lambda: len(receiver.spans()) == 9 and receiver.spans(), 10,
                          "9 spans at the receiver")
     finally:

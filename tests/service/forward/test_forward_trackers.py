@@ -19,6 +19,7 @@ import pytest
 
 from rlmon.service.contract.run_info import RunInfo
 from rlmon.service.contract.step_record import StepRecord
+from rlmon.service.forward.sink import ForwardSink
 from rlmon.service.forward.tracker import TrackerRun, metric_key, step_key
 from rlmon.service.liveness.run_state import LivenessView, RunState
 from rlmon.service.service_core import ServiceCore
@@ -66,7 +67,7 @@ def forwarded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     }
     core = fed_service(root / "state", [], forward=forward)
     try:
-        core.forward.start()
+        core.spine.sinks[ForwardSink].start()
         core.set_run_info(RUN, RunInfo(framework="openrlhf", algorithm="grpo", dp=2, cp=2))
         core.publish(records)
         now = time.time()
@@ -74,7 +75,7 @@ def forwarded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 "rollout": RunState.PREEMPTED}
         core.liveness([LivenessView(RUN, role, state, now, now, 29, now, now, 1.0, 60.0, 4)
                        for role, state in ends.items()])
-        assert core.forward.flush(120.0), core.forward.stats()
+        assert core.spine.sinks[ForwardSink].flush(120.0), core.spine.sinks[ForwardSink].stats()
         metrics: dict[str, list[str]] = defaultdict(list)
         for record in records:
             for name in record.metrics:
@@ -82,7 +83,7 @@ def forwarded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                     metrics[record.role].append(name)
         curves = {role: _curves(core, role, metrics[role]) for role in ROLES}
         alerts = core.history.alerts(RUN)
-        stats = core.forward.stats()
+        stats = core.spine.sinks[ForwardSink].stats()
     finally:
         core.close(30.0)
         mp.undo()

@@ -233,12 +233,12 @@ def test_run_failed_pages_once_with_its_cost_survives_a_restart_and_a_rerun_reso
     assert c.fired("crash") == [("RunFailed", "firing")]
     assert c.fired("term") == [("RunPreempted", "firing")]
     assert c.fired("done") == []
-    failed = next(e for e in c.service.events if e.alert == "RunFailed")
+    failed = next(e for e in c.service.spine.commit.events if e.alert == "RunFailed")
     assert failed.severity == "critical" and failed.step == 19
     assert "torch.OutOfMemoryError: CUDA out of memory" in failed.detail
     assert "last seen in update_actor, last step 19" in failed.detail and "GPU-hours" in failed.detail
     assert "rerun" in failed.what_to_check and failed.cost_note
-    preempted = next(e for e in c.service.events if e.alert == "RunPreempted")
+    preempted = next(e for e in c.service.spine.commit.events if e.alert == "RunPreempted")
     assert preempted.severity == "warning" and "killed by SIGTERM" in preempted.detail
     got = c.scrape()
     assert got[("rlmon_run_state", (("role", "actor"), ("run", "crash"), ("state", "failed")))] == 1
@@ -269,7 +269,7 @@ def test_run_failed_pages_once_with_its_cost_survives_a_restart_and_a_rerun_reso
         "crash", dp, c.clock.wall() + 1, last=0)) for dp in (0, 1)])
     c.run(3, {"crash": {"step": True}})
     assert c.fired("crash") == [("RunFailed", "firing"), ("RunFailed", "resolved")]
-    resolved = [e for e in c.service.events if e.alert == "RunFailed"][-1]
+    resolved = [e for e in c.service.spine.commit.events if e.alert == "RunFailed"][-1]
     assert "rerun" in resolved.summary
     c.service.close(0.0)
 
@@ -289,7 +289,7 @@ def test_a_frozen_run_says_so_and_never_that_its_processes_are_gone(
     os.kill(sleeper.pid, signal.SIGSTOP)
     c.run(60, {"f": {"beat": False}})
     assert c.fired("f") == [("RunFrozen", "firing")]
-    frozen = next(e for e in c.service.events if e.alert == "RunFrozen")
+    frozen = next(e for e in c.service.spine.commit.events if e.alert == "RunFrozen")
     assert frozen.severity == "warning" and "Processes still exist" in frozen.detail
     assert "gone" not in frozen.detail + frozen.what_to_check
     # it comes back and closes cleanly: resolved, nothing else

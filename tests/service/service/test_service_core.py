@@ -101,7 +101,7 @@ def test_outbox_path_from_config(tmp_path: Path, configured: str | None) -> None
         expected = {None: state / "outbox.sqlite",
                     "queue/notify.sqlite": state / "queue" / "notify.sqlite"}.get(
             configured, Path(str(configured)))
-        assert Path(core.outbox_path) == expected
+        assert Path(core.dispatcher.outbox.path) == expected
         assert expected.exists()
     finally:
         core.close()
@@ -170,8 +170,7 @@ def test_healthz_reports_dead_delivery_threads_and_closed_history(tmp_path: Path
         assert _health(core.port) == (503, "unhealthy: history store closed\n")
     finally:
         core.dispatcher.stop()
-        if core.server is not None:
-            core.server.close()
+        core.ports.close()
 
 
 def test_slack_url_without_scheme_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -278,7 +277,7 @@ def test_webhook_url_credential_stays_out_of_logs_outbox_and_repr(
         with caplog.at_level(logging.INFO):
             core.publish([step("r", 0, **{IS_RATIO: 3.0})])
             wait_for(lambda: receiver.tried("/hook"), 30, "the first (failing) attempt")
-            db = sqlite3.connect(core.outbox_path)
+            db = sqlite3.connect(core.dispatcher.outbox.path)
             errors = wait_for(lambda: [e for (e,) in db.execute("SELECT last_error FROM outbox")
                                        if e], 30, "the retry to be scheduled")
             db.close()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rlmon.service.config import Settings
 from rlmon.service.service_core import ServiceCore
+from rlmon.service.spine.sinks import OtlpSink
 
 
 def test_start_starts_the_threads_and_the_server_and_close_ends_them(tmp_path: Path) -> None:
@@ -21,7 +22,7 @@ def test_start_starts_the_threads_and_the_server_and_close_ends_them(tmp_path: P
     try:
         names = {t.name for t in set(threading.enumerate()) - before}
         assert {"rlmon-goodput", "rlmon-web-warm", "rlmon-notify-console"} <= names, names
-        assert core.port is not None and core.otlp is not None
+        assert core.port is not None and core.spine.sinks[OtlpSink].otlp is not None
         with urllib.request.urlopen(f"http://127.0.0.1:{core.port}/healthz", timeout=10) as r:
             assert r.read() == b"ok\n"
     finally:

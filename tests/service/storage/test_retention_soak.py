@@ -11,6 +11,7 @@ import pytest
 
 from rlmon.service.config import Settings
 from rlmon.service.service_core import ServiceCore
+from rlmon.service.spine.sinks import SanitySink
 from tests.support.clock import FakeClock
 from tests.unit.storage.test_retention import IS_RATIO, T0, step
 
@@ -18,11 +19,13 @@ pytestmark = pytest.mark.slow
 
 
 def _sizes(core: ServiceCore) -> dict[str, int]:
+    memory, engine = core.spine.memory, core.spine.judge.engine
+    sanity = core.spine.sinks[SanitySink]
     return {
-        "streams": len(core._tracker), "runs": core._tracker.runs,
-        "alert_states": len(core.engine.states), "last_steps": len(core.engine.last_step),
-        "sanity": len(core.sanity), "run_info": len(core.run_info),
-        "relayed": len(core._relayed), "exporter_series": core.metrics.series,
+        "streams": len(memory.tracker), "runs": memory.tracker.runs,
+        "alert_states": len(engine.states), "last_steps": len(engine.last_step),
+        "sanity": len(sanity.checkers), "run_info": len(memory.run_info),
+        "relayed": len(sanity.relayed), "exporter_series": core.metrics.series,
     }
 
 
@@ -65,8 +68,9 @@ def test_soak_one_simulated_hour_memory_and_disk_stay_flat(tmp_path: Path) -> No
     (mem0, disk0, sizes0), (mem1, disk1, sizes1) = marks[900], marks[3_600]
     print(f"\nsoak: memory {mem0 / 1024:.0f} KiB at 15 min, {mem1 / 1024:.0f} KiB at 60 min; "
           f"disk {disk0 / 1024:.0f} KiB, {disk1 / 1024:.0f} KiB; structures {sizes0} -> {sizes1};"
-          f" removed {dict(core.removed)}")
+          f" removed {dict(core.spine.memory.removed)}")
     assert sizes1 == sizes0
     assert mem1 <= mem0 * 1.1 + 256 * 1024, (mem0, mem1)
     assert disk1 <= disk0 * 1.1 + 64 * 1024, (disk0, disk1)
-    assert core.removed["history_runs"] >= 40 and core.removed["streams_forgotten"] >= 80
+    removed = core.spine.memory.removed
+    assert removed["history_runs"] >= 40 and removed["streams_forgotten"] >= 80

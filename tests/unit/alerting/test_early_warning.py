@@ -283,12 +283,12 @@ def test_state_survives_a_service_restart_bit_for_bit(tmp_path: Path, cut: int) 
     assert {a for a, _, _ in reference} >= {"EntropySliding", "KLClimbing"}
     core = ServiceCore(quiet(), state_dir=tmp_path)
     got = transitions(core.publish(recs[:cut]))
-    live_states = {k: (list(s.history), s.score, s.firing) for k, s in core.engine.states.items()}
+    live_states = {k: (list(s.history), s.score, s.firing) for k, s in core.spine.judge.engine.states.items()}
     core.close()
     again = ServiceCore(quiet(), state_dir=tmp_path)
     try:
         restored = {k: (list(s.history), s.score, s.firing)
-                    for k, s in again.engine.states.items()}
+                    for k, s in again.spine.judge.engine.states.items()}
         assert restored == live_states  # windows and CUSUM scores, exactly
         for rec in recs[cut:]:
             got += transitions(again.publish([rec]))

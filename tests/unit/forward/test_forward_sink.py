@@ -196,17 +196,17 @@ def test_names_are_the_catalogs_or_the_frameworks_own_prefixed_by_role() -> None
 
 
 def test_the_service_queues_but_starts_no_thread_until_asked() -> None:
-    settings = load_config(None, forward={"tensorboard": {"enabled": True,
-                                                          "log_dir": "unused"}})
-    core = ServiceCore(settings)
+    settings = load_config(None)
+    tracker = Recording()
+    forward = ForwardSink(settings.forward, [tracker])  # a sink of one's own, beside the service's
+    core = ServiceCore(settings, sinks=[forward])
     try:
-        tracker = Recording()
-        core.forward = ForwardSink(settings.forward, [tracker])
         core.publish(_records(3))
-        assert core.forward.stats()[0].queued_steps == 3 and not tracker.calls
+        assert forward.stats()[0].queued_steps == 3 and not tracker.calls
+        assert core.spine.sinks[ForwardSink].stats() == []  # the built-in one: no tracker set
         assert not [t for t in threading.enumerate() if t.name.startswith("rlmon-forward")]
-        core.forward.start()
-        assert core.forward.flush(10)
+        forward.start()
+        assert forward.flush(10)
         assert [s.step for s in tracker.steps()] == [0, 1, 2]
     finally:
         core.close(1.0)

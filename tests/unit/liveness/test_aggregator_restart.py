@@ -79,7 +79,7 @@ def test_a_rerun_after_a_restart_is_a_new_attempt_when_its_liveness_was_restored
     memory with its saved liveness; rerun under the same name, its steps are the next attempt
     (found by the examples on a state directory an hour old: the service dropped every step of
     the rerun as a redelivery of the first attempt's)."""
-    clock = SimClock()
+    clock = sim_clock()
     store = WatermarkStore(tmp_path / "w.sqlite")
     core = AggregatorCore(store=store, clock=clock, wall_clock=clock.wall)
     for step in range(4):

@@ -36,9 +36,9 @@ class CostCluster(Cluster):
         return ServiceCore(settings, state_dir=self.tmp / "state", clock=self.clock.wall)
 
     def tick(self) -> None:
-        seen = len(self.service.events)
+        seen = len(self.service.spine.commit.events)
         super().tick()
-        self.all.extend(list(self.service.events)[seen:])
+        self.all.extend(list(self.service.spine.commit.events)[seen:])
 
     def stalled(self) -> list[AlertEvent]:
         return [e for e in self.all if e.alert == "RunStalled"]
@@ -125,9 +125,9 @@ def test_an_alert_state_keeps_its_onset_and_gpus_across_a_restart(tmp_path: Path
         key: AlertState(true_steps=3, firing=True, onset=onset, gpus=16.0)})
     service.close(0.0)
     again = ServiceCore(settings, state_dir=tmp_path)
-    restored = again.engine.states[key]
+    restored = again.spine.judge.engine.states[key]
     assert (restored.onset, restored.gpus) == (onset, 16.0)
-    assert again.costs.firing(onset + 1_800.0) == {key: 8.0}
+    assert again.spine.judge.costs.firing(onset + 1_800.0) == {key: 8.0}
     again.close(0.0)
 
 

@@ -98,7 +98,7 @@ def test_hang_death_and_clean_finish_page_once_each(
     assert 30 <= died_at - stopped <= 33
     firing = {(a["run"], a["alert"]) for a in c.service.history.firing_alerts()}
     assert {("hung", "RunStalled"), ("killed", "RunDied")} <= firing
-    stalled = next(e for e in c.service.events if e.alert == "RunStalled")
+    stalled = next(e for e in c.service.spine.commit.events if e.alert == "RunStalled")
     assert "generate" in stalled.detail and "2 ranks" in stalled.detail
     assert "GPU-hours" in stalled.cost_note and stalled.gpus == 2
     # nothing vanishes: past the exporter's run TTL the stalled and dead runs are still shown

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rlmon.service.config import Settings
 from rlmon.service.service_core import ServiceCore
+from rlmon.service.spine.sinks import OtlpSink
 
 
 def test_the_constructor_starts_no_thread_and_binds_no_port(tmp_path: Path) -> None:
@@ -17,6 +18,7 @@ def test_the_constructor_starts_no_thread_and_binds_no_port(tmp_path: Path) -> N
     core = ServiceCore(settings, state_dir=tmp_path, port=0, host="127.0.0.1")
     try:
         assert set(threading.enumerate()) == before
-        assert core.port is None and core.server is None and core.otlp is None
+        assert core.port is None and core.ports.server is None
+        assert core.spine.sinks[OtlpSink].otlp is None
     finally:
         core.close(0.0)

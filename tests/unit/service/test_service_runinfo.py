@@ -18,6 +18,7 @@ from rlmon.service.contract.step_message import StepMessage
 from rlmon.service.export.exporter import MetricsState
 from rlmon.service.metrics import catalog, keymaps
 from rlmon.service.service_core import ServiceCore
+from rlmon.service.spine.sinks import SanitySink
 from tests.support.clock import FakeClock
 from tests.support.records import step_record
 from tests.support.scrape import scrape
@@ -89,14 +90,14 @@ def test_dpo_metadata_turns_on_the_ln2_check() -> None:
         for run in ("dpo", "ppo"):
             core.publish([step_record(run=run, step=s, metrics={LOSS: math.log(2.0)})
                           for s in range(6)])
-        found = [(f.kind.value, f.metric) for f in core.findings]
+        found = [(f.kind.value, f.metric) for f in core.spine.sinks[SanitySink].findings]
         assert found == [("DPOLossAtLn2", LOSS)]  # ppo at ln 2 is no finding
         # metadata that arrives after the first steps still applies to the live checker
         core.publish([step_record(run="late", step=0, metrics={LOSS: 0.1})])
         core.set_run_info("late", RunInfo(dpo=True))
         core.publish([step_record(run="late", step=s, metrics={LOSS: math.log(2.0)})
                       for s in range(1, 7)])
-        assert core.finding_counts["DPOLossAtLn2"] == 2
+        assert core.spine.sinks[SanitySink].counts["DPOLossAtLn2"] == 2
     finally:
         core.close()
 
@@ -108,7 +109,7 @@ def test_deepspeed_version_from_metadata_annotates_nan_grad_norm() -> None:
         core.set_run_info("ds", RunInfo(framework="openrlhf", deepspeed_version="0.14.0"))
         core.publish([step_record(run="ds", step=0, metrics={grad: math.nan})])
         core.publish([step_record(run="plain", step=0, metrics={grad: math.nan})])
-        assert [(f.kind.value, f.known_bug) for f in core.findings] == [
+        assert [(f.kind.value, f.known_bug) for f in core.spine.sinks[SanitySink].findings] == [
             ("GradNormNaNKnownDeepSpeedBug", True)]
     finally:
         core.close()
@@ -124,16 +125,16 @@ def test_relayed_non_comparable_keys_are_warned_once_per_run(
             for step in range(3):
                 metrics = {relayed: 0.5, LOSS: 0.4, "timing/x_seconds": 1.0}
                 core.publish([step_record(run="or", step=step, metrics=metrics)])
-        kinds = [(f.kind.value, f.metric) for f in core.findings]
+        kinds = [(f.kind.value, f.metric) for f in core.spine.sinks[SanitySink].findings]
         assert kinds == [("RelayedKeyNotComparable", relayed)]
-        assert core.finding_counts["RelayedKeyNotComparable"] == 1
+        assert core.spine.sinks[SanitySink].counts["RelayedKeyNotComparable"] == 1
         assert relayed in caplog.text
         samples = scrape(core.metrics)
         key = ("rlmon_sanity_findings_total", (("kind", "RelayedKeyNotComparable"),))
         assert samples[key] == 1.0
         # another run relaying the same key gets its own warning
         core.publish([step_record(run="or2", step=0, metrics={relayed: 0.5})])
-        assert core.finding_counts["RelayedKeyNotComparable"] == 2
+        assert core.spine.sinks[SanitySink].counts["RelayedKeyNotComparable"] == 2
     finally:
         core.close()
 

@@ -7,6 +7,7 @@ import math
 
 from rlmon.service.metrics import catalog
 from rlmon.service.service_core import ServiceCore
+from rlmon.service.spine.sinks import SanitySink
 from tests.support.records import step_record
 from tests.support.scrape import scrape
 
@@ -21,12 +22,12 @@ def test_loss_stuck_at_ln3_is_found_once_and_exported() -> None:
             for step in range(6)
         ]
         core.publish(records)
-        kinds = [f.kind.value for f in core.findings]
+        kinds = [f.kind.value for f in core.spine.sinks[SanitySink].findings]
         assert kinds == ["LossAtLn3"]
         samples = scrape(core.metrics)
         assert samples[("rlmon_sanity_findings_total", (("kind", "LossAtLn3"),))] == 1.0
         # a healthy loss in another run finds nothing
         core.publish([step_record(run="run-b", step=s, metrics={LOSS: 0.3}) for s in range(6)])
-        assert len(core.findings) == 1
+        assert len(core.spine.sinks[SanitySink].findings) == 1
     finally:
         core.close()

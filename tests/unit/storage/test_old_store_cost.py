@@ -104,8 +104,8 @@ def test_the_writer_adds_the_cost_columns_and_keeps_the_old_rows(tmp_path: Path)
                           state_dir=tmp_path)
     assert {"onset", "gpus", "gpu_hours", "money", "cost_note"} <= _columns(path, "alerts")
     assert {"onset", "gpus"} <= _columns(path, "alert_state")
-    assert service.engine.states[("r", "actor", "LossSpike")].firing  # restored, no cost
-    assert service.costs.firing(T0 + 10) == {}
+    assert service.spine.judge.engine.states[("r", "actor", "LossSpike")].firing  # restored, no cost
+    assert service.spine.judge.costs.firing(T0 + 10) == {}
     event = AlertEvent("r", "actor", 6, "LossSpike", "warning", "resolved", "actor/loss", 0.5,
                        onset=T0 + 4, gpus=8.0, gpu_hours=0.5, cost_note="lasted 4 s")
     service.history.add([], [event], states={

@@ -64,7 +64,7 @@ def test_a_live_step_is_stamped_in_wall_time_so_retention_keeps_it(tmp_path: Pat
     service = ServiceCore(settings(every_seconds=0.001), state_dir=tmp_path)
     for n in range(4):  # each publish takes over 1 ms: retention runs at every one after the first
         service.publish([replace(record, step=n)])
-    assert service.removed["history_runs"] == 0
+    assert service.spine.memory.removed["history_runs"] == 0
     assert [s["step"] for s in service.history.steps("live")] == [0, 1, 2, 3]
     service.close()
 
@@ -93,9 +93,9 @@ def test_a_stream_back_from_expiry_resumes_its_alert_state(tmp_path: Path) -> No
         assert fired.state == "firing"
         clock.now += 120  # quiet for longer than the TTL: the stream leaves memory
         core.publish([step("other", 0, clock.now)])
-        assert ("r", "actor") not in core._tracker
-        assert not any(key[0] == "r" for key in core.engine.states)
-        assert core.removed["streams_forgotten"] == 1
+        assert ("r", "actor") not in core.spine.memory.tracker
+        assert not any(key[0] == "r" for key in core.spine.judge.engine.states)
+        assert core.spine.memory.removed["streams_forgotten"] == 1
         # restored, it resolves after the rule's good steps in a row (hysteresis), counted on
         (resolved,) = core.publish([step("r", n, clock.now, **{IS_RATIO: 1.0})
                                     for n in range(1, catalog.RESOLVE_AFTER + 1)])
