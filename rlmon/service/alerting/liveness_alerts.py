@@ -11,9 +11,10 @@ its condition's onset; the service prices it (:mod:`rlmon.service.goodput.alert_
 from __future__ import annotations
 
 from rlmon.service.alerting.alert_types import AlertEvent
+from rlmon.service.alerting.conditions.liveness import TimedKind
 from rlmon.service.alerting.conditions.registry import TIMED
 from rlmon.service.alerting.engine import AlertEngine
-from rlmon.service.alerting.rules import Condition, Rule
+from rlmon.service.alerting.rules import Rule
 from rlmon.service.liveness.run_state import LivenessView, RunState, describe
 from rlmon.service.metrics import catalog
 
@@ -23,7 +24,7 @@ _WHAT_TO_CHECK: dict[str, str] = {
     spec.condition: spec.what_to_check for spec in catalog.LIVENESS_ALERTS}
 
 
-def _resolved_because(condition: Condition, view: LivenessView) -> str:
+def _resolved_because(kind: TimedKind, view: LivenessView) -> str:
     """Why a liveness alert resolved, in the words of the state the run is in now."""
     state = view.state
     if state is RunState.FINISHED:
@@ -36,7 +37,7 @@ def _resolved_because(condition: Condition, view: LivenessView) -> str:
         return " (its processes are gone)"
     if state is RunState.FROZEN:
         return " (its processes still exist)"
-    if condition in (Condition.RUN_FAILED, Condition.RUN_PREEMPTED):
+    if kind.ends_a_run:
         return " (a rerun of the run reported)"
     return " (progress resumed)"
 
@@ -60,7 +61,7 @@ def liveness_events(engine: AlertEngine, view: LivenessView) -> list[AlertEvent]
             repeat = holds and engine.repeat_due(view.run, view.role, rule.name, view.at)
             if not repeat:
                 continue
-        resolved = "" if holds else _resolved_because(rule.condition, view)
+        resolved = "" if holds else _resolved_because(kind, view)
         if repeat:
             resolved = (f" (still firing: re-sent every "
                         f"{engine.policy.repeat_seconds / 3600:g} h)")

@@ -281,3 +281,21 @@ def test_rlmon_only_rules_of_the_pack_are_the_stateful_and_unexported_ones() -> 
     assert {name for name, why in left.items() if why is RlmonOnly.TIMELINES} == {"StragglerRank"}
     assert {name for name, why in left.items() if why is RlmonOnly.OPEN_SPANS} == {
         "StageStuck", "StepTimeRegression"}
+
+
+def test_the_paths_dispatch_through_the_registry_and_name_no_condition() -> None:
+    """The long-log path, the liveness alerts and the Prometheus export hold no meaning of
+    their own for any condition: each asks the condition's kind."""
+    import ast
+    from pathlib import Path
+
+    import rlmon
+
+    root = Path(rlmon.__file__).parent / "service"
+    for module in ("alerting/quiet_steps.py", "alerting/liveness_alerts.py",
+                   "export/prometheus_rules.py"):
+        tree = ast.parse((root / module).read_text(encoding="utf-8"))
+        named = [f"{module}:{node.lineno}: Condition.{node.attr}" for node in ast.walk(tree)
+                 if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                 and node.value.id == "Condition"]
+        assert named == []

@@ -7,6 +7,8 @@ are :mod:`rlmon.service.alerting.liveness_alerts`.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from rlmon.service.alerting.alert_types import AlertState
 from rlmon.service.alerting.conditions.kind import (
     NOT_APPLICABLE,
@@ -39,6 +41,7 @@ class TimedKind(ConditionKind):
     the caveat above it), or why rlmon alone judges it."""
 
     by_time = True
+    ends_a_run: ClassVar[bool] = False  # said by the ranks' ends (a rerun resolves it)
     words = ""
     expression: PromQL | RlmonOnly = RlmonOnly.OPEN_SPANS
 
@@ -117,6 +120,8 @@ class RunDied(TimedKind):
 
 class _Ended(TimedKind):
     """A run whose ranks' processes ended (said by their closing heartbeats)."""
+
+    ends_a_run = True
 
     def value(self, view: LivenessView) -> float | None:
         return float(len(view.ends))  # ranks that ended badly
