@@ -9,7 +9,7 @@ from __future__ import annotations
 from rlmon.service.alerting.conditions.kind import RlmonOnly
 from rlmon.service.alerting.conditions.registry import kind_of
 from rlmon.service.alerting.rules import Condition, Rule, default_rules
-from rlmon.service.generated import Artifact
+from rlmon.service.artifact import Artifact
 from rlmon.service.metrics import catalog
 
 __all__ = ["artifacts", "conditions_markdown", "policy_markdown"]

@@ -23,7 +23,7 @@ import yaml
 from rlmon.service.alerting.conditions.kind import RlmonOnly
 from rlmon.service.alerting.conditions.registry import LIVENESS_CONDITIONS, kind_of
 from rlmon.service.alerting.rules import Rule, default_rules
-from rlmon.service.generated import Artifact
+from rlmon.service.artifact import Artifact
 from rlmon.service.metrics import catalog
 
 __all__ = [
