@@ -1,6 +1,7 @@
 """One tester over the registry of condition kinds (rlmon.service.alerting.conditions): for every
-condition, the live path (the engine judging each record in turn) and the long-log path
-(``evaluate_quietly``: each kind's batch half skips the steps where its check cannot hold) raise
+condition, the live path (the engine judging each record in turn), the long-log path
+(``evaluate_quietly``: each kind's batch half skips the steps where its check cannot hold) and
+the engine's batch path (``evaluate_in_order``: baseline predictions prepared at once) raise
 the same alerts at the same steps with the same values and leave the same states, on generated
 logs that cross each condition both ways (holes, NaN and +-Inf, values hovering inside a resolve
 margin, exact thresholds, flat and monotone stretches, slow drifts); and every rule has a
@@ -16,7 +17,7 @@ import pytest
 from rlmon.service.alerting import baseline_batch
 from rlmon.service.alerting.conditions.kind import PromQL, RlmonOnly
 from rlmon.service.alerting.conditions.registry import CONDITIONS, LIVENESS_CONDITIONS, kind_of
-from rlmon.service.alerting.engine import AlertEngine, AlertEvent
+from rlmon.service.alerting.engine import AlertEngine, AlertEvent, evaluate_in_order
 from rlmon.service.alerting.quiet_steps import evaluate_quietly
 from rlmon.service.alerting.rules import (
     Condition,
@@ -232,6 +233,13 @@ def test_live_and_long_log_paths_agree(condition: Condition, seed: int,
     assert repr(quiet_events) == repr(live_events)  # NaN values: equal as written
     assert repr(quiet.states) == repr(live.states)
     assert quiet.last_step == live.last_step
+
+    # the engine's own batch path too (a long batch's baseline predictions prepared at once)
+    batch = AlertEngine(rules)
+    batch_events = [(i, e) for i, (_, events) in enumerate(evaluate_in_order(batch, records))
+                    for e in events]
+    assert repr(batch_events) == repr(live_events)
+    assert repr(sorted(batch.states.items())) == repr(sorted(live.states.items()))
     if condition is Condition.REWARD_HACKING:  # judged wherever a reward and a length are
         assert judged < len(records), "the steps without a length were judged"
     else:
