@@ -6,7 +6,9 @@ import argparse
 import sys
 
 from rlmon.commands.support.rule_files import read_rules
-from rlmon.service.alerting.rules import rules_to_yaml
+from rlmon.service.alerting.conditions.kind import RlmonOnly
+from rlmon.service.alerting.conditions.registry import kind_of
+from rlmon.service.alerting.rules import Rule, rules_to_yaml
 
 __all__ = ["register"]
 
@@ -33,11 +35,27 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     export.set_defaults(func=_export)
 
 
+def _explained(rules: list[Rule]) -> str:
+    """The rule file, each rule under a comment saying its condition in words and in PromQL
+    (or why rlmon alone judges it), from its condition's kind."""
+    lines = []
+    pending = iter(rules)
+    for line in rules_to_yaml(rules).splitlines():
+        if line.startswith("- "):  # a rule of the list (its own lines are indented)
+            rule = next(pending)
+            found = kind_of(rule).promql(rule)
+            exported = f"rlmon only: {found.value}" if isinstance(found, RlmonOnly) \
+                else f"Prometheus: {found.expr}"
+            lines.append(f"# {rule.name}: {rule.describe()} ({exported})")
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
 def _show(args: argparse.Namespace) -> int:
     rules = read_rules(args.rules, "rules")
     if rules is None:
         return 2
-    print(rules_to_yaml(rules), end="")
+    print(_explained(rules), end="")
     return 0
 
 

@@ -7,10 +7,9 @@ Each producer module exposes ``artifacts() -> list[Artifact]``. ``rlmon generate
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
+from rlmon.service.artifact import Artifact
 from rlmon.service.metrics.catalog_doc import catalog_markdown
 
 __all__ = ["PRODUCERS", "Artifact", "all_artifacts", "stale", "write"]
@@ -26,38 +25,6 @@ PRODUCERS: tuple[str, ...] = (
     "rlmon.service.metrics.remedies",
     "rlmon.service.alerting.rules_doc",
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Artifact:
-    """A file (or, with ``block``, a marked block inside a file) rendered from code."""
-
-    path: str  # relative to the project root
-    render: Callable[[], str]
-    block: str | None = None
-    # for a generated part of a hand-written file that has no comments to mark it (JSON): puts
-    # what `render` gives into the current file
-    splice: Callable[[str, str], str] | None = None
-
-    def _markers(self) -> tuple[str, str]:
-        return (f"<!-- generated:{self.block}:start -->\n", f"<!-- generated:{self.block}:end -->")
-
-    def expected(self, current: str | None) -> str:
-        """The file's content as it should be, given its current content."""
-        body = self.render()
-        if self.splice is not None:
-            if current is None:
-                raise ValueError(f"{self.path} is missing: only a part of it is generated")
-            return self.splice(current, body)
-        if self.block is None:
-            return body
-        start, end = self._markers()
-        text = current or ""
-        if start not in text or end not in text:
-            raise ValueError(f"{self.path} lacks the markers {start.strip()} ... {end}")
-        head, rest = text.split(start, 1)
-        _, tail = rest.split(end, 1)
-        return head + start + body + end + tail
 
 
 def artifacts() -> list[Artifact]:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from rlmon.service.artifact import Artifact
 from rlmon.service.config import Settings
-from rlmon.service.generated import Artifact
 
 __all__ = ["SCHEMA_PATH", "artifacts", "config_schema"]
 

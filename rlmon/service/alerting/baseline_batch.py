@@ -19,17 +19,15 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from rlmon.service.alerting import baseline
-from rlmon.service.alerting.rules import Condition, Rule
-from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.metrics.spec import BaselineParams
 
-__all__ = ["MIN_SERIES", "SeriesPredictions", "prepare", "transform"]
+__all__ = ["MIN_SERIES", "SeriesPredictions", "transform"]
 
 MIN_SERIES = 2_000  # below this the step-by-step prediction is as fast as preparing a batch
 _BLOCK = 8_192  # windows predicted at a time (a block of 60-value windows is a few MB)
@@ -174,39 +172,3 @@ class SeriesPredictions:
         if not finite[k]:
             return None
         return (extrapolated[k], scale_extrapolated[k]), (level[k], scale_level[k])
-
-
-def prepare(rules: Sequence[Rule], ordered: Sequence[StepRecord],
-            fresh: Callable[[tuple[str, str, str]], bool],
-            ) -> dict[tuple[str, str, str], SeriesPredictions]:
-    """For each (run, role, baseline rule) with no state yet, the series of values its detector
-    will observe when ``ordered`` (sorted by identity) is evaluated: the steps the engine
-    evaluates up to the stream's first restart (a later attempt starts from a fresh state),
-    those holding the metric with a finite value. Only series of ``MIN_SERIES`` values or more."""
-    wanted = [r for r in rules if r.condition is Condition.BASELINE]
-    if not wanted or len(ordered) < MIN_SERIES:
-        return {}
-    values: dict[tuple[str, str, str], list[float]] = {}
-    first_attempt: dict[tuple[str, str], int] = {}
-    last_step: dict[tuple[str, str], int] = {}
-    streams: dict[tuple[str, str], list[tuple[str, str, str, str]]] = {}
-    for record in ordered:
-        stream = (record.run, record.role)
-        attempt = first_attempt.setdefault(stream, record.attempt)
-        if record.attempt != attempt or record.step <= last_step.get(stream, -1):
-            continue  # after a restart (states reset) or a step the engine skips
-        last_step[stream] = record.step
-        keyed = streams.get(stream)
-        if keyed is None:
-            keyed = streams[stream] = [
-                (record.run, record.role, rule.name, rule.metric) for rule in wanted
-                if (rule.roles is None or record.role in rule.roles)
-                and fresh((record.run, record.role, rule.name))]
-        metrics = record.metrics
-        for run, role, name, metric in keyed:
-            value = metrics.get(metric)
-            if value is not None and math.isfinite(value):
-                values.setdefault((run, role, name), []).append(value)
-    by_name = {rule.name: rule for rule in wanted}
-    return {key: SeriesPredictions(by_name[key[2]].baseline, series)
-            for key, series in values.items() if len(series) >= MIN_SERIES}

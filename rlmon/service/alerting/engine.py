@@ -14,12 +14,14 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import NamedTuple
 
-from rlmon.service.alerting import baseline, baseline_batch, rank_missing, reward_hacking
+from rlmon.service.alerting import baseline, rank_missing, reward_hacking
 from rlmon.service.alerting.alert_types import AlertEvent, AlertState, State
+from rlmon.service.alerting.conditions import drift
+from rlmon.service.alerting.conditions.kind import Check as _Check
+from rlmon.service.alerting.conditions.registry import CONDITIONS
 from rlmon.service.alerting.projection import alert_detail as heading
-from rlmon.service.alerting.rules import ANY_METRIC, LIVENESS_CONDITIONS, Condition, Rule
+from rlmon.service.alerting.rules import ANY_METRIC, Condition, Rule
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.metrics import catalog
 from rlmon.service.metrics.spec import Severity
@@ -27,136 +29,11 @@ from rlmon.service.metrics.spec import Severity
 __all__ = ["AlertEngine", "AlertEvent", "AlertState", "NotifyPolicy", "evaluate_in_order",
            "evaluate_sorted"]
 
-class _Check(NamedTuple):  # one per rule per step: a tuple is built at a fraction of the cost
-    applies: bool
-    holds: bool = False
-    metric: str = ""
-    value: float | None = None
-    detail: str = ""
-
-
-_NOT_APPLICABLE = _Check(False)
-_RANK_KEY_MASK = 2**53 - 1  # a rank's key kept in AlertState.history: exact in a float
-
-
-def _straggler_check(rule: Rule, record: StepRecord, state: AlertState) -> _Check:
-    """The step's slowest rank over the threshold, and the same rank as the steps before
-    (another rank starts the count over); the rank is remembered in ``state.history``."""
-    found = record.straggler
-    if found is None:
-        return _NOT_APPLICABLE  # fewer than two ranks sent a timeline
-    assert rule.threshold is not None
-    holds = found.ratio > rule.threshold
-    key = float(hash(tuple(found.rank)) & _RANK_KEY_MASK)  # ints hash alike in every process
-    if holds and state.history and state.history[-1] != key:
-        state.true_steps = 0
-    state.history.clear()
-    if holds:
-        state.history.append(key)
-    return _Check(True, holds, catalog.STRAGGLER_METRIC, found.ratio,
-                  found.describe() if holds else "")
-
-
-def _compare(op: str, value: float, threshold: float) -> bool:
-    if op == ">":
-        return value > threshold
-    if op == ">=":
-        return value >= threshold
-    if op == "<":
-        return value < threshold
-    if op == "<=":
-        return value <= threshold
-    return abs(value) < threshold  # "abs<"
-
-
-def _window_check(rule: Rule, state: AlertState, value: float) -> bool:
-    window = rule.window or 2
-    state.history.append(value)
-    while len(state.history) > window:
-        state.history.popleft()
-    if len(state.history) < window:
-        return False
-    values = list(state.history)
-    if rule.condition is Condition.STUCK:
-        return max(values) - min(values) <= rule.tolerance
-    pairs = list(itertools.pairwise(values))
-    if rule.direction == "up":
-        return all(b > a for a, b in pairs)
-    return all(b < a for a, b in pairs)
-
-
-_HACKING_PARAMS: dict[int, tuple[Rule, reward_hacking.RewardHackingParams]] = {}
-
-
-def _hacking_params(rule: Rule) -> reward_hacking.RewardHackingParams:
-    """``rule.reward_hacking``, built once per rule, not at every step (a pydantic model's
-    property rebuilt a million times is seconds of a long log); keyed by identity, the rule
-    kept with it so its id is never reused."""
-    cached = _HACKING_PARAMS.get(id(rule))
-    if cached is None or cached[0] is not rule:
-        cached = _HACKING_PARAMS[id(rule)] = (rule, rule.reward_hacking)
-    return cached[1]
-
 
 def _check(rule: Rule, record: StepRecord, state: AlertState) -> _Check:
-    cond = rule.condition
-    metrics = record.metrics
-    if cond in LIVENESS_CONDITIONS:
-        return _NOT_APPLICABLE  # judged by time, on the liveness timer (ServiceCore.liveness)
-    if cond is Condition.RANK_MISSING:
-        return _Check(True, not record.complete, "ranks_reporting", float(record.ranks_reporting),
-                      "" if record.complete else rank_missing.detail(record))
-    if cond is Condition.STRAGGLER_RANK:
-        return _straggler_check(rule, record, state)
-    if cond is Condition.REPLICA_MISMATCH:
-        names = [n for n in record.replica_mismatches if rule.metric in (ANY_METRIC, n)]
-        first = names[0] if names else rule.metric
-        return _Check(True, bool(names), first if first != ANY_METRIC else "", metrics.get(first))
-    if cond is Condition.NON_FINITE:
-        if rule.metric != ANY_METRIC and rule.metric not in metrics:
-            return _NOT_APPLICABLE
-        names = sorted(metrics) if rule.metric == ANY_METRIC else [rule.metric]
-        bad = [n for n in names if not math.isfinite(metrics[n])]
-        return _Check(True, bool(bad), bad[0] if bad else "", metrics[bad[0]] if bad else None)
-    if cond is Condition.OUT_OF_DOMAIN:
-        names = sorted(metrics) if rule.metric == ANY_METRIC else [rule.metric]
-        for name in names:
-            spec = catalog.lookup(name)
-            value = metrics.get(name)
-            if spec is None or value is None or not math.isfinite(value):
-                continue
-            if not spec.domain.contains(value):
-                return _Check(True, True, name, value)
-        return _Check(True, False)
-    value = metrics.get(rule.metric)
-    if value is None or not math.isfinite(value):
-        return _NOT_APPLICABLE  # absent is not zero; NaN is NonFiniteMetric's job
-    # a firing threshold rule counts a step as good only beyond its resolve margin
-    margin = rule.resolve_margin if state.firing and rule.resolve_margin else 0.0
-    if cond is Condition.THRESHOLD:
-        assert rule.op is not None
-        assert rule.threshold is not None
-        bound = rule.threshold + (margin if rule.op in ("<", "<=", "abs<") else -margin)
-        return _Check(True, _compare(rule.op, value, bound), rule.metric, value)
-    if cond is Condition.OUTSIDE:
-        assert rule.low is not None
-        assert rule.high is not None
-        return _Check(True, value < rule.low + margin or value > rule.high - margin,
-                      rule.metric, value)
-    if cond is Condition.BASELINE:
-        # the rule's parameters (a batch's predictions were made with them: built once)
-        params = rule.baseline if state.ahead is None else state.ahead.params
-        state.score = baseline.observe(params, state.history, state.score, value, state.ahead)
-        holds = state.score >= params.decision
-        if not holds and state.firing and state.reference is not None:
-            holds = baseline.departed(params, state.reference, value)  # not yet back
-        return _Check(True, holds, rule.metric, value)
-    if cond is Condition.REWARD_HACKING:  # its own module: rlmon.service.alerting.reward_hacking
-        hacking = _hacking_params(rule)
-        state.score, found = reward_hacking.observe(hacking, state.history, state.score, metrics)
-        return _Check(True, state.score >= hacking.decision, rule.metric, value,
-                      found.describe() if found is not None else "")
-    return _Check(True, _window_check(rule, state, value), rule.metric, value)
+    """The rule's condition at this step, as its kind defines it
+    (:mod:`rlmon.service.alerting.conditions`)."""
+    return CONDITIONS[rule.condition].check(rule, record, state)
 
 
 def _level_before(rule: Rule, state: AlertState) -> float | None:
@@ -541,8 +418,8 @@ def evaluate_sorted(engine: AlertEngine, ordered: Sequence[StepRecord],
     """Evaluate records already sorted by identity, one at a time (a long log's records can be
     built as they are reached); a long batch's baseline predictions are computed at once (the
     same numbers: rlmon.service.alerting.baseline_batch)."""
-    for key, series in baseline_batch.prepare(engine.rules, ordered,
-                                              lambda k: k not in engine.states).items():
+    for key, series in drift.prepare(engine.rules, ordered,
+                                     lambda k: k not in engine.states).items():
         engine.states[key] = AlertState(ahead=series)
     for record in ordered:
         yield record, engine.evaluate(record)

@@ -11,8 +11,10 @@ its condition's onset; the service prices it (:mod:`rlmon.service.goodput.alert_
 from __future__ import annotations
 
 from rlmon.service.alerting.alert_types import AlertEvent
+from rlmon.service.alerting.conditions.liveness import TimedKind
+from rlmon.service.alerting.conditions.registry import TIMED
 from rlmon.service.alerting.engine import AlertEngine
-from rlmon.service.alerting.rules import LIVENESS_CONDITIONS, Condition, Rule
+from rlmon.service.alerting.rules import Rule
 from rlmon.service.liveness.run_state import LivenessView, RunState, describe
 from rlmon.service.metrics import catalog
 
@@ -22,57 +24,7 @@ _WHAT_TO_CHECK: dict[str, str] = {
     spec.condition: spec.what_to_check for spec in catalog.LIVENESS_ALERTS}
 
 
-def _holds(condition: Condition, view: LivenessView, firing: bool) -> bool:
-    state = view.state
-    if condition is Condition.RUN_STALLED:
-        # a stalled run whose processes then die stays stalled (RunDied fires beside it); a
-        # frozen one past the stall threshold is a stall too
-        return state is RunState.STALLED or (state is RunState.DEAD and firing) or (
-            state is RunState.FROZEN and (firing or view.overdue))
-    if condition is Condition.RUN_DIED:
-        return state is RunState.DEAD
-    if condition is Condition.RUN_FAILED:  # on the roles whose own ranks failed
-        failed = [e for e in view.ends if not e.stop]
-        if failed and view.failed_roles and all(e.source for e in failed) and not firing:
-            # Ray's account of ranks torn down with a run whose other role already said its
-            # own failure (a driver's exception carries the rank's): one page, not two
-            return False
-        return state is RunState.FAILED and bool(failed)
-    if condition is Condition.RUN_PREEMPTED:
-        return state is RunState.PREEMPTED and bool(view.ends)
-    if condition is Condition.RUN_FROZEN:
-        return state is RunState.FROZEN
-    if condition is Condition.STAGE_STUCK:
-        return view.stuck is not None and state not in (RunState.DEAD, RunState.FINISHED)
-    return state is RunState.SLOW  # STEP_TIME_REGRESSION
-
-
-def _value(condition: Condition, view: LivenessView) -> float | None:
-    if condition is Condition.STAGE_STUCK and view.stuck is not None:
-        return view.at - view.stuck.since
-    if condition is Condition.STEP_TIME_REGRESSION:
-        return view.slow_ratio
-    if condition in (Condition.RUN_FAILED, Condition.RUN_PREEMPTED):
-        return float(len(view.ends))  # ranks that ended badly
-    return view.idle_seconds
-
-
-def _onset(condition: Condition, view: LivenessView) -> float:
-    """When the condition began (unix seconds), where its cost runs from: a stalled or dead
-    run's last step (progress stopped there), a stuck rank's entry into its stage, a slow run's
-    entry into the slow state."""
-    if condition is Condition.STAGE_STUCK and view.stuck is not None:
-        return view.stuck.since
-    if condition is Condition.STEP_TIME_REGRESSION:
-        return view.since
-    if condition in (Condition.RUN_FAILED, Condition.RUN_PREEMPTED) and view.ended_at:
-        return view.ended_at  # its GPUs idle (or released) from the end on
-    if condition is Condition.RUN_FROZEN:
-        return max(view.last_heard or view.since, view.last_step_at or 0.0)
-    return view.at - view.idle_seconds
-
-
-def _resolved_because(condition: Condition, view: LivenessView) -> str:
+def _resolved_because(kind: TimedKind, view: LivenessView) -> str:
     """Why a liveness alert resolved, in the words of the state the run is in now."""
     state = view.state
     if state is RunState.FINISHED:
@@ -85,13 +37,13 @@ def _resolved_because(condition: Condition, view: LivenessView) -> str:
         return " (its processes are gone)"
     if state is RunState.FROZEN:
         return " (its processes still exist)"
-    if condition in (Condition.RUN_FAILED, Condition.RUN_PREEMPTED):
+    if kind.ends_a_run:
         return " (a rerun of the run reported)"
     return " (progress resumed)"
 
 
 def _rules(engine: AlertEngine, role: str) -> list[Rule]:
-    return [r for r in engine.rules if r.condition in LIVENESS_CONDITIONS
+    return [r for r in engine.rules if r.condition in TIMED
             and (r.roles is None or role in r.roles)]
 
 
@@ -101,25 +53,26 @@ def liveness_events(engine: AlertEngine, view: LivenessView) -> list[AlertEvent]
     attempt = engine.attempt_of(view.run, view.role)
     step = view.last_step if view.last_step is not None else 0
     for rule in _rules(engine, view.role):
-        holds = _holds(rule.condition, view, engine.is_firing(view.run, view.role, rule.name))
+        kind = TIMED[rule.condition]  # what the condition means: rlmon.service.alerting.conditions
+        holds = kind.holds(view, engine.is_firing(view.run, view.role, rule.name))
         repeat = False
         if not engine.judge(view.run, view.role, rule, holds, step):
             # a critical alert still firing is re-sent at the engine's repeat interval
             repeat = holds and engine.repeat_due(view.run, view.role, rule.name, view.at)
             if not repeat:
                 continue
-        resolved = "" if holds else _resolved_because(rule.condition, view)
+        resolved = "" if holds else _resolved_because(kind, view)
         if repeat:
             resolved = (f" (still firing: re-sent every "
                         f"{engine.policy.repeat_seconds / 3600:g} h)")
         events.append(engine.notified(AlertEvent(
             run=view.run, role=view.role, step=step, alert=rule.name,
             severity=rule.severity.value, state="firing" if holds else "resolved", metric="",
-            value=_value(rule.condition, view), summary=(rule.summary or rule.describe())
+            value=kind.value(view), summary=(rule.summary or rule.describe())
             + resolved, condition=rule.describe(),
             what_to_check=_WHAT_TO_CHECK.get(rule.condition.value, ""), attempt=attempt,
             detail=describe(view) if holds else "",
-            onset=_onset(rule.condition, view) if holds else None, repeat=repeat), view.at))
+            onset=kind.onset(view) if holds else None, repeat=repeat), view.at))
     return events
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,6 +18,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rlmon.service.alerting import reward_hacking
+from rlmon.service.alerting.conditions.drift import BASELINE_FIELDS, BASELINE_MAX_WINDOW
+from rlmon.service.alerting.conditions.kind import ANY_METRIC, Condition
+from rlmon.service.alerting.conditions.registry import CONDITIONS, LIVENESS_CONDITIONS, kind_of
 from rlmon.service.alerting.reward_hacking import RewardHackingParams
 from rlmon.service.metrics import catalog
 from rlmon.service.metrics.spec import (
@@ -31,6 +33,7 @@ from rlmon.service.metrics.spec import (
 )
 
 __all__ = [
+    "ANY_METRIC",
     "LIVENESS_CONDITIONS",
     "Condition",
     "Rule",
@@ -48,53 +51,9 @@ __all__ = [
 ]
 
 
-class Condition(StrEnum):
-    THRESHOLD = "threshold"  # value <op> threshold
-    OUTSIDE = "outside"  # value < low or value > high
-    NON_FINITE = "non_finite"  # NaN or Inf (metric "*" = any metric)
-    OUT_OF_DOMAIN = "out_of_domain"  # outside the catalog's physical domain (metric "*" = any)
-    STUCK = "stuck"  # unchanged (within tolerance) over `window` evaluated steps
-    TREND = "trend"  # strictly monotone over `window` evaluated steps
-    RANK_MISSING = "rank_missing"  # the step finalized without every expected rank
-    REPLICA_MISMATCH = "replica_mismatch"  # replicated copies disagree
-    BASELINE = "baseline"  # a sustained departure from the run's own trailing baseline
-    STRAGGLER_RANK = "straggler_rank"  # the same rank slowest by more than `threshold`x median
-    # reward, length and KL up together beyond the run's coupling (rlmon.service.alerting.reward_hacking)
-    REWARD_HACKING = "reward_hacking"
-    # judged by time on the aggregator's clock (rlmon.service.liveness), never by a step's values
-    RUN_STALLED = "run_stalled"  # no step finalized for the stall threshold, ranks alive
-    STAGE_STUCK = "stage_stuck"  # one rank far past its usual time in a stage, others waiting
-    RUN_DIED = "run_died"  # every Reporter silent without closing
-    RUN_FAILED = "run_failed"  # a rank's process ended by an exception, an exit code, a signal
-    RUN_PREEMPTED = "run_preempted"  # ranks stopped by a signal from outside (SIGTERM)
-    RUN_FROZEN = "run_frozen"  # every Reporter silent, but a process of the run still exists
-    STEP_TIME_REGRESSION = "step_time_regression"  # steps far slower than the run's baseline
-
-
-LIVENESS_CONDITIONS = frozenset({Condition.RUN_STALLED, Condition.STAGE_STUCK, Condition.RUN_DIED,
-                                 Condition.STEP_TIME_REGRESSION, Condition.RUN_FAILED,
-                                 Condition.RUN_PREEMPTED, Condition.RUN_FROZEN})
-
-
-_NEEDS_METRIC = {
-    Condition.THRESHOLD, Condition.OUTSIDE, Condition.STUCK, Condition.TREND, Condition.BASELINE,
-    Condition.REWARD_HACKING,
-}
-_BASELINE_FIELDS = ("warmup", "allowance", "decision", "floor", "relative_floor", "log_offset",
-                    "follow_drift")
-# Condition-specific fields; giving one to another condition is a mistake worth an error.
-_CONDITION_FIELDS = ("op", "threshold", "low", "high", "window", "direction", *_BASELINE_FIELDS)
-_CONDITION_FIELDS_USED: dict[Condition, tuple[str, ...]] = {
-    Condition.THRESHOLD: ("op", "threshold"),
-    Condition.OUTSIDE: ("low", "high"),
-    Condition.STUCK: ("window",),
-    Condition.TREND: ("window", "direction"),
-    Condition.BASELINE: ("window", "direction", *_BASELINE_FIELDS),
-    Condition.STRAGGLER_RANK: ("threshold",),
-    Condition.REWARD_HACKING: ("window", "allowance", "decision"),
-}
-_BASELINE_MAX_WINDOW = 1_000  # the detector sorts its window every step
-ANY_METRIC = "*"
+# what each condition means, which fields it reads and how it is worded: its kind
+# (rlmon.service.alerting.conditions); the fields a rule gives another condition are an error
+_CONDITION_FIELDS = tuple(dict.fromkeys(f for kind in CONDITIONS.values() for f in kind.fields))
 
 
 class Rule(BaseModel):
@@ -114,7 +73,7 @@ class Rule(BaseModel):
     direction: Literal["up", "down"] | None = None
     tolerance: float = Field(default=0.0, ge=0.0)
     # condition "baseline" (see rlmon.service.alerting.baseline); None takes BaselineParams' default
-    warmup: int | None = Field(default=None, ge=8, le=_BASELINE_MAX_WINDOW)
+    warmup: int | None = Field(default=None, ge=8, le=BASELINE_MAX_WINDOW)
     allowance: float | None = Field(default=None, ge=0.0)
     decision: float | None = Field(default=None, gt=0.0)
     floor: float | None = Field(default=None, ge=0.0)
@@ -146,32 +105,18 @@ class Rule(BaseModel):
 
     @model_validator(mode="after")
     def _fields_for_condition(self) -> Rule:
-        cond = self.condition
+        kind = kind_of(self)
         for name in ("threshold", "low", "high"):
             value = getattr(self, name)
             if value is not None and not math.isfinite(value):
                 raise ValueError(f"'{name}' must be a finite number, got {value}")
         stray = [f for f in _CONDITION_FIELDS if getattr(self, f) is not None
-                 and f not in _CONDITION_FIELDS_USED.get(cond, ())]
+                 and f not in kind.fields]
         if stray:
-            raise ValueError(f"'{stray[0]}' does not apply to condition {cond.value!r}")
-        if cond in _NEEDS_METRIC and self.metric == ANY_METRIC:
-            raise ValueError(f"condition {cond.value!r} needs a concrete 'metric'")
-        if cond is Condition.THRESHOLD and (self.op is None or self.threshold is None):
-            raise ValueError("condition 'threshold' needs 'op' and 'threshold'")
-        if cond is Condition.OUTSIDE:
-            if self.low is None or self.high is None:
-                raise ValueError("condition 'outside' needs 'low' and 'high'")
-            if self.low > self.high:
-                raise ValueError(f"'low' ({self.low}) is above 'high' ({self.high})")
-        if cond in (Condition.STUCK, Condition.TREND) and self.window is None:
-            raise ValueError(f"condition {cond.value!r} needs 'window' (>= 2 steps)")
-        if cond is Condition.STRAGGLER_RANK and (self.threshold is None or self.threshold < 1):
-            raise ValueError("condition 'straggler_rank' needs 'threshold' (a factor >= 1)")
-        if cond is Condition.TREND and self.direction is None:
-            raise ValueError("condition 'trend' needs 'direction' (up or down)")
-        if cond is Condition.BASELINE:
-            self._check_baseline()
+            raise ValueError(f"'{stray[0]}' does not apply to condition {self.condition.value!r}")
+        if kind.needs_metric and self.metric == ANY_METRIC:
+            raise ValueError(f"condition {self.condition.value!r} needs a concrete 'metric'")
+        kind.validate(self)
         self._check_hysteresis()
         return self
 
@@ -201,26 +146,11 @@ class Rule(BaseModel):
             raise ValueError("'critical' and 'escalate_after' escalate a warning; this rule is "
                              "critical already")
 
-    def _check_baseline(self) -> None:
-        if self.direction is None:
-            raise ValueError("condition 'baseline' needs 'direction' (up or down)")
-        for name in ("allowance", "decision", "floor", "relative_floor", "log_offset"):
-            value = getattr(self, name)
-            if value is not None and not math.isfinite(value):
-                raise ValueError(f"'{name}' must be a finite number, got {value}")
-        params = self.baseline
-        if not params.warmup <= params.window <= _BASELINE_MAX_WINDOW:
-            raise ValueError(f"'window' ({params.window}) must be at least 'warmup' "
-                             f"({params.warmup}) and at most {_BASELINE_MAX_WINDOW}")
-        if params.log_offset is not None and self.floor is not None:
-            raise ValueError("'floor' is in the metric's units and does not apply with "
-                             "'log_offset' (use 'relative_floor')")
-
     @property
     def baseline(self) -> BaselineParams:
         """The detector's parameters (condition ``baseline``); unset fields take the defaults."""
         assert self.direction is not None
-        given = {name: getattr(self, name) for name in ("window", *_BASELINE_FIELDS)}
+        given = {name: getattr(self, name) for name in ("window", *BASELINE_FIELDS)}
         return BaselineParams(self.direction, **{k: v for k, v in given.items() if v is not None})
 
     @property
@@ -260,54 +190,8 @@ class Rule(BaseModel):
         return self.resolve_after if self.resolve_after is not None else self.for_steps
 
     def describe(self) -> str:
-        """The condition in words, for notifications and docs."""
-        c = self.condition
-        if c is Condition.THRESHOLD:
-            text = f"{self.metric} {self.op} {self.threshold:g}"
-            if self.op == "abs<":
-                text = f"abs({self.metric}) < {self.threshold:g}"
-        elif c is Condition.OUTSIDE:
-            text = f"{self.metric} outside [{self.low:g}, {self.high:g}]"
-        elif c is Condition.STUCK:
-            text = f"{self.metric} unchanged for {self.window} steps"
-        elif c is Condition.TREND:
-            text = f"{self.metric} trending {self.direction} for {self.window} steps"
-        elif c is Condition.BASELINE:
-            p = self.baseline
-            side = "rising above" if p.direction == "up" else "falling below"
-            kind = "baseline" if p.follow_drift else "baseline level"
-            text = (f"{self.metric} {side} its own {p.window}-step {kind} "
-                    f"(CUSUM {p.allowance:g}/{p.decision:g} robust SDs, after {p.warmup} steps)")
-        elif c is Condition.NON_FINITE:
-            text = "a metric is NaN or Inf" if self.metric == ANY_METRIC else f"{self.metric} NaN/Inf"
-        elif c is Condition.OUT_OF_DOMAIN:
-            text = "a value outside its physical domain"
-        elif c is Condition.REWARD_HACKING:
-            h = self.reward_hacking
-            text = (f"{self.metric} rising with rollout/response_length and actor/kl beyond the "
-                    f"run's own {h.window}-step coupling, or away from rollout/verifier_score "
-                    f"(CUSUM {h.allowance:g}/{h.decision:g} robust SDs)")
-        elif c is Condition.RANK_MISSING:
-            text = "a step finalized without every expected rank"
-        elif c is Condition.STRAGGLER_RANK:
-            text = f"the same rank slowest, over {self.threshold:g}x the median rank's step time"
-        elif c is Condition.RUN_STALLED:
-            text = ("no step finalized for max(k x the typical step period, a floor) "
-                    "(config liveness)")
-        elif c is Condition.STAGE_STUCK:
-            text = "one rank far past its usual time in a stage while the others wait"
-        elif c is Condition.RUN_DIED:
-            text = "every Reporter of the run silent without closing"
-        elif c is Condition.RUN_FAILED:
-            text = "a rank's process ended by an exception, a non-zero exit or a fatal signal"
-        elif c is Condition.RUN_PREEMPTED:
-            text = "the run's processes stopped by a signal from outside (SIGTERM, SIGINT)"
-        elif c is Condition.RUN_FROZEN:
-            text = "every Reporter of the run silent while its processes still exist"
-        elif c is Condition.STEP_TIME_REGRESSION:
-            text = "step time far above the run's own baseline, the run still progressing"
-        else:
-            text = "replicated copies disagree"
+        """The condition in words, for notifications and docs (its kind's words)."""
+        text = kind_of(self).describe(self)
         return text + (f" for {self.for_steps} steps" if self.for_steps > 1 else "")
 
 

@@ -1,14 +1,18 @@
-"""The default pack's notification policy as a docs table (docs/alerting.md, generated): per
-rule its severity, how many good steps it keeps firing for, and its critical level, escalation
-duration or the catalog's reason for having neither."""
+"""The default pack as docs tables (docs/alerting.md, generated): per rule its condition in words
+and its Prometheus expression (or why rlmon alone judges it), both from its condition's kind
+(:mod:`rlmon.service.alerting.conditions`); and the notification policy: its severity, how many
+good steps it keeps firing for, and its critical level, escalation duration or the catalog's
+reason for having neither."""
 
 from __future__ import annotations
 
+from rlmon.service.alerting.conditions.kind import RlmonOnly
+from rlmon.service.alerting.conditions.registry import kind_of
 from rlmon.service.alerting.rules import Condition, Rule, default_rules
-from rlmon.service.generated import Artifact
+from rlmon.service.artifact import Artifact
 from rlmon.service.metrics import catalog
 
-__all__ = ["artifacts", "policy_markdown"]
+__all__ = ["artifacts", "conditions_markdown", "policy_markdown"]
 
 
 def _critical(rule: Rule) -> str:
@@ -39,6 +43,27 @@ def _resolves(rule: Rule) -> str:
     return text
 
 
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _prometheus(rule: Rule) -> str:
+    found = kind_of(rule).promql(rule)
+    if isinstance(found, RlmonOnly):
+        return f"rlmon only: {found.value}"
+    return f"`{_cell(found.expr)}`"
+
+
+def conditions_markdown(rules: list[Rule] | None = None) -> str:
+    """One row per rule: its condition in words (``for N steps`` included) and in PromQL."""
+    rows = ["| alert | severity | condition | Prometheus (`rlmon rules export`) |",
+            "|---|---|---|---|"]
+    for rule in default_rules() if rules is None else rules:
+        rows.append(f"| `{rule.name}` | {rule.severity.value} | {_cell(rule.describe())} | "
+                    f"{_prometheus(rule)} |")
+    return "\n".join(rows) + "\n"
+
+
 def policy_markdown() -> str:
     rows = ["| alert | severity | resolves after (good steps) | critical |", "|---|---|---|---|"]
     for rule in default_rules():
@@ -48,4 +73,5 @@ def policy_markdown() -> str:
 
 
 def artifacts() -> list[Artifact]:
-    return [Artifact("docs/alerting.md", policy_markdown, block="policy")]
+    return [Artifact("docs/alerting.md", conditions_markdown, block="conditions"),
+            Artifact("docs/alerting.md", policy_markdown, block="policy")]

@@ -9,13 +9,13 @@ when either drifts.
 
 from __future__ import annotations
 
-import importlib
 from functools import partial
 
 import yaml
 
+from rlmon.service.artifact import Artifact
 from rlmon.service.dashboards.registry import DASHBOARDS, DIRECTORY, render
-from rlmon.service.generated import PRODUCERS, Artifact
+from rlmon.service.export import prometheus_rules
 
 __all__ = ["CHART_FILES", "artifacts", "chart_copies", "chart_path"]
 
@@ -33,13 +33,16 @@ def _is_rule_file(text: str) -> bool:
     return isinstance(data, dict) and isinstance(data.get("groups"), list)
 
 
+# the producers of Prometheus rule files under dashboards/ (imported, not looked up by name in
+# rlmon.service.generated's list, which imports this module)
+_RULE_PRODUCERS = (prometheus_rules.artifacts,)
+
+
 def _rule_artifacts() -> list[Artifact]:
     """Prometheus rule files that other producers generate under ``dashboards/``."""
     found = []
-    for name in PRODUCERS:
-        if name == __name__:
-            continue
-        for art in importlib.import_module(name).artifacts():
+    for produce in _RULE_PRODUCERS:
+        for art in produce():
             if (art.block is None and art.path.startswith(DIRECTORY + "/")
                     and art.path.endswith(_RULE_SUFFIXES) and _is_rule_file(art.render())):
                 found.append(art)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from rlmon.service.artifact import Artifact
 from rlmon.service.export.exporter import exported_families
-from rlmon.service.generated import Artifact
 from rlmon.service.metrics import catalog
 
 __all__ = ["artifacts", "exported_metrics_markdown"]

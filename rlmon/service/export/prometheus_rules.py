@@ -4,10 +4,12 @@ Prometheus evaluates on wall-clock time, rlmon on steps, so the translation is a
 file says so where it matters. rlmon fires at the Nth consecutive bad step, (N-1) step periods
 after the first one (t0 + (N-1)P), so "for N steps" becomes ``for: (N-1) x step period`` (none for
 N = 1); resolving at the Nth good step becomes ``keep_firing_for: (N-1) x step period``.
-Structural rules read the exporter's per-step counts (``rlmon_nonfinite_metrics`` ...) so both
-paths agree on what counts as bad. Early-warning (baseline) rules are left out, and the file says
-why: each keeps a per-run trailing window and a CUSUM score across steps, which a PromQL
-expression over wall-clock ranges cannot reproduce step for step.
+Each rule's expression, or why rlmon alone can judge it, is its condition kind's
+(:meth:`rlmon.service.alerting.conditions.kind.ConditionKind.promql`): structural rules read the
+exporter's per-step counts (``rlmon_nonfinite_metrics`` ...) so both paths agree on what counts
+as bad; early-warning (baseline) rules are left out, and the file says why: each keeps a per-run
+trailing window and a CUSUM score across steps, which a PromQL expression over wall-clock ranges
+cannot reproduce step for step.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from dataclasses import dataclass
 
 import yaml
 
-from rlmon.service.alerting.rules import Condition, Rule, default_rules
-from rlmon.service.export import series
-from rlmon.service.generated import Artifact
+from rlmon.service.alerting.conditions.kind import RlmonOnly
+from rlmon.service.alerting.conditions.registry import LIVENESS_CONDITIONS, kind_of
+from rlmon.service.alerting.rules import Rule, default_rules
+from rlmon.service.artifact import Artifact
 from rlmon.service.metrics import catalog
 
 __all__ = [
@@ -42,40 +45,6 @@ DEFAULT_EVAL_INTERVAL = "30s"
 PROMETHEUS_RULES_PATH = "dashboards/prometheus-rules.yaml"
 PROMETHEUSRULE_PATH = "dashboards/prometheusrule.yaml"
 GROUP = "rlmon"
-
-_STRUCTURAL = {
-    Condition.NON_FINITE: (series.NONFINITE_METRICS.name + " > 0",
-                           "the exporter counts NaN/Inf values of the latest step per (run, role)"),
-    Condition.OUT_OF_DOMAIN: (series.OUT_OF_DOMAIN_METRICS.name + " > 0",
-                              "the exporter counts values outside the catalog's domains"),
-    Condition.RANK_MISSING: (series.STEP_COMPLETE.name + " == 0", ""),
-    Condition.REPLICA_MISMATCH: (series.REPLICA_MISMATCHES.name + " > 0", ""),
-}
-_NOT_FINISHED = f'unless on(run, role) {series.RUN_STATE.name}{{state="finished"}} == 1'
-_LIVENESS = {
-    # Prometheus judges the stall itself from the exported timestamps (rlmon's threshold, its
-    # max(k x period, floor), is exported beside them), so it pages even if rlmon's alerting
-    # path does not; a finished run never pages
-    Condition.RUN_STALLED: (
-        f"time() - {series.LAST_STEP_TIME.name} > {series.STALL_THRESHOLD.name} {_NOT_FINISHED}",
-        "judged from the exported step timestamps and rlmon's stall threshold; rlmon's own "
-        "alert also says where each rank is stuck"),
-    # dead vs hung needs the per-rank heartbeats, which are not exported: rlmon's state says it
-    Condition.RUN_DIED: (
-        f'{series.RUN_STATE.name}{{state="dead"}} == 1',
-        "rlmon's liveness state: telling a dead run from a hung one takes the per-rank "
-        "heartbeats, which are not exported"),
-    # how a process ended and whether a silent one exists are said by the Reporters and the
-    # process probe, not exported: rlmon's state says them
-    Condition.RUN_FAILED: (f'{series.RUN_STATE.name}{{state="failed"}} == 1',
-                           "rlmon's liveness state (a rank's closing heartbeat said how it "
-                           "ended)"),
-    Condition.RUN_PREEMPTED: (f'{series.RUN_STATE.name}{{state="preempted"}} == 1',
-                              "rlmon's liveness state (ranks stopped by SIGTERM, SIGINT)"),
-    Condition.RUN_FROZEN: (f'{series.RUN_STATE.name}{{state="frozen"}} == 1',
-                           "rlmon's liveness state (silent ranks whose processes exist)"),
-}
-
 
 @dataclass(frozen=True, slots=True)
 class PromRule:
@@ -106,49 +75,24 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-def _num(value: float | None) -> str:
-    assert value is not None
-    return repr(float(value)) if not float(value).is_integer() else str(int(value))
-
-
-def _expr(rule: Rule) -> tuple[str, list[str]] | None:
-    notes: list[str] = []
-    if rule.condition in _LIVENESS:
-        expr, note = _LIVENESS[rule.condition]
-        return expr, [note]
-    if rule.condition in _STRUCTURAL:
-        expr, note = _STRUCTURAL[rule.condition]
-        if rule.metric != "*" and rule.condition in (Condition.NON_FINITE, Condition.OUT_OF_DOMAIN):
-            return None  # per-metric structural rules have no per-metric exporter count
-        return expr, [note] if note else []
-    spec = catalog.lookup(rule.metric)
-    if spec is None:
-        return None  # a user metric has no dedicated family; it lives in rlmon_custom_metric
-    name = spec.prometheus_name
-    if rule.condition is Condition.THRESHOLD:
-        if rule.op == "abs<":
-            expr = f"abs({name}) < {_num(rule.threshold)}"
-        else:
-            expr = f"{name} {rule.op} {_num(rule.threshold)}"
-    elif rule.condition is Condition.OUTSIDE:
-        expr = f"{name} < {_num(rule.low)} or {name} > {_num(rule.high)}"
-    else:
-        # stuck/trend/baseline need per-step history (baseline: also a CUSUM score), which
-        # PromQL ranges only approximate
-        return None
-    return expr, notes
-
-
 def translate(rules: Sequence[Rule], step_period: float) -> tuple[list[PromRule], list[str]]:
     """Translate what PromQL can express; also returns the names of the rules left out."""
+    out, left_out = _translate(rules, step_period)
+    return out, list(left_out)
+
+
+def _translate(rules: Sequence[Rule], step_period: float,
+               ) -> tuple[list[PromRule], dict[str, RlmonOnly]]:
+    """The translated rules, and each rule left out with why: each rule's expression is its
+    condition kind's (rlmon.service.alerting.conditions)."""
     out: list[PromRule] = []
-    skipped: list[str] = []
+    skipped: dict[str, RlmonOnly] = {}
     for rule in rules:
-        built = _expr(rule)
-        if built is None:
-            skipped.append(rule.name)
+        found = kind_of(rule).promql(rule)
+        if isinstance(found, RlmonOnly):
+            skipped[rule.name] = found
             continue
-        expr, notes = built
+        notes = [found.note] if found.note else []
         for_ = keep = None
         if rule.for_steps > 1:
             for_ = duration((rule.for_steps - 1) * step_period)
@@ -162,14 +106,14 @@ def translate(rules: Sequence[Rule], step_period: float) -> tuple[list[PromRule]
         spec = catalog.lookup(rule.metric)
         check = spec.what_to_check if spec is not None else ""
         description = "{{ $labels.run }}/{{ $labels.role }}: " + rule.describe()
-        if rule.condition in (Condition.THRESHOLD, Condition.OUTSIDE):
+        if found.quotes_value:
             description += " (value {{ $value }})"
-        if rule.condition in _LIVENESS:
+        if rule.condition in LIVENESS_CONDITIONS:
             check = next((s.what_to_check for s in catalog.LIVENESS_ALERTS
                           if s.condition == rule.condition.value), "")
         if check:
             description += ". What to check: " + check
-        out.append(PromRule(rule.name, expr, for_, keep, rule.severity.value,
+        out.append(PromRule(rule.name, found.expr, for_, keep, rule.severity.value,
                             rule.summary or rule.describe(), description, tuple(notes)))
     return out, skipped
 
@@ -226,7 +170,7 @@ def render(
     """A Prometheus rule file (``prometheus``) or a prometheus-operator PrometheusRule, the
     latter labelled ``release: <release>`` (none when empty)."""
     rules = default_rules() if rules is None else rules
-    translated, skipped = translate(rules, step_period)
+    translated, skipped = _translate(rules, step_period)
     head = [
         "# Generated by `rlmon rules export` from rlmon's rule pack; do not edit.",
         f"# Step period assumed: {step_period:g}s (prometheus_rules.step_period_seconds).",
@@ -243,13 +187,13 @@ def render(
             "name; `rlmon rules export --release NAME`)." if release else
             "# No release label (`--release ''`): set ruleSelectorNilUsesHelmValues: false in "
             "kube-prometheus-stack, or Prometheus will not load it.")
-    early = {r.name for r in rules  # RewardHacking keeps per-run state too
-             if r.condition in (Condition.BASELINE, Condition.REWARD_HACKING)}
-    straggler = [r.name for r in rules if r.condition is Condition.STRAGGLER_RANK]
-    live = [r.name for r in rules
-            if r.condition in (Condition.STAGE_STUCK, Condition.STEP_TIME_REGRESSION)]
-    other = [name for name in skipped
-             if name not in early and name not in straggler and name not in live]
+    def left_out(*why: RlmonOnly) -> list[str]:
+        return [name for name, reason in skipped.items() if reason in why]
+
+    other = left_out(RlmonOnly.NO_SERIES, RlmonOnly.STEP_HISTORY)
+    straggler = left_out(RlmonOnly.TIMELINES)
+    live = left_out(RlmonOnly.OPEN_SPANS)
+    early = left_out(RlmonOnly.RUN_STATE)  # RewardHacking keeps per-run state too
     if other:
         head.append("# Not expressible in PromQL (evaluated by rlmon only): " + ", ".join(other))
     if straggler:
@@ -268,7 +212,7 @@ def render(
             "# Early-warning rules, evaluated by rlmon only (its engine and `rlmon replay`): each",
             "# compares every step with its run's own trailing baseline and keeps a CUSUM score",
             "# across steps; PromQL has no per-run step state to reproduce that, so they are left",
-            "# out rather than approximated: " + ", ".join(n for n in skipped if n in early),
+            "# out rather than approximated: " + ", ".join(early),
         ]
     if fmt == "prometheus":
         lines = [*head, "groups:", f"  - name: {GROUP}", f"    interval: {interval}", "    rules:"]

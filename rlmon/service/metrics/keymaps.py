@@ -630,7 +630,7 @@ def unchecked_markdown() -> str:
 
 def artifacts() -> list[Any]:
     """The framework tables of docs/integrations.md, kept fresh by ``rlmon generate``."""
-    from rlmon.service.generated import Artifact
+    from rlmon.service.artifact import Artifact
 
     return [Artifact("docs/integrations.md", matrix_markdown, block="frameworks"),
             Artifact("docs/integrations.md", unchecked_markdown, block="frameworks-unchecked")]

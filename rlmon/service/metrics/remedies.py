@@ -262,6 +262,6 @@ def table_markdown() -> str:
 
 def artifacts() -> list[Any]:
     """The docs table (``rlmon generate``)."""
-    from rlmon.service.generated import Artifact
+    from rlmon.service.artifact import Artifact
 
     return [Artifact("docs/alerting.md", table_markdown, block="remedies")]

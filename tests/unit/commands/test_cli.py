@@ -79,6 +79,8 @@ def test_generated_files_are_current() -> None:
 def test_rules_show_round_trips(tmp_path: Path) -> None:
     shown = rlmon("rules", "show")
     assert shown.returncode == 0
+    for rule in default_rules():  # each rule under its condition in words, from its kind
+        assert f"# {rule.name}: {rule.describe()} (" in shown.stdout
     path = tmp_path / "rules.yaml"
     path.write_text(shown.stdout)
     checked = rlmon("rules", "check", str(path))
