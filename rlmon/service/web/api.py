@@ -6,7 +6,8 @@ the store is a file), so a slow request never holds the lock the alert path writ
 - ``GET /api/runs``: every run (its state, start, duration, GPUs, cost, settings, firing
   alerts) with its roles beneath (each role's state, last step, ranks reporting, alerts)
 - ``GET /api/curves?run=R&role=A[&from=S&to=S&points=N]``: the key curves, downsampled, with the
-  alert transitions in the range, each point's time and the step time's spread across ranks
+  alert transitions in the range, each point's time and each metric's spread across ranks (the
+  lowest and highest rank's own value, where two ranks or more reported it)
 - ``GET /api/curves?...&metrics=M1%0AM2``: those metrics instead, one panel each (any metric
   the stream reported: the key curves from their packed rows, others from the step lines)
 - ``GET /api/metrics?run=R&role=A[&attempt=N]``: every metric the stream reported, its attempts
@@ -154,11 +155,12 @@ def alerts_json(store: HistoryStore, run: str | None = None, firing_only: bool =
 
 def _aligned(spread: Mapping[int, tuple[float, float]], steps: Sequence[int],
              ) -> dict[str, list[float | None]] | None:
-    """Per-rank extremes at ``steps`` (null where a step has none); None when none has."""
+    """Per-rank extremes at ``steps`` (null where a step has none, or a non-finite one: the
+    curve marks those); None when none has."""
     if not any(s in spread for s in steps):
         return None
-    return {"min": [spread[s][0] if s in spread else None for s in steps],
-            "max": [spread[s][1] if s in spread else None for s in steps]}
+    return {"min": [_number(spread[s][0]) if s in spread else None for s in steps],
+            "max": [_number(spread[s][1]) if s in spread else None for s in steps]}
 
 
 def _nonfinite(steps: Any, values: Any, reported: Any, buckets: int) -> dict[str, Any]:
@@ -438,8 +440,11 @@ class WebApi:
         # digits in the answer)
         times = {s: None if at is None or start_time is None else round(at - start_time, 3)
                  for s, at in self._times(run, role, attempt, steps_kept).items()}
-        spread_of = {m: self._rank_spread(run, role, attempt, steps_kept)
-                     for m in metrics if m == catalog.STEP_SECONDS}
+        spread_of = self.store.rank_extremes(run, role, attempt, steps_kept, metrics)
+        if catalog.STEP_SECONDS in spread_of:  # steps stored before the extremes: timelines
+            spread_of[catalog.STEP_SECONDS] = {
+                **self._rank_spread(run, role, attempt, steps_kept),
+                **spread_of[catalog.STEP_SECONDS]}
         for panel in panels:
             series = [shown.values[m] for m in panel.metrics]
             keep = kept[panel]

@@ -670,8 +670,8 @@ function makeChart(panel, alerts, width, onZoom, where) {
     cursor: { sync: { key: "rlmon-" + cv.x }, drag: { x: true, y: false, setScale: false } },
     series: [{ label: X_AXES[cv.x], value: cv.x === "relative" ? (u, v) => (v === null ? "" : duration(v)) : undefined },
       ...drawn.bands.flatMap((b) => [
-        { label: shown.series[b.i].label + " (slowest rank)", stroke: "transparent", width: 0, points: { show: false } },
-        { label: shown.series[b.i].label + " (fastest rank)", stroke: "transparent", width: 0, points: { show: false } }]),
+        { label: shown.series[b.i].label + " (lowest rank)", stroke: "transparent", width: 0, points: { show: false } },
+        { label: shown.series[b.i].label + " (highest rank)", stroke: "transparent", width: 0, points: { show: false } }]),
       ...drawn.raw.map((r) => ({ label: shown.series[r.i].label + " (raw)", stroke: faint(r.color, "40"),
                                  width: 1, spanGaps: true, points: { show: false } })),
       ...shown.series.map((s, i) => ({
@@ -718,7 +718,7 @@ function makeChart(panel, alerts, width, onZoom, where) {
   });
   relabel(chart);
   const help = panel.help.filter((h) => h).join(" / ");
-  const notes = [help, drawn.bands.length ? "band: the fastest and the slowest rank" : "",
+  const notes = [help, drawn.bands.length ? "band: the lowest and the highest rank's own value" : "",
                  drawn.hidden ? drawn.hidden + " values <= 0 not drawn on the log scale" : "",
                  noLog ? "linear: no value above 0 for a log scale" : ""];
   panelEl.append(el("div", { class: "marks muted", title: help }, notes.filter((n) => n).join(" / ")));
