@@ -21,34 +21,28 @@ from rlmon.service.metrics.partial import MetricPool, RankExtremes
 from rlmon.service.metrics.rank import Rank
 from rlmon.service.metrics.spec import Form
 
-__all__ = ["StepBlock", "own_values"]
+__all__ = ["StepBlock", "own_values", "plan_of"]
 
 _NO_RANK = Rank()
 # Per schema, the rows of each form that finalizes otherwise than as its first slot
 _Plan = tuple[np.ndarray, np.ndarray, np.ndarray]  # mean, sqsum, moments rows
-_PLANS: dict[int, _Plan] = {}  # by schema id; each dict operation is atomic (threads share it)
-_MAX_PLANS = 4096
 
 
-def _plan(schema: Schema) -> _Plan:
-    plan = _PLANS.get(schema.id)
-    if plan is None:
-        forms = schema.forms
-        plan = (np.array([i for i, f in enumerate(forms) if f is Form.MEAN], dtype=np.intp),
-                np.array([i for i, f in enumerate(forms) if f is Form.SQSUM], dtype=np.intp),
-                np.array([i for i, f in enumerate(forms) if f is Form.MOMENTS], dtype=np.intp))
-        if len(_PLANS) >= _MAX_PLANS:  # schemas come and go: start again
-            _PLANS.clear()
-        _PLANS[schema.id] = plan
-    return plan
+def plan_of(schema: Schema) -> _Plan:
+    """The rows of ``schema`` that finalize otherwise than as their first slot, by form."""
+    forms = schema.forms
+    return (np.array([i for i, f in enumerate(forms) if f is Form.MEAN], dtype=np.intp),
+            np.array([i for i, f in enumerate(forms) if f is Form.SQSUM], dtype=np.intp),
+            np.array([i for i, f in enumerate(forms) if f is Form.MOMENTS], dtype=np.intp))
 
 
-def own_values(schema: Schema, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def own_values(schema: Schema, values: np.ndarray, plan: _Plan | None = None,
+               ) -> tuple[np.ndarray, np.ndarray]:
     """One rank's message finalized row by row, as each form's ``finalize`` does one state (a
     sum, a min, a max: its slot; a mean: sum / count; an L2 norm: the root; moments: the std):
     the values and whether each is defined (a mean over zero tokens is not, unless its sum is
     NaN or infinite, which propagates)."""
-    means, norms, moments = _plan(schema)
+    means, norms, moments = plan if plan is not None else plan_of(schema)
     first = values[:, 0]
     out = first.copy()
     defined = np.ones(len(first), dtype=bool)
@@ -81,8 +75,8 @@ class StepBlock:
     core does, so the result is bit-for-bit the core's.
     """
 
-    __slots__ = ("data", "forms", "hi", "index", "lo", "maps", "names", "primary", "ranks",
-                 "rows")
+    __slots__ = ("data", "forms", "hi", "index", "lo", "maps", "names", "plans", "primary",
+                 "ranks", "rows")
 
     def __init__(self, schema: Schema, values: np.ndarray) -> None:
         self.data = np.array(values, dtype=np.float64, copy=True)
@@ -92,6 +86,7 @@ class StepBlock:
         self.primary = schema.id
         self.maps: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.rows: dict[int, np.ndarray] = {}  # a mapped schema's rows, in its order
+        self.plans: dict[int, _Plan] = {}  # each schema's rows by how they finalize
         # per row: the lowest and highest rank's own value, and the ranks that had one
         n = len(schema.names)
         self.lo = np.full(n, np.inf)
@@ -102,7 +97,10 @@ class StepBlock:
     def _note(self, rows: slice | np.ndarray, schema: Schema, values: np.ndarray) -> None:
         """Fold one rank's own values into the rows' extremes (np.minimum and np.maximum let
         NaN win, as the forms' min and max do)."""
-        own, defined = own_values(schema, values)
+        plan = self.plans.get(schema.id)
+        if plan is None:
+            plan = self.plans[schema.id] = plan_of(schema)
+        own, defined = own_values(schema, values, plan)
         low = high = own
         if not defined.all():  # an undefined value leaves its row's extremes as they are
             low, high = np.where(defined, own, np.inf), np.where(defined, own, -np.inf)
