@@ -152,6 +152,52 @@ def test_runs_table_sorts_filters_searches_and_keeps_the_view_in_the_address(
             "x": 0, "y": 0, "width": 1400, "height": 520})
 
 
+def test_runs_table_shows_the_runs_tags_and_filters_by_them(
+        page: Any, service: ServiceCore, records: list[StepRecord]) -> None:
+    """Tags a run reported (``Reporter.set_run_info(tags=[...])``): a column of chips, a tag
+    filter (the select, or a click on a chip), the search matching them, kept in the address."""
+    actor = [r for r in records if r.role == "actor"]
+    for i, run in enumerate(("ppo-a", "ppo-b")):
+        service.publish([replace(r, run=run, finalized_at=T0 + 1000 * (i + 1) + r.step)
+                         for r in actor[:5]])
+    service.set_run_info("ppo-a", {"framework": "verl", "tags": ["baseline", "7b"]})
+    service.set_run_info("ppo-b", {"tags": ["7b", "lr-sweep"]})
+    page.goto(page.base + "#/?sort=run")
+    page.wait_for_selector("#runs tr.run-row td[data-col='tags'] button.tag")
+    assert shown_runs(page) == [RUN, "ppo-a", "ppo-b"]
+    chips = page.eval_on_selector_all(
+        "#runs tr.run-row", "rs => rs.map(r => [...r.querySelectorAll("
+        "'td[data-col=tags] button.tag')].map(b => b.textContent))")
+    assert chips == [[], ["baseline", "7b"], ["7b", "lr-sweep"]]
+    assert page.eval_on_selector_all("#runs-tag option", "os => os.map(o => o.value)") == [
+        "", "7b", "baseline", "lr-sweep"]
+    # the tag filter
+    page.select_option("#runs-tag", "7b")
+    page.wait_for_function("() => document.querySelectorAll('#runs tr.run-row').length === 2")
+    assert shown_runs(page) == ["ppo-a", "ppo-b"] and "tag=7b" in page.url
+    assert page.inner_text("#runs-count") == "2 of 3 runs"
+    # a click on a chip filters by its tag
+    page.click("#runs tr.run-row[data-run='ppo-b'] button.tag[data-tag='lr-sweep']")
+    page.wait_for_function("() => document.querySelectorAll('#runs tr.run-row').length === 1")
+    assert shown_runs(page) == ["ppo-b"] and "tag=lr-sweep" in page.url
+    assert page.input_value("#runs-tag") == "lr-sweep"
+    # the address restores it in another tab; sorting by tags keeps the untagged run last
+    other = page.context.new_page()
+    other.goto(page.url)
+    other.wait_for_selector("#runs tr.run-row")
+    assert shown_runs(other) == ["ppo-b"] and other.input_value("#runs-tag") == "lr-sweep"
+    other.close()
+    page.select_option("#runs-tag", "")
+    page.wait_for_function("() => document.querySelectorAll('#runs tr.run-row').length === 3")
+    page.click("#runs th[data-col=tags]")
+    page.wait_for_function("() => location.hash.includes('sort=tags')")
+    assert shown_runs(page) == ["ppo-b", "ppo-a", RUN]  # "7b,lr-sweep" < "baseline,7b"
+    # the search matches a tag
+    page.fill("#runs-search", "baseline")
+    page.wait_for_function("() => document.querySelectorAll('#runs tr.run-row').length === 1")
+    assert shown_runs(page) == ["ppo-a"]
+
+
 def chart_of(tab: Any, selector: str) -> dict[str, Any]:
     return dict(tab.evaluate("""(sel) => {
         const u = window.rlmonCharts().find(c => c.rlmon.panelEl.matches(sel));

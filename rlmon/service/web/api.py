@@ -3,7 +3,7 @@
 Every answer is read from the history store through the reader's own connection (read-only when
 the store is a file), so a slow request never holds the lock the alert path writes under.
 
-- ``GET /api/runs``: every run (its state, start, duration, GPUs, cost, settings, firing
+- ``GET /api/runs``: every run (its state, start, duration, GPUs, cost, settings, tags, firing
   alerts) with its roles beneath (each role's state, last step, ranks reporting, alerts)
 - ``GET /api/curves?run=R&role=A[&from=S&to=S&points=N]``: the key curves, downsampled, with the
   alert transitions in the range, each point's time and each metric's spread across ranks (the
@@ -36,6 +36,7 @@ import numpy as np
 
 from rlmon.service.alerting import first_mover
 from rlmon.service.alerting.rules import Rule
+from rlmon.service.export.exporter import MAX_TAGS
 from rlmon.service.goodput.cost import Price
 from rlmon.service.liveness.run_level import UNKNOWN, run_state
 from rlmon.service.liveness.run_state import RunState
@@ -266,6 +267,7 @@ class WebApi:
         return {"runs": out, "alerts_seen": latest,
                 "states_known": self.states is not None or bool(states), "now": now,
                 "settings": sorted({k for r in out for k in r["settings"]}),
+                "tags": sorted({t for r in out for t in r["tags"]}),
                 "price": None if self.price is None or self.price.per_gpu_hour is None else {
                     "per_gpu_hour": self.price.per_gpu_hour, "currency": self.price.currency}}
 
@@ -286,7 +288,8 @@ class WebApi:
         gpus = gpus if gpus else None  # 0: the service has not counted the run's ranks yet
         gpu_hours = gpus * duration / 3600 if gpus is not None and duration is not None else None
         per_hour = self.price.per_gpu_hour if self.price is not None else None
-        settings = {k: v for k, v in info.items() if v != "" and k != "framework"}
+        settings = {k: v for k, v in info.items() if v != "" and k not in ("framework", "tags")}
+        tags = [t for t in info.get("tags", "").split(",") if t][:MAX_TAGS]
         return {
             "run": run, "state": state, "attempt": max(r["attempt"] for r in roles),
             "start": start, "last_time": last_time, "duration_seconds": duration,
@@ -301,6 +304,7 @@ class WebApi:
             "firing": [a for r in roles for a in r["firing"]],
             "framework": info.get("framework") or self._relayed_framework(run, roles),
             "settings": settings,
+            "tags": tags,
             "roles": roles,
         }
 
