@@ -81,7 +81,8 @@ def test_runs_table_sorts_filters_searches_and_keeps_the_view_in_the_address(
     # a longer run that failed, with the settings its integration reported; a short one running
     service.publish([replace(r, run="ppo-long", finalized_at=T0 + 1000 + 40 * r.step)
                      for r in actor])
-    service.set_run_info("ppo-long", {"framework": "verl", "algorithm": "ppo", "dp": 4})
+    service.set_run_info("ppo-long", {"framework": "verl", "algorithm": "ppo", "dp": 4,
+                                      "tags": ["baseline", "7b"]})
     started = time.time() - 5
     service.publish([replace(r, run="grpo-short", finalized_at=started + r.step)
                      for r in actor[:5]])
@@ -145,7 +146,7 @@ def test_runs_table_sorts_filters_searches_and_keeps_the_view_in_the_address(
     assert shown_runs(page) == ["ppo-long", "grpo-short", RUN]
     if os.environ.get("RLMON_UPDATE_SCREENSHOT") == "1":
         page.goto(page.base + "#/?sort=-duration&cols=state,start,duration,last_step,gpus,cost,"
-                  "alerts,framework,set:algorithm,set:dp")
+                  "alerts,framework,tags,set:algorithm,set:dp")
         page.wait_for_selector("#runs th[data-col='set:dp']")
         page.evaluate("() => { document.getElementById('runs-columns').open = true; }")
         page.screenshot(path=str(DOCS / "runs-table.png"), clip={
@@ -327,12 +328,6 @@ def test_curves_smooth_log_time_axes_and_the_rank_band_as_drawn(
     assert filled["above"][3] < 30  # nothing drawn above the slowest rank but the grid
     assert "band: the lowest and the highest rank's own value" in page.inner_text(
         band_sel + " .marks")
-    if os.environ.get("RLMON_UPDATE_SCREENSHOT") == "1":
-        # the step time picked to the top, so that its band shows beside a smoothed curve
-        page.goto(page.base + "#/run/banded?role=actor&m=perf%2Fstep_seconds&smooth=0.6")
-        page.wait_for_selector(band_sel + "[data-picked][data-bands='1'][data-smooth='0.6']")
-        page.screenshot(path=str(DOCS / "curve-controls.png"), clip={
-            "x": 0, "y": 0, "width": 1400, "height": 720})
 
 
 def test_every_metric_reported_per_rank_is_drawn_with_its_band(
@@ -398,6 +393,12 @@ def test_every_metric_reported_per_rank_is_drawn_with_its_band(
     loss = chart_of(page, "#panels .panel[data-picked][data-metrics='actor/loss']")
     picked = curves("&role=actor&metrics=actor%2Floss")["panels"][0]
     assert loss["data"][1:3] == [picked["spread"][0]["min"], picked["spread"][0]["max"]]
+    if os.environ.get("RLMON_UPDATE_SCREENSHOT") == "1":
+        # the KL picked to the top, so that its band across ranks shows beside a smoothed curve
+        page.goto(page.base + f"#/run/{RUN}?role=actor&m=actor%2Fkl&smooth=0.6")
+        page.wait_for_selector("#panels .panel[data-picked][data-bands='1'][data-smooth='0.6']")
+        page.screenshot(path=str(DOCS / "curve-controls.png"), clip={
+            "x": 0, "y": 0, "width": 1400, "height": 720})
 
 
 # --- the page's defects (issue 39): each test failed on the page before the fix -------------------
