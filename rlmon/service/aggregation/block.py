@@ -5,11 +5,12 @@ A step's columnar blocks are summed (min-ed, max-ed, by the forms' merge in
 step's metric pools once, when the step closes. Rows merge in arrival order, as the pools do, so
 the values are bit-for-bit those of the scalar path (``tests/unit/aggregation/test_aggregator_columnar.py``).
 
-A message is one rank's whole contribution to the step, so the block also keeps, per row, the
-lowest and highest of the ranks' own values (each message's states finalized, with numpy, as
-:data:`~rlmon.service.metrics.forms.FORMS` finalizes one state) and how many ranks had one: the
-per-rank extremes the page draws as a band. Block metrics are never replicated, so every
-message is a rank of its own.
+A message is one rank's whole contribution to the step, so the block also keeps each message's
+rows until the step closes and then finalizes them all at once, with numpy, as
+:data:`~rlmon.service.metrics.forms.FORMS` finalizes one state: the lowest and highest of the
+ranks' own values per row, and how many ranks had one (the per-rank extremes the page draws as a
+band). Block metrics are never replicated, so every message is a rank of its own. Keeping the
+messages' arrays (never written to) costs a list append per message, not a copy.
 """
 
 from __future__ import annotations
@@ -38,31 +39,32 @@ def plan_of(schema: Schema) -> _Plan:
 
 def own_values(schema: Schema, values: np.ndarray, plan: _Plan | None = None,
                ) -> tuple[np.ndarray, np.ndarray]:
-    """One rank's message finalized row by row, as each form's ``finalize`` does one state (a
-    sum, a min, a max: its slot; a mean: sum / count; an L2 norm: the root; moments: the std):
-    the values and whether each is defined (a mean over zero tokens is not, unless its sum is
-    NaN or infinite, which propagates)."""
+    """Ranks' messages (``(..., rows, 3)``: one message, or a stack of them) finalized row by
+    row, as each form's ``finalize`` does one state (a sum, a min, a max: its slot; a mean:
+    sum / count; an L2 norm: the root; moments: the std): the values and whether each is defined
+    (a mean over zero tokens is not, unless its sum is NaN or infinite, which propagates)."""
     means, norms, moments = plan if plan is not None else plan_of(schema)
-    first = values[:, 0]
+    first = values[..., 0]
     out = first.copy()
-    defined = np.ones(len(first), dtype=bool)
+    defined = np.ones(first.shape, dtype=bool)
     with np.errstate(divide="ignore", invalid="ignore"):
         if len(means):
-            total, count = first[means], values[means, 1]
+            total, count = first[..., means], values[..., means, 1]
             empty = count == 0
-            out[means] = np.where(empty, total, total / count)
-            defined[means[empty & np.isfinite(total)]] = False
+            out[..., means] = np.where(empty, total, total / count)
+            defined[..., means] = ~(empty & np.isfinite(total))
         if len(norms):
-            x = first[norms]
-            out[norms] = np.where(x < 0, np.nan, np.sqrt(x))
+            x = first[..., norms]
+            out[..., norms] = np.where(x < 0, np.nan, np.sqrt(x))
         if len(moments):
-            count, total, sqsum = first[moments], values[moments, 1], values[moments, 2]
+            count, total, sqsum = (first[..., moments], values[..., moments, 1],
+                                   values[..., moments, 2])
             mean = total / count
             variance = sqsum / count - mean * mean
             std = np.where(variance != variance, np.nan, np.sqrt(np.maximum(variance, 0.0)))
             empty = count == 0
-            out[moments] = np.where(empty, np.nan, std)
-            defined[moments[empty & np.isfinite(total) & np.isfinite(sqsum)]] = False
+            out[..., moments] = np.where(empty, np.nan, std)
+            defined[..., moments] = ~(empty & np.isfinite(total) & np.isfinite(sqsum))
     return out, defined
 
 
@@ -75,8 +77,7 @@ class StepBlock:
     core does, so the result is bit-for-bit the core's.
     """
 
-    __slots__ = ("data", "forms", "hi", "index", "lo", "maps", "names", "plans", "primary",
-                 "ranks", "rows")
+    __slots__ = ("data", "forms", "index", "maps", "names", "primary", "sent")
 
     def __init__(self, schema: Schema, values: np.ndarray) -> None:
         self.data = np.array(values, dtype=np.float64, copy=True)
@@ -85,32 +86,9 @@ class StepBlock:
         self.index = {name: i for i, name in enumerate(schema.names)}
         self.primary = schema.id
         self.maps: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self.rows: dict[int, np.ndarray] = {}  # a mapped schema's rows, in its order
-        self.plans: dict[int, _Plan] = {}  # each schema's rows by how they finalize
-        # per row: the lowest and highest rank's own value, and the ranks that had one
-        n = len(schema.names)
-        self.lo = np.full(n, np.inf)
-        self.hi = np.full(n, -np.inf)
-        self.ranks = np.zeros(n, dtype=np.int64)
-        self._note(slice(0, n), schema, values)
-
-    def _note(self, rows: slice | np.ndarray, schema: Schema, values: np.ndarray) -> None:
-        """Fold one rank's own values into the rows' extremes (np.minimum and np.maximum let
-        NaN win, as the forms' min and max do)."""
-        plan = self.plans.get(schema.id)
-        if plan is None:
-            plan = self.plans[schema.id] = plan_of(schema)
-        own, defined = own_values(schema, values, plan)
-        low = high = own
-        if not defined.all():  # an undefined value leaves its row's extremes as they are
-            low, high = np.where(defined, own, np.inf), np.where(defined, own, -np.inf)
-        if isinstance(rows, slice):  # the step's first schema: views, updated in place
-            np.minimum(self.lo[rows], low, out=self.lo[rows])
-            np.maximum(self.hi[rows], high, out=self.hi[rows])
-        else:
-            self.lo[rows] = np.minimum(self.lo[rows], low)
-            self.hi[rows] = np.maximum(self.hi[rows], high)
-        self.ranks[rows] += defined
+        # per schema: it, its rows in the block (in its order), and each rank's message's values
+        self.sent: dict[int, tuple[Schema, slice | np.ndarray, list[np.ndarray]]] = {
+            schema.id: (schema, slice(0, len(schema.names)), [values])}
 
     def merge(self, schema: Schema, values: np.ndarray) -> None:
         a, b = schema.n_add, schema.n_add + schema.n_min
@@ -120,7 +98,7 @@ class StepBlock:
             np.minimum(data[a:b], values[a:b], out=data[a:b])  # NaN wins, as in the core
             n = len(schema.names)
             np.maximum(data[b:n], values[b:], out=data[b:n])
-            self._note(slice(0, n), schema, values)
+            self.sent[schema.id][2].append(values)
             return
         mapping = self.maps.get(schema.id)
         if mapping is None:
@@ -131,14 +109,10 @@ class StepBlock:
                 self.forms.append(schema.forms[i])
             rows = np.array([self.index[n] for n in schema.names], dtype=np.intp)
             mapping = self.maps[schema.id] = (rows[:a], rows[a:b], rows[b:])
-            self.rows[schema.id] = rows
+            self.sent[schema.id] = (schema, rows, [])
             if fresh:
+                self.sent[schema.id][2].append(values)
                 self.data = data = np.vstack([data, values[fresh]])
-                more = len(fresh)
-                self.lo = np.concatenate([self.lo, np.full(more, np.inf)])
-                self.hi = np.concatenate([self.hi, np.full(more, -np.inf)])
-                self.ranks = np.concatenate([self.ranks, np.zeros(more, dtype=np.int64)])
-                self._note(rows, schema, values)
                 keep = np.ones(len(schema.names), dtype=bool)
                 keep[fresh] = False
                 self._combine(
@@ -147,14 +121,22 @@ class StepBlock:
                     (values[:a][keep[:a]], values[a:b][keep[a:b]], values[b:][keep[b:]]),
                 )
                 return
-        self._note(self.rows[schema.id], schema, values)
+        self.sent[schema.id][2].append(values)
         self._combine(mapping, (values[:a], values[a:b], values[b:]))
 
     def extremes(self) -> dict[str, RankExtremes]:
-        """Per metric, the lowest and highest rank's own value and how many ranks had one."""
-        return {name: (lo, hi, n) for name, lo, hi, n in zip(
-            self.names, self.lo.tolist(), self.hi.tolist(), self.ranks.tolist(), strict=True)
-            if n}
+        """Per metric, the lowest and highest rank's own value and how many ranks had one
+        (np.min and np.max let NaN win, as the forms' min and max do)."""
+        n = len(self.names)
+        lo, hi = np.full(n, np.inf), np.full(n, -np.inf)
+        ranks = np.zeros(n, dtype=np.int64)
+        for schema, rows, sent in self.sent.values():
+            own, defined = own_values(schema, np.stack(sent))
+            lo[rows] = np.minimum(lo[rows], np.where(defined, own, np.inf).min(axis=0))
+            hi[rows] = np.maximum(hi[rows], np.where(defined, own, -np.inf).max(axis=0))
+            ranks[rows] += defined.sum(axis=0)
+        return {name: (low, high, k) for name, low, high, k in zip(
+            self.names, lo.tolist(), hi.tolist(), ranks.tolist(), strict=True) if k}
 
     def _combine(
         self, rows: tuple[np.ndarray, ...], vals: tuple[np.ndarray, ...]

@@ -105,13 +105,13 @@ def merge_extremes(a: RankExtremes | None, b: RankExtremes | None) -> RankExtrem
 
 
 def extremes_of(values: list[float]) -> RankExtremes | None:
-    """The extremes of ``values`` (one per rank); None when there are none."""
+    """The extremes of ``values`` (one per rank; a NaN among them is both); None when there
+    are none."""
     if not values:
         return None
-    lo, hi = values[0], values[0]
-    for v in values[1:]:
-        lo, hi = _nan_min(lo, v), _nan_max(hi, v)
-    return (lo, hi, len(values))
+    if any(v != v for v in values):
+        return (math.nan, math.nan, len(values))
+    return (min(values), max(values), len(values))
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +223,10 @@ class MetricPool:
         the group's lowest rank's copy (the one the step's value counts). A rank whose value is
         undefined (a mean over zero tokens) has none."""
         form = self.form
+        if self.replicated is None and not self.minibatch_mean:  # one cell per rank
+            fin = FORMS[form].finalize
+            return {rank: v for (_, rank), state in self.cells.items()
+                    if rank is not None and (v := fin(state)) is not None}
         by_unit: dict[Rank, dict[int, tuple[Rank, State]]] = {}
         for (mb, rank), state in self.cells.items():
             if rank is None:  # folded over ranks already
