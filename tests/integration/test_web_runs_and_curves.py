@@ -81,7 +81,8 @@ def test_runs_table_sorts_filters_searches_and_keeps_the_view_in_the_address(
     # a longer run that failed, with the settings its integration reported; a short one running
     service.publish([replace(r, run="ppo-long", finalized_at=T0 + 1000 + 40 * r.step)
                      for r in actor])
-    service.set_run_info("ppo-long", {"framework": "verl", "algorithm": "ppo", "dp": 4})
+    service.set_run_info("ppo-long", {"framework": "verl", "algorithm": "ppo", "dp": 4,
+                                      "tags": ["baseline", "7b"]})
     started = time.time() - 5
     service.publish([replace(r, run="grpo-short", finalized_at=started + r.step)
                      for r in actor[:5]])
@@ -145,11 +146,57 @@ def test_runs_table_sorts_filters_searches_and_keeps_the_view_in_the_address(
     assert shown_runs(page) == ["ppo-long", "grpo-short", RUN]
     if os.environ.get("RLMON_UPDATE_SCREENSHOT") == "1":
         page.goto(page.base + "#/?sort=-duration&cols=state,start,duration,last_step,gpus,cost,"
-                  "alerts,framework,set:algorithm,set:dp")
+                  "alerts,framework,tags,set:algorithm,set:dp")
         page.wait_for_selector("#runs th[data-col='set:dp']")
         page.evaluate("() => { document.getElementById('runs-columns').open = true; }")
         page.screenshot(path=str(DOCS / "runs-table.png"), clip={
             "x": 0, "y": 0, "width": 1400, "height": 520})
+
+
+def test_runs_table_shows_the_runs_tags_and_filters_by_them(
+        page: Any, service: ServiceCore, records: list[StepRecord]) -> None:
+    """Tags a run reported (``Reporter.set_run_info(tags=[...])``): a column of chips, a tag
+    filter (the select, or a click on a chip), the search matching them, kept in the address."""
+    actor = [r for r in records if r.role == "actor"]
+    for i, run in enumerate(("ppo-a", "ppo-b")):
+        service.publish([replace(r, run=run, finalized_at=T0 + 1000 * (i + 1) + r.step)
+                         for r in actor[:5]])
+    service.set_run_info("ppo-a", {"framework": "verl", "tags": ["baseline", "7b"]})
+    service.set_run_info("ppo-b", {"tags": ["7b", "lr-sweep"]})
+    page.goto(page.base + "#/?sort=run")
+    page.wait_for_selector("#runs tr.run-row td[data-col='tags'] button.tag")
+    assert shown_runs(page) == [RUN, "ppo-a", "ppo-b"]
+    chips = page.eval_on_selector_all(
+        "#runs tr.run-row", "rs => rs.map(r => [...r.querySelectorAll("
+        "'td[data-col=tags] button.tag')].map(b => b.textContent))")
+    assert chips == [[], ["baseline", "7b"], ["7b", "lr-sweep"]]
+    assert page.eval_on_selector_all("#runs-tag option", "os => os.map(o => o.value)") == [
+        "", "7b", "baseline", "lr-sweep"]
+    # the tag filter
+    page.select_option("#runs-tag", "7b")
+    page.wait_for_function("() => document.querySelectorAll('#runs tr.run-row').length === 2")
+    assert shown_runs(page) == ["ppo-a", "ppo-b"] and "tag=7b" in page.url
+    assert page.inner_text("#runs-count") == "2 of 3 runs"
+    # a click on a chip filters by its tag
+    page.click("#runs tr.run-row[data-run='ppo-b'] button.tag[data-tag='lr-sweep']")
+    page.wait_for_function("() => document.querySelectorAll('#runs tr.run-row').length === 1")
+    assert shown_runs(page) == ["ppo-b"] and "tag=lr-sweep" in page.url
+    assert page.input_value("#runs-tag") == "lr-sweep"
+    # the address restores it in another tab; sorting by tags keeps the untagged run last
+    other = page.context.new_page()
+    other.goto(page.url)
+    other.wait_for_selector("#runs tr.run-row")
+    assert shown_runs(other) == ["ppo-b"] and other.input_value("#runs-tag") == "lr-sweep"
+    other.close()
+    page.select_option("#runs-tag", "")
+    page.wait_for_function("() => document.querySelectorAll('#runs tr.run-row').length === 3")
+    page.click("#runs th[data-col=tags]")
+    page.wait_for_function("() => location.hash.includes('sort=tags')")
+    assert shown_runs(page) == ["ppo-b", "ppo-a", RUN]  # "7b,lr-sweep" < "baseline,7b"
+    # the search matches a tag
+    page.fill("#runs-search", "baseline")
+    page.wait_for_function("() => document.querySelectorAll('#runs tr.run-row').length === 1")
+    assert shown_runs(page) == ["ppo-a"]
 
 
 def chart_of(tab: Any, selector: str) -> dict[str, Any]:
@@ -182,9 +229,11 @@ def test_curves_smooth_log_time_axes_and_the_rank_band_as_drawn(
     import urllib.request
 
     # every step with a timeline of 4 ranks: the slowest rank 0.3 s behind the others (the
-    # step's time is the slowest rank's)
+    # step's time is the slowest rank's); steps as stored before the aggregator kept per-rank
+    # extremes (the step time's band then comes from the timelines)
     service.publish([with_timeline(replace(r, run="banded", metrics={
-        **r.metrics, "perf/step_seconds": 1.8})) for r in records if r.role == "actor"])
+        **r.metrics, "perf/step_seconds": 1.8}, rank_extremes={}))
+        for r in records if r.role == "actor"])
     with urllib.request.urlopen(f"http://127.0.0.1:{service.port}/api/curves?run=banded"
                                 "&role=actor", timeout=10) as resp:
         want = json.loads(resp.read())
@@ -251,7 +300,8 @@ def test_curves_smooth_log_time_axes_and_the_rank_band_as_drawn(
     assert chart_of(other, kl_sel)["data"] == chart_of(page, kl_sel)["data"]
     other.close()
 
-    # the step time's spread across ranks: a band between the fastest and the slowest rank
+    # the step time's spread across ranks from the timelines: a band between the fastest and the
+    # slowest rank
     page.goto(page.base + "#/run/banded?role=actor")
     band_sel = "#panels .panel[data-metrics='perf/step_seconds']"
     # the panels drawn anew, by step and linear (not the view navigated from, still shown
@@ -276,11 +326,77 @@ def test_curves_smooth_log_time_axes_and_the_rank_band_as_drawn(
     r, _g, b, alpha = filled["inside"]
     assert b > r + 60 and 30 < alpha < 120  # the series' blue, faint (over the white panel)
     assert filled["above"][3] < 30  # nothing drawn above the slowest rank but the grid
-    assert "band: the fastest and the slowest rank" in page.inner_text(band_sel + " .marks")
+    assert "band: the lowest and the highest rank's own value" in page.inner_text(
+        band_sel + " .marks")
+
+
+def test_every_metric_reported_per_rank_is_drawn_with_its_band(
+        page: Any, service: ServiceCore, records: list[StepRecord]) -> None:
+    """The example run as the aggregator finalized it (4 actor ranks, dp 2 x cp 2): every metric
+    the ranks reported has its per-rank extremes in the API (the stored ones, which
+    tests/unit/aggregation/test_rank_extremes.py checks against numpy) and a band in its panel,
+    between those edges, filled in the curve's colour; a role of one rank has none."""
+    import json
+    import urllib.request
+
+    def curves(query: str) -> dict[str, Any]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{service.port}/api/curves?run={RUN}"
+                                    + query, timeout=10) as resp:
+            return dict(json.loads(resp.read()))
+
+    actor = {r.step: r for r in records if r.role == "actor"}
+    want = curves("&role=actor")
+    banded = 0
+    for panel in want["panels"]:
+        for metric, spread in zip(panel["metrics"], panel["spread"], strict=True):
+            if metric == "actor/grad_norm":  # a value, all-reduced: the same on every rank
+                assert spread is None and metric not in actor[0].rank_extremes
+                continue
+            assert spread == {
+                "min": [actor[x].rank_extremes[metric][0] for x in panel["x"]],
+                "max": [actor[x].rank_extremes[metric][1] for x in panel["x"]]}, metric
+            banded += 1
+    assert banded >= 8  # the key curves the actor's ranks report, the IS ratio's three
+    assert all(s is None for p in curves("&role=rollout")["panels"] for s in p["spread"])
+
+    page.goto(page.base + f"#/run/{RUN}?role=actor&m=actor%2Floss")
+    page.wait_for_selector("#panels .panel[data-picked][data-bands='1']")
+    for panel in want["panels"]:
+        sel = f"#panels .panel:not([data-picked])[data-metrics='{','.join(panel['metrics'])}']"
+        spreads = [(m, s) for m, s in zip(panel["metrics"], panel["spread"], strict=True) if s]
+        k = len(spreads)
+        page.wait_for_selector(sel + f"[data-bands='{k}']")
+        drawn = chart_of(page, sel)
+        for i, (metric, spread) in enumerate(spreads):  # each band's lower and upper edge
+            assert drawn["data"][1 + 2 * i] == spread["min"]
+            assert drawn["data"][2 + 2 * i] == spread["max"]
+            assert drawn["labels"][1 + 2 * i:3 + 2 * i] == [f"{metric} (lowest rank)",
+                                                            f"{metric} (highest rank)"]
+        assert drawn["bands"] == [[2 + 2 * i, 1 + 2 * i] for i in range(k)]
+        assert drawn["data"][1 + 2 * k:] == panel["y"]  # the curves after their bands
+    kl_sel = "#panels .panel:not([data-picked])[data-metrics='actor/kl']"
+    lo, hi = actor[15].rank_extremes["actor/kl"]
+    mid = (lo + actor[15].metrics["actor/kl"]) / 2  # inside the band, away from the curve
+    filled = page.evaluate("""([sel, mid, hi]) => {
+        const u = window.rlmonCharts().find(c => c.rlmon.panelEl.matches(sel));
+        const x = Math.round(u.valToPos(15, 'x', true));
+        const y = (v) => Math.round(u.valToPos(v, 'y', true));
+        const px = (y) => [...u.ctx.getImageData(x, y, 1, 1).data];
+        return { inside: px(y(mid)), above: px(y(hi) - 6) };
+    }""", [kl_sel, mid, hi])
+    r, _g, b, alpha = filled["inside"]
+    assert b > r + 60 and 30 < alpha < 120  # the series' blue, faint
+    assert filled["above"][3] < 30
+    assert "band: the lowest and the highest rank's own value" in page.inner_text(
+        kl_sel + " .marks")
+    # a picked metric gets its band too
+    loss = chart_of(page, "#panels .panel[data-picked][data-metrics='actor/loss']")
+    picked = curves("&role=actor&metrics=actor%2Floss")["panels"][0]
+    assert loss["data"][1:3] == [picked["spread"][0]["min"], picked["spread"][0]["max"]]
     if os.environ.get("RLMON_UPDATE_SCREENSHOT") == "1":
-        # the step time picked to the top, so that its band shows beside a smoothed curve
-        page.goto(page.base + "#/run/banded?role=actor&m=perf%2Fstep_seconds&smooth=0.6")
-        page.wait_for_selector(band_sel + "[data-picked][data-bands='1'][data-smooth='0.6']")
+        # the KL picked to the top, so that its band across ranks shows beside a smoothed curve
+        page.goto(page.base + f"#/run/{RUN}?role=actor&m=actor%2Fkl&smooth=0.6")
+        page.wait_for_selector("#panels .panel[data-picked][data-bands='1'][data-smooth='0.6']")
         page.screenshot(path=str(DOCS / "curve-controls.png"), clip={
             "x": 0, "y": 0, "width": 1400, "height": 720})
 

@@ -300,6 +300,16 @@ class StepAssembler:
         for rank, timeline in state.timelines.items():
             check_rank_timeline(RankTimeline(rank, timeline))
         check_integer(state.timelines_cut, "timelines_cut")
+        if not isinstance(state.extremes, dict):
+            raise ContractError("extremes", f"must be {{metric: (low, high, ranks)}}, got "
+                                f"{show(state.extremes)}")
+        for name, ext in state.extremes.items():
+            if name not in state.pools or not (
+                    isinstance(ext, tuple) and len(ext) == 3
+                    and all(isinstance(v, float | int) for v in ext[:2])
+                    and isinstance(ext[2], int) and ext[2] > 0):
+                raise ContractError(f"extremes.{show(name)}", "must be (low, high, ranks) of a "
+                                    f"metric of the state, got {show(ext)}")
 
     # -- bookkeeping ----------------------------------------------------------------------------
 

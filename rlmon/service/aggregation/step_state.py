@@ -24,7 +24,13 @@ from rlmon.service.contract.timeline import (
     find_straggler,
 )
 from rlmon.service.metrics import catalog
-from rlmon.service.metrics.partial import MetricPool, Partial, straggler_ratio
+from rlmon.service.metrics.partial import (
+    MetricPool,
+    Partial,
+    RankExtremes,
+    merge_extremes,
+    straggler_ratio,
+)
 from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.metrics.ranked_forms import Sample
 from rlmon.service.metrics.spec import Form
@@ -66,6 +72,9 @@ class StepState:
     # Each rank's timeline, kept per rank (never merged), at most MAX_TIMELINE_RANKS.
     timelines: dict[Rank, Timeline] = field(default_factory=dict)
     timelines_cut: int = 0  # timelines beyond that bound, and spans the ranks cut
+    # per metric, the extremes of the ranks' own values that left a sealed block (the pools
+    # keep their ranks apart and give theirs at the end)
+    extremes: dict[str, RankExtremes] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -151,7 +160,14 @@ class StepState:
         """Fold the columnar block into the pools (when the step closes or leaves a node)."""
         if self.block is not None:
             self.block.fold_into(self.pools)
+            self._merge_extremes(self.block.extremes())
             self.block = None
+
+    def _merge_extremes(self, extremes: Mapping[str, RankExtremes]) -> None:
+        for name, ext in extremes.items():
+            merged = merge_extremes(self.extremes.get(name), ext)
+            assert merged is not None
+            self.extremes[name] = merged
 
     def merge(self, other: StepState) -> None:
         """Fold a sealed, pre-merged state of the same step (from a node merger) into this one."""
@@ -164,6 +180,7 @@ class StepState:
         self.finals |= other.finals
         self.reporting |= other.reporting
         self.seen |= other.seen
+        self._merge_extremes(other.extremes)
         self.timelines_cut += other.timelines_cut
         for rank, timeline in other.timelines.items():
             self.keep_timeline(rank, replace(timeline, cut=0))  # its cut is counted above
@@ -175,10 +192,14 @@ class StepState:
         values: dict[str, float] = {}
         mismatches: list[str] = []
         samples: dict[str, tuple[Sample, ...]] = {}
+        extremes: dict[str, tuple[float, float]] = {}
         for name, pool in self.pools.items():
             result = pool.result()
             if result.value is not None:
                 values[name] = result.value
+            ext = merge_extremes(result.extremes, self.extremes.get(name))
+            if ext is not None and ext[2] >= 2:  # a spread needs two ranks
+                extremes[name] = (ext[0], ext[1])
             if result.samples:
                 samples[name] = result.samples
             if result.replica_mismatch:
@@ -211,4 +232,5 @@ class StepState:
             timelines_cut=self.timelines_cut,
             straggler=find_straggler([RankTimeline(r, t) for r, t in self.timelines.items()]),
             samples=samples,
+            rank_extremes=extremes,
         )

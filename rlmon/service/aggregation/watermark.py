@@ -58,6 +58,9 @@ def encode_record(record: StepRecord) -> str:
     if record.timelines or record.timelines_cut:
         line["timelines"] = [t.to_json() for t in record.timelines]
         line["timelines_cut"] = record.timelines_cut
+    if record.rank_extremes:
+        line["rank_extremes"] = {name: [json_score(lo), json_score(hi)]
+                                 for name, (lo, hi) in record.rank_extremes.items()}
     if record.samples:
         line["samples"] = {name: [[json_score(s), i, p] for s, i, p in items]
                            for name, items in record.samples.items()}
@@ -101,6 +104,8 @@ def decode_record(text: str | bytes) -> StepRecord:
         straggler=find_straggler(timelines),
         samples={str(name): tuple((_score(s), str(i), str(p)) for s, i, p in items)
                  for name, items in obj.get("samples", {}).items()},
+        rank_extremes={str(name): (_score(lo), _score(hi))
+                       for name, (lo, hi) in obj.get("rank_extremes", {}).items()},
     )
 
 

@@ -79,6 +79,10 @@ class StepRecord:
     straggler: Straggler | None = None
     #: Per ranked metric (``top``/``bottom`` forms), its best items, best first.
     samples: Mapping[str, tuple[Sample, ...]] = field(default_factory=dict)
+    #: Per metric reported by two ranks or more, the lowest and highest rank's own value (each
+    #: rank's statistic over its own records: its token-weighted mean, its sum; one copy per
+    #: replica group), NaN and Inf kept as floats (not part of the replay line).
+    rank_extremes: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def key(self) -> StepKey:

@@ -142,8 +142,8 @@ ALERT_FIRING = Series("rlmon_alert_firing", "gauge",
                       (*_RUN_ROLE, "alert", "severity"))
 RUN_INFO = Series("rlmon_run_info", "info",
                   "Run metadata: framework and version, algorithm, loss reduction, dp/cp/tp/pp, "
-                  "gradient accumulation, ZeRO stage, DeepSpeed version, dpo (set by "
-                  "`Reporter.set_run_info`).", ("run",))
+                  "gradient accumulation, ZeRO stage, DeepSpeed version, dpo, the run's tags "
+                  "joined by commas (set by `Reporter.set_run_info`).", ("run",))
 
 # Where the GPU-hours go (docs/goodput.md): the step timelines' time by bucket.
 GOODPUT_SECONDS = Series("rlmon_goodput_gpu_seconds_total", "counter",

@@ -44,7 +44,7 @@ class WandbTracker:
             directory = str(cfg.dir)
         handle = wandb.init(
             project=cfg.project, entity=cfg.entity, id=run.id, name=run.name, dir=directory,
-            config=dict(settings), resume="allow", reinit="create_new", tags=["rlmon"],
+            config=dict(settings), resume="allow", reinit="create_new", tags=_tags(settings),
             settings=wandb.Settings(mode=cfg.mode, silent=True, console="off",
                                     x_disable_stats=True))
         self._runs[run] = handle
@@ -79,6 +79,8 @@ class WandbTracker:
     def settings(self, run: TrackerRun, settings: Mapping[str, str]) -> None:
         handle = self._open(run, settings)
         handle.config.update(dict(settings), allow_val_change=True)
+        if tuple(handle.tags or ()) != tuple(_tags(settings)):
+            handle.tags = tuple(_tags(settings))
 
     def end(self, run: TrackerRun, state: EndState) -> None:
         handle = self._open(run, {})
@@ -94,3 +96,8 @@ class WandbTracker:
         self._roles.pop(run, None)
         if handle is not None:
             handle.finish()
+
+
+def _tags(settings: Mapping[str, str]) -> list[str]:
+    """The W&B run's tags: rlmon's, and the run's own (``RunInfo.tags``, joined by commas)."""
+    return ["rlmon", *(t for t in settings.get("tags", "").split(",") if t and t != "rlmon")]

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from statistics import median
 
-from rlmon.service.metrics.forms import FORMS, State
+from rlmon.service.metrics.forms import FORMS, State, _nan_max, _nan_min
 from rlmon.service.metrics.rank import AXES, Rank, replica_group
 from rlmon.service.metrics.ranked_forms import Sample
 from rlmon.service.metrics.spec import Form
@@ -26,6 +26,7 @@ __all__ = [
     "MetricPool",
     "MetricResult",
     "Partial",
+    "RankExtremes",
     "State",
     "all_agree",
     "combine",
@@ -90,25 +91,56 @@ def all_agree(copies: list[State]) -> bool:
     return True
 
 
+# The lowest and highest of the ranks' own values of a metric in a step, and over how many ranks
+# (replica groups: TP/PP copies count once); mergeable by min, max and add (NaN wins, as in the
+# forms' min and max).
+RankExtremes = tuple[float, float, int]
+
+
+def merge_extremes(a: RankExtremes | None, b: RankExtremes | None) -> RankExtremes | None:
+    """The extremes over the ranks of both (associative and commutative)."""
+    if a is None or b is None:
+        return a if b is None else b
+    return (_nan_min(a[0], b[0]), _nan_max(a[1], b[1]), a[2] + b[2])
+
+
+def extremes_of(values: list[float]) -> RankExtremes | None:
+    """The extremes of ``values`` (one per rank; a NaN among them is both); None when there
+    are none."""
+    if not values:
+        return None
+    if any(v != v for v in values):
+        return (math.nan, math.nan, len(values))
+    return (min(values), max(values), len(values))
+
+
 @dataclass(frozen=True, slots=True)
 class MetricResult:
-    """What one metric finalizes to in one step."""
+    """What one metric finalizes to in one step.
+
+    ``extremes``: the lowest and highest rank's own value (each rank's statistic reduced over
+    its own records alone, as the step's value is over all of them; one copy per replica group),
+    over the ranks whose cells the pool kept apart (a columnar block's ranks are not among them:
+    the block keeps its own, :mod:`rlmon.service.aggregation.block`).
+    """
 
     value: float | None
     replica_mismatch: bool = False
     per_rank: tuple[float, ...] = ()
     samples: tuple[Sample, ...] = ()  # a ranked form's items, best first
+    extremes: RankExtremes | None = None
 
 
 class MetricPool:
     """Every contribution to one metric in one step, kept as mergeable cells.
 
-    A cell key is (mini-batch, rank). The mini-batch is 0 unless ``minibatch_mean`` is set; the
-    rank is None unless copies must be told apart (replicated metrics, or metrics whose per-rank
-    spread is wanted), so the common case folds every rank into one cell.
+    A cell key is (mini-batch, rank): ranks are kept apart so that each rank's own value (the
+    per-rank extremes) and one copy per replica group can be told; the rank is None in a cell of
+    ranks already folded together (a columnar block's, ``by_rank`` False) and in a ranked form's
+    (its items are pooled as they come).
     """
 
-    __slots__ = ("cells", "form", "minibatch_mean", "per_rank", "replicated")
+    __slots__ = ("by_rank", "cells", "form", "minibatch_mean", "per_rank", "replicated")
 
     def __init__(
         self,
@@ -116,15 +148,19 @@ class MetricPool:
         replicated: frozenset[str] | None,
         minibatch_mean: bool,
         per_rank: bool = False,
+        by_rank: bool = True,
     ) -> None:
+        """``per_rank``: the result lists every rank's value (a straggler ratio is derived);
+        ``by_rank`` False: the cells added are already folded over ranks."""
         self.form = form
         self.replicated = replicated
         self.minibatch_mean = minibatch_mean
-        self.per_rank = per_rank or replicated is not None
+        self.per_rank = per_rank
+        self.by_rank = (by_rank and FORMS[form].ranked is None) or replicated is not None
         self.cells: dict[tuple[int, Rank | None], State] = {}
 
     def add(self, rank: Rank, minibatch: int, state: State) -> None:
-        key = (minibatch if self.minibatch_mean else 0, rank if self.per_rank else None)
+        key = (minibatch if self.minibatch_mean else 0, rank if self.by_rank else None)
         old = self.cells.get(key)
         self.cells[key] = state if old is None else combine(self.form, old, state)
 
@@ -171,20 +207,44 @@ class MetricPool:
         else:
             finite = all(map(math.isfinite, defined))
             value = (math.fsum(defined) if finite else sum(defined)) / len(defined)
+        own = self._rank_values()
         per_rank: tuple[float, ...] = ()
         if self.per_rank and self.replicated is None:
-            by_rank: dict[Rank, State] = {}
-            for (_, rank), state in self.cells.items():
-                assert rank is not None
-                old = by_rank.get(rank)
-                by_rank[rank] = state if old is None else combine(form, old, state)
-            finals = (finalize(form, by_rank[r]) for r in sorted(by_rank))
-            per_rank = tuple(v for v in finals if v is not None)
+            per_rank = tuple(own[r] for r in sorted(own))
         samples: tuple[Sample, ...] = ()
         if FORMS[form].ranked is not None and pools:  # one pool: ranked forms take no options
             samples = tuple(next(iter(pools.values()))[1:])
         return MetricResult(value=value, replica_mismatch=mismatch, per_rank=per_rank,
-                            samples=samples)
+                            samples=samples, extremes=extremes_of(list(own.values())))
+
+    def _rank_values(self) -> dict[Rank, float]:
+        """Each rank's own value (its cells reduced as the pool reduces them all: pooled, or per
+        mini-batch then a plain mean), by rank; a replicated metric's per replica group, from
+        the group's lowest rank's copy (the one the step's value counts). A rank whose value is
+        undefined (a mean over zero tokens) has none."""
+        form = self.form
+        if self.replicated is None and not self.minibatch_mean:  # one cell per rank
+            fin = FORMS[form].finalize
+            return {rank: v for (_, rank), state in self.cells.items()
+                    if rank is not None and (v := fin(state)) is not None}
+        by_unit: dict[Rank, dict[int, tuple[Rank, State]]] = {}
+        for (mb, rank), state in self.cells.items():
+            if rank is None:  # folded over ranks already
+                continue
+            unit = rank if self.replicated is None else replica_group(rank, self.replicated)
+            mbs = by_unit.setdefault(unit, {})
+            old = mbs.get(mb)
+            if old is None or (self.replicated is not None and rank < old[0]):
+                mbs[mb] = (rank, state)
+            elif self.replicated is None:
+                mbs[mb] = (rank, combine(form, old[1], state))
+        out: dict[Rank, float] = {}
+        for unit, mbs in by_unit.items():
+            values = [finalize(form, mbs[mb][1]) for mb in sorted(mbs)]
+            defined = [v for v in values if v is not None]
+            if defined:
+                out[unit] = defined[0] if len(defined) == 1 else sum(defined) / len(defined)
+        return out
 
 
 def straggler_ratio(per_rank: tuple[float, ...]) -> float | None:

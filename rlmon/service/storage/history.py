@@ -19,6 +19,8 @@ The ranks' step timelines (:mod:`rlmon.service.contract.timeline`) are kept besi
 per step, for ``rlmon trace``; retention keeps fewer of them (they are larger than a step's line).
 So are a step's worst samples (:mod:`rlmon.service.storage.stored_samples`), one row per sample metric, for
 ``rlmon samples``: bounded by their form's k and the caller's payload budget, and by retention.
+So are each step's per-rank extremes (the lowest and highest rank's own value of every metric
+two ranks or more reported: the page's band), one row per step, pruned with their steps.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from rlmon.service.alerting.alert_types import AlertEvent, AlertState
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.contract.stop_decision import StopDecision
 from rlmon.service.contract.timeline import RankTimeline
-from rlmon.service.metrics.ranked_forms import Sample
+from rlmon.service.metrics.ranked_forms import Sample, json_score
 from rlmon.service.storage import curve_rows
 from rlmon.service.storage.sqlite_db import StoreSchemaError, check_schema, open_database
 from rlmon.service.storage.stored_samples import (
@@ -86,6 +88,9 @@ CREATE TABLE IF NOT EXISTS stops (
 CREATE TABLE IF NOT EXISTS curve_rows (
     run TEXT NOT NULL, role TEXT NOT NULL, attempt INTEGER NOT NULL, step INTEGER NOT NULL,
     vals BLOB NOT NULL, PRIMARY KEY (run, role, attempt, step)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS rank_extremes (
+    run TEXT NOT NULL, role TEXT NOT NULL, attempt INTEGER NOT NULL, step INTEGER NOT NULL,
+    data TEXT NOT NULL, PRIMARY KEY (run, role, attempt, step)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS curve_layout (position INTEGER PRIMARY KEY, metric TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS liveness (
     run TEXT NOT NULL, role TEXT NOT NULL, state TEXT NOT NULL, since REAL NOT NULL,
@@ -133,6 +138,20 @@ def _metrics(line: dict[str, Any]) -> dict[str, float]:
     for name, text in line.get("nonfinite", {}).items():
         values[name] = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[text]
     return values
+
+
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _extremes_row(extremes: Mapping[str, tuple[float, float]]) -> str:
+    """A step's per-rank extremes as JSON (NaN and Inf as the contract writes them)."""
+    return json.dumps({name: [json_score(lo), json_score(hi)]
+                       for name, (lo, hi) in extremes.items()},
+                      allow_nan=False, separators=(",", ":"))
+
+
+def _stored_number(value: float | str) -> float:
+    return _NONFINITE[value] if isinstance(value, str) else float(value)
 
 
 _COST_COLUMNS = (("onset", "REAL"), ("gpus", "REAL"), ("gpu_hours", "REAL"), ("money", "REAL"),
@@ -349,6 +368,10 @@ class HistoryStore:
                 ],
             )
             self._db.executemany(
+                "INSERT OR IGNORE INTO rank_extremes VALUES (?, ?, ?, ?, ?)",
+                [(r.run, r.role, r.attempt, r.step, _extremes_row(r.rank_extremes))
+                 for r in records if r.rank_extremes])
+            self._db.executemany(
                 "INSERT OR IGNORE INTO samples VALUES (?, ?, ?, ?, ?, ?)",
                 [(r.run, r.role, r.attempt, r.step, metric, self._samples_row(items))
                  for r in records for metric, items in r.samples.items()],
@@ -527,6 +550,29 @@ class HistoryStore:
                 self._db.execute("COMMIT")
         return rows if len(rows) == steps else None
 
+    def rank_extremes(self, run: str, role: str, attempt: int, steps: Sequence[int],
+                      metrics: Iterable[str]) -> dict[str, dict[int, tuple[float, float]]]:
+        """Per metric of ``metrics``, the lowest and highest rank's own value at each of
+        ``steps`` that kept them (NaN and Inf as floats); a store written before they were
+        kept has none."""
+        wanted = set(metrics)
+        out: dict[str, dict[int, tuple[float, float]]] = {m: {} for m in wanted}
+        if not steps or not wanted:
+            return out
+        with self._lock:
+            try:
+                rows = self._db.execute(
+                    "SELECT step, data FROM rank_extremes WHERE run = ? AND role = ? AND "
+                    "attempt = ? AND step IN (SELECT value FROM json_each(?))",
+                    (run, role, attempt, json.dumps(list(steps)))).fetchall()
+            except sqlite3.OperationalError:  # no such table: an older store, read-only
+                return out
+        for step, text in rows:
+            for name, (lo, hi) in json.loads(text).items():
+                if name in wanted:
+                    out[name][int(step)] = (_stored_number(lo), _stored_number(hi))
+        return out
+
     def timelines(self, run: str, role: str | None = None, first: int = 0,
                   last: int | None = None, *, every_attempt: bool = False,
                   ) -> list[StepTimelines]:
@@ -686,6 +732,7 @@ class HistoryStore:
                     samples += self._db.execute("DELETE FROM samples WHERE run = ?",
                                                 (run,)).rowcount
                     self._db.execute("DELETE FROM curve_rows WHERE run = ?", (run,))
+                    self._db.execute("DELETE FROM rank_extremes WHERE run = ?", (run,))
                     self._db.execute("DELETE FROM alert_state WHERE run = ?", (run,))
                     self._db.execute("DELETE FROM stream_state WHERE run = ?", (run,))
                     self._db.execute("DELETE FROM stops WHERE run = ?", (run,))
@@ -705,6 +752,7 @@ class HistoryStore:
                     alerts += self._db.execute(f"DELETE FROM alerts WHERE {older}",
                                                args).rowcount
                     self._db.execute(f"DELETE FROM curve_rows WHERE {older}", args)
+                    self._db.execute(f"DELETE FROM rank_extremes WHERE {older}", args)
                 crowded = self._db.execute(
                     "SELECT run, role FROM timelines GROUP BY run, role HAVING COUNT(*) > ?",
                     (keep_timelines,)).fetchall()

@@ -3,10 +3,11 @@
 Every answer is read from the history store through the reader's own connection (read-only when
 the store is a file), so a slow request never holds the lock the alert path writes under.
 
-- ``GET /api/runs``: every run (its state, start, duration, GPUs, cost, settings, firing
+- ``GET /api/runs``: every run (its state, start, duration, GPUs, cost, settings, tags, firing
   alerts) with its roles beneath (each role's state, last step, ranks reporting, alerts)
 - ``GET /api/curves?run=R&role=A[&from=S&to=S&points=N]``: the key curves, downsampled, with the
-  alert transitions in the range, each point's time and the step time's spread across ranks
+  alert transitions in the range, each point's time and each metric's spread across ranks (the
+  lowest and highest rank's own value, where two ranks or more reported it)
 - ``GET /api/curves?...&metrics=M1%0AM2``: those metrics instead, one panel each (any metric
   the stream reported: the key curves from their packed rows, others from the step lines)
 - ``GET /api/metrics?run=R&role=A[&attempt=N]``: every metric the stream reported, its attempts
@@ -35,6 +36,7 @@ import numpy as np
 
 from rlmon.service.alerting import first_mover
 from rlmon.service.alerting.rules import Rule
+from rlmon.service.contract.run_info import MAX_TAGS
 from rlmon.service.goodput.cost import Price
 from rlmon.service.liveness.run_level import UNKNOWN, run_state
 from rlmon.service.liveness.run_state import RunState
@@ -154,11 +156,12 @@ def alerts_json(store: HistoryStore, run: str | None = None, firing_only: bool =
 
 def _aligned(spread: Mapping[int, tuple[float, float]], steps: Sequence[int],
              ) -> dict[str, list[float | None]] | None:
-    """Per-rank extremes at ``steps`` (null where a step has none); None when none has."""
+    """Per-rank extremes at ``steps`` (null where a step has none, or a non-finite one: the
+    curve marks those); None when none has."""
     if not any(s in spread for s in steps):
         return None
-    return {"min": [spread[s][0] if s in spread else None for s in steps],
-            "max": [spread[s][1] if s in spread else None for s in steps]}
+    return {"min": [_number(spread[s][0]) if s in spread else None for s in steps],
+            "max": [_number(spread[s][1]) if s in spread else None for s in steps]}
 
 
 def _nonfinite(steps: Any, values: Any, reported: Any, buckets: int) -> dict[str, Any]:
@@ -264,6 +267,7 @@ class WebApi:
         return {"runs": out, "alerts_seen": latest,
                 "states_known": self.states is not None or bool(states), "now": now,
                 "settings": sorted({k for r in out for k in r["settings"]}),
+                "tags": sorted({t for r in out for t in r["tags"]}),
                 "price": None if self.price is None or self.price.per_gpu_hour is None else {
                     "per_gpu_hour": self.price.per_gpu_hour, "currency": self.price.currency}}
 
@@ -284,7 +288,8 @@ class WebApi:
         gpus = gpus if gpus else None  # 0: the service has not counted the run's ranks yet
         gpu_hours = gpus * duration / 3600 if gpus is not None and duration is not None else None
         per_hour = self.price.per_gpu_hour if self.price is not None else None
-        settings = {k: v for k, v in info.items() if v != "" and k != "framework"}
+        settings = {k: v for k, v in info.items() if v != "" and k not in ("framework", "tags")}
+        tags = [t for t in info.get("tags", "").split(",") if t][:MAX_TAGS]
         return {
             "run": run, "state": state, "attempt": max(r["attempt"] for r in roles),
             "start": start, "last_time": last_time, "duration_seconds": duration,
@@ -299,6 +304,7 @@ class WebApi:
             "firing": [a for r in roles for a in r["firing"]],
             "framework": info.get("framework") or self._relayed_framework(run, roles),
             "settings": settings,
+            "tags": tags,
             "roles": roles,
         }
 
@@ -438,8 +444,11 @@ class WebApi:
         # digits in the answer)
         times = {s: None if at is None or start_time is None else round(at - start_time, 3)
                  for s, at in self._times(run, role, attempt, steps_kept).items()}
-        spread_of = {m: self._rank_spread(run, role, attempt, steps_kept)
-                     for m in metrics if m == catalog.STEP_SECONDS}
+        spread_of = self.store.rank_extremes(run, role, attempt, steps_kept, metrics)
+        if catalog.STEP_SECONDS in spread_of:  # steps stored before the extremes: timelines
+            spread_of[catalog.STEP_SECONDS] = {
+                **self._rank_spread(run, role, attempt, steps_kept),
+                **spread_of[catalog.STEP_SECONDS]}
         for panel in panels:
             series = [shown.values[m] for m in panel.metrics]
             keep = kept[panel]

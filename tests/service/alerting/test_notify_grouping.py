@@ -296,3 +296,91 @@ def test_by_default_a_runs_end_is_one_message_from_the_live_service(
         assert sorted(a["role"] for a in hooks[0]["alerts"]) == sorted(roles)
     finally:
         core.close(5.0)
+
+
+def test_a_groups_updates_after_a_service_restart_reply_in_its_slack_thread(
+        receiver: Receiver, tmp_path: Path) -> None:
+    """A live service on a state directory sends a run's grouped message (a Slack bot: it opens
+    the run's thread), is closed and started again on the same directory; the run's resolve
+    after the restart is an update of the group: in the same Slack thread (slack-sdk's real
+    client against the loopback receiver), ``update`` true on the webhook."""
+    settings = _settings(receiver, group_wait_seconds=0.5, group_interval_seconds=0.5)
+    settings.routing.critical = ["slack", "webhook"]
+    _slack_ok(receiver, "1700000000.000700")  # the group's first message: its thread
+    _slack_ok(receiver, "1700000000.000800")
+    _slack_ok(receiver, "1700000000.000900")
+    core = ServiceCore(settings, state_dir=tmp_path).start()
+    try:
+        now = time.time()
+        for role in ("actor", "rollout"):
+            core.liveness([LivenessView(RUN, role, RunState.DEAD, now - 60, now, 9, now - 60,
+                                        now - 60, 1.0, 30.0, 2, heartbeats=True)])
+        wait_for(lambda: receiver.accepted("/hook") and _slack(receiver), 30,
+                 "the grouped messages")
+        wait_for(lambda: core.dispatcher.outbox.pending() == 0, 30, "nothing left to send")
+    finally:
+        core.close(5.0)
+    assert len(_slack(receiver)) == 1 and "thread_ts" not in _slack(receiver)[0]
+    again = ServiceCore(settings, state_dir=tmp_path).start()
+    try:
+        later = time.time()
+        again.liveness([LivenessView(RUN, "actor", RunState.RUNNING, later, later, 10, later,
+                                     later, 1.0, 30.0, 2, heartbeats=True)])
+        wait_for(lambda: len(receiver.accepted("/hook")) == 2 and len(_slack(receiver)) == 2,
+                 30, "the group's update after the restart")
+        update = receiver.accepted("/hook")[1].body
+        assert update["update"] is True and [(a["role"], a["state"]) for a in
+                                             update["alerts"]] == [("actor", "resolved")]
+        reply = _slack(receiver)[1]
+        assert reply["thread_ts"] == "1700000000.000700"  # the run's thread, kept
+        assert reply["text"].startswith("Update: ")
+    finally:
+        again.close(5.0)
+    # a second restart goes on in the same thread: the thread's ts stays the first message's
+    third = ServiceCore(settings, state_dir=tmp_path).start()
+    try:
+        last = time.time()
+        third.liveness([LivenessView(RUN, "rollout", RunState.RUNNING, last, last, 10, last,
+                                     last, 1.0, 30.0, 2, heartbeats=True)])
+        wait_for(lambda: len(_slack(receiver)) == 3, 30, "the next update")
+        assert _slack(receiver)[2]["thread_ts"] == "1700000000.000700"
+    finally:
+        third.close(5.0)
+
+
+def test_a_group_that_ended_opens_a_new_thread_after_a_restart(
+        receiver: Receiver, tmp_path: Path) -> None:
+    """The group's TTL holds across a restart too: a run quiet for longer than it starts a new
+    group (a first message, a new thread), read from the same outbox file."""
+    clock = FakeClock(1_700_000_000.0)
+    start = clock.now
+    settings = _settings(receiver, group_wait_seconds=0, group_ttl_seconds=3600)
+    settings.routing.critical = ["slack"]
+    path = tmp_path / "outbox.sqlite"
+    dispatcher = _dispatcher(settings, receiver, clock, path)
+    _slack_ok(receiver, "1.1")
+    _slack_ok(receiver, "1.2")
+    dispatcher.submit([_event("actor", 1)])
+    dispatcher.submit([_event("actor", 1, run="other")])
+    dispatcher.pump(clock.now)
+    assert len(_slack(receiver)) == 2
+    assert {g.order_key for g in dispatcher.outbox.groups(since=0)} == {
+        f"group:{RUN}", "group:other"}
+    dispatcher.outbox.close()
+    clock.now = start + 3601  # longer than the group's TTL
+    again = _dispatcher(settings, receiver, clock, path)
+    _slack_ok(receiver, "2.2")
+    again.submit([_event("actor", 2, state="resolved")])
+    again.pump(clock.now)
+    slack = _slack(receiver)
+    assert len(slack) == 3 and "thread_ts" not in slack[2]
+    assert not slack[2]["text"].startswith("Update: ")
+    clock.now += 120  # its update replies in the new thread
+    _slack_ok(receiver, "3.3")
+    again.submit([_event("actor", 3)])
+    again.pump(clock.now)
+    assert _slack(receiver)[3]["thread_ts"] == "2.2"
+    # the ended groups left the file: the other run's with them
+    assert [(g.order_key, g.thread, g.sent) for g in again.outbox.groups(since=0)] == [
+        (f"group:{RUN}", "2.2", 2)]
+    again.outbox.close()

@@ -68,7 +68,8 @@ def forwarded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     core = fed_service(root / "state", [], forward=forward)
     try:
         core.spine.sinks[ForwardSink].start()
-        core.set_run_info(RUN, RunInfo(framework="openrlhf", algorithm="grpo", dp=2, cp=2))
+        core.set_run_info(RUN, RunInfo(framework="openrlhf", algorithm="grpo", dp=2, cp=2,
+                                       tags=("baseline", "7b")))
         core.publish(records)
         now = time.time()
         ends = {"actor": RunState.FINISHED, "reward": RunState.FINISHED,
@@ -131,10 +132,12 @@ def test_wandb_offline_run_holds_the_exact_values_settings_alerts_and_end(
     got: dict[tuple[str, int], float] = {}
     config: dict[str, Any] = {}
     alerts, summary, exits, preempting = [], {}, [], 0
+    tags: list[str] = []
     for record in records:
         kind = record.WhichOneof("record_type")
         if kind == "run":
             assert record.run.run_id == TrackerRun(RUN).id and record.run.display_name == RUN
+            tags = list(record.run.tags)
             config.update({u.key: json.loads(u.value_json) for u in record.run.config.update})
         elif kind == "config":
             config.update({u.key: json.loads(u.value_json) for u in record.config.update})
@@ -159,6 +162,7 @@ def test_wandb_offline_run_holds_the_exact_values_settings_alerts_and_end(
     assert all(not isinstance(v, float) or not math.isfinite(v) or k in expected
                for k, v in got.items())
     assert config["framework"] == "openrlhf" and config["dp"] == "2"
+    assert tags == ["rlmon", "baseline", "7b"]  # the run's own tags as W&B's
     transitions = forwarded["alerts"]
     assert len(alerts) == len(transitions) > 0
     assert {t for t, _, _ in alerts} == {f"{a['alert']} on {RUN}/{a['role']}"

@@ -385,9 +385,11 @@ def test_curves_give_each_points_time_and_the_step_times_spread_across_ranks(
     from tests.support.web_support import with_timeline
 
     actor = [r for r in records if r.role == "actor"]
-    # timelines of 4 ranks at even steps (the last rank 0.3 s slower), of 1 rank at step 1
+    # timelines of 4 ranks at even steps (the last rank 0.3 s slower), of 1 rank at step 1; the
+    # steps as stored before the aggregator kept per-rank extremes
     service.publish([replace(with_timeline(r) if r.step % 2 == 0 else with_timeline(r, ranks=1)
-                             if r.step == 1 else r, run="timed", finalized_at=1000.0 + 5 * r.step)
+                             if r.step == 1 else r, run="timed", finalized_at=1000.0 + 5 * r.step,
+                             rank_extremes={})
                      for r in actor])
     _, body, _ = get(service, "/api/curves?run=timed&role=actor")
     assert body["start_time"] == 1000.0
@@ -402,3 +404,13 @@ def test_curves_give_each_points_time_and_the_step_times_spread_across_ranks(
     zoomed = {p["metrics"][0]: p for p in zoom["panels"]}["perf/step_seconds"]
     assert zoomed["t"] == [50.0, 55.0, 60.0, 65.0] and zoom["start_time"] == 1000.0
     assert zoomed["spread"][0]["min"] == [1.5, None, 1.5, None]
+    # the extremes the aggregator kept, for every metric the ranks reported; the step time's
+    # from its ranks' own values rather than their timelines
+    service.publish([replace(with_timeline(r), run="kept") for r in actor])
+    _, kept, _ = get(service, "/api/curves?run=kept&role=actor")
+    for panel in kept["panels"]:
+        for metric, spread in zip(panel["metrics"], panel["spread"], strict=True):
+            own = [actor[x].rank_extremes.get(metric) for x in panel["x"]]
+            assert spread == (None if own[0] is None else {
+                "min": [e[0] for e in own if e], "max": [e[1] for e in own if e]}), metric
+    assert {p["metrics"][0]: p for p in kept["panels"]}["actor/kl"]["spread"][0] is not None

@@ -72,14 +72,15 @@ def test_run_info_and_self_metrics() -> None:
     state.update(record(1, actor__is_ratio=1.0))
     state.set_run_info("grpo-7b", RunInfo(framework="openrlhf", framework_version="0.8.5",
                                           algorithm="grpo", loss_reduction="token_mean", dp=8,
-                                          cp=2, tp=1, pp=1, grad_accumulation=4, zero_stage=2))
+                                          cp=2, tp=1, pp=1, grad_accumulation=4, zero_stage=2,
+                                          tags=("baseline", "7b")))
     state.ingest = lambda: IngestCounters(ingested=900, rejected=2, late=1, dropped=3)
     got = scrape(state)
     info = next(dict(lbl) for (name, lbl), _ in got.items() if name == "rlmon_run_info")
     assert info == {"run": "grpo-7b", "framework": "openrlhf", "framework_version": "0.8.5",
                     "algorithm": "grpo", "loss_reduction": "token_mean", "dp": "8", "cp": "2",
                     "tp": "1", "pp": "1", "grad_accumulation": "4", "zero_stage": "2",
-                    "deepspeed_version": "", "dpo": "false"}
+                    "deepspeed_version": "", "dpo": "false", "tags": "baseline,7b"}
     assert got[("rlmon_partials_ingested_total", ())] == 900
     assert got[("rlmon_partials_rejected_total", ())] == 2
     assert got[("rlmon_partials_late_total", ())] == 1

@@ -181,6 +181,7 @@ REVIEWED = {
     "rlmon/service/storage/history.py:prune:af035523f5e9": "a literal clause",
     "rlmon/service/storage/history.py:prune:633b82c80790": "a literal clause",
     "rlmon/service/storage/history.py:prune:6bb557c71fd0": "a literal clause",
+    "rlmon/service/storage/history.py:prune:25d13b9dd43e": "a literal clause",
 }
 
 

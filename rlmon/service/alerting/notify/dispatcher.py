@@ -65,7 +65,8 @@ class Dispatcher:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.latencies: deque[float] = deque(maxlen=1000)  # finalization -> accepted, seconds
-        self.groups = Groups(settings.notifiers.grouping)  # Slack and webhook, per run
+        # Slack and webhook, per run; the groups' state kept in the outbox's file
+        self.groups = Groups(settings.notifiers.grouping, outbox, self._clock())
 
     def destinations(self) -> list[str]:
         """The receivers alerts can reach, for the start-up announcement."""
@@ -150,7 +151,7 @@ class Dispatcher:
             for each in rows:
                 self.outbox.ack(each)
             if is_member(row.notification.body):
-                self.groups.sent(dest, row.notification.order_key, now)
+                self.groups.sent(dest, row.notification.order_key, now, result.thread)
             self._count(dest, "sent")
             if row.notification.created:
                 self.latencies.append(now - row.notification.created)

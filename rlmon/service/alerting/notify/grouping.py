@@ -10,7 +10,9 @@ end on every role, or three alerts in the group wait, is one message; an escalat
 later is an update of the group (the webhook's ``update``; with a Slack bot token a reply in the
 thread of the group's first message). Every member is acked, retried or kept as failed with the
 message, so a group is as durable as a single notification: nothing is sent before it is stored,
-and an undelivered group is retried and kept.
+and an undelivered group is retried and kept. What a group's next message needs (when the group
+began and last sent, how many messages it sent, its Slack thread's ts) is kept in the outbox's
+file as each message goes, so after a restart an update is still an update, in the same thread.
 
 PagerDuty is not grouped: one incident per alert, by its dedup key. The console is not either
 (it is the local view, shown at once).
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -27,6 +30,7 @@ from typing import Any
 
 from rlmon.service.alerting.alert_types import AlertEvent
 from rlmon.service.alerting.notify.message import Notification
+from rlmon.service.alerting.notify.outbox import GroupRow, Outbox
 from rlmon.service.alerting.notify.render import (
     run_url,
     slack_body,
@@ -73,15 +77,24 @@ class _Group:
     first: float  # when its first message was rendered (its Slack thread's key)
     last: float  # when its latest message went
     sent: int  # messages sent
+    thread: str | None = None  # the receiver's id of its thread (a Slack ts), once it has one
 
 
 class Groups:
-    """When each group's members are due, and what one group message says."""
+    """When each group's members are due, and what one group message says; with an ``outbox``,
+    each group's state is kept in its file and read back by the next process."""
 
-    def __init__(self, config: GroupingConfig) -> None:
+    def __init__(self, config: GroupingConfig, outbox: Outbox | None = None,
+                 now: float | None = None) -> None:
         self.config = config
+        self.outbox = outbox
         self._groups: OrderedDict[tuple[str, str], _Group] = OrderedDict()
         self._lock = threading.Lock()  # the intake thread and each destination's thread
+        if outbox is not None:  # a restart: the groups that have not ended go on
+            since = (time.time() if now is None else now) - config.group_ttl_seconds
+            for row in outbox.groups(since)[-_MAX_GROUPS:]:
+                self._groups[(row.destination, row.order_key)] = _Group(
+                    row.first, row.last, row.sent, row.thread)
 
     def _live(self, destination: str, order_key: str, now: float) -> _Group | None:
         group = self._groups.get((destination, order_key))
@@ -103,17 +116,24 @@ class Groups:
             # interval is still one message, not its first role's and then the rest
             return max(wait, group.last + self.config.group_interval_seconds)
 
-    def sent(self, destination: str, order_key: str, now: float) -> None:
-        """A group message was accepted."""
+    def sent(self, destination: str, order_key: str, now: float,
+             thread: str | None = None) -> None:
+        """A group message was accepted (``thread``: the thread it opened, a Slack ts)."""
         with self._lock:
             group = self._live(destination, order_key, now)
             if group is None:
                 group = _Group(now, now, 0)
             group.last, group.sent = now, group.sent + 1
+            if group.thread is None:
+                group.thread = thread
             self._groups.pop((destination, order_key), None)
             self._groups[(destination, order_key)] = group
             while len(self._groups) > _MAX_GROUPS:
                 del self._groups[next(iter(self._groups))]
+            row = GroupRow(destination, order_key, group.first, group.last, group.sent,
+                           group.thread)
+        if self.outbox is not None:
+            self.outbox.save_group(row, now - self.config.group_ttl_seconds)
 
     def body(self, destination: str, order_key: str, events: Sequence[AlertEvent],
              settings: Settings, state_dir: str | None, now: float) -> dict[str, Any]:
@@ -124,8 +144,12 @@ class Groups:
                 group = self._groups[(destination, order_key)] = _Group(now, now, 0)
             update = group.sent > 0
             thread = f"{order_key}@{group.first:.6f}"
+            thread_ts = group.thread
         if destination == "slack":
-            return group_slack_body(events, settings, state_dir, update, thread)
+            body = group_slack_body(events, settings, state_dir, update, thread)
+            if thread_ts is not None:
+                body["thread_ts"] = thread_ts
+            return body
         return group_webhook_body(events, settings, state_dir, update, order_key)
 
 

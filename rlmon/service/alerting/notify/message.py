@@ -38,17 +38,19 @@ class Delivery:
 
     ``ok``: the receiver accepted it. ``retry``: try again later (``after`` seconds at the
     earliest, from a Retry-After header). ``failed``: permanent (the receiver rejected the
-    payload, e.g. HTTP 400): retrying cannot help.
+    payload, e.g. HTTP 400): retrying cannot help. ``thread``: the receiver's id of the thread
+    an accepted message opened (a Slack ts), for the group's later messages.
     """
 
     outcome: Literal["ok", "retry", "failed"]
     detail: str = ""
     after: float | None = None
     status: int | None = None
+    thread: str | None = None
 
     @classmethod
-    def accepted(cls, status: int | None = None) -> Delivery:
-        return cls("ok", status=status)
+    def accepted(cls, status: int | None = None, thread: str | None = None) -> Delivery:
+        return cls("ok", status=status, thread=thread)
 
 
 class Notifier(Protocol):

@@ -24,7 +24,7 @@ from rlmon.service.alerting.notify.message import Notification
 from rlmon.service.clock import Clock
 from rlmon.service.storage.sqlite_db import open_database
 
-__all__ = ["Backoff", "Outbox", "OutboxCounters", "PendingRow"]
+__all__ = ["Backoff", "GroupRow", "Outbox", "OutboxCounters", "PendingRow"]
 
 
 _SCHEMA = """
@@ -47,6 +47,9 @@ CREATE TABLE IF NOT EXISTS failed (
     attempts INTEGER NOT NULL, at REAL NOT NULL, error TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS groups (
+    destination TEXT NOT NULL, order_key TEXT NOT NULL, first REAL NOT NULL, last REAL NOT NULL,
+    sent INTEGER NOT NULL, thread TEXT, PRIMARY KEY (destination, order_key));
 """
 
 
@@ -70,6 +73,20 @@ class PendingRow:
     notification: Notification
     attempts: int
     enqueued: float
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRow:
+    """What a notification group's next message needs across a restart (:mod:`.grouping`): when
+    it began and last sent, how many messages it sent, and the receiver's id of its thread (the
+    Slack ts of its first message; None: none yet)."""
+
+    destination: str
+    order_key: str
+    first: float
+    last: float
+    sent: int
+    thread: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +119,31 @@ class Outbox:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+    # --- notification groups ---------------------------------------------------------------------
+
+    def groups(self, since: float) -> list[GroupRow]:
+        """The groups that sent a message at ``since`` or later (those before it have ended)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT destination, order_key, first, last, sent, thread FROM groups "
+                "WHERE last >= ? ORDER BY last", (since,)).fetchall()
+        return [GroupRow(d, k, float(f), float(la), int(n), t) for d, k, f, la, n, t in rows]
+
+    def save_group(self, group: GroupRow, ended_before: float) -> None:
+        """Keep ``group`` (its latest message sent); forget the groups that ended before
+        ``ended_before`` (their last message older than the group TTL)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("INSERT OR REPLACE INTO groups VALUES (?, ?, ?, ?, ?, ?)", (
+                    group.destination, group.order_key, group.first, group.last, group.sent,
+                    group.thread))
+                self._db.execute("DELETE FROM groups WHERE last < ?", (ended_before,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
 
     # --- writing ---------------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """Slack through slack-sdk: an incoming webhook (``WebhookClient``), or a bot token
 (``WebClient.chat_postMessage``), with which the messages of one run's notification group after
-its first are replies in the first one's thread (the body's ``thread`` key names the group; a
-restart forgets the threads, so the next message opens a new one).
+its first are replies in the first one's thread (the body's ``thread`` key marks a group's message,
+its ``thread_ts`` the thread of the group's first one; the bot returns the ts of a message that
+opens a thread, which the groups keep in the outbox's file, so a restart keeps the threads).
 
 slack-sdk's own retry handlers are off: a 429 comes back to the outbox, which honours Retry-After
 across restarts instead of sleeping in the sending thread.
@@ -10,7 +11,6 @@ across restarts instead of sleeping in the sending thread.
 from __future__ import annotations
 
 import urllib.request
-from collections import OrderedDict
 from typing import Any
 
 from slack_sdk import WebClient
@@ -23,7 +23,6 @@ from rlmon.service.redact import Redactor
 
 __all__ = ["SlackBotNotifier", "SlackNotifier"]
 
-_MAX_THREADS = 10_000  # group -> thread ts remembered (the least recent leave)
 
 
 class _NoRedirectClient(WebhookClient):
@@ -74,7 +73,7 @@ class SlackNotifier:
         return "SlackNotifier(webhook_url=***)"
 
     def send(self, body: dict[str, Any]) -> Delivery:
-        body = {k: v for k, v in body.items() if k != "thread"}  # a webhook has no threads
+        body = {k: v for k, v in body.items() if k not in ("thread", "thread_ts")}  # no threads
         try:
             response = self._client.send_dict(body)
         except Exception as exc:  # urllib raises URLError/OSError for a receiver that is down
@@ -111,15 +110,14 @@ class SlackBotNotifier:
         self.channel = channel
         self.min_interval = min_interval
         self._redact = redactor or Redactor([token])
-        self._threads: OrderedDict[str, str] = OrderedDict()  # group -> its first message's ts
 
     def __repr__(self) -> str:
         return f"SlackBotNotifier(token=***, channel={self.channel!r})"
 
     def send(self, body: dict[str, Any]) -> Delivery:
         body = dict(body)
-        group = body.pop("thread", None)
-        thread = self._threads.get(group) if group else None
+        group = body.pop("thread", None)  # a group's message: it opens a thread or replies in it
+        thread = body.pop("thread_ts", None)
         try:
             response = self._client.chat_postMessage(channel=self.channel, thread_ts=thread,
                                                      **body)
@@ -140,8 +138,5 @@ class SlackBotNotifier:
         except Exception as exc:  # urllib raises URLError/OSError for a receiver that is down
             return Delivery("retry", self._redact(f"{type(exc).__name__}: {exc}"))
         ts = response.get("ts")
-        if group and thread is None and isinstance(ts, str):
-            self._threads[group] = ts
-            while len(self._threads) > _MAX_THREADS:
-                del self._threads[next(iter(self._threads))]
-        return Delivery.accepted(response.status_code)
+        opened = ts if group and thread is None and isinstance(ts, str) else None
+        return Delivery.accepted(response.status_code, thread=opened)

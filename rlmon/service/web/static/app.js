@@ -195,9 +195,12 @@ const RUN_COLUMNS = [
     cell: (r) => r.framework || el("span", { class: "muted" }, "not said") },
   { key: "goodput", label: "goodput", num: true, value: (r) => r.goodput,
     cell: (r) => r.goodput === null ? "n/a" : (100 * r.goodput).toFixed(1) + " %" },
+  { key: "tags", label: "tags", value: (r) => (r.tags.length ? r.tags.join(",") : null),
+    cell: (r) => r.tags.map((t) => el("button", { type: "button", class: "tag", "data-tag": t,
+                                                  title: "only the runs tagged " + t }, t)) },
 ];
 const DEFAULT_COLUMNS = ["state", "start", "duration", "last_step", "age", "gpus", "cost", "alerts",
-                         "framework"];
+                         "framework", "tags"];
 
 function settingColumn(key) {
   return { key: "set:" + key, label: key, setting: true, value: (r) => r.settings[key] ?? null,
@@ -243,6 +246,7 @@ function runsView(params) {
   // the search, the state, the columns
   const cols = params.get("cols");
   return { sort: params.get("sort") || "", q: params.get("q") || "", state: params.get("state") || "",
+           tag: params.get("tag") || "",
            cols: cols === null ? DEFAULT_COLUMNS : cols.split(",").filter((c) => c) };
 }
 
@@ -255,6 +259,7 @@ function runsHash(v) {
   if (v.sort) qs.set("sort", v.sort);
   if (v.q) qs.set("q", v.q);
   if (v.state) qs.set("state", v.state);
+  if (v.tag) qs.set("tag", v.tag);
   if (v.cols.join(",") !== DEFAULT_COLUMNS.join(",")) qs.set("cols", v.cols.join(","));
   return "#/" + (qs.toString() ? "?" + qs : "");
 }
@@ -262,7 +267,7 @@ function runsHash(v) {
 function runMatches(r, q) {
   if (!q) return true;
   const text = [r.run, r.state, r.framework, ...r.roles.map((s) => s.role + " " + s.state),
-                ...r.firing.map((a) => a.alert),
+                ...r.firing.map((a) => a.alert), ...r.tags,
                 ...Object.entries(r.settings).map(([k, v]) => k + "=" + v)].join(" ").toLowerCase();
   return q.toLowerCase().split(/\s+/).filter((w) => w).every((w) => text.includes(w));
 }
@@ -281,7 +286,8 @@ function runsTable(data, v, onChange) {
   const desc = v.sort.startsWith("-");
   const sortKey = v.sort.replace(/^-/, "");
   const sortCol = sortKey === "run" ? { value: (r) => r.run } : all.find((c) => c.key === sortKey);
-  let runs = data.runs.filter((r) => (!v.state || r.state === v.state) && runMatches(r, v.q));
+  let runs = data.runs.filter((r) => (!v.state || r.state === v.state) &&
+                                     (!v.tag || r.tags.includes(v.tag)) && runMatches(r, v.q));
   if (sortCol) {
     runs = runs.map((r, i) => [r, i]).sort(([a, i], [b, j]) => {
       const x = sortCol.value(a), y = sortCol.value(b);
@@ -304,6 +310,9 @@ function runsTable(data, v, onChange) {
       el("td", {}, el("a", { href: "#/run/" + encodeURIComponent(r.run) }, r.run),
          r.attempt ? el("span", { class: "muted" }, " (attempt " + r.attempt + ")") : null),
       shown.map((c) => el("td", { class: c.num ? "num" : null, "data-col": c.key }, c.cell(r, data)))));
+    rows[rows.length - 1].querySelectorAll("button.tag").forEach((b) => {
+      b.onclick = () => onChange(() => ({ tag: b.dataset.tag }));
+    });
     for (const s of r.roles) {
       rows.push(el("tr", { class: "role-row", "data-run": r.run, "data-role": s.role, "data-state": s.state },
         el("td", { class: "role-name" }, runLink(r.run, s.role, s.role),
@@ -327,6 +336,12 @@ function runsControls(data, v, onChange) {
     states.map((s) => el("option", { value: s }, s)));
   state.value = v.state;
   state.onchange = () => onChange(() => ({ state: state.value }));
+  // the runs' tags (a tag in the address that no run carries stays listed: it filters to none)
+  const tags = [...new Set([...data.tags, ...(v.tag ? [v.tag] : [])])].sort();
+  const tag = el("select", { id: "runs-tag" }, el("option", { value: "" }, "any tag"),
+    tags.map((t) => el("option", { value: t }, t)));
+  tag.value = v.tag;
+  tag.onchange = () => onChange(() => ({ tag: tag.value }));
   const all = [...RUN_COLUMNS, ...data.settings.map(settingColumn)];
   const picker = el("details", { id: "runs-columns", class: "columns" }, el("summary", {}, "columns"),
     el("div", { class: "menu" }, all.map((c) => {
@@ -336,7 +351,7 @@ function runsControls(data, v, onChange) {
                                                                   : now.cols.filter((k) => k !== c.key) }));
       return el("label", { class: c.setting ? "setting" : null }, box, " ", c.label);
     })));
-  return el("div", { class: "toolbar", id: "runs-controls" }, search, state, picker,
+  return el("div", { class: "toolbar", id: "runs-controls" }, search, state, tag, picker,
             el("span", { class: "muted", id: "runs-count" }));
 }
 
@@ -366,13 +381,16 @@ function drawRuns(data, navigated) {
   }
   let controls = document.getElementById("runs-controls");
   const fresh = runsControls(data, v, onChange);
-  if (navigated || !controls || controls.dataset.settings !== data.settings.join(",")) {
-    fresh.dataset.settings = data.settings.join(",");
+  // the controls are drawn anew when the settings or tags the runs reported change
+  const known = data.settings.join(",") + "|" + data.tags.join(",") + "|" + v.tag;
+  if (navigated || !controls || controls.dataset.settings !== known) {
+    fresh.dataset.settings = known;
     view.replaceChildren(el("h1", {}, "runs"), fresh, el("table", { id: "runs" }));
     controls = fresh;
   } else {  // keep the search box (its focus, its caret); the rest follows the address
     controls.querySelectorAll("input[type=checkbox]").forEach((b) => { b.checked = v.cols.includes(b.dataset.col); });
     controls.querySelector("#runs-state").value = v.state;
+    controls.querySelector("#runs-tag").value = v.tag;
     const search = controls.querySelector("#runs-search");
     if (document.activeElement !== search) search.value = v.q;
   }
@@ -670,8 +688,8 @@ function makeChart(panel, alerts, width, onZoom, where) {
     cursor: { sync: { key: "rlmon-" + cv.x }, drag: { x: true, y: false, setScale: false } },
     series: [{ label: X_AXES[cv.x], value: cv.x === "relative" ? (u, v) => (v === null ? "" : duration(v)) : undefined },
       ...drawn.bands.flatMap((b) => [
-        { label: shown.series[b.i].label + " (slowest rank)", stroke: "transparent", width: 0, points: { show: false } },
-        { label: shown.series[b.i].label + " (fastest rank)", stroke: "transparent", width: 0, points: { show: false } }]),
+        { label: shown.series[b.i].label + " (lowest rank)", stroke: "transparent", width: 0, points: { show: false } },
+        { label: shown.series[b.i].label + " (highest rank)", stroke: "transparent", width: 0, points: { show: false } }]),
       ...drawn.raw.map((r) => ({ label: shown.series[r.i].label + " (raw)", stroke: faint(r.color, "40"),
                                  width: 1, spanGaps: true, points: { show: false } })),
       ...shown.series.map((s, i) => ({
@@ -718,7 +736,7 @@ function makeChart(panel, alerts, width, onZoom, where) {
   });
   relabel(chart);
   const help = panel.help.filter((h) => h).join(" / ");
-  const notes = [help, drawn.bands.length ? "band: the fastest and the slowest rank" : "",
+  const notes = [help, drawn.bands.length ? "band: the lowest and the highest rank's own value" : "",
                  drawn.hidden ? drawn.hidden + " values <= 0 not drawn on the log scale" : "",
                  noLog ? "linear: no value above 0 for a log scale" : ""];
   panelEl.append(el("div", { class: "marks muted", title: help }, notes.filter((n) => n).join(" / ")));
