@@ -27,8 +27,8 @@ from typing import Any
 
 from rlmon.service.alerting.alert_types import AlertEvent
 from rlmon.service.config import ForwardConfig
+from rlmon.service.contract.run_info import RunInfo
 from rlmon.service.contract.step_record import StepRecord
-from rlmon.service.export.exporter import RunInfo
 from rlmon.service.forward.tracker import (
     EndState,
     ForwardedStep,

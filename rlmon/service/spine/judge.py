@@ -22,9 +22,9 @@ from rlmon.service.alerting.first_mover import FirstMovers
 from rlmon.service.alerting.liveness_alerts import liveness_events, liveness_firing
 from rlmon.service.alerting.rank_missing import detail as rank_missing_detail
 from rlmon.service.alerting.run_end import close_with_run
+from rlmon.service.contract.run_info import RunInfo
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.contract.stop_decision import StopDecision
-from rlmon.service.export.exporter import RunInfo
 from rlmon.service.goodput.alert_costs import AlertCosts
 from rlmon.service.goodput.ledger import GoodputLedger
 from rlmon.service.liveness.run_state import LivenessView, RankSeen, RunState

@@ -20,8 +20,8 @@ from typing import Protocol
 
 from rlmon.service.aggregation.stream_tracker import Expired, Stream, StreamTracker
 from rlmon.service.config import RetentionConfig
+from rlmon.service.contract.run_info import RunInfo
 from rlmon.service.contract.step_record import StepRecord
-from rlmon.service.export.exporter import RunInfo
 from rlmon.service.liveness.run_state import LivenessView, RunState
 from rlmon.service.spine.verdict import Verdict
 from rlmon.service.storage.history import HistoryStore

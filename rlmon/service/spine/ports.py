@@ -12,7 +12,8 @@ from urllib.parse import urlsplit
 
 from rlmon.service.alerting.rules import Rule
 from rlmon.service.config import Settings
-from rlmon.service.export.exporter import MetricsState, RunInfo
+from rlmon.service.contract.run_info import RunInfo
+from rlmon.service.export.exporter import MetricsState
 from rlmon.service.export.http import MetricsServer, serve_metrics
 from rlmon.service.goodput.ledger import GoodputLedger
 from rlmon.service.storage.history import HistoryStore

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
 from rlmon.service.aggregation.stream_tracker import Expired
-from rlmon.service.export.exporter import RunInfo
+from rlmon.service.contract.run_info import RunInfo
 from rlmon.service.spine.verdict import Verdict
 
 __all__ = ["Sinks", "StepSink"]

@@ -13,8 +13,9 @@ from rlmon.service.aggregation.aggregator_stats import AggregatorStats
 from rlmon.service.aggregation.stream_tracker import Expired, Stream
 from rlmon.service.alerting.sanity import Finding, SanityChecker, checker_args, relay_warnings
 from rlmon.service.config import OtlpConfig
+from rlmon.service.contract.run_info import RunInfo
 from rlmon.service.contract.step_record import StepRecord
-from rlmon.service.export.exporter import IngestCounters, MetricsState, RunInfo
+from rlmon.service.export.exporter import IngestCounters, MetricsState
 from rlmon.service.export.otlp import OtlpExport
 from rlmon.service.goodput.ledger import GoodputLedger
 from rlmon.service.metrics import keymaps

@@ -170,14 +170,14 @@ def test_a_runs_tags_reach_the_exporter_and_bad_tags_are_refused_by_name() -> No
         rep = Reporter("tagged", "actor", rank={"dp": 0}, world={"dp": 1}, sink=CoreSink(core),
                        step_seconds=False)
         rep.set_run_info(framework="verl", tags=["baseline", "7b", "baseline"])
-        assert core.run_info["tagged"].tags == ("baseline", "7b")  # in order, once each
+        assert core.spine.memory.run_info["tagged"].tags == ("baseline", "7b")  # in order, once each
         assert _info_labels(core.metrics, "tagged")["tags"] == "baseline,7b"
         for bad, why in (("baseline", "a list of strings"), (["a,b"], "'a,b' is not a tag"),
                          ([" a"], "' a' is not a tag"), ([""], "'' is not a tag"),
                          ([7], "7 is not a tag"), ([f"t{i}" for i in range(33)], "33 tags")):
             with pytest.raises(ValueError, match=f"RunInfo.tags: {why}"):
                 rep.set_run_info(tags=bad)
-        assert core.run_info["tagged"].tags == ("baseline", "7b")  # nothing sent
+        assert core.spine.memory.run_info["tagged"].tags == ("baseline", "7b")  # nothing sent
         rep.close()
     finally:
         core.close()

@@ -10,7 +10,7 @@ import pytest
 
 from rlmon.service.aggregation.stream_tracker import Expired
 from rlmon.service.config import Settings
-from rlmon.service.export.exporter import RunInfo
+from rlmon.service.contract.run_info import RunInfo
 from rlmon.service.forward.sink import ForwardSink
 from rlmon.service.liveness.run_state import LivenessView, RunState
 from rlmon.service.service_core import ServiceCore
