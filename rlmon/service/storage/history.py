@@ -100,6 +100,7 @@ CREATE TABLE IF NOT EXISTS liveness (
     last_step INTEGER, last_step_at REAL, detail TEXT NOT NULL, PRIMARY KEY (run, role));
 CREATE INDEX IF NOT EXISTS steps_run_time ON steps (run, finalized_at);
 CREATE INDEX IF NOT EXISTS alerts_stream ON alerts (run, role, attempt, step);
+CREATE INDEX IF NOT EXISTS rank_extremes_layout ON rank_extremes (layout);
 """
 
 Outbound = tuple[float | None, Sequence[AlertEvent]]  # (the step's finalization, its transitions)
@@ -761,6 +762,10 @@ class HistoryStore:
                         "(attempt = ? AND step <= ?))", (run, role, attempt, attempt, step),
                     ).rowcount
                 samples += self._keep_newest_samples(keep_samples)
+                if steps:  # layouts no step uses any more (names come and go)
+                    self._db.execute(
+                        "DELETE FROM extremes_layout WHERE NOT EXISTS (SELECT 1 FROM "
+                        "rank_extremes e WHERE e.layout = extremes_layout.id)")
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")

@@ -46,9 +46,12 @@ def test_extremes_round_trip_and_leave_with_their_steps(tmp_path: Path) -> None:
     store.prune(keep_steps=3)
     assert sorted(_by_step(store.rank_extremes("r", "actor", 0, range(8), ["actor/kl"])[
         "actor/kl"])) == [5, 7]
+    (layouts,), = store.read("SELECT COUNT(*) FROM extremes_layout")
+    assert layouts == 2
     store.prune(keep_steps=3, quiet_before=T0 + 100)
     (left,), = store.read("SELECT COUNT(*) FROM rank_extremes")
-    assert left == 0
+    (layouts,), = store.read("SELECT COUNT(*) FROM extremes_layout")
+    assert left == layouts == 0  # the layouts no step uses leave too
     store.close()
 
 
