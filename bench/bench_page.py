@@ -1,7 +1,8 @@
 """How fast the run page loads a long run: the API's answer and the browser's rendering.
 
 A history store is filled with one run of N steps (10,000 and 100,000 by default) of an actor
-role reporting 40 metrics per step (the key curves among them) and a few alert transitions, and a
+role of 8 ranks reporting 40 metrics per step (the key curves among them; each with its ranks'
+extremes, as the aggregator keeps them for the page's band) and a few alert transitions, and a
 service is started on it, as the page meets it. Figures, for each N:
   * the baseline: every step line of the (run, role) read and parsed as the CLI commands and the
     demo's plot do (HistoryStore.steps), which is what a page without server-side
@@ -81,7 +82,8 @@ def fill(path: Path, steps: int, run: str = RUN) -> float:
             values = {n: 1.0 + 0.5 * math.sin(s / 300.0 + i) + 0.01 * ((s * 7919 + i) % 13)
                       for i, n in enumerate(names)}
             records.append(StepRecord(run, ROLE, s, True, 8, 8, (), values,
-                                      finalized_at=t0 + s))
+                                      finalized_at=t0 + s, rank_extremes={
+                                          n: (0.9 * v, 1.1 * v) for n, v in values.items()}))
             if s % 5_000 == 2_500:
                 events.append(AlertEvent(run, ROLE, s, "KLDivergence", "warning", "firing",
                                          catalog.KL, values[catalog.KL]))

@@ -20,7 +20,8 @@ per step, for ``rlmon trace``; retention keeps fewer of them (they are larger th
 So are a step's worst samples (:mod:`rlmon.service.storage.stored_samples`), one row per sample metric, for
 ``rlmon samples``: bounded by their form's k and the caller's payload budget, and by retention.
 So are each step's per-rank extremes (the lowest and highest rank's own value of every metric
-two ranks or more reported: the page's band), one row per step, pruned with their steps.
+two ranks or more reported: the page's band), one packed row per step
+(:mod:`rlmon.service.storage.extremes_rows`), pruned with their steps.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ from rlmon.service.alerting.alert_types import AlertEvent, AlertState
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.contract.stop_decision import StopDecision
 from rlmon.service.contract.timeline import RankTimeline
-from rlmon.service.metrics.ranked_forms import Sample, json_score
-from rlmon.service.storage import curve_rows
+from rlmon.service.metrics.ranked_forms import Sample
+from rlmon.service.storage import curve_rows, extremes_rows
 from rlmon.service.storage.sqlite_db import StoreSchemaError, check_schema, open_database
 from rlmon.service.storage.stored_samples import (
     StepSamples,
@@ -90,13 +91,16 @@ CREATE TABLE IF NOT EXISTS curve_rows (
     vals BLOB NOT NULL, PRIMARY KEY (run, role, attempt, step)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS rank_extremes (
     run TEXT NOT NULL, role TEXT NOT NULL, attempt INTEGER NOT NULL, step INTEGER NOT NULL,
-    data TEXT NOT NULL, PRIMARY KEY (run, role, attempt, step)) WITHOUT ROWID;
+    layout INTEGER NOT NULL, vals BLOB NOT NULL,
+    PRIMARY KEY (run, role, attempt, step)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS extremes_layout (id INTEGER PRIMARY KEY, names TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS curve_layout (position INTEGER PRIMARY KEY, metric TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS liveness (
     run TEXT NOT NULL, role TEXT NOT NULL, state TEXT NOT NULL, since REAL NOT NULL,
     last_step INTEGER, last_step_at REAL, detail TEXT NOT NULL, PRIMARY KEY (run, role));
 CREATE INDEX IF NOT EXISTS steps_run_time ON steps (run, finalized_at);
 CREATE INDEX IF NOT EXISTS alerts_stream ON alerts (run, role, attempt, step);
+CREATE INDEX IF NOT EXISTS rank_extremes_layout ON rank_extremes (layout);
 """
 
 Outbound = tuple[float | None, Sequence[AlertEvent]]  # (the step's finalization, its transitions)
@@ -138,20 +142,6 @@ def _metrics(line: dict[str, Any]) -> dict[str, float]:
     for name, text in line.get("nonfinite", {}).items():
         values[name] = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[text]
     return values
-
-
-_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-
-
-def _extremes_row(extremes: Mapping[str, tuple[float, float]]) -> str:
-    """A step's per-rank extremes as JSON (NaN and Inf as the contract writes them)."""
-    return json.dumps({name: [json_score(lo), json_score(hi)]
-                       for name, (lo, hi) in extremes.items()},
-                      allow_nan=False, separators=(",", ":"))
-
-
-def _stored_number(value: float | str) -> float:
-    return _NONFINITE[value] if isinstance(value, str) else float(value)
 
 
 _COST_COLUMNS = (("onset", "REAL"), ("gpus", "REAL"), ("gpu_hours", "REAL"), ("money", "REAL"),
@@ -367,10 +357,17 @@ class HistoryStore:
                     for r in records if r.timelines or r.timelines_cut
                 ],
             )
-            self._db.executemany(
-                "INSERT OR IGNORE INTO rank_extremes VALUES (?, ?, ?, ?, ?)",
-                [(r.run, r.role, r.attempt, r.step, _extremes_row(r.rank_extremes))
-                 for r in records if r.rank_extremes])
+            extremes, layouts = [], {}
+            for r in records:
+                if r.rank_extremes:
+                    names, blob = extremes_rows.pack(r.rank_extremes)
+                    if names not in layouts:
+                        layouts[names] = extremes_rows.layout_row(names)
+                    extremes.append((r.run, r.role, r.attempt, r.step, layouts[names][0], blob))
+            self._db.executemany("INSERT OR IGNORE INTO extremes_layout VALUES (?, ?)",
+                                 list(layouts.values()))
+            self._db.executemany("INSERT OR IGNORE INTO rank_extremes VALUES (?, ?, ?, ?, ?, ?)",
+                                 extremes)
             self._db.executemany(
                 "INSERT OR IGNORE INTO samples VALUES (?, ?, ?, ?, ?, ?)",
                 [(r.run, r.role, r.attempt, r.step, metric, self._samples_row(items))
@@ -551,27 +548,26 @@ class HistoryStore:
         return rows if len(rows) == steps else None
 
     def rank_extremes(self, run: str, role: str, attempt: int, steps: Sequence[int],
-                      metrics: Iterable[str]) -> dict[str, dict[int, tuple[float, float]]]:
+                      metrics: Iterable[str]) -> dict[str, extremes_rows.Extremes]:
         """Per metric of ``metrics``, the lowest and highest rank's own value at each of
-        ``steps`` that kept them (NaN and Inf as floats); a store written before they were
-        kept has none."""
+        ``steps`` that kept them, as arrays (steps, lows, highs) in step order (NaN and Inf as
+        they are); a store written before they were kept has none."""
         wanted = set(metrics)
-        out: dict[str, dict[int, tuple[float, float]]] = {m: {} for m in wanted}
+        out = extremes_rows.unpack({}, (), wanted)  # none
         if not steps or not wanted:
             return out
         with self._lock:
             try:
                 rows = self._db.execute(
-                    "SELECT step, data FROM rank_extremes WHERE run = ? AND role = ? AND "
+                    "SELECT step, layout, vals FROM rank_extremes WHERE run = ? AND role = ? AND "
                     "attempt = ? AND step IN (SELECT value FROM json_each(?))",
                     (run, role, attempt, json.dumps(list(steps)))).fetchall()
+                layouts = {int(i): tuple(json.loads(names)) for i, names in self._db.execute(
+                    "SELECT id, names FROM extremes_layout WHERE id IN (SELECT value FROM "
+                    "json_each(?))", (json.dumps(sorted({r[1] for r in rows})),))}
             except sqlite3.OperationalError:  # no such table: an older store, read-only
                 return out
-        for step, text in rows:
-            for name, (lo, hi) in json.loads(text).items():
-                if name in wanted:
-                    out[name][int(step)] = (_stored_number(lo), _stored_number(hi))
-        return out
+        return extremes_rows.unpack(layouts, rows, wanted)
 
     def timelines(self, run: str, role: str | None = None, first: int = 0,
                   last: int | None = None, *, every_attempt: bool = False,
@@ -766,6 +762,10 @@ class HistoryStore:
                         "(attempt = ? AND step <= ?))", (run, role, attempt, attempt, step),
                     ).rowcount
                 samples += self._keep_newest_samples(keep_samples)
+                if steps:  # layouts no step uses any more (names come and go)
+                    self._db.execute(
+                        "DELETE FROM extremes_layout WHERE NOT EXISTS (SELECT 1 FROM "
+                        "rank_extremes e WHERE e.layout = extremes_layout.id)")
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")

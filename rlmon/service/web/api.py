@@ -42,6 +42,7 @@ from rlmon.service.liveness.run_level import UNKNOWN, run_state
 from rlmon.service.liveness.run_state import RunState
 from rlmon.service.metrics import catalog, remedies
 from rlmon.service.storage import curve_rows
+from rlmon.service.storage.extremes_rows import Extremes
 from rlmon.service.storage.history import HistoryStore
 from rlmon.service.storage.stored_samples import items_to_json
 from rlmon.service.web.curves import ColumnCache, Columns, downsample
@@ -154,14 +155,25 @@ def alerts_json(store: HistoryStore, run: str | None = None, firing_only: bool =
     return found
 
 
-def _aligned(spread: Mapping[int, tuple[float, float]], steps: Sequence[int],
-             ) -> dict[str, list[float | None]] | None:
+def _aligned(spread: Extremes, steps: Sequence[int]) -> dict[str, list[float | None]] | None:
     """Per-rank extremes at ``steps`` (null where a step has none, or a non-finite one: the
     curve marks those); None when none has."""
-    if not any(s in spread for s in steps):
+    at, lows, highs = spread
+    x = np.asarray(steps, dtype=np.int64)
+    if not len(at) or not len(x):
         return None
-    return {"min": [_number(spread[s][0]) if s in spread else None for s in steps],
-            "max": [_number(spread[s][1]) if s in spread else None for s in steps]}
+    where = np.minimum(np.searchsorted(at, x), len(at) - 1)
+    hit = at[where] == x
+    if not hit.any():
+        return None
+
+    def column(values: np.ndarray) -> list[float | None]:
+        picked = np.where(hit, values[where], np.nan)
+        out = picked.astype(object)
+        out[~np.isfinite(picked)] = None
+        return list(out.tolist())
+
+    return {"min": column(lows), "max": column(highs)}
 
 
 def _nonfinite(steps: Any, values: Any, reported: Any, buckets: int) -> dict[str, Any]:
@@ -446,9 +458,17 @@ class WebApi:
                  for s, at in self._times(run, role, attempt, steps_kept).items()}
         spread_of = self.store.rank_extremes(run, role, attempt, steps_kept, metrics)
         if catalog.STEP_SECONDS in spread_of:  # steps stored before the extremes: timelines
-            spread_of[catalog.STEP_SECONDS] = {
-                **self._rank_spread(run, role, attempt, steps_kept),
-                **spread_of[catalog.STEP_SECONDS]}
+            stored = spread_of[catalog.STEP_SECONDS]
+            known = set(stored[0].tolist())
+            timed = {s: v for s, v in self._rank_spread(run, role, attempt, steps_kept).items()
+                     if s not in known}
+            if timed:
+                both = sorted([*zip(stored[0].tolist(), zip(stored[1].tolist(),
+                                                            stored[2].tolist(), strict=True),
+                                    strict=True), *timed.items()])
+                spread_of[catalog.STEP_SECONDS] = (
+                    np.array([s for s, _ in both], dtype=np.int64),
+                    np.array([v[0] for _, v in both]), np.array([v[1] for _, v in both]))
         for panel in panels:
             series = [shown.values[m] for m in panel.metrics]
             keep = kept[panel]

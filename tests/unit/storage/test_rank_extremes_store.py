@@ -9,10 +9,17 @@ import sqlite3
 from dataclasses import replace
 from pathlib import Path
 
+from rlmon.service.storage.extremes_rows import Extremes
 from rlmon.service.storage.history import HistoryStore
 from tests.support.records import step_record
 
 T0 = 1_700_000_000.0
+
+
+def _by_step(extremes: Extremes) -> dict[int, tuple[float, float]]:
+    steps, lows, highs = extremes
+    return {int(s): (lo, hi) for s, lo, hi in zip(steps.tolist(), lows.tolist(), highs.tolist(),
+                                                   strict=True)}
 
 
 def test_extremes_round_trip_and_leave_with_their_steps(tmp_path: Path) -> None:
@@ -23,20 +30,28 @@ def test_extremes_round_trip_and_leave_with_their_steps(tmp_path: Path) -> None:
                                       "user/x": (-math.inf, math.nan)})
                for n in range(6)]
     records.append(step_record(run="r", step=6, metrics={"actor/kl": 1.0}, finalized_at=T0 + 6))
+    # another layout (other metrics, in another order)
+    records.append(replace(step_record(run="r", step=7, metrics={"actor/kl": 1.0},
+                                       finalized_at=T0 + 7),
+                           rank_extremes={"user/y": (1.0, 2.0), "actor/kl": (0.25, 4.0)}))
     store.add(records)
     store.add(records[:2])  # a redelivery keeps one row
-    got = store.rank_extremes("r", "actor", 0, [1, 3, 6, 99], ["actor/kl", "user/x", "nope"])
-    assert got["actor/kl"] == {1: (0.05, 0.2), 3: (0.05 * 3, 0.2 * 3)}
+    got = {m: _by_step(e) for m, e in store.rank_extremes(
+        "r", "actor", 0, [1, 3, 6, 7, 99], ["actor/kl", "user/x", "nope"]).items()}
+    assert got["actor/kl"] == {1: (0.05, 0.2), 3: (0.05 * 3, 0.2 * 3), 7: (0.25, 4.0)}
     lo, hi = got["user/x"][3]
     assert lo == -math.inf and math.isnan(hi)
     assert got["nope"] == {}
-    assert store.rank_extremes("r", "actor", 1, [1], ["actor/kl"]) == {"actor/kl": {}}
+    assert _by_step(store.rank_extremes("r", "actor", 1, [1], ["actor/kl"])["actor/kl"]) == {}
     store.prune(keep_steps=3)
-    assert sorted(store.rank_extremes("r", "actor", 0, range(7), ["actor/kl"])["actor/kl"]) == [
-        4, 5]
+    assert sorted(_by_step(store.rank_extremes("r", "actor", 0, range(8), ["actor/kl"])[
+        "actor/kl"])) == [5, 7]
+    (layouts,), = store.read("SELECT COUNT(*) FROM extremes_layout")
+    assert layouts == 2
     store.prune(keep_steps=3, quiet_before=T0 + 100)
     (left,), = store.read("SELECT COUNT(*) FROM rank_extremes")
-    assert left == 0
+    (layouts,), = store.read("SELECT COUNT(*) FROM extremes_layout")
+    assert left == layouts == 0  # the layouts no step uses leave too
     store.close()
 
 
@@ -45,14 +60,15 @@ def test_a_store_written_before_the_extremes_has_none(tmp_path: Path) -> None:
     HistoryStore(path).close()
     db = sqlite3.connect(path)
     db.execute("DROP TABLE rank_extremes")
+    db.execute("DROP TABLE extremes_layout")
     db.commit()
     db.close()
     reader = HistoryStore(path, read_only=True)
-    assert reader.rank_extremes("r", "actor", 0, [1], ["actor/kl"]) == {"actor/kl": {}}
+    assert _by_step(reader.rank_extremes("r", "actor", 0, [1], ["actor/kl"])["actor/kl"]) == {}
     reader.close()
     writer = HistoryStore(path)  # the writer adds the table
     writer.add([replace(step_record(run="r", step=1, metrics={"actor/kl": 1.0}),
                         rank_extremes={"actor/kl": (0.5, 2.0)})])
-    assert writer.rank_extremes("r", "actor", 0, [1], ["actor/kl"]) == {
-        "actor/kl": {1: (0.5, 2.0)}}
+    assert _by_step(writer.rank_extremes("r", "actor", 0, [1], ["actor/kl"])["actor/kl"]) == {
+        1: (0.5, 2.0)}
     writer.close()
