@@ -262,8 +262,9 @@ def test_nan_and_inf_values_are_marked_and_counted(page: Any, service: ServiceCo
     def shown() -> dict[str, Any]:
         return dict(page.eval_on_selector(kl, """p => ({marked: p.dataset.nonfinite,
             counts: p.dataset.nonfiniteCounts, series: p.dataset.seriesPoints,
-            legend: [...p.querySelectorAll('.u-legend .u-series .u-label')].map(
-                e => e.textContent)})"""))
+            legend: [...p.querySelectorAll('.u-legend .u-series')].filter(
+                r => r.style.display !== 'none').map(
+                r => r.querySelector('.u-label').textContent)})"""))
 
     assert shown() == {"marked": "30,31", "counts": "2", "series": "30",  # gaps: 32 steps
                        "legend": ["step", "actor/kl (2 NaN/Inf)"]}
@@ -482,13 +483,19 @@ def test_runs_and_attempts_are_overlaid_by_step_each_in_its_colour(
     def chart(sel: str) -> dict[str, Any]:
         return dict(page.evaluate("""(sel) => {
             const u = window.rlmonCharts().find(c => c.rlmon.panelEl.matches(sel));
-            return { data: u.data, labels: u.series.slice(1).map(s => s.label),
-                     strokes: u.series.slice(1).map(s => s._stroke || s.stroke()),
+            // the curves after the bands across ranks (each run's, two columns each)
+            const k = 1 + u.rlmon.state.offset;
+            return { data: [u.data[0], ...u.data.slice(k)],
+                     labels: u.series.slice(k).map(s => s.label),
+                     strokes: u.series.slice(k).map(s => s._stroke || s.stroke()),
+                     bands: u.series.slice(1, k).map(s => s.label),
                      onsets: u.rlmon.panelEl.dataset.onsets,
                      overlay: u.rlmon.panelEl.dataset.overlayOnsets };
         }""", sel))
 
     shown = chart(kl)
+    assert shown["bands"] == [f"{run}: actor/kl ({edge} rank)" for run in (RUN, "grpo-demo-1")
+                              for edge in ("lowest", "highest")]
     mine = api(service, f"/api/curves?run={RUN}&role=actor")
     theirs = api(service, "/api/curves?run=grpo-demo-1&role=actor")
     x = shown["data"][0]

@@ -181,9 +181,10 @@ class MetricPool:
         mismatch = False
         pools: dict[int, State] = {}
         if self.replicated is None:
+            merge = FORMS[form].combine  # one lookup: a rank's cell each (the pool's hot loop)
             for (mb, _), state in self.cells.items():
                 old = pools.get(mb)
-                pools[mb] = state if old is None else combine(form, old, state)
+                pools[mb] = state if old is None else merge(old, state)
         else:
             groups: dict[tuple[int, Rank], list[tuple[Rank, State]]] = {}
             for (mb, rank), state in self.cells.items():
