@@ -193,6 +193,7 @@ class ServiceCore:
         with self._lock:
             self.spine.memory.remember_run(run, meta, self._clock())
             self.spine.sinks.run_info(run, meta)
+            self.history.set_run_info(run, meta.labels(), time.time())
 
     def finish_run(self, run: str) -> None:
         """The run ended: its series leave the exporter after the finished-run TTL, the ledger

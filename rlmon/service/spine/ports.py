@@ -89,9 +89,11 @@ class ServicePorts:
         api = WebApi(reader, self._rules, states=self._metrics.liveness_states,
                      goodput=lambda: {run: g for run, (_s, g, _m) in
                                       ledger.snapshot().items()},
-                     run_info=lambda: {run: {k: v for k, v in info.labels().items()
+                     run_info=lambda: {run: {k: v for k, v in labels.items()
                                              if v != _UNSAID.get(k)}
-                                       for run, info in dict(run_info).items()},
+                                       for run, labels in {**reader.run_infos(), **{
+                                           r: i.labels() for r, i in dict(run_info).items()}
+                                       }.items()},
                      gpus=ledger.run_gpus, price=ledger.price)
         if state is not None:
             warmer = self.warmer = CacheWarmer(api)

@@ -98,6 +98,8 @@ CREATE TABLE IF NOT EXISTS curve_layout (position INTEGER PRIMARY KEY, metric TE
 CREATE TABLE IF NOT EXISTS liveness (
     run TEXT NOT NULL, role TEXT NOT NULL, state TEXT NOT NULL, since REAL NOT NULL,
     last_step INTEGER, last_step_at REAL, detail TEXT NOT NULL, PRIMARY KEY (run, role));
+CREATE TABLE IF NOT EXISTS run_info (
+    run TEXT PRIMARY KEY, labels TEXT NOT NULL, said_at REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS steps_run_time ON steps (run, finalized_at);
 CREATE INDEX IF NOT EXISTS alerts_stream ON alerts (run, role, attempt, step);
 CREATE INDEX IF NOT EXISTS rank_extremes_layout ON rank_extremes (layout);
@@ -661,6 +663,21 @@ class HistoryStore:
             self._db.executemany("INSERT OR REPLACE INTO liveness VALUES (?, ?, ?, ?, ?, ?, ?)",
                                  list(rows))
 
+    def set_run_info(self, run: str, labels: Mapping[str, str], said_at: float) -> None:
+        """What a run's integration said of it (its settings, its tags), as its labels: kept
+        as long as the run's steps, so the run page shows them after the run left the service's
+        memory or the service restarted."""
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO run_info VALUES (?, ?, ?)",
+                             (run, json.dumps(dict(labels)), said_at))
+
+    def run_infos(self) -> dict[str, dict[str, str]]:
+        """Each run's labels as last said (:meth:`set_run_info`)."""
+        with self._lock:
+            rows = self._db.execute("SELECT run, labels FROM run_info").fetchall()
+        return {run: {str(k): str(v) for k, v in json.loads(text).items()}
+                for run, text in rows}
+
     def liveness(self, run: str | None = None) -> list[dict[str, Any]]:
         """The latest liveness state of each (run, role), in (run, role) order."""
         where, args = _stream_filter(run, None)
@@ -732,6 +749,7 @@ class HistoryStore:
                     self._db.execute("DELETE FROM alert_state WHERE run = ?", (run,))
                     self._db.execute("DELETE FROM stream_state WHERE run = ?", (run,))
                     self._db.execute("DELETE FROM stops WHERE run = ?", (run,))
+                    self._db.execute("DELETE FROM run_info WHERE run = ?", (run,))
                 crowded = self._db.execute(
                     "SELECT run, role FROM steps GROUP BY run, role HAVING COUNT(*) > ?",
                     (keep_steps,)).fetchall()

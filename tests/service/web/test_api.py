@@ -104,6 +104,27 @@ def test_runs_carry_the_settings_a_run_reported_and_its_price(
     assert run["money"] == pytest.approx(2.5 * run["gpu_hours"])
 
 
+def test_a_runs_settings_and_tags_outlive_a_service_restart(
+        tmp_path: Path, records: list[StepRecord]) -> None:
+    """What a run said of itself is kept with its steps: a restarted service (its memory empty
+    until the run speaks again, which a finished run never does) still shows it."""
+    from rlmon.service.config import load_config
+
+    core = fed_service(tmp_path, records)
+    core.set_run_info(RUN, {"framework": "verl", "algorithm": "grpo", "dp": 4,
+                            "tags": ["baseline", "7b"]})
+    core.close(0.0)
+    again = ServiceCore(load_config(None), state_dir=tmp_path, port=0, host="127.0.0.1").start()
+    try:
+        assert again.spine.memory.run_info == {}  # nothing said since the restart
+        _, body, _ = get(again, "/api/runs")
+    finally:
+        again.close(0.0)
+    (run,) = body["runs"]
+    assert run["framework"] == "verl" and run["tags"] == ["baseline", "7b"]
+    assert run["settings"] == {"algorithm": "grpo", "dp": "4"}
+
+
 def test_runs_show_the_liveness_state_the_service_keeps(service: ServiceCore) -> None:
     from rlmon.service.liveness.run_state import LivenessView, RunState
 
