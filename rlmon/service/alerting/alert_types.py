@@ -16,6 +16,7 @@ from rlmon.service.contract.step_record import json_number
 
 if TYPE_CHECKING:
     from rlmon.service.alerting.baseline_batch import SeriesPredictions
+    from rlmon.service.alerting.level_shift import Shift
 
 __all__ = ["AlertEvent", "AlertState", "State"]
 
@@ -115,3 +116,6 @@ class AlertState:
     # baseline: the predictions of a batch evaluated in order (not saved; never needed to
     # continue: the detector predicts itself without them)
     ahead: SeriesPredictions | None = field(default=None, compare=False, repr=False)
+    # baseline: the level shift a firing is held back by (rlmon.service.alerting.level_shift;
+    # not saved: a restarted service judges an episode under way afresh)
+    shift: Shift | None = None

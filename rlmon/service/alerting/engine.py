@@ -16,7 +16,13 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import NamedTuple
 
-from rlmon.service.alerting import baseline, baseline_batch, rank_missing, reward_hacking
+from rlmon.service.alerting import (
+    baseline,
+    baseline_batch,
+    level_shift,
+    rank_missing,
+    reward_hacking,
+)
 from rlmon.service.alerting.alert_types import AlertEvent, AlertState, State
 from rlmon.service.alerting.projection import alert_detail as heading
 from rlmon.service.alerting.rules import ANY_METRIC, LIVENESS_CONDITIONS, Condition, Rule
@@ -238,6 +244,7 @@ class AlertEngine:
 
     def __init__(self, rules: Sequence[Rule], policy: NotifyPolicy | None = None) -> None:
         self.rules = list(rules)
+        self._by_name = {rule.name: rule for rule in self.rules}
         self.policy = policy or NotifyPolicy()
         self.states: dict[tuple[str, str, str], AlertState] = {}
         self.last_step: dict[tuple[str, str], int] = {}
@@ -389,7 +396,8 @@ class AlertEngine:
         if check.holds:
             state.true_steps += 1
             state.false_steps = 0
-            if not state.firing and state.true_steps >= rule.for_steps and not handed:
+            if not state.firing and state.true_steps >= rule.for_steps and not handed \
+                    and not self._held_back(rule, record, state):
                 state.firing = True
                 state.since_step = record.step
                 state.metric = check.metric
@@ -429,6 +437,20 @@ class AlertEngine:
                 f"{event.summary} (still firing since step {state.since_step}: re-sent every "
                 f"{_hours(self.policy.repeat_seconds)})")), now)
         return None
+
+    def _held_back(self, rule: Rule, record: StepRecord, state: AlertState) -> bool:
+        """A baseline rule about to fire on a level shift short of its level rule's level,
+        or on whole-step jitter, waits (rlmon.service.alerting.level_shift)."""
+        if rule.condition is not Condition.BASELINE:
+            return False
+        params = rule.baseline if state.ahead is None else state.ahead.params
+        if level_shift.jitter(params, state.history, state.true_steps):
+            return True
+        level = self._by_name.get(rule.level_rule)
+        state.shift = None if level is None or _check(level, record, AlertState()).holds \
+            else level_shift.hold(params, state.history, state.true_steps, record.step,
+                                  state.shift)
+        return state.shift is not None
 
     def _resolve(self, rule: Rule, record: StepRecord, state: AlertState, check: _Check,
                  now: float | None, handed_to: str) -> AlertEvent:

@@ -1,0 +1,137 @@
+"""Two healthy shapes that reach an early warning's evidence without a slide under way, told
+apart from one by what the departure looks like so far (issue 39's quiet healthy runs).
+
+An early warning (a baseline rule, :mod:`rlmon.service.alerting.baseline`) says early that a
+metric has left its run's own past and is on its way somewhere. Two healthy departures are on
+their way nowhere:
+
+- **A level shift**: the metric moves in one step and then holds still or recedes. A switch to
+  harder prompts drops the reward at once and lengthens the completions; an LR warm restart
+  lifts the clip ratio and the KL with the LR; each then stays or drifts back. The step into the
+  departure is at once as far as it goes: nothing is sliding towards the level the rule's level
+  rule pages at. Held back: the rule stays pending while the departure began with a step of at
+  least ``JUMP`` robust SDs (a step no noise of the run's own makes) and has not moved on
+  since by half that step again. It fires as soon as it does (a jump followed by a runaway),
+  and at once where the level rule's condition already holds on the step (the new level is one
+  to page at: the early warning speaks for it as before). Only for a rule with a level rule: a
+  slide heads for that level, which judges any level the shift settles at; the policy lag
+  (``PolicyLagGrowing``) has no such level, and a lag that jumped and stays is not held back.
+- **Jitter in whole steps**: a metric whose values are all whole numbers (the policy lag) at a
+  value it already reached within its window before the departure: a queue's jitter, not
+  growth. Held back while it stays within what the window has seen.
+
+Both read only the rule's own state, so a live run, ``rlmon replay`` and ``rlmon diagnose``'s
+batch path (:mod:`rlmon.service.alerting.quiet_steps`, which judges a pending rule at every
+step) hold back the same steps. A shift is judged once, where the rule would first fire, from
+the window before it (:class:`Shift`, kept in the rule's state); later steps of the same
+episode (until the rule has been quiet for a window's length) are judged against it, since by
+then the window holds the new level too. It is not saved with the alert state: a restarted
+service judges an episode under way afresh, from a window that holds part of it.
+
+A ramp is never held back at its start: its step into the departure is one step of the ramp,
+and its departure has moved on since by as much again.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, replace
+from statistics import median
+
+from rlmon.service.alerting import baseline
+from rlmon.service.metrics.spec import BaselineParams
+
+__all__ = ["JUMP", "Shift", "hold", "jitter", "level_shift"]
+
+# a jump's step, in robust SDs of the window before it: a step the run's own noise does not
+# make (a Gaussian's one in 30,000), and more than any rule's per-step allowance
+JUMP = 4.0
+_MIN_BEFORE = 8  # pre-departure values needed to say where the departure began
+
+
+@dataclass(frozen=True, slots=True)
+class Shift:
+    """A departure judged a level shift: the level before it and its scale (the detector's
+    space), where it began and the step into it (in those scales), the last step held back."""
+
+    expected: float
+    scale: float
+    began: float
+    step_in: float
+    last: int
+
+    def z(self, params: BaselineParams, value: float) -> float:
+        """``value`` in scales from the level before, in the watched direction."""
+        sign = -1.0 if params.direction == "down" else 1.0
+        return sign * (baseline._transform(params, value) - self.expected) / self.scale
+
+    def moved_on(self, params: BaselineParams, recent: list[float]) -> bool:
+        """Whether the departure has moved on past where it began by half its step again."""
+        now = median(self.z(params, v) for v in recent)
+        return now - self.began > self.step_in / 2
+
+
+def hold(params: BaselineParams, history: deque[float], held_steps: int, step: int,
+         shift: Shift | None) -> Shift | None:
+    """The level shift a baseline rule about to fire at ``step`` waits on (None: it fires).
+    ``held_steps``: the consecutive steps its evidence has held; ``shift``: the episode's,
+    where one was judged before."""
+    if shift is not None and step - shift.last <= params.window:
+        return None if shift.moved_on(params, list(history)[-3:]) else replace(shift, last=step)
+    return level_shift(params, history, held_steps, step)
+
+
+def _split(history: deque[float], held_steps: int) -> tuple[list[float], list[float]] | None:
+    values = list(history)
+    recent = held_steps + 1  # the steps the evidence held and the one before the first
+    if len(values) - recent < _MIN_BEFORE:
+        return None
+    return values[:-recent], values[-recent:]
+
+
+def jitter(params: BaselineParams, history: deque[float], held_steps: int) -> bool:
+    """A whole-number metric at a value its window reached before the departure."""
+    parts = _split(history, held_steps)
+    if parts is None or not all(float(v).is_integer() for v in history):
+        return False
+    before, recent = parts
+    if params.direction == "up":
+        return recent[-1] <= max(before)
+    return recent[-1] >= min(before)
+
+
+def level_shift(params: BaselineParams, history: deque[float], held_steps: int,
+                step: int) -> Shift | None:
+    """The departure as a level shift, where it began with one step of at least ``JUMP``
+    robust SDs and has not moved on since by half that step again; else None."""
+    parts = _split(history, held_steps)
+    if parts is None:
+        return None
+    before, recent = parts
+    expected, scale = baseline.predict(params, before)
+    probe = Shift(expected, scale, 0.0, 0.0, step)
+    scores = [probe.z(params, v) for v in (*before, *recent)]
+    start = _onset(params, scores)
+    departure = scores[start:]
+    if len(departure) < 2 or start == 0:
+        return None
+    k = max(1, min(3, len(departure) // 2))
+    # where it began: what its first values all reached (one noisy value on a ramp is no jump)
+    began = min(departure[:max(2, k)])
+    step_in = began - median(scores[max(0, start - k):start])  # from the steps just before
+    shift = replace(probe, began=began, step_in=step_in)
+    if step_in < max(JUMP, params.allowance) or median(departure[-k:]) - began > step_in / 2:
+        return None
+    return shift
+
+
+def _onset(params: BaselineParams, scores: list[float]) -> int:
+    """Where the departure began: the step after the CUSUM of ``scores`` (robust z-scores,
+    clipped as the detector clips them) was last zero (Page's estimate of a change's onset)."""
+    cap = params.allowance + params.decision / 2
+    total, start = 0.0, 0
+    for index, z in enumerate(scores):
+        total = max(0.0, total + min(max(z, -cap), cap) - params.allowance)
+        if total == 0.0:
+            start = index + 1
+    return start
