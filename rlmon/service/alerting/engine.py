@@ -447,7 +447,8 @@ class AlertEngine:
         if level_shift.jitter(params, state.history, state.true_steps):
             return True
         level = self._by_name.get(rule.level_rule)
-        state.shift = None if level is None or _check(level, record, AlertState()).holds \
+        state.shift = None if level is None or rule.metric not in level_shift.SHIFTS_FOR_A_CAUSE \
+            or _check(level, record, AlertState()).holds \
             else level_shift.hold(params, state.history, state.true_steps, record.step,
                                   state.shift)
         return state.shift is not None

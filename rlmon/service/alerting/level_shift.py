@@ -10,12 +10,16 @@ their way nowhere:
   lifts the clip ratio and the KL with the LR; each then stays or drifts back. The step into the
   departure is at once as far as it goes: nothing is sliding towards the level the rule's level
   rule pages at. Held back: the rule stays pending while the departure began with a step of at
-  least ``JUMP`` robust SDs (a step no noise of the run's own makes) and has not moved on
-  since by half that step again. It fires as soon as it does (a jump followed by a runaway),
-  and at once where the level rule's condition already holds on the step (the new level is one
-  to page at: the early warning speaks for it as before). Only for a rule with a level rule: a
-  slide heads for that level, which judges any level the shift settles at; the policy lag
-  (``PolicyLagGrowing``) has no such level, and a lag that jumped and stays is not held back.
+  least ``JUMP`` robust SDs (a step no noise of the run's own makes), taken from the run's own
+  level (the steps just before it within one SD of it: a ramp's are its own first steps on
+  their way), and has not moved on since
+  by a third of that step again (nor by more than noise, two SDs). It fires as soon as it does
+  (a jump followed by a runaway), and at once where the level rule's condition already holds on
+  the step (the new level is one to page at: the early warning speaks for it as before). Only
+  for a rule with a level rule (a slide heads for that level, which judges any level the shift
+  settles at: the policy lag has none) and on a metric a healthy run moves in one step for a
+  known cause (:data:`SHIFTS_FOR_A_CAUSE`: a change of the data or of the learning rate; not
+  the trainer/rollout mismatch).
 - **Jitter in whole steps**: a metric whose values are all whole numbers (the policy lag) at a
   value it already reached within its window before the departure: a queue's jitter, not
   growth. Held back while it stays within what the window has seen.
@@ -39,25 +43,36 @@ from dataclasses import dataclass, replace
 from statistics import median
 
 from rlmon.service.alerting import baseline
+from rlmon.service.metrics import catalog as c
 from rlmon.service.metrics.spec import BaselineParams
 
-__all__ = ["JUMP", "Shift", "hold", "jitter", "level_shift"]
+__all__ = ["JUMP", "SHIFTS_FOR_A_CAUSE", "Shift", "hold", "jitter", "level_shift"]
 
 # a jump's step, in robust SDs of the window before it: a step the run's own noise does not
 # make (a Gaussian's one in 30,000), and more than any rule's per-step allowance
 JUMP = 4.0
 _MIN_BEFORE = 8  # pre-departure values needed to say where the departure began
+_NOISE = 2.0  # robust SDs a departure's level moves by noise alone
+_AT_REST = 1.0  # robust SDs from the level before: a step taken from there
+# the metrics a healthy run moves in one step, for a known cause: a change of the data (reward,
+# length, ties, entropy, KL) or of the learning rate (KL, clip ratio, gradient norm). The
+# trainer/rollout mismatch (LogprobMismatchClimbing) is not among them: two engines holding the
+# same weights differ by the same amount whatever the data; a step in it is a change of setup
+SHIFTS_FOR_A_CAUSE = frozenset({c.REWARD, c.RESPONSE_LENGTH, c.FRAC_REWARD_ZERO_STD, c.ENTROPY,
+                                c.KL, c.CLIP_RATIO, c.GRAD_NORM})
 
 
 @dataclass(frozen=True, slots=True)
 class Shift:
     """A departure judged a level shift: the level before it and its scale (the detector's
-    space), where it began and the step into it (in those scales), the last step held back."""
+    space), where it began and the step into it (in those scales), the step of its first value,
+    the last step held back."""
 
     expected: float
     scale: float
     began: float
     step_in: float
+    first: int
     last: int
 
     def z(self, params: BaselineParams, value: float) -> float:
@@ -65,10 +80,12 @@ class Shift:
         sign = -1.0 if params.direction == "down" else 1.0
         return sign * (baseline._transform(params, value) - self.expected) / self.scale
 
-    def moved_on(self, params: BaselineParams, recent: list[float]) -> bool:
-        """Whether the departure has moved on past where it began by half its step again."""
+    def moved_on(self, params: BaselineParams, history: deque[float], step: int) -> bool:
+        """Whether the departure's latest values (up to 3, after its first) have moved on past
+        where it began by a third of its step again (and by more than noise, two SDs)."""
+        recent = list(history)[-max(1, min(3, step - self.first)):]
         now = median(self.z(params, v) for v in recent)
-        return now - self.began > self.step_in / 2
+        return now - self.began > max(_NOISE, self.step_in / 3)
 
 
 def hold(params: BaselineParams, history: deque[float], held_steps: int, step: int,
@@ -77,7 +94,7 @@ def hold(params: BaselineParams, history: deque[float], held_steps: int, step: i
     ``held_steps``: the consecutive steps its evidence has held; ``shift``: the episode's,
     where one was judged before."""
     if shift is not None and step - shift.last <= params.window:
-        return None if shift.moved_on(params, list(history)[-3:]) else replace(shift, last=step)
+        return None if shift.moved_on(params, history, step) else replace(shift, last=step)
     return level_shift(params, history, held_steps, step)
 
 
@@ -103,26 +120,28 @@ def jitter(params: BaselineParams, history: deque[float], held_steps: int) -> bo
 def level_shift(params: BaselineParams, history: deque[float], held_steps: int,
                 step: int) -> Shift | None:
     """The departure as a level shift, where it began with one step of at least ``JUMP``
-    robust SDs and has not moved on since by half that step again; else None."""
+    robust SDs and has not moved on since (:meth:`Shift.moved_on`); else None."""
     parts = _split(history, held_steps)
     if parts is None:
         return None
     before, recent = parts
     expected, scale = baseline.predict(params, before)
-    probe = Shift(expected, scale, 0.0, 0.0, step)
+    probe = Shift(expected, scale, 0.0, 0.0, step, step)
     scores = [probe.z(params, v) for v in (*before, *recent)]
     start = _onset(params, scores)
     departure = scores[start:]
     if len(departure) < 2 or start == 0:
         return None
     k = max(1, min(3, len(departure) // 2))
-    # where it began: what its first values all reached (one noisy value on a ramp is no jump)
-    began = min(departure[:max(2, k)])
-    step_in = began - median(scores[max(0, start - k):start])  # from the steps just before
-    shift = replace(probe, began=began, step_in=step_in)
-    if step_in < max(JUMP, params.allowance) or median(departure[-k:]) - began > step_in / 2:
+    began = median(departure[:max(2, k)])  # where it began: its first values' level
+    # it leaves from the run's level: the steps just before it there (a ramp's are its own
+    # first steps, on their way up)
+    lead = median(scores[max(0, start - k):start])
+    step_in = began - lead
+    if lead > _AT_REST or step_in < max(JUMP, params.allowance) \
+            or median(departure[-k:]) - began > max(_NOISE, step_in / 3):
         return None
-    return shift
+    return replace(probe, began=began, step_in=step_in, first=step - (len(departure) - 1))
 
 
 def _onset(params: BaselineParams, scores: list[float]) -> int:
