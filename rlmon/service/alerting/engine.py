@@ -19,12 +19,12 @@ from typing import NamedTuple
 from rlmon.service.alerting import (
     baseline,
     baseline_batch,
+    heading,
     level_shift,
     rank_missing,
     reward_hacking,
 )
 from rlmon.service.alerting.alert_types import AlertEvent, AlertState, State
-from rlmon.service.alerting.projection import alert_detail as heading
 from rlmon.service.alerting.rules import ANY_METRIC, LIVENESS_CONDITIONS, Condition, Rule
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.metrics import catalog
@@ -412,7 +412,7 @@ class AlertEngine:
                         rule, state, check.value, record.step)[1])
                 if rule.condition is Condition.BASELINE and state.history:
                     # where the metric is heading (rlmon.service.alerting.projection)
-                    ahead = heading(rule.metric, state.history, self.rules)
+                    ahead = heading.at_firing(rule, state, self.rules, record.step)
                     if ahead:
                         event = replace(event, detail="; ".join(filter(None, (event.detail,
                                                                             ahead))))
@@ -436,6 +436,13 @@ class AlertEngine:
             return self._notify(state, replace(event, repeat=True, summary=(
                 f"{event.summary} (still firing since step {state.since_step}: re-sent every "
                 f"{_hours(self.policy.repeat_seconds)})")), now)
+        if check.holds and rule.condition is Condition.BASELINE:
+            ahead = heading.refreshed(rule, state, self.rules, record.step)
+            if ahead:  # where it is heading, stated now or stated anew
+                event = self._event(rule, record, "firing", check, state.severity)
+                return self._notify(state, replace(event, repeat=True, detail=ahead, summary=(
+                    f"{event.summary} (firing since step {state.since_step}; where it is "
+                    "heading now)")), now)
         return None
 
     def _held_back(self, rule: Rule, record: StepRecord, state: AlertState) -> bool:
@@ -463,7 +470,7 @@ class AlertEngine:
             event = replace(event, handed_to=handed_to,
                             summary=f"{event.summary}: handed over to {handed_to}, "
                             "which judges this level and fires now")
-        state.severity, state.reference = "", None
+        state.severity, state.reference, state.stated = "", None, None
         return self._notify(state, event, now)
 
     def _escalate(self, rule: Rule, record: StepRecord, state: AlertState, check: _Check,

@@ -29,8 +29,8 @@ batch path (:mod:`rlmon.service.alerting.quiet_steps`, which judges a pending ru
 step) hold back the same steps. A shift is judged once, where the rule would first fire, from
 the window before it (:class:`Shift`, kept in the rule's state); later steps of the same
 episode (until the rule has been quiet for a window's length) are judged against it, since by
-then the window holds the new level too. It is not saved with the alert state: a restarted
-service judges an episode under way afresh, from a window that holds part of it.
+then the window holds the new level too; it is saved with the alert state, so a restarted
+service continues the episode.
 
 A ramp is never held back at its start: its step into the departure is one step of the ramp,
 and its departure has moved on since by as much again.
@@ -74,6 +74,15 @@ class Shift:
     step_in: float
     first: int
     last: int
+
+    def to_json(self) -> list[float]:
+        return [self.expected, self.scale, self.began, self.step_in, self.first, self.last]
+
+    @classmethod
+    def from_json(cls, item: list[float]) -> Shift:
+        expected, scale, began, step_in, first, last = item
+        return cls(float(expected), float(scale), float(began), float(step_in), int(first),
+                   int(last))
 
     def z(self, params: BaselineParams, value: float) -> float:
         """``value`` in scales from the level before, in the watched direction."""
