@@ -21,8 +21,8 @@ their way nowhere:
   known cause (:data:`SHIFTS_FOR_A_CAUSE`: a change of the data or of the learning rate; not
   the trainer/rollout mismatch).
 - **Jitter in whole steps**: a metric whose values are all whole numbers (the policy lag) at a
-  value it already reached within its window before the departure: a queue's jitter, not
-  growth. Held back while it stays within what the window has seen.
+  value it reached at least three times within its window before the departure: a queue's
+  jitter, not growth. Held back while it stays within what it keeps returning to.
 
 Both read only the rule's own state, so a live run, ``rlmon replay`` and ``rlmon diagnose``'s
 batch path (:mod:`rlmon.service.alerting.quiet_steps`, which judges a pending rule at every
@@ -54,6 +54,7 @@ JUMP = 4.0
 _MIN_BEFORE = 8  # pre-departure values needed to say where the departure began
 _NOISE = 2.0  # robust SDs a departure's level moves by noise alone
 _AT_REST = 1.0  # robust SDs from the level before: a step taken from there
+_REVISITS = 3  # times a whole-number metric reached a value before: its jitter
 # the metrics a healthy run moves in one step, for a known cause: a change of the data (reward,
 # length, ties, entropy, KL) or of the learning rate (KL, clip ratio, gradient norm). The
 # trainer/rollout mismatch (LogprobMismatchClimbing) is not among them: two engines holding the
@@ -116,14 +117,16 @@ def _split(history: deque[float], held_steps: int) -> tuple[list[float], list[fl
 
 
 def jitter(params: BaselineParams, history: deque[float], held_steps: int) -> bool:
-    """A whole-number metric at a value its window reached before the departure."""
+    """A whole-number metric at a value its window kept reaching before the departure."""
     parts = _split(history, held_steps)
     if parts is None or not all(float(v).is_integer() for v in history):
         return False
     before, recent = parts
-    if params.direction == "up":
-        return recent[-1] <= max(before)
-    return recent[-1] >= min(before)
+    value = recent[-1]
+    # a value it keeps returning to: reached at least _REVISITS times (a fault's own first
+    # steps reach a new value once or twice before the evidence holds)
+    beyond = [v for v in before if (v >= value if params.direction == "up" else v <= value)]
+    return len(beyond) >= _REVISITS
 
 
 def level_shift(params: BaselineParams, history: deque[float], held_steps: int,
