@@ -12,8 +12,8 @@ their way nowhere:
   rule pages at. Held back: the rule stays pending while the departure began with a step of at
   least ``JUMP`` robust SDs (a step no noise of the run's own makes), taken from the run's own
   level (the steps just before it within one SD of it: a ramp's are its own first steps on
-  their way), and has not moved on since
-  by a third of that step again (nor by more than noise, two SDs). It fires as soon as it does
+  their way), and has not moved on since by a third of that step again (at least two SDs, at
+  most four). It fires as soon as it does
   (a jump followed by a runaway), and at once where the level rule's condition already holds on
   the step (the new level is one to page at: the early warning speaks for it as before). Only
   for a rule with a level rule (a slide heads for that level, which judges any level the shift
@@ -92,10 +92,10 @@ class Shift:
 
     def moved_on(self, params: BaselineParams, history: deque[float], step: int) -> bool:
         """Whether the departure's latest values (up to 3, after its first) have moved on past
-        where it began by a third of its step again (and by more than noise, two SDs)."""
+        where it began (:func:`_moved`)."""
         recent = list(history)[-max(1, min(3, step - self.first)):]
         now = median(self.z(params, v) for v in recent)
-        return now - self.began > max(_NOISE, self.step_in / 3)
+        return now - self.began > _moved(self.step_in)
 
 
 def hold(params: BaselineParams, history: deque[float], held_steps: int, step: int,
@@ -151,9 +151,16 @@ def level_shift(params: BaselineParams, history: deque[float], held_steps: int,
     lead = median(scores[max(0, start - k):start])
     step_in = began - lead
     if lead > _AT_REST or step_in < max(JUMP, params.allowance) \
-            or median(departure[-k:]) - began > max(_NOISE, step_in / 3):
+            or median(departure[-k:]) - began > _moved(step_in):
         return None
     return replace(probe, began=began, step_in=step_in, first=step - (len(departure) - 1))
+
+
+def _moved(step_in: float) -> float:
+    """How far past where it began a departure must go to have moved on: a third of its step
+    (a big jump's new level is noisier than the run before it), at least two SDs (noise), at
+    most four (a jump followed by a runaway fires within a step or two, however big the jump)."""
+    return min(max(_NOISE, step_in / 3), 2 * _NOISE)
 
 
 def _onset(params: BaselineParams, scores: list[float]) -> int:
