@@ -125,3 +125,12 @@ def test_a_healthy_run_s_warnings_are_false_claims() -> None:
     assert quiet.negatives == 15 and quiet.positives == 0
     assert "warnings per 1,000 healthy steps (4,500 steps)" in quiet.notes
     assert quiet.false_claims <= 4, quiet.misses  # at most 1 per 1,000 steps
+
+
+def test_fast_mode_every_heading_alert_states_where_it_is_heading() -> None:
+    """Eight seeds of blow-ups heading for a level the rules page at: every early warning whose
+    metric reaches it after the firing states its range while it holds (at the firing or a few
+    steps after), and the range holds the crossing."""
+    heading = KINDS["projection.alert"].score(range(100, 108), True)
+    assert heading.positives >= 4 and heading.recall == 1.0, heading.misses
+    assert heading.coverage == 1.0 and max(heading.delays) <= 10, heading.misses
