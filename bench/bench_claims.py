@@ -28,7 +28,7 @@ HELD_OUT = range(9100, 9140)  # never looked at while tuning
 FAST = 4
 
 COLUMNS = ("kind", "precision", "recall", "false claims", "delay (steps)", "coverage",
-           "width / distance")
+           "width / distance", "notes")
 
 
 def run(names: list[str], seeds: range, fast: bool) -> list[Score]:

@@ -18,9 +18,9 @@ tuning seeds and on held-out ones and print both:
   ``rlmon replay``: warnings per 1,000 healthy steps and the most notifications one condition
   sent in one run (targets: at most 1 and at most 3).
 
-Register them as ``{"reward_hacking": claims_alerts.reward_hacking, "escalation":
-claims_alerts.escalations, "healthy_quiet": claims_alerts.healthy_quiet}``; ``TUNING`` and
-``HELD_OUT`` are the seeds used here.
+The claims benchmark scores them case by case (``bench/claims/kinds/alerts.py``: the
+``*_cases`` / :func:`healthy_runs` generators); ``TUNING`` and ``HELD_OUT`` are the seeds used
+when this file runs alone.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,9 @@ from rlmon.service.diagnose.findings import diagnose
 from rlmon.service.diagnose.logged_run import LoggedRun
 from rlmon.service.replay import replay
 
-__all__ = ["CLAIMS", "HELD_OUT", "TUNING", "escalations", "healthy_quiet", "reward_hacking"]
+__all__ = ["CLAIMS", "HELD_OUT", "TUNING", "EscalationCase", "HackingCase", "HealthyRun",
+           "escalation_cases", "escalations", "hacking_cases", "healthy_quiet", "healthy_runs",
+           "per_1000", "reward_hacking"]
 
 TUNING: dict[str, range] = {"reward_hacking": range(0, 200), "escalation": range(0, 20),
                             "healthy_quiet": range(7000, 7003)}
@@ -57,28 +60,52 @@ HELD_OUT: dict[str, range] = {"reward_hacking": range(7000, 7100),
 WITHIN = 15  # steps after the onset a hack must be named in
 
 
-def reward_hacking(seeds: range) -> dict[str, Any]:
-    """Recall, delay and hold of ``RewardHacking`` per kind, and the healthy runs that fired."""
+@dataclass(frozen=True, slots=True)
+class HackingCase:
+    """One reward-hacking run: its kind, the steps from the onset to the first alert at or after
+    it (None: none), the share of a steady climb's steps the alert held, whether it fired
+    before the onset; on a healthy run (``hack`` False) whether it fired at all."""
+
+    kind: str
+    hack: bool
+    delay: int | None = None
+    held: float | None = None
+    early: bool = False
+    fired: bool = False
+
+
+def hacking_cases(seeds: range) -> Iterator[HackingCase]:
+    """``RewardHacking`` on each of ``bench_reward_hacking.py``'s runs of ``seeds``."""
     rules = [reward_hacking_rule()]
-    delays: dict[str, list[int | None]] = {}
-    held: dict[str, list[float]] = {}
-    false_alarms = Counter[str]()
-    healthy_runs = Counter[str]()
     for case in bench_reward_hacking.cases(seeds):
         events = bench_reward_hacking.transitions(case, rules)
         fired = [step for _, step, state in events if state == "firing"]
         if case.kind in ("healthy", "detection-healthy", "length_runaway", "kl_blowup"):
-            healthy_runs[case.kind] += 1
-            false_alarms[case.kind] += bool(fired)
+            yield HackingCase(case.kind, False, fired=bool(fired))
             continue
         kind = case.kind if case.kind.startswith("climb") else f"{case.kind}-{case.ramp}"
         after = [s - case.onset for s in fired if s >= case.onset]
-        delays.setdefault(kind, []).append(after[0] if after else None)
-        if case.kind.startswith("climb"):
-            share = bench_reward_hacking.held_share(events, "RewardHacking",
-                                                    bench_reward_hacking.STEPS)
-            if share is not None:
-                held.setdefault(kind, []).append(share)
+        held = bench_reward_hacking.held_share(events, "RewardHacking",
+                                               bench_reward_hacking.STEPS) \
+            if case.kind.startswith("climb") else None
+        yield HackingCase(kind, True, after[0] if after else None, held,
+                          any(s < case.onset for s in fired), bool(fired))
+
+
+def reward_hacking(seeds: range) -> dict[str, Any]:
+    """Recall, delay and hold of ``RewardHacking`` per kind, and the healthy runs that fired."""
+    delays: dict[str, list[int | None]] = {}
+    held: dict[str, list[float]] = {}
+    false_alarms = Counter[str]()
+    healthy_runs = Counter[str]()
+    for case in hacking_cases(seeds):
+        if not case.hack:
+            healthy_runs[case.kind] += 1
+            false_alarms[case.kind] += case.fired
+            continue
+        delays.setdefault(case.kind, []).append(case.delay)
+        if case.held is not None:
+            held.setdefault(case.kind, []).append(case.held)
     out: dict[str, Any] = {}
     for kind, found in sorted(delays.items()):
         hit = [d for d in found if d is not None]
@@ -121,58 +148,97 @@ _CRITICAL = {"kl": ("KLDivergence", 10.0), "grad_norm": ("GradNormHigh", 1000.0)
              "entropy": ("EntropySliding", None)}
 
 
-def escalations(seeds: range) -> dict[str, Any]:
-    """Per blow-up kind: the escalations whose quoted level and first step are right, those
-    priced once, and (entropy) the collapses called critical."""
-    out: dict[str, Any] = {}
+@dataclass(frozen=True, slots=True)
+class EscalationCase:
+    """One blow-up: whether its alert escalated, quoted the critical level and the step it was
+    first crossed right, and was priced once."""
+
+    alert: str
+    escalated: bool
+    quoted_right: bool = False
+    priced_once: bool = False
+
+
+def escalation_cases(seeds: range) -> Iterator[EscalationCase]:
+    """A KL, gradient-norm and entropy blow-up per seed, diagnosed from a log."""
     for metric, (alert, level) in _CRITICAL.items():
-        right = priced_once = critical = cases = 0
         for seed in seeds:
             rows, _onset = _blow_up(seed, metric)
             run = LoggedRun(source="bench", format="hf-trainer-state", name=f"b{seed}",
                             rows=rows)
             d = diagnose(run, gpus=8, price=2.5)
             found = [f for f in d.findings if f.alert == alert and f.state == "firing"]
-            cases += 1
             escalated = [f for f in found if f.escalated_from]
             if not escalated:
+                yield EscalationCase(alert, False)
                 continue
-            critical += 1
             esc = escalated[0]
-            priced_once += esc.cost is None and found[0].cost is not None
             if level is not None:
                 first = min((s for s, v in rows.items() if v[metric] > level), default=None)
-                right += (esc.since == first and f"> {level:g} (the critical level)"
-                          in esc.condition)
+                right = esc.since == first and f"> {level:g} (the critical level)" \
+                    in esc.condition
             else:
-                right += "below its own pre-onset level" in esc.condition
-        out[alert] = {"cases": cases, "critical": critical / cases,
-                      "quoted_right": right / cases, "priced_once": priced_once / cases}
-    return out
+                right = "below its own pre-onset level" in esc.condition
+            yield EscalationCase(alert, True, right,
+                                 esc.cost is None and found[0].cost is not None)
+
+
+def escalations(seeds: range) -> dict[str, Any]:
+    """Per blow-up kind: the escalations whose quoted level and first step are right, those
+    priced once, and (entropy) the collapses called critical."""
+    by: dict[str, list[EscalationCase]] = {}
+    for case in escalation_cases(seeds):
+        by.setdefault(case.alert, []).append(case)
+    return {alert: {"cases": len(cases),
+                    "critical": sum(c.escalated for c in cases) / len(cases),
+                    "quoted_right": sum(c.quoted_right for c in cases) / len(cases),
+                    "priced_once": sum(c.priced_once for c in cases) / len(cases)}
+            for alert, cases in by.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class HealthyRun:
+    """One healthy run with a benign change: its warnings (firings) and the most notifications
+    one condition sent."""
+
+    kind: str
+    seed: int
+    steps: int
+    warnings: int
+    worst: int
+
+
+def healthy_runs(seeds: range | list[int], steps: int = 400,
+                 kinds: tuple[str, ...] = ()) -> Iterator[HealthyRun]:
+    """``bench_hard_negatives.py``'s runs of ``kinds`` (default: all) through ``rlmon
+    replay``."""
+    for kind in kinds or tuple(bench_hard_negatives.KINDS):
+        for seed in seeds:
+            result = replay(bench_hard_negatives.contract_lines(
+                bench_hard_negatives.run_series(kind, seed, steps), f"{kind}-{seed}", 30.0))
+            firings = [e for e in result.alerts if e.state == "firing" and not e.repeat]
+            sent = Counter((e.role, e.alert) for e in result.alerts if e.notify)
+            yield HealthyRun(kind, seed, steps, len(firings), max(sent.values(), default=0))
 
 
 def healthy_quiet(seeds: range, steps: int = 400) -> dict[str, Any]:
     """Warnings per 1,000 healthy steps and the most notifications of one condition in a run,
     per benign kind and over all."""
-    per_kind: dict[str, Any] = {}
-    warnings = total_steps = 0
-    worst = 0
-    for kind in bench_hard_negatives.KINDS:
-        kind_warnings = kind_worst = 0
-        for seed in seeds:
-            result = replay(bench_hard_negatives.contract_lines(
-                bench_hard_negatives.run_series(kind, seed, steps), f"{kind}-{seed}", 30.0))
-            firings = [e for e in result.alerts if e.state == "firing" and not e.repeat]
-            kind_warnings += len(firings)
-            sent = Counter((e.role, e.alert) for e in result.alerts if e.notify)
-            kind_worst = max([kind_worst, *sent.values()])
-        per_kind[kind] = {"warnings_per_1000": 1000 * kind_warnings / (steps * len(seeds)),
-                          "most_notifications_of_one_condition": kind_worst}
-        warnings += kind_warnings
-        total_steps += steps * len(seeds)
-        worst = max(worst, kind_worst)
-    return {"kinds": per_kind, "warnings_per_1000": 1000 * warnings / total_steps,
-            "most_notifications_of_one_condition": worst, "healthy_steps": total_steps}
+    by: dict[str, list[HealthyRun]] = {}
+    for run in healthy_runs(seeds, steps):
+        by.setdefault(run.kind, []).append(run)
+    runs = [r for rs in by.values() for r in rs]
+    return {"kinds": {kind: {"warnings_per_1000": per_1000(rs),
+                             "most_notifications_of_one_condition": max(r.worst for r in rs)}
+                      for kind, rs in by.items()},
+            "warnings_per_1000": per_1000(runs),
+            "most_notifications_of_one_condition": max(r.worst for r in runs),
+            "healthy_steps": sum(r.steps for r in runs)}
+
+
+def per_1000(runs: list[HealthyRun]) -> float:
+    """Warnings per 1,000 of the runs' steps."""
+    return 1000 * sum(r.warnings for r in runs) / max(1, sum(r.steps for r in runs))
 
 
 CLAIMS: dict[str, Callable[[range], dict[str, Any]]] = {

@@ -17,7 +17,8 @@ class Score:
     ``stated`` claims were made, ``true`` of them right (precision); ``delays`` in steps from the
     truth's onset to the step the claim names or is made at. Ranges: ``ranged`` stated ranges,
     ``covered`` of them holding the truth (coverage, the calibration of a "90 %"), ``widths`` each
-    range's width over the truth's distance. ``misses`` keeps a few wrong claims to read."""
+    range's width over the truth's distance. ``misses`` keeps a few wrong claims to read, ``notes``
+a kind's own figures in words."""
 
     kind: str
     positives: int = 0
@@ -30,6 +31,7 @@ class Score:
     covered: int = 0
     widths: list[float] = field(default_factory=list)
     misses: list[str] = field(default_factory=list)
+    notes: str = ""  # a kind's own figures besides these (warnings per 1,000 healthy steps)
 
     def event(self, *, truth: bool, said: bool, right: bool, delay: float | None = None,
               what: str = "") -> None:
@@ -90,4 +92,4 @@ class Score:
                 "false claims": f"{self.false_claims} ({self.negatives} silent cases)",
                 "delay (steps)": delay,
                 "coverage": share(self.coverage, self.covered, self.ranged),
-                "width / distance": width}
+                "width / distance": width, "notes": self.notes or "-"}

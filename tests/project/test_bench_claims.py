@@ -39,7 +39,8 @@ def test_scores_count_precision_recall_delay_and_coverage() -> None:
 def test_kinds_are_registered_once_by_name() -> None:
     assert {"diff.parting", "diff.parting.10x", "diff.silence", "projection.alert",
             "projection.end", "projection.silence", "finding.step", "finding.holds",
-            "cost.total"} <= set(KINDS)
+            "cost.total", "run.state", "alert.reward_hacking", "alert.escalation",
+            "alert.healthy_quiet"} <= set(KINDS)
     with pytest.raises(ValueError, match="registered twice"):
         register("diff.parting", "again")(lambda seeds, fast: Score("x"))
 
@@ -94,3 +95,42 @@ def test_the_bench_prints_a_table_per_seed_set(capsys: pytest.CaptureFixture[str
     out = capsys.readouterr().out
     assert "tuning seeds 100-103:" in out and "held-out seeds 9100-9103:" in out
     assert out.count("| projection.silence |") == 2
+
+
+def test_a_runs_stated_state_is_its_true_state() -> None:
+    """Ten seeds: one run of each case (healthy, 10x slower, hung, one rank hung, a node lost,
+    the driver killed, frozen, crashed, preempted, finished), each stated as what it is."""
+    from bench.claims.kinds.run_state import TRUTH
+
+    score = KINDS["run.state"].score(range(100, 100 + len(TRUTH)), True)
+    assert score.positives == len(TRUTH) and score.recall == 1.0, score.misses
+    assert score.precision == 1.0 and score.delays
+
+
+def test_alert_claims_are_scored_case_by_case() -> None:
+    """``bench/claims_alerts.py``'s claims in the registry: reward hacking named in time and
+    never on healthy runs, escalations quoted right and priced once."""
+    hacking = KINDS["alert.reward_hacking"].score(range(100, 102), True)
+    assert hacking.positives >= 6 and hacking.negatives >= 2, hacking.misses
+    assert not [m for m in hacking.misses if "without a hack" in m], hacking.misses
+    assert hacking.recall is not None and hacking.recall >= 0.7, hacking.misses
+    escalation = KINDS["alert.escalation"].score(range(9000, 9002), True)
+    assert escalation.positives == 6 and escalation.recall == 1.0, escalation.misses
+
+
+def test_a_healthy_run_s_warnings_are_false_claims() -> None:
+    """The fast mode's healthy runs: one seed of each benign kind, 300 steps; every warning is
+    counted as a false claim, and the notes give the rate per 1,000 steps."""
+    quiet = KINDS["alert.healthy_quiet"].score([9100], True)
+    assert quiet.negatives == 15 and quiet.positives == 0
+    assert "warnings per 1,000 healthy steps (4,500 steps)" in quiet.notes
+    assert quiet.false_claims <= 4, quiet.misses  # at most 1 per 1,000 steps
+
+
+def test_fast_mode_every_heading_alert_states_where_it_is_heading() -> None:
+    """Eight seeds of blow-ups heading for a level the rules page at: every early warning whose
+    metric reaches it after the firing states its range while it holds (at the firing or a few
+    steps after), and the range holds the crossing."""
+    heading = KINDS["projection.alert"].score(range(100, 108), True)
+    assert heading.positives >= 4 and heading.recall == 1.0, heading.misses
+    assert heading.coverage == 1.0 and max(heading.delays) <= 10, heading.misses

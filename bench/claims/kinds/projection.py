@@ -1,5 +1,6 @@
-"""Projections' sentences: "M reaches L in about S steps (90% range E-F steps ...)" at alert
-time (the live engine's firing detail) and at the end of a log (``diagnose``'s "heading"),
+"""Projections' sentences: "M reaches L in about S steps (90% range E-F steps ...)" while an
+alert holds (the live engine's firing detail, or its heading stated anew after the firing:
+:mod:`rlmon.service.alerting.heading`) and at the end of a log (``diagnose``'s "heading"),
 against the step the logged metric really reaches the level; silence on a series that is flat,
 has levelled off or recedes."""
 
@@ -35,30 +36,45 @@ def _heading_run(seed: int, fast: bool) -> GeneratedRun:
                             ramp=spec.ramp + 20, steps=max(spec.steps, 150)))
 
 
-@register("projection.alert", "at alert time: M reaches L in about S steps (90% range E-F "
-          "steps), against the step the logged value reaches L")
+@register("projection.alert", "while an alert holds: M reaches L in about S steps (90% range "
+          "E-F steps), stated as it fires or refreshed after, against the step the logged "
+          "value reaches L")
 def at_alert(seeds: Sequence[int], fast: bool) -> Score:
     score = Score("projection.alert")
     for seed in seeds:
         run = _heading_run(seed, fast)
         engine = AlertEngine(default_rules())
         watched = CANONICAL[run.spec.metric]
+        alert, fired, said, said_at, over = "", 0, None, 0, False
         for record in records(run):
-            fired = [e for e in engine.evaluate(record) if e.state == "firing"
-                     and e.metric == watched and e.alert in _EARLY]
-            if fired:
-                _score_range(score, run, _RANGE.search(fired[0].detail), record.step)
+            for e in engine.evaluate(record):
+                if e.metric != watched or e.alert not in _EARLY:
+                    continue
+                if not alert and e.state == "firing" and not e.repeat:
+                    alert, fired = e.alert, record.step
+                if e.alert != alert:
+                    continue
+                over = over or e.state == "resolved"
+                if said is None and not over:
+                    said, said_at = _RANGE.search(e.detail), record.step
+            if said is not None or over:
                 break
+        if alert:
+            _score_range(score, run, said, said_at if said is not None else fired,
+                         delay=said_at - fired if said is not None else None)
     return score
 
 
 def _score_range(score: Score, run: GeneratedRun, match: re.Match[str] | None,
-                 step: int) -> None:
+                 step: int, delay: int | None = None) -> None:
+    """``match``: the range stated at ``step`` (``delay`` steps after the alert fired)."""
     key = run.spec.metric
     level = targets(default_rules())[CANONICAL[key]][0].level
+    if crossing(run, key, level, key in DOWN, step - 1) == step:
+        return  # there already as it fires: nothing to project (the level rule speaks)
     reached = crossing(run, key, level, key in DOWN, step)
     score.event(truth=reached is not None, said=match is not None,
-                right=match is not None and reached is not None,
+                right=match is not None and reached is not None, delay=delay,
                 what=f"{run.name} alert at {step}: " + ("silent" if match is None else ""))
     if match is None:
         return

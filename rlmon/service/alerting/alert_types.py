@@ -8,6 +8,7 @@ and re-exports both names).
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -16,6 +17,7 @@ from rlmon.service.contract.step_record import json_number
 
 if TYPE_CHECKING:
     from rlmon.service.alerting.baseline_batch import SeriesPredictions
+    from rlmon.service.alerting.level_shift import Shift
 
 __all__ = ["AlertEvent", "AlertState", "State"]
 
@@ -115,3 +117,24 @@ class AlertState:
     # baseline: the predictions of a batch evaluated in order (not saved; never needed to
     # continue: the detector predicts itself without them)
     ahead: SeriesPredictions | None = field(default=None, compare=False, repr=False)
+    # baseline: the level shift a firing is held back by (rlmon.service.alerting.level_shift),
+    # and while firing the steps (earliest, latest) its stated heading put the level at
+    # (rlmon.service.alerting.heading); saved together (claims_json)
+    shift: Shift | None = None
+    stated: tuple[int, int] | None = None
+
+    def claims_json(self) -> str | None:
+        """The shift and the stated heading as JSON for the history store (None: neither)."""
+        if self.shift is None and self.stated is None:
+            return None
+        return json.dumps({"shift": None if self.shift is None else self.shift.to_json(),
+                           "stated": None if self.stated is None else list(self.stated)})
+
+    def load_claims(self, text: str | None) -> None:
+        """Restore what :meth:`claims_json` saved (None or "": neither)."""
+        from rlmon.service.alerting.level_shift import Shift  # a bottom layer: imported late
+
+        data = json.loads(text) if text else {}
+        shift, stated = data.get("shift"), data.get("stated")
+        self.shift = None if shift is None else Shift.from_json(shift)
+        self.stated = None if stated is None else (int(stated[0]), int(stated[1]))

@@ -15,12 +15,11 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from rlmon.service.alerting import baseline, rank_missing, reward_hacking
+from rlmon.service.alerting import baseline, heading, level_shift, rank_missing, reward_hacking
 from rlmon.service.alerting.alert_types import AlertEvent, AlertState, State
 from rlmon.service.alerting.conditions import drift
 from rlmon.service.alerting.conditions.kind import Check as _Check
 from rlmon.service.alerting.conditions.registry import CONDITIONS
-from rlmon.service.alerting.projection import alert_detail as heading
 from rlmon.service.alerting.rules import ANY_METRIC, Condition, Rule
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.metrics import catalog
@@ -115,6 +114,7 @@ class AlertEngine:
 
     def __init__(self, rules: Sequence[Rule], policy: NotifyPolicy | None = None) -> None:
         self.rules = list(rules)
+        self._by_name = {rule.name: rule for rule in self.rules}
         self.policy = policy or NotifyPolicy()
         self.states: dict[tuple[str, str, str], AlertState] = {}
         self.last_step: dict[tuple[str, str], int] = {}
@@ -266,7 +266,8 @@ class AlertEngine:
         if check.holds:
             state.true_steps += 1
             state.false_steps = 0
-            if not state.firing and state.true_steps >= rule.for_steps and not handed:
+            if not state.firing and state.true_steps >= rule.for_steps and not handed \
+                    and not self._held_back(rule, record, state):
                 state.firing = True
                 state.since_step = record.step
                 state.metric = check.metric
@@ -281,7 +282,7 @@ class AlertEngine:
                         rule, state, check.value, record.step)[1])
                 if rule.condition is Condition.BASELINE and state.history:
                     # where the metric is heading (rlmon.service.alerting.projection)
-                    ahead = heading(rule.metric, state.history, self.rules)
+                    ahead = heading.at_firing(rule, state, self.rules, record.step)
                     if ahead:
                         event = replace(event, detail="; ".join(filter(None, (event.detail,
                                                                             ahead))))
@@ -305,7 +306,29 @@ class AlertEngine:
             return self._notify(state, replace(event, repeat=True, summary=(
                 f"{event.summary} (still firing since step {state.since_step}: re-sent every "
                 f"{_hours(self.policy.repeat_seconds)})")), now)
+        if check.holds and rule.condition is Condition.BASELINE:
+            ahead = heading.refreshed(rule, state, self.rules, record.step)
+            if ahead:  # where it is heading, stated now or stated anew
+                event = self._event(rule, record, "firing", check, state.severity)
+                return self._notify(state, replace(event, repeat=True, detail=ahead, summary=(
+                    f"{event.summary} (firing since step {state.since_step}; where it is "
+                    "heading now)")), now)
         return None
+
+    def _held_back(self, rule: Rule, record: StepRecord, state: AlertState) -> bool:
+        """A baseline rule about to fire on a level shift short of its level rule's level,
+        or on whole-step jitter, waits (rlmon.service.alerting.level_shift)."""
+        if rule.condition is not Condition.BASELINE:
+            return False
+        params = rule.baseline if state.ahead is None else state.ahead.params
+        if level_shift.jitter(params, state.history, state.true_steps):
+            return True
+        level = self._by_name.get(rule.level_rule)
+        state.shift = None if level is None or rule.metric not in level_shift.SHIFTS_FOR_A_CAUSE \
+            or _check(level, record, AlertState()).holds \
+            else level_shift.hold(params, state.history, state.true_steps, record.step,
+                                  state.shift)
+        return state.shift is not None
 
     def _resolve(self, rule: Rule, record: StepRecord, state: AlertState, check: _Check,
                  now: float | None, handed_to: str) -> AlertEvent:
@@ -317,7 +340,7 @@ class AlertEngine:
             event = replace(event, handed_to=handed_to,
                             summary=f"{event.summary}: handed over to {handed_to}, "
                             "which judges this level and fires now")
-        state.severity, state.reference = "", None
+        state.severity, state.reference, state.stated = "", None, None
         return self._notify(state, event, now)
 
     def _escalate(self, rule: Rule, record: StepRecord, state: AlertState, check: _Check,

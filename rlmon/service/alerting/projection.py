@@ -39,7 +39,8 @@ import numpy as np
 from rlmon.service.alerting.rules import Condition, Rule
 from rlmon.service.metrics import catalog
 
-__all__ = ["Projection", "Target", "alert_detail", "project", "project_metric", "targets"]
+__all__ = ["Projection", "Target", "alert_detail", "alert_projection", "project", "project_metric",
+           "targets"]
 
 MIN_POINTS = 8
 WINDOW = 50  # recent values looked at
@@ -265,10 +266,17 @@ def project_metric(metric: str, xs: Sequence[float], ys: Sequence[float],
     return sorted(found, key=lambda p: p.steps)
 
 
-def alert_detail(metric: str, recent: Sequence[float], rules: Iterable[Rule]) -> str:
+def alert_projection(metric: str, recent: Sequence[float], rules: Iterable[Rule],
+                     ) -> Projection | None:
     """For a live alert: where the metric's latest values (one per evaluated step, oldest
-    first) are heading, in steps; empty when nowhere known (the stretch fitted is the departure
-    the alert saw: see :func:`project`)."""
+    first) are heading, in steps from the last; None when nowhere known (the stretch fitted is
+    the departure the alert saw: see :func:`project`)."""
     values = list(recent)[-WINDOW:]
     found = project_metric(metric, range(len(values)), values, rules, last_step=0)
-    return found[0].describe() if found else ""
+    return found[0] if found else None
+
+
+def alert_detail(metric: str, recent: Sequence[float], rules: Iterable[Rule]) -> str:
+    """:func:`alert_projection` in words ("" when nowhere known)."""
+    found = alert_projection(metric, recent, rules)
+    return found.describe() if found is not None else ""

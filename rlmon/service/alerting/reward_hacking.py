@@ -23,8 +23,8 @@ own earlier stretch.
 - **Evidence**: each step's z-scores (departure / scale) of the reward, the length beyond the
   coupling and the KL; the joint evidence is the smallest of the three (all three must be out
   together; the reward's credited with ``reward_lead``), or, where a verifier score is logged,
-  the smaller of the reward's and the gap's when
-  that is larger (the reward up while the held-out score does not follow). A one-sided CUSUM,
+  the smaller of the reward's (credited alike) and the gap's when that is larger (the reward
+  up while the held-out score does not follow). A one-sided CUSUM,
   ``S = max(0, S + e - allowance)``, fires while ``S >= decision``; ``e`` is clipped so no single
   step fires alone, and ``S`` is capped at 2 x ``decision`` so the warning resolves soon after the
   run settles.
@@ -191,7 +191,7 @@ def _evidence(p: RewardHackingParams, rows: list[float], new: tuple[float, ...]
         exp_g, _, sd_g, _ = _line(gaps, ahead)
         gap_above = (reward - verifier) - exp_g
         z_g = gap_above / max(sd_g, p.reward_floor * abs(level_r), 1e-3)
-        evidence = max(evidence, min(z_r, z_g))
+        evidence = max(evidence, min(z_r + p.reward_lead, z_g))
     return Evidence(evidence, z_r, z_l, z_k, z_g, reward_above, math.exp(excess), kl_ratio,
                     gap_above)
 

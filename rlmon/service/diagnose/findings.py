@@ -355,6 +355,9 @@ def diagnose(run: LoggedRun, rules: Sequence[Rule] | None = None,
     findings: list[Finding] = []
     for _, events in with_events:
         for event in events:
+            if event.repeat:  # a firing alert's heading stated anew: its finding's, not one more
+                _restated(findings, event)
+                continue
             stream = streams.get((event.run, event.role))
             if stream is None:
                 stream = streams[(event.run, event.role)] = _stream(steps, event.run, event.role)
@@ -388,6 +391,18 @@ def diagnose(run: LoggedRun, rules: Sequence[Rule] | None = None,
     return Diagnosis(run, keymap, tuple(_priced(findings, clock)), steps, lossy,
                      not known, clock, tuple(course.projections(records, rules)),
                      "" if clock is not None else no_clock(gpus, price))
+
+
+def _restated(findings: list[Finding], event: AlertEvent) -> None:
+    """Add what a firing alert stated again while it held (where its metric is heading now,
+    rlmon.service.alerting.heading) to its open finding's detail, with the step."""
+    for index in range(len(findings) - 1, -1, -1):
+        f = findings[index]
+        if (f.run, f.role, f.alert) == (event.run, event.role, event.alert):
+            if f.state == "firing" and event.detail:
+                findings[index] = replace(f, detail="; ".join(filter(None, (
+                    f.detail, f"at step {event.step}: {event.detail}"))))
+            return
 
 
 def _first_moved(stream: Sequence[StepRecord], event: AlertEvent) -> str:

@@ -73,7 +73,7 @@ CREATE TABLE IF NOT EXISTS alert_state (
     history TEXT NOT NULL, metric TEXT NOT NULL DEFAULT '', score REAL NOT NULL DEFAULT 0,
     onset REAL, gpus REAL NOT NULL DEFAULT 0, severity TEXT NOT NULL DEFAULT '',
     reference TEXT, sent TEXT NOT NULL DEFAULT '[]', held INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (run, role, alert));
+    claims TEXT, PRIMARY KEY (run, role, alert));
 CREATE TABLE IF NOT EXISTS stream_state (
     run TEXT NOT NULL, role TEXT NOT NULL, last_step INTEGER NOT NULL, PRIMARY KEY (run, role));
 CREATE TABLE IF NOT EXISTS outbound (
@@ -155,7 +155,8 @@ _STATE_COST_COLUMNS = (("onset", "REAL"), ("gpus", "REAL NOT NULL DEFAULT 0"))
 # warning), a baseline rule's pre-onset level, the last hour's notifications
 _STATE_POLICY_COLUMNS = (("severity", "TEXT NOT NULL DEFAULT ''"), ("reference", "TEXT"),
                          ("sent", "TEXT NOT NULL DEFAULT '[]'"),
-                         ("held", "INTEGER NOT NULL DEFAULT 0"))
+                         ("held", "INTEGER NOT NULL DEFAULT 0"),
+                         ("claims", "TEXT"))  # issue 39: AlertState.claims_json
 _SCORE_COLUMNS = (("score", "REAL NOT NULL DEFAULT 0"),)
 # the columns the migrations add to a store written before them, by table
 _ADDED_COLUMNS = (("alerts", _COST_COLUMNS), ("alert_state", _STATE_COST_COLUMNS),
@@ -390,13 +391,13 @@ class HistoryStore:
             self._db.executemany(
                 "INSERT OR REPLACE INTO alert_state (run, role, alert, true_steps, false_steps, "
                 "firing, since_step, history, metric, score, onset, gpus, severity, reference, "
-                "sent, held) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "sent, held, claims) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (run, role, alert, st.true_steps, st.false_steps, int(st.firing),
                      st.since_step, json.dumps([float(v) for v in st.history]),
                      str(getattr(st, "metric", "")), float(st.score), st.onset, float(st.gpus),
                      st.severity, None if st.reference is None else json.dumps(st.reference),
-                     json.dumps(list(st.sent)), int(st.held))
+                     json.dumps(list(st.sent)), int(st.held), st.claims_json())
                     for (run, role, alert), st in (states or {}).items()
                 ],
             )
@@ -448,7 +449,7 @@ class HistoryStore:
                 f"metric, score, {cost} FROM alert_state" + where, args).fetchall()
         out = {}
         for (run, role, alert, t, f, firing, since, hist, metric, score, onset, gpus, severity,
-             ref, sent, held) in rows:
+             ref, sent, held, claims) in rows:
             reference = json.loads(ref) if ref else None
             state = AlertState(true_steps=int(t), false_steps=int(f), firing=bool(firing),
                                since_step=since,
@@ -461,6 +462,7 @@ class HistoryStore:
                                held=bool(held))
             if hasattr(state, "metric"):
                 state.metric = metric
+            state.load_claims(claims)
             out[(run, role, alert)] = state
         return out
 

@@ -212,7 +212,8 @@ def test_a_settled_slide_hands_over_to_its_level_rule_naming_it() -> None:
                                  "condition": "threshold", "metric": ENTROPY, "op": "<",
                                  "threshold": 0.25, "for": 3})
     values = healthy(30) + [0.4 - 0.03 * i for i in range(1, 8)] + [0.2] * 30
-    events = run_engine([floor, rule], records(values))
+    # (not the transitions: the slide's heading stated anew while it fires, issue 39)
+    events = [e for e in run_engine([floor, rule], records(values)) if not e.repeat]
     assert [(e.alert, e.state) for e in events] == [
         ("Slide", "firing"), ("Floor", "firing"), ("Slide", "resolved")]
     assert events[1].step == events[2].step  # handed over at the step the level rule fired

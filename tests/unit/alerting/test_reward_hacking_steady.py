@@ -102,3 +102,26 @@ def test_every_format_names_it_at_the_same_step(tmp_path: Path, signature: bool)
         assert len(hacking) == 1 and hacking[0][1] == "firing", (run.format, hacking)
         found.append(hacking[0][0])
     assert found[0] == found[1] and ONSET < found[0] <= ONSET + 16
+
+
+def test_the_verifier_gap_credits_the_reward_its_lead_as_the_signature_does() -> None:
+    """A reward a little above its trend while the verifier stays put: the gap leg's evidence is
+    the reward's departure credited its lead (it moves least against its noise in a steady
+    hack, issue 39), not the bare departure."""
+    from collections import deque
+
+    from rlmon.service.alerting import reward_hacking
+
+    params = reward_hacking_rule().reward_hacking
+    rng = np.random.default_rng(3)
+    history: deque[float] = deque()
+    score = 0.0
+    for _ in range(params.keep):  # a noisy reward the verifier follows closely
+        reward = 0.5 + 0.05 * rng.standard_normal()
+        score, _ = reward_hacking.observe(params, history, score, {
+            c.REWARD: reward, c.RESPONSE_LENGTH: 300.0, c.KL: 0.05,
+            c.VERIFIER_SCORE: reward + 0.005 * rng.standard_normal()})
+    _, found = reward_hacking.observe(params, history, score, {
+        c.REWARD: 0.6, c.RESPONSE_LENGTH: 300.0, c.KL: 0.05, c.VERIFIER_SCORE: 0.5})
+    assert found is not None and found.z_gap > found.z_reward + params.reward_lead
+    assert found.evidence == pytest.approx(found.z_reward + params.reward_lead)
