@@ -15,14 +15,14 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from rlmon.service.alerting import baseline, heading, level_shift, rank_missing, reward_hacking
+from rlmon.service.alerting import baseline, heading, level_shift
 from rlmon.service.alerting.alert_types import AlertEvent, AlertState, State
 from rlmon.service.alerting.conditions import drift
 from rlmon.service.alerting.conditions.kind import Check as _Check
 from rlmon.service.alerting.conditions.registry import CONDITIONS
 from rlmon.service.alerting.rules import ANY_METRIC, Condition, Rule
+from rlmon.service.alerting.what_to_check import what_to_check
 from rlmon.service.contract.step_record import StepRecord
-from rlmon.service.metrics import catalog
 from rlmon.service.metrics.spec import Severity
 
 __all__ = ["AlertEngine", "AlertEvent", "AlertState", "NotifyPolicy", "evaluate_in_order",
@@ -408,7 +408,6 @@ class AlertEngine:
     def _event(rule: Rule, record: StepRecord, state: State, check: _Check,
                severity: str | None = None) -> AlertEvent:
         metric = check.metric or (rule.metric if rule.metric != ANY_METRIC else "")
-        spec = catalog.lookup(metric)
         return AlertEvent(
             run=record.run,
             role=record.role,
@@ -420,10 +419,7 @@ class AlertEngine:
             value=check.value if check.metric else record.metrics.get(metric),
             summary=rule.summary or rule.describe(),
             condition=rule.describe(),
-            what_to_check=reward_hacking.WHAT_TO_CHECK
-            if rule.condition is Condition.REWARD_HACKING
-            else rank_missing.WHAT_TO_CHECK if rule.condition is Condition.RANK_MISSING
-            else spec.what_to_check if spec is not None else "",
+            what_to_check=what_to_check(rule.condition, metric),
             attempt=record.attempt,
             detail=check.detail,
         )

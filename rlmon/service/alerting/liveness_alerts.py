@@ -15,14 +15,10 @@ from rlmon.service.alerting.conditions.liveness import TimedKind
 from rlmon.service.alerting.conditions.registry import TIMED
 from rlmon.service.alerting.engine import AlertEngine
 from rlmon.service.alerting.rules import Rule
+from rlmon.service.alerting.what_to_check import what_to_check
 from rlmon.service.liveness.run_state import LivenessView, RunState, describe
-from rlmon.service.metrics import catalog
 
 __all__ = ["liveness_events", "liveness_firing"]
-
-_WHAT_TO_CHECK: dict[str, str] = {
-    spec.condition: spec.what_to_check for spec in catalog.LIVENESS_ALERTS}
-
 
 def _resolved_because(kind: TimedKind, view: LivenessView) -> str:
     """Why a liveness alert resolved, in the words of the state the run is in now."""
@@ -70,7 +66,7 @@ def liveness_events(engine: AlertEngine, view: LivenessView) -> list[AlertEvent]
             severity=rule.severity.value, state="firing" if holds else "resolved", metric="",
             value=kind.value(view), summary=(rule.summary or rule.describe())
             + resolved, condition=rule.describe(),
-            what_to_check=_WHAT_TO_CHECK.get(rule.condition.value, ""), attempt=attempt,
+            what_to_check=what_to_check(rule.condition, ""), attempt=attempt,
             detail=describe(view) if holds else "",
             onset=kind.onset(view) if holds else None, repeat=repeat), view.at))
     return events

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import yaml
 
 from rlmon.service.alerting.conditions.kind import RlmonOnly
-from rlmon.service.alerting.conditions.registry import LIVENESS_CONDITIONS, kind_of
+from rlmon.service.alerting.conditions.registry import kind_of
 from rlmon.service.alerting.rules import Rule, default_rules
+from rlmon.service.alerting.what_to_check import what_to_check
 from rlmon.service.artifact import Artifact
-from rlmon.service.metrics import catalog
 
 __all__ = [
     "DEFAULT_STEP_PERIOD",
@@ -103,14 +103,10 @@ def _translate(rules: Sequence[Rule], step_period: float,
             keep = duration((rule.resolve_steps - 1) * step_period)
             notes.insert(1 if for_ else 0, f"rlmon resolves at the {_ordinal(rule.resolve_steps)} good "
                          f"step; keep_firing_for: {keep} approximates that")
-        spec = catalog.lookup(rule.metric)
-        check = spec.what_to_check if spec is not None else ""
+        check = what_to_check(rule.condition, rule.metric)
         description = "{{ $labels.run }}/{{ $labels.role }}: " + rule.describe()
         if found.quotes_value:
             description += " (value {{ $value }})"
-        if rule.condition in LIVENESS_CONDITIONS:
-            check = next((s.what_to_check for s in catalog.LIVENESS_ALERTS
-                          if s.condition == rule.condition.value), "")
         if check:
             description += ". What to check: " + check
         out.append(PromRule(rule.name, found.expr, for_, keep, rule.severity.value,

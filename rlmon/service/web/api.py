@@ -35,7 +35,9 @@ from typing import Any
 import numpy as np
 
 from rlmon.service.alerting import first_mover
+from rlmon.service.alerting.conditions.kind import Condition
 from rlmon.service.alerting.rules import Rule
+from rlmon.service.alerting.what_to_check import what_to_check
 from rlmon.service.contract.run_info import MAX_TAGS
 from rlmon.service.goodput.cost import Price
 from rlmon.service.liveness.run_level import UNKNOWN, run_state
@@ -650,8 +652,9 @@ class WebApi:
             "first_moved": self._first_moved(run, name, attempt, onset),
             "condition": rule.describe() if rule is not None else "",
             "summary": rule.summary if rule is not None else "",
-            "what_to_check": (spec.what_to_check if spec is not None
-                              else timed.what_to_check if timed is not None else ""),
+            "what_to_check": what_to_check(
+                rule.condition if rule is not None
+                else Condition(timed.condition) if timed is not None else None, metric),
             "liveness": liveness if timed is not None else None,
             "help": spec.help if spec is not None else "",
             "around": around,
