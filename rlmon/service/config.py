@@ -22,6 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from rlmon.service.liveness.thresholds import BOUNDS as LIVENESS_BOUNDS
 from rlmon.service.liveness.thresholds import LivenessParams
 from rlmon.service.redact import Redactor
 
@@ -480,30 +481,43 @@ class GoodputConfig(_Section):
 _LIVENESS = LivenessParams()  # the liveness defaults: defined once, in LivenessParams
 
 
+def _liveness(name: str) -> Any:
+    """A liveness setting as LivenessParams defines it: its default and its bound."""
+    low, allowed = LIVENESS_BOUNDS[name]
+    default = getattr(_LIVENESS, name)
+    return Field(default=default, ge=low) if allowed else Field(default=default, gt=low)
+
+
 class LivenessConfig(_Section):
     """When a run that stops making progress pages (docs/liveness.md for the defaults' why)."""
 
-    # The settable part of LivenessParams, whose defaults these are (and whose comments say
-    # what each means); the bounds name a bad value's field in the config's words.
+    # The settable part of LivenessParams, the one definition of the liveness settings: its
+    # defaults and bounds are these (a bad value's error names the field in the config's words),
+    # its comments say what each means, and building it checks the rest (the span words).
 
-    heartbeat_seconds: float = Field(default=_LIVENESS.heartbeat_seconds, gt=0.0)
-    stall_factor: float = Field(default=_LIVENESS.stall_factor, gt=0.0)
-    stall_floor_seconds: float = Field(default=_LIVENESS.stall_floor_seconds, gt=0.0)
-    first_step_seconds: float = Field(default=_LIVENESS.first_step_seconds, gt=0.0)
-    cold_span_seconds: float = Field(default=_LIVENESS.cold_span_seconds, gt=0.0)
-    sync_span_seconds: float = Field(default=_LIVENESS.sync_span_seconds, gt=0.0)
-    save_span_seconds: float = Field(default=_LIVENESS.save_span_seconds, gt=0.0)
-    final_seconds: float = Field(default=_LIVENESS.final_seconds, gt=0.0)
+    heartbeat_seconds: float = _liveness("heartbeat_seconds")
+    stall_factor: float = _liveness("stall_factor")
+    stall_floor_seconds: float = _liveness("stall_floor_seconds")
+    first_step_seconds: float = _liveness("first_step_seconds")
+    cold_span_seconds: float = _liveness("cold_span_seconds")
+    sync_span_seconds: float = _liveness("sync_span_seconds")
+    save_span_seconds: float = _liveness("save_span_seconds")
+    final_seconds: float = _liveness("final_seconds")
     cold_span_words: list[str] = Field(default_factory=lambda: list(_LIVENESS.cold_span_words))
     sync_span_words: list[str] = Field(default_factory=lambda: list(_LIVENESS.sync_span_words))
     save_span_words: list[str] = Field(default_factory=lambda: list(_LIVENESS.save_span_words))
-    dead_after_seconds: float = Field(default=_LIVENESS.dead_after_seconds, gt=0.0)
-    slow_factor: float = Field(default=_LIVENESS.slow_factor, gt=1.0)
-    slow_steps: int = Field(default=_LIVENESS.slow_steps, ge=1)
-    stuck_factor: float = Field(default=_LIVENESS.stuck_factor, gt=0.0)
-    stuck_floor_seconds: float = Field(default=_LIVENESS.stuck_floor_seconds, gt=0.0)
-    evaluate_seconds: float = Field(default=_LIVENESS.evaluate_seconds, gt=0.0)
-    gpus_per_rank: float = Field(default=_LIVENESS.gpus_per_rank, ge=0.0)
+    dead_after_seconds: float = _liveness("dead_after_seconds")
+    slow_factor: float = _liveness("slow_factor")
+    slow_steps: int = _liveness("slow_steps")
+    stuck_factor: float = _liveness("stuck_factor")
+    stuck_floor_seconds: float = _liveness("stuck_floor_seconds")
+    evaluate_seconds: float = _liveness("evaluate_seconds")
+    gpus_per_rank: float = _liveness("gpus_per_rank")
+
+    @model_validator(mode="after")
+    def _bounded(self) -> LivenessConfig:
+        self.params()  # LivenessParams' ValueError names a field and its value
+        return self
 
     def params(self) -> LivenessParams:
         return LivenessParams(**self.model_dump())
@@ -625,6 +639,12 @@ def _reject_file_secrets(data: dict[str, Any], source: str) -> None:
             )
 
 
+# errors of a number or a flag out of its bounds or unreadable: the message quotes the value (a
+# secret is a string: its errors never do)
+_QUOTED = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal",
+                     "float_parsing", "int_parsing", "int_from_float", "bool_parsing"})
+
+
 def load_config(path: str | Path | None = None, only: Collection[str] | None = None,
                 **overrides: Any) -> Settings:
     """The settings from ``path`` (YAML; None: defaults) and the environment.
@@ -658,6 +678,7 @@ def load_config(path: str | Path | None = None, only: Collection[str] | None = N
         return Settings(**data)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors()
+            f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}"
+            + (f", got {e['input']!r}" if e["type"] in _QUOTED else "") for e in exc.errors()
         )
         raise ConfigError(f"{source}: {problems}") from None

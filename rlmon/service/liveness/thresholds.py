@@ -33,11 +33,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from statistics import median
+from types import MappingProxyType
 
 from rlmon.service.contract.heartbeat import OpenSpan
 
-__all__ = ["COLD_SPAN_WORDS", "SAVE_SPAN_WORDS", "SYNC_SPAN_WORDS", "LivenessParams", "SpanKind",
-           "StepPeriods", "early_deadline", "ending_deadline", "span_kind"]
+__all__ = ["BOUNDS", "COLD_SPAN_WORDS", "SAVE_SPAN_WORDS", "SYNC_SPAN_WORDS", "LivenessParams",
+           "SpanKind", "StepPeriods", "early_deadline", "ending_deadline", "span_kind"]
 
 # Words in a span's name that say a long first wait is expected, or that it is not. Matched as
 # whole words of the name split at anything not a letter or digit ("rollout/generate",
@@ -94,6 +95,18 @@ def span_kind(name: str, cold: Sequence[str] = COLD_SPAN_WORDS,
 _span_kind_of = functools.lru_cache(maxsize=4096)(span_kind)
 
 
+# field -> (its lower bound, whether the bound itself is allowed); the config's liveness section
+# takes its bounds from here. A slow factor of 1 would call every run slow; GPUs per rank may be
+# 0 (a CPU role).
+BOUNDS: Mapping[str, tuple[float, bool]] = MappingProxyType({
+    **{name: (0.0, False) for name in (
+        "heartbeat_seconds", "stall_factor", "stall_floor_seconds", "first_step_seconds",
+        "cold_span_seconds", "sync_span_seconds", "save_span_seconds", "final_seconds",
+        "dead_after_seconds", "stuck_factor", "stuck_floor_seconds", "evaluate_seconds")},
+    "slow_factor": (1.0, False), "slow_steps": (1, True), "window": (3, True),
+    "baseline_window": (8, True), "gpus_per_rank": (0.0, True)})
+
+
 @dataclass(frozen=True, slots=True)
 class LivenessParams:
     heartbeat_seconds: float = 5.0  # how often a Reporter's sender thread heartbeats
@@ -119,14 +132,13 @@ class LivenessParams:
     gpus_per_rank: float = 1.0  # for the stall's cost, unless the Reporter says otherwise
 
     def __post_init__(self) -> None:
-        for name in ("heartbeat_seconds", "stall_factor", "stall_floor_seconds",
-                     "first_step_seconds", "cold_span_seconds", "sync_span_seconds",
-                     "save_span_seconds", "final_seconds", "dead_after_seconds", "slow_factor",
-                     "stuck_factor", "stuck_floor_seconds", "evaluate_seconds"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"liveness.{name} must be > 0, got {getattr(self, name)!r}")
-        if self.window < 3 or self.baseline_window < 8 or self.slow_steps < 1:
-            raise ValueError("liveness: window >= 3, baseline_window >= 8, slow_steps >= 1")
+        """The bounds, stated here only: the config's ``liveness`` section is checked by building
+        this (:class:`rlmon.service.config.LivenessConfig`)."""
+        for name, (low, allowed) in BOUNDS.items():
+            value = getattr(self, name)
+            if not (value >= low if allowed else value > low):
+                raise ValueError(f"liveness.{name} must be {'>=' if allowed else '>'} {low:g}, "
+                                 f"got {value!r}")
         for name in ("cold_span_words", "sync_span_words", "save_span_words"):
             words = getattr(self, name)
             if isinstance(words, str) or not all(isinstance(w, str) and _words(w) for w in words):

@@ -15,7 +15,7 @@ from rlmon.service.config import (
     ReporterSettings,
     load_config,
 )
-from rlmon.service.liveness.thresholds import LivenessParams
+from rlmon.service.liveness.thresholds import BOUNDS, LivenessParams
 
 
 @pytest.fixture(autouse=True)
@@ -31,6 +31,29 @@ def test_the_config_s_liveness_defaults_are_liveness_params_defaults() -> None:
     for name, field in LivenessConfig.model_fields.items():
         made = field.get_default(call_default_factory=True)
         assert made == defaults[name] or tuple(made) == defaults[name], name
+
+
+@pytest.mark.parametrize(("name", "bad", "edge"), [
+    ("slow_factor", 1.0, 1.01), ("heartbeat_seconds", 0.0, 0.01), ("slow_steps", 0, 1),
+    ("gpus_per_rank", -1.0, 0.0), ("dead_after_seconds", float("nan"), 30.0)])
+def test_a_liveness_setting_s_bound_is_liveness_params_and_its_error_names_field_and_value(
+        name: str, bad: float, edge: float) -> None:
+    with pytest.raises(ValueError, match=rf"liveness\.{name} must be"):
+        LivenessParams(**{name: bad})
+    with pytest.raises(ConfigError, match=rf"liveness\.{name}: .*, got {bad!r}"):
+        load_config(liveness={name: bad})
+    assert getattr(load_config(liveness={name: edge}).liveness.params(), name) == edge
+
+
+def test_the_config_s_liveness_bounds_are_liveness_params_bounds() -> None:
+    for name, field in LivenessConfig.model_fields.items():
+        low, allowed = BOUNDS.get(name, (None, False))
+        stated = {(k, getattr(m, k)) for m in field.metadata for k in ("gt", "ge")
+                  if hasattr(m, k)}
+        assert stated == (set() if low is None else {("ge" if allowed else "gt", low)}), name
+    with pytest.raises(ConfigError, match=r"liveness: .*cold_span_words must be a list of "
+                                          r"words, got \['!!'\]"):
+        load_config(liveness={"cold_span_words": ["!!"]})
 
 
 def test_the_short_names_are_aliases_of_the_exporter_settings(
