@@ -149,7 +149,7 @@ def service_actor_class() -> Any:
             spine = self.core.spine
             return {
                 "redeliveries": spine.memory.redeliveries,
-                "ingest": spine.sinks[ExporterSink].ingest(spine.memory.redeliveries),
+                "ingest": spine.sinks[ExporterSink].aggregated(),  # the shards' AggregatorStats
                 "dispatch": self.core.dispatcher.stats(),
                 "removed": dict(spine.memory.removed),  # retention and expiry, by kind
                 # per tracker: sent, dropped, failures

@@ -120,7 +120,8 @@ class ServiceCore:
         metrics.alert_costs = lambda: judge.costs.firing(self._clock())
         metrics.sanity = lambda: dict(sanity.counts)
         metrics.stops = lambda: dict(stops.counts)
-        metrics.ingest = lambda: exporter.ingest(memory.redeliveries)
+        metrics.ingest = exporter.aggregated
+        metrics.redelivered = lambda: memory.redeliveries
         metrics.removed = lambda: {**memory.counts(), **forward.removed(), **exporter.removed()}
         self.ports = ServicePorts(settings, state, port, host, port_fallback, history=history,
                                   metrics=metrics, rules=engine.rules, ledger=ledger,

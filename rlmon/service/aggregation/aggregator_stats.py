@@ -2,12 +2,16 @@
 
 One frozen dataclass crosses the Ray boundary as is (Ray pickles it) and is read by attribute,
 so a misspelt field fails at once instead of reading 0 in silence. The service sums the shards'
-snapshots into the ingest counters it exports (``rlmon_partials_*_total`` and kin).
+snapshots (:meth:`AggregatorStats.total`) and exports the sum as the ingest counters
+(``rlmon_partials_*_total`` and kin): one type for what the aggregators counted, from the
+assembler's running counts (:class:`~rlmon.service.aggregation.assembly.AssemblyCounters`, its
+builder) to /metrics.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
 
 __all__ = ["AggregatorStats"]
 
@@ -59,6 +63,13 @@ class AggregatorStats:
     #: Failed deliveries to the service (the actor's; 0 where no actor delivers).
     delivery_errors: int = 0
 
+    @classmethod
+    def total(cls, shards: Iterable[AggregatorStats]) -> AggregatorStats:
+        """The shards' counts summed, field by field; what does not add up (an incarnation, a
+        median latency) is left at its default."""
+        shards = list(shards)
+        return cls(**{f.name: sum(getattr(s, f.name) for s in shards) for f in _COUNTS})
+
     @property
     def removed(self) -> dict[str, int]:
         """What left memory or the store, by kind (never refused data)."""
@@ -70,3 +81,6 @@ class AggregatorStats:
         """The counters that can change while no step finalizes (a change is published alone)."""
         return (self.late, self.rejected, self.duplicates, self.restarts, self.resent,
                 self.reporter_dropped)
+
+
+_COUNTS = tuple(f for f in fields(AggregatorStats) if f.type in ("int", int))

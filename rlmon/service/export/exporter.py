@@ -24,6 +24,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from rlmon.service.aggregation.aggregator_stats import AggregatorStats
 from rlmon.service.alerting.engine import AlertEvent
 from rlmon.service.clock import Clock
 from rlmon.service.contract.run_info import RunInfo
@@ -34,7 +35,6 @@ from rlmon.service.metrics import catalog
 from rlmon.service.redact import Redactor
 
 __all__ = [
-    "IngestCounters",
     "MetricsState",
     "RlmonCollector",
     "exported_families",
@@ -57,20 +57,6 @@ def sanitize_label(value: object, redactor: Redactor | None = None) -> str:
         text = redactor(text)
     text = "".join(ch for ch in text if ch.isprintable())
     return text if len(text) <= _MAX_LABEL else text[: _MAX_LABEL - 3] + "..."
-
-
-@dataclass(frozen=True, slots=True)
-class IngestCounters:
-    """Partials the aggregator took in, rejected (bad input), got late, or dropped (full buffer)."""
-
-    ingested: int = 0
-    rejected: int = 0
-    late: int = 0
-    dropped: int = 0
-    refused: int = 0  # statistics Reporters refused before sending (the rest of the step went)
-    restarts: int = 0  # reruns under an existing run name, recorded as new attempts
-    redelivered: int = 0  # finalized steps the history store already held (ignored)
-    resent: int = 0  # messages resent after an aggregator restart for steps already finalized
 
 
 @dataclass(slots=True)
@@ -111,7 +97,10 @@ class MetricsState:
         self._refused: set[tuple[str, str, str]] = set()
         self.refused_total = 0
         self.expired_total = 0
-        self.ingest: Callable[[], IngestCounters] | IngestCounters = IngestCounters()
+        # what the aggregators counted, summed over the shards; the steps the service ignored
+        # as already stored (redelivered)
+        self.ingest: Callable[[], AggregatorStats] | None = None
+        self.redelivered: Callable[[], int] | None = None
         self.dispatch: Callable[[], Any] | None = None  # -> notify.DispatchStats
         self.sanity: Callable[[], Mapping[str, int]] | None = None  # findings by kind
         self.stops: Callable[[], Mapping[str, int]] | None = None  # stop requests by alert
@@ -393,15 +382,15 @@ class RlmonCollector(Collector):
 
     def _self_metrics(self, snap: _Snapshot) -> Iterator[Metric]:
         state = self.state
-        ingest = state.ingest() if callable(state.ingest) else state.ingest
+        ingest = state.ingest() if state.ingest is not None else AggregatorStats()
         for declared, value in (
-            (series.PARTIALS_INGESTED, ingest.ingested),
+            (series.PARTIALS_INGESTED, ingest.partials),
             (series.PARTIALS_REJECTED, ingest.rejected),
             (series.PARTIALS_LATE, ingest.late),
-            (series.PARTIALS_DROPPED, ingest.dropped),
-            (series.STATISTICS_REFUSED, ingest.refused),
+            (series.PARTIALS_DROPPED, ingest.reporter_dropped),
+            (series.STATISTICS_REFUSED, ingest.reporter_refused),
             (series.RUN_RESTARTS, ingest.restarts),
-            (series.STEPS_REDELIVERED, ingest.redelivered),
+            (series.STEPS_REDELIVERED, state.redelivered() if state.redelivered else 0),
             (series.PARTIALS_RESENT, ingest.resent),
         ):
             yield declared.family(float(value))

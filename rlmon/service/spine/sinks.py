@@ -15,7 +15,7 @@ from rlmon.service.alerting.sanity import Finding, SanityChecker, checker_args, 
 from rlmon.service.config import OtlpConfig
 from rlmon.service.contract.run_info import RunInfo
 from rlmon.service.contract.step_record import StepRecord
-from rlmon.service.export.exporter import IngestCounters, MetricsState
+from rlmon.service.export.exporter import MetricsState
 from rlmon.service.export.otlp import OtlpExport
 from rlmon.service.goodput.ledger import GoodputLedger
 from rlmon.service.metrics import keymaps
@@ -49,20 +49,9 @@ class ExporterSink(StepSink):
         """The run's series leave the exporter after the finished-run TTL."""
         self.metrics.finish_run(run)
 
-    def ingest(self, redelivered: int) -> IngestCounters:
-        """The ingest counters summed over the aggregator shards (``redelivered``: the steps
-        the service ignored as already stored)."""
-        stats = list(self._shard_stats.values())
-        return IngestCounters(
-            ingested=sum(s.partials for s in stats),
-            rejected=sum(s.rejected for s in stats),
-            late=sum(s.late for s in stats),
-            dropped=sum(s.reporter_dropped for s in stats),
-            refused=sum(s.reporter_refused for s in stats),
-            restarts=sum(s.restarts for s in stats),
-            resent=sum(s.resent for s in stats),
-            redelivered=redelivered,
-        )
+    def aggregated(self) -> AggregatorStats:
+        """What the aggregator shards counted, summed (the ingest counters of /metrics)."""
+        return AggregatorStats.total(list(self._shard_stats.values()))
 
     def removed(self) -> dict[tuple[str, str], int]:
         """What expiry and retention removed in the aggregator shards, by kind."""

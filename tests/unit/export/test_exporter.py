@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from rlmon.service.aggregation.aggregator_stats import AggregatorStats
 from rlmon.service.alerting.engine import AlertEngine
 from rlmon.service.alerting.rules import default_rules
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.export.exporter import (
-    IngestCounters,
     MetricsState,
     RunInfo,
     exported_metric_names,
@@ -74,7 +74,7 @@ def test_run_info_and_self_metrics() -> None:
                                           algorithm="grpo", loss_reduction="token_mean", dp=8,
                                           cp=2, tp=1, pp=1, grad_accumulation=4, zero_stage=2,
                                           tags=("baseline", "7b")))
-    state.ingest = lambda: IngestCounters(ingested=900, rejected=2, late=1, dropped=3)
+    state.ingest = lambda: AggregatorStats(partials=900, rejected=2, late=1, reporter_dropped=3)
     got = scrape(state)
     info = next(dict(lbl) for (name, lbl), _ in got.items() if name == "rlmon_run_info")
     assert info == {"run": "grpo-7b", "framework": "openrlhf", "framework_version": "0.8.5",
