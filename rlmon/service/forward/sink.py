@@ -318,7 +318,9 @@ def build_trackers(config: ForwardConfig) -> list[Tracker]:
 
 class ForwardSink(StepSink):
     """Fans the service's finalized steps, alerts, settings and run ends out to the trackers
-    (one of the service's sinks: :mod:`rlmon.service.spine.sink`)."""
+    (one of the service's sinks: :mod:`rlmon.service.spine.sink`). After the commit, as before
+    the spine: a tracker is sent only steps that were stored, so a batch delivered again after a
+    failed write is not logged twice."""
 
     def __init__(self, config: ForwardConfig, trackers: Sequence[Tracker] | None = None) -> None:
         """``trackers`` None: the ones ``config`` enables."""

@@ -5,14 +5,17 @@
     batch (steps | liveness views)
       -> StreamMemory.admit   new steps only; their streams back in memory
       -> AlertJudge.judge     alerts, priced, stops decided (StopDesk), explained -> Verdict
+      -> Sinks.show           exporter, sanity: what the service shows, before the write
       -> Commit.store         one history transaction; the recent transitions
-      -> Sinks.record         exporter, sanity, OTLP, forward, goodput (one StepSink protocol)
+      -> Sinks.record         OTLP, forward, goodput, one's own: once the batch is stored
       -> StreamMemory.settle  what left memory during the batch; retention
     (the service's lock released)
       -> Commit.deliver       the owed notifications into the outbox, delivery woken
 
 No stage calls another stage, except the judge asking the stop desk between pricing an alert
 and explaining it (a stop is decided on the priced transition, and its notification says so).
+The sinks hear the verdict in two phases (:mod:`rlmon.service.spine.sink` says which and why):
+none of them reads what the commit produces, so the order is the service's before the spine.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class Spine:
         now = self._clock()
         fresh, seen = self.memory.admit(records, views, now)
         verdict = self.judge.judge(kind, fresh, seen, now, shard, stats)
+        self.sinks.show(verdict)
         self.commit.store(verdict)
         self.sinks.record(verdict)
         self.memory.settle(verdict)

@@ -1,5 +1,12 @@
-"""The one sink protocol: an output of the service hears each stored verdict (vLLM's stat
-loggers' shape: ``record`` per batch, the service holding a list of them).
+"""The one sink protocol: an output of the service hears each verdict (vLLM's stat loggers'
+shape: ``record`` per batch, the service holding a list of them).
+
+A sink hears a verdict either before the commit stores it or after (:attr:`StepSink.before_commit`):
+before, what the service itself shows (the exporter's /metrics, the sanity layer's findings),
+so they never wait on the history write nor depend on it succeeding, as before the spine; after,
+what leaves the process for another system (OTLP spans, the forward sink's trackers) or is
+accounted from what was kept (goodput), so a batch whose write failed (the aggregator delivers it
+again) is not sent twice. A sink of one's own hears the stored verdict.
 
 The built-in sinks are the Prometheus exporter, the goodput ledger's accounting, the sanity
 layer, the OTLP span export and the forward sink to W&B / MLflow / TensorBoard
@@ -10,7 +17,7 @@ needs of a run or stream in memory only until :meth:`StepSink.forget` says it le
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 from rlmon.service.aggregation.stream_tracker import Expired
 from rlmon.service.contract.run_info import RunInfo
@@ -25,12 +32,16 @@ class StepSink:
     """An output of the service: a subclass overrides :meth:`record` and what else it needs (the
     rest do nothing)."""
 
+    #: hear a verdict before the commit stores it (what the service shows), not after
+    before_commit: ClassVar[bool] = False
+
     def start(self) -> None:
         """Start the sink's threads, if it has any (the service's ``start``; never its
         constructor)."""
 
     def record(self, verdict: Verdict) -> None:
-        """A batch was judged and stored (called under the service's lock: queue, never wait)."""
+        """A batch was judged, and stored unless :attr:`before_commit` (called under the
+        service's lock: queue, never wait)."""
         raise NotImplementedError(f"{type(self).__name__} does not record verdicts")
 
     def run_info(self, run: str, info: RunInfo) -> None:
@@ -47,7 +58,7 @@ class StepSink:
 
 
 class Sinks:
-    """The service's sinks, in the order they hear a verdict."""
+    """The service's sinks; each phase's hear a verdict in the order given."""
 
     def __init__(self, sinks: Sequence[StepSink]) -> None:
         self._sinks = list(sinks)
@@ -66,9 +77,17 @@ class Sinks:
         for sink in self._sinks:
             sink.start()
 
-    def record(self, verdict: Verdict) -> None:
+    def show(self, verdict: Verdict) -> None:
+        """The sinks that hear a verdict before it is stored."""
         for sink in self._sinks:
-            sink.record(verdict)
+            if sink.before_commit:
+                sink.record(verdict)
+
+    def record(self, verdict: Verdict) -> None:
+        """The sinks that hear a verdict once it is stored."""
+        for sink in self._sinks:
+            if not sink.before_commit:
+                sink.record(verdict)
 
     def run_info(self, run: str, info: RunInfo) -> None:
         for sink in self._sinks:

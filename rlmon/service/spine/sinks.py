@@ -28,7 +28,13 @@ log = logging.getLogger("rlmon.sanity")
 
 class ExporterSink(StepSink):
     """/metrics: each stream's newest step and its alerts firing, the liveness states, the run
-    metadata; it keeps each aggregator shard's latest counters (ingest, removed)."""
+    metadata; it keeps each aggregator shard's latest counters (ingest, removed).
+
+    Before the commit: /metrics shows the step, its alerts and the shard's counts whether or not
+    the history write succeeds (Prometheus' own alerting does not wait on SQLite), and a scrape
+    never waits on the write; setting a gauge twice for a batch delivered again is harmless."""
+
+    before_commit = True
 
     def __init__(self, metrics: MetricsState) -> None:
         self.metrics = metrics
@@ -64,7 +70,10 @@ class ExporterSink(StepSink):
 
 class GoodputSink(StepSink):
     """Where the GPU-hours go: the ledger holds each step as it is judged (the judge adds it
-    before pricing alerts); after each batch of steps its thread accounts what is ready."""
+    before pricing alerts); after each batch of steps its thread accounts what is ready.
+
+    After the commit: the accounting is woken once the batch's steps are kept, off the alerts'
+    path."""
 
     def __init__(self, ledger: GoodputLedger) -> None:
         self.ledger = ledger
@@ -89,7 +98,12 @@ class GoodputSink(StepSink):
 class SanitySink(StepSink):
     """The sanity layer: each (run, role)'s steps looked at for values that look like training
     bugs but have known causes, and the relayed keys whose framework reduction makes them
-    incomparable across runs. Findings are logged, kept and counted, not paged."""
+    incomparable across runs. Findings are logged, kept and counted, not paged.
+
+    Before the commit: it reads only the steps and keeps its findings in memory, so nothing of
+    it waits on the history write (as before the spine)."""
+
+    before_commit = True
 
     def __init__(self, run_info: Mapping[str, RunInfo]) -> None:
         """``run_info``: the stream memory's registry of the runs' metadata (read only)."""
@@ -144,7 +158,10 @@ class SanitySink(StepSink):
 
 class OtlpSink(StepSink):
     """The steps' timelines as spans to an OTLP/HTTP collector (config ``otlp``); the exporter
-    is built by :meth:`start` when enabled (``otlp`` None until then)."""
+    is built by :meth:`start` when enabled (``otlp`` None until then).
+
+    After the commit: spans leave for another system only for steps that were stored, so a
+    batch delivered again after a failed write is not exported twice."""
 
     def __init__(self, config: OtlpConfig) -> None:
         self.config = config

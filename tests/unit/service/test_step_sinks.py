@@ -18,6 +18,7 @@ from rlmon.service.spine.sink import Sinks, StepSink
 from rlmon.service.spine.sinks import ExporterSink, GoodputSink, OtlpSink, SanitySink
 from rlmon.service.spine.verdict import Verdict
 from tests.support.records import step_record
+from tests.support.scrape import scrape
 
 T0 = 1_700_000_000.0
 
@@ -117,3 +118,44 @@ def test_the_sinks_are_found_by_kind_and_a_missing_kind_is_named() -> None:
 def test_a_sink_that_does_not_record_says_so() -> None:
     with pytest.raises(NotImplementedError, match="StepSink does not record verdicts"):
         Sinks([StepSink()]).record(Verdict("steps", T0))
+
+
+class Stored(StepSink):
+    """Whether each verdict's steps were in the history store when the sink heard it."""
+
+    def __init__(self, core: list[ServiceCore], before: bool) -> None:
+        self.core, self.saw = core, []
+        self.before_commit = before  # type: ignore[misc]
+
+    def record(self, verdict: Verdict) -> None:
+        self.saw.append([self.core[0].history.has_step(*r.key, r.attempt)
+                         for r in verdict.records])
+
+
+def test_what_the_service_shows_hears_a_step_before_the_commit_and_the_outputs_after() -> None:
+    assert [kind.before_commit for kind in (ExporterSink, SanitySink, OtlpSink, ForwardSink,
+                                            GoodputSink, StepSink)] == [
+        True, True, False, False, False, False]
+    holder: list[ServiceCore] = []
+    before, after = Stored(holder, True), Stored(holder, False)
+    core = ServiceCore(clock=lambda: T0, sinks=[before, after])
+    holder.append(core)
+    try:
+        core.publish([step_record(step=0, finalized_at=T0)])
+        assert (before.saw, after.saw) == ([[False]], [[True]])
+
+        def failing(*args: object, **kwargs: object) -> None:
+            raise OSError("disk full")
+
+        core.history.add = failing  # type: ignore[method-assign]
+        with pytest.raises(OSError, match="disk full"):
+            core.publish([step_record(step=1, finalized_at=T0,
+                                      metrics={"actor/loss": math.nan})])
+        # /metrics shows the step and its alert although the write failed; the outputs that
+        # leave the process heard nothing (the aggregator delivers the batch again)
+        assert before.saw[-1] == [False] and len(after.saw) == 1
+        firing = {dict(lbl).get("alert") for (name, lbl), value in scrape(core.metrics).items()
+                  if name == "rlmon_alert_firing" and value == 1}
+        assert firing == {"NonFiniteMetric"}
+    finally:
+        core.close(0.0)
