@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
-from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, shutdown_runtime
+from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, node_merger, shutdown_runtime
 from rlmon.service.metrics import catalog
 from tests.support.polling import wait_for
+
+STARTUP = 180.0  # seconds an actor may take to start on a loaded box (a deadline, not a wait)
 
 pytestmark = pytest.mark.ray
 
@@ -78,7 +80,10 @@ def _run_job(ray: Any, namespace: str, tmp_path: Path, node_merge: bool) -> list
 
     opts = RuntimeOptions(state_dir=str(tmp_path / namespace), node_merge=node_merge,
                           deadline_s=30.0)
-    service = ensure_runtime(namespace, opts)
+    service = ensure_runtime(namespace, opts)  # returns once the service answers
+    if node_merge:  # ... and so does this node's merger: the test is of routing, and an actor's
+        # cold start on a loaded two-core box (a Ray worker process) can alone take over 30 s
+        ray.get(node_merger(namespace, 0, opts).flush.remote(), timeout=STARTUP)
     reps = [Reporter("tier", "actor", rank={"dp": d, "cp": c}, world={"dp": 2, "cp": 2},
                      namespace=namespace, runtime=opts, step_seconds=False,
                      hardware_interval=None)  # values compared across two jobs
