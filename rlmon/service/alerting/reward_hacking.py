@@ -21,9 +21,15 @@ own earlier stretch.
   judged *after* taking out what the reward's departure explains at that coupling: a run whose
   length has always followed its reward does not alarm when both speed up together.
 - **Evidence**: each step's z-scores (departure / scale) of the reward, the length beyond the
-  coupling and the KL; the joint evidence is the smallest of the three (all three must be out
-  together; the reward's credited with ``reward_lead``), or, where a verifier score is logged,
-  the smaller of the reward's (credited alike) and the gap's when that is larger (the reward
+  coupling and the KL. The signature's evidence is the middle of the three once each is at
+  least ``leg_floor`` out (else the smallest): all three out together, but one leg that its own
+  noise or the coupling hides (a high KL, a run whose length always followed its reward) does
+  not veto two far out; the reward's is credited with ``reward_lead``. Where a verifier score
+  is logged and it keeps up with the reward (the gap opened by less than ``verifier_share`` of
+  the reward's departure), the signature counts nothing: a healthy take-off moves reward,
+  length and KL together as a hack does, and the held-out score says which it is. The
+  verifier gap is also a witness of its own: the smaller of the reward's z (credited alike)
+  and the gap's, when that is larger (the reward
   up while the held-out score does not follow). A one-sided CUSUM,
   ``S = max(0, S + e - allowance)``, fires while ``S >= decision``; ``e`` is clipped so no single
   step fires alone, and ``S`` is capped at 2 x ``decision`` so the warning resolves soon after the
@@ -89,6 +95,11 @@ class RewardHackingParams:
     # robust SDs the reward's departure is credited with in the joint evidence: of the three
     # legs it moves least against its noise in a steady hack (+0.008 a step against 0.02)
     reward_lead: float = 1.0
+    # robust SDs each leg of the signature must be out by before the middle one is the evidence
+    leg_floor: float = 2.0
+    # the share of the reward's departure a logged verifier score must leave open (the gap) for
+    # the signature to count: a hack leaves ~1 (the score does not follow), a real gain ~0
+    verifier_share: float = 0.5
 
     @property
     def keep(self) -> int:
@@ -183,7 +194,6 @@ def _evidence(p: RewardHackingParams, rows: list[float], new: tuple[float, ...]
         exp_k, _, sd_k, _ = _line(kls, ahead)
         z_k = (kl - exp_k) / max(sd_k, p.kl_floor, _TINY)
         kl_ratio = math.exp(kl - exp_k)
-    evidence = min(z_r + p.reward_lead, z_l, z_k)
     z_g = gap_above = math.nan
     verifiers = _column(base, 3)
     if math.isfinite(verifier) and _finite(verifiers):
@@ -191,6 +201,15 @@ def _evidence(p: RewardHackingParams, rows: list[float], new: tuple[float, ...]
         exp_g, _, sd_g, _ = _line(gaps, ahead)
         gap_above = (reward - verifier) - exp_g
         z_g = gap_above / max(sd_g, p.reward_floor * abs(level_r), 1e-3)
+    # the signature: all three legs out together, each by at least ``leg_floor``, judged by the
+    # middle one, so one leg that its noise or the run's coupling hides does not veto two far out
+    low, middle, _ = sorted((z_r + p.reward_lead, z_l, z_k))
+    evidence = middle if low >= p.leg_floor else low
+    # ... unless a logged verifier score keeps up with the reward: then the gain is real (a
+    # healthy take-off moves reward, length and KL together as a hack does)
+    if math.isfinite(z_g) and gap_above < p.verifier_share * reward_above:
+        evidence = min(evidence, 0.0)
+    if math.isfinite(z_g):  # the verifier gap alone: the reward up, the held-out score not
         evidence = max(evidence, min(z_r + p.reward_lead, z_g))
     return Evidence(evidence, z_r, z_l, z_k, z_g, reward_above, math.exp(excess), kl_ratio,
                     gap_above)

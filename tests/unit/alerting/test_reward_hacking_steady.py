@@ -125,3 +125,45 @@ def test_the_verifier_gap_credits_the_reward_its_lead_as_the_signature_does() ->
         c.REWARD: 0.6, c.RESPONSE_LENGTH: 300.0, c.KL: 0.05, c.VERIFIER_SCORE: 0.5})
     assert found is not None and found.z_gap > found.z_reward + params.reward_lead
     assert found.evidence == pytest.approx(found.z_reward + params.reward_lead)
+
+
+def test_a_hack_whose_kl_moves_little_against_its_level_is_named_within_15_steps() -> None:
+    """The KL already at 0.15 when the hack adds +0.003 a step: its leg is only 2-3 robust SDs
+    out after 15 steps while the reward and the length are far out. All three legs are out, and
+    the middle one is the evidence: the weakest alone named it 14-16 steps after the onset or
+    never (seeds 2 and 3)."""
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        rows = []
+        for step in range(STEPS):
+            k = max(0, step - ONSET + 1)
+            rows.append({
+                c.REWARD: 0.3 + 0.001 * step + 0.008 * k + 0.02 * rng.standard_normal(),
+                c.RESPONSE_LENGTH: 300 * 1.012 ** k * math.exp(0.02 * rng.standard_normal()),
+                c.KL: (0.15 + 0.003 * k) * math.exp(0.05 * rng.standard_normal())})
+        events = transitions(rows)
+        assert events and events[0][1] == "firing", (seed, events)
+        assert ONSET <= events[0][0] <= ONSET + 15 and events[1:] == [], (seed, events)
+
+
+def test_a_healthy_take_off_that_the_verifier_follows_is_not_called_reward_hacking() -> None:
+    """A fast take-off (reward 0.2 to 0.6 over ~40 steps, the length following it at 1.5
+    log-units per unit of reward from a plateau where that coupling cannot be measured, the KL
+    rising with the progress) moves the three legs as a hack does. Without a held-out score the
+    curves cannot tell it from one, and it fires; a verifier score that keeps up with the reward
+    says the gain is real, and it stays quiet."""
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        rows = []
+        for step in range(200):
+            progress = 1 / (1 + math.exp(-(step - 110) / 8))
+            clean = 0.2 + 0.4 * progress
+            rows.append({
+                c.REWARD: clean + 0.02 * rng.standard_normal(),
+                c.RESPONSE_LENGTH: 300 * math.exp(1.5 * (clean - 0.2)
+                                                  + 0.02 * rng.standard_normal()),
+                c.KL: (0.01 + 0.05 * progress) * math.exp(0.05 * rng.standard_normal()),
+                c.VERIFIER_SCORE: 0.9 * clean + 0.02 * rng.standard_normal()})
+        assert transitions(rows) == [], seed
+        without = [{k: v for k, v in row.items() if k != c.VERIFIER_SCORE} for row in rows]
+        assert [state for _, state in transitions(without)][:1] == ["firing"], seed
