@@ -78,7 +78,9 @@ def predict(params: BaselineParams, history: deque[float] | list[float],
     """The baseline's (expected next value, scale), in the detector's space (log or raw);
     ``extrapolate=False`` expects the window's own level (its centre) instead of the line's
     value at the next step."""
-    values = [_transform(params, v) for v in history]
+    offset = params.log_offset  # _transform, inlined: this runs for every metric every step
+    values = list(history) if offset is None else [
+        math.log(max(v, 0.0) + offset) for v in history]
     n = len(values)
     half = n // 2
     # distance between the centres of the two halves is n - half
