@@ -47,7 +47,7 @@ def own_values(schema: Schema, values: np.ndarray, plan: _Plan | None = None,
     first = values[..., 0]
     out = first.copy()
     defined = np.ones(first.shape, dtype=bool)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # as Python floats do
         if len(means):
             total, count = first[..., means], values[..., means, 1]
             empty = count == 0
