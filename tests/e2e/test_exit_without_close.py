@@ -39,8 +39,10 @@ print("loop done at", time.time(), flush=True)
 BUDGET_S = 60.0
 
 
-def _run(tmp_path: Path, budget: float) -> tuple[subprocess.CompletedProcess[str], float]:
-    """The script, run as a user runs it with an exit budget; and how long it took in all."""
+def _run(tmp_path: Path, budget: float
+         ) -> tuple[subprocess.CompletedProcess[str], float, float]:
+    """The script, run as a user runs it with an exit budget; how long it took, and the wall
+    time it ended at (taken as it ends: the wait for Ray's orphans after it is not its own)."""
     # Ray's socket paths are length-limited: a short temp dir of the test's own
     ray_tmp = Path(tempfile.mkdtemp(prefix="rx-", dir="/tmp"))
     script = tmp_path / "train.py"
@@ -52,16 +54,17 @@ def _run(tmp_path: Path, budget: float) -> tuple[subprocess.CompletedProcess[str
     started = time.monotonic()
     try:
         done = run_in_own_session([sys.executable, str(script)], timeout=240, env=env)
+        took, ended = time.monotonic() - started, time.time()
         # none left behind: a Ray still starting at the budget's end is orphaned with the
         # process, and its agents stop when they see their raylet gone (seconds, under load)
         wait_for(lambda: _ray_processes_under(ray_tmp) == [], 30, "Ray's processes to stop")
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
-    return done, time.monotonic() - started
+    return done, took, ended
 
 
 def test_a_script_without_flush_or_close_delivers_its_steps_at_exit(tmp_path: Path) -> None:
-    done, took = _run(tmp_path, BUDGET_S)
+    done, took, _ = _run(tmp_path, BUDGET_S)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "can't register atexit" not in done.stderr, done.stderr[-3000:]
     history = HistoryStore(tmp_path / "state" / "history.sqlite")
@@ -78,8 +81,7 @@ def test_an_exit_budget_shorter_than_rays_start_up_is_kept_and_the_loss_said(
     """With a budget too short for Ray's start-up, the process leaves at its budget (a sender
     still waiting for Ray gives up then, not after its join) and says what it did not deliver."""
     budget = 2.0
-    done, _ = _run(tmp_path, budget)
-    exited = time.time()
+    done, _, exited = _run(tmp_path, budget)
     assert done.returncode == 0, done.stderr[-3000:]
     loop_done = float(done.stdout.split("loop done at ")[1].split()[0])
     assert exited - loop_done < budget + 4.0, done.stderr[-3000:]
