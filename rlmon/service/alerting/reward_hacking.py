@@ -205,11 +205,12 @@ def _evidence(p: RewardHackingParams, rows: list[float], new: tuple[float, ...]
     # middle one, so one leg that its noise or the run's coupling hides does not veto two far out
     low, middle, _ = sorted((z_r + p.reward_lead, z_l, z_k))
     evidence = middle if low >= p.leg_floor else low
-    # ... unless a logged verifier score keeps up with the reward: then the gain is real (a
-    # healthy take-off moves reward, length and KL together as a hack does)
-    if math.isfinite(z_g) and gap_above < p.verifier_share * reward_above:
-        evidence = min(evidence, 0.0)
-    if math.isfinite(z_g):  # the verifier gap alone: the reward up, the held-out score not
+    if math.isfinite(z_g):
+        # ... unless the logged verifier score keeps up with the reward: then the gain is real
+        # (a healthy take-off moves reward, length and KL together as a hack does)
+        if gap_above < p.verifier_share * reward_above:
+            evidence = min(evidence, 0.0)
+        # the verifier gap alone: the reward up, the held-out score not
         evidence = max(evidence, min(z_r + p.reward_lead, z_g))
     return Evidence(evidence, z_r, z_l, z_k, z_g, reward_above, math.exp(excess), kl_ratio,
                     gap_above)
