@@ -1,39 +1,42 @@
-"""Reward hacking: the reward climbing with the completion length and the KL beyond the run's own
-coupling, or away from a score the policy is not trained on.
+"""Reward hacking: the reward climbing with the completion length and the KL, or away from a score
+the policy is not trained on.
 
 A policy that found a loophole in the reward (padding, repeating the rubric's words, a format the
 grader over-scores) shows it in the run's own curves before anyone reads a completion: the reward
-climbs faster than it did, the completions get longer than that reward explains, and the policy
-moves away from the reference (the KL rises). Each alone is common in a healthy run (an "aha"
-stretch, a longer chain of thought, a KL that grows from zero), and reward and length often rise
-together in a healthy run: what is judged is the *change* of that co-movement against the run's
-own earlier stretch.
+climbs faster than it did, the completions get longer and the policy moves away from the reference
+(the KL rises). Each alone is common in a healthy run (an "aha" stretch, a longer chain of thought,
+a KL that grows from zero), and reward and length often rise together in a healthy run: what is
+judged is each series' *departure* from its own earlier course, all three at once.
 
 - **Baseline**: over the ``window`` steps that end ``guard`` steps before the newest (so a fresh
   departure is not yet part of it), a robust line per series (slopes from the medians of the two
-  halves, as :mod:`rlmon.service.alerting.baseline`): the reward, the log of the response length,
-  the log of the KL and, where the run reports one, the gap between the reward and a held-out or
-  verifier score (``rollout/verifier_score``). Its scale is 1.4826 x the median absolute residual,
-  floored (2% of length, 5% of KL, 2% of the reward's level) so a quiet run does not alarm on a
-  small change.
-- **Coupling**: the length's slope per unit of reward slope in the baseline (where the reward
-  moved there by more than its noise; else none). The length's departure from its own line is
-  judged *after* taking out what the reward's departure explains at that coupling: a run whose
-  length has always followed its reward does not alarm when both speed up together.
-- **Evidence**: each step's z-scores (departure / scale) of the reward, the length beyond the
-  coupling and the KL. The signature's evidence is the middle of the three once each is at
-  least ``leg_floor`` out (else the smallest): all three out together, but one leg that its own
-  noise or the coupling hides (a high KL, a run whose length always followed its reward) does
-  not veto two far out; the reward's is credited with ``reward_lead``. Where a verifier score
-  is logged and it keeps up with the reward (the gap opened by less than ``verifier_share`` of
-  the reward's departure), the signature counts nothing: a healthy take-off moves reward,
-  length and KL together as a hack does, and the held-out score says which it is. The
-  verifier gap is also a witness of its own: the smaller of the reward's z (credited alike)
-  and the gap's, when that is larger (the reward
-  up while the held-out score does not follow). A one-sided CUSUM,
-  ``S = max(0, S + e - allowance)``, fires while ``S >= decision``; ``e`` is clipped so no single
-  step fires alone, and ``S`` is capped at 2 x ``decision`` so the warning resolves soon after the
-  run settles.
+  halves, as :mod:`rlmon.service.alerting.baseline`): the reward, the log of the response length
+  and the log of the KL. Its scale is 1.4826 x the median absolute residual, floored (2% of
+  length, 5% of KL, 2% of the reward's level) so a quiet run does not alarm on a small change.
+  A run whose reward and length have grown together all along projects both lines on: that
+  growth is not a departure.
+- **Evidence**: each step's z-scores (departure / scale) of the reward, the length and the KL.
+  The signature's evidence is the middle of the three once each is at least ``leg_floor`` out
+  (else the smallest): all three out together, but one leg that its own noise hides (a high,
+  noisy KL) does not veto two far out; the reward's is credited with ``reward_lead``. The
+  length is judged against its own line, not against what the reward's departure "explains" at
+  the run's past length-per-reward coupling: a hack is by definition the reward leaving its
+  course, so that correction took out exactly the length a hack adds wherever the length had
+  followed the reward (and, with the length's own drift read as coupling, more): 11 of 100
+  held-out steady climbs were named late or never for it, and no healthy run of the benchmark
+  needed it.
+- **The verifier**: where a held-out or verifier score is logged (``rollout/verifier_score``),
+  two things. If it keeps up with the reward (the reward-minus-verifier gap opened by less than
+  ``verifier_share`` of the reward's departure) the signature counts nothing: a healthy
+  take-off moves reward, length and KL together as a hack does, and the held-out score says
+  which it is. And the gap is a witness of its own: the smaller of the reward's z (credited
+  alike) and the gap's, when that is larger (the reward up while the held-out score does not
+  follow). The gap's line ends ``gap_guard`` steps before the newest, further back than the
+  others': the score shares the policy's wander, so the gap is steadier than any one series
+  and its line can be carried further ahead, and a slow climb is kept out of it for longer.
+- **CUSUM**: ``S = max(0, S + e - allowance)``, fires while ``S >= decision``; ``e`` is clipped
+  so that no fewer than four steps fire (one lucky batch is a heavy-tailed sample, not a hack),
+  and ``S`` is capped at 2 x ``decision`` so the warning resolves soon after the run settles.
 - **Held while it lasts**: while the alert fires (``S >= decision``) the baseline is *pinned*:
   the steps since are kept out of it and each new step is judged against the baseline's lines
   projected that many steps ahead. A hack that climbs for 80 steps at a steady rate (+0.008
@@ -64,8 +67,8 @@ from rlmon.service.metrics import catalog as c
 __all__ = ["ALERT", "SUMMARY", "WHAT_TO_CHECK", "Evidence", "RewardHackingParams", "observe"]
 
 ALERT = "RewardHacking"
-SUMMARY = ("Reward climbing with completion length and KL beyond the run's own coupling (or away "
-           "from its held-out / verifier score)")
+SUMMARY = ("Reward climbing off its course with completion length and KL (or away from its held-out / "
+           "verifier score)")
 WHAT_TO_CHECK = (
     "The reward may be hacked: read the highest-reward completions of the last steps "
     "(rollout/reward_highest) for padding, repetition, rubric words or a format the grader "
@@ -87,6 +90,8 @@ class RewardHackingParams:
     warmup: int = 30  # baseline steps needed before a step is judged
     allowance: float = 2.0  # robust SDs of joint evidence a step must exceed to count
     decision: float = 8.0
+    # newest steps kept out of the reward-minus-verifier gap's line (see the module's docstring)
+    gap_guard: int = 10
     length_floor: float = 0.02  # log units: the length's scale is at least 2%
     kl_floor: float = 0.05  # log units: the KL's scale is at least 5%
     kl_offset: float = 1e-3  # log(KL + offset): a KL of 0 at the start is finite
@@ -96,14 +101,14 @@ class RewardHackingParams:
     # legs it moves least against its noise in a steady hack (+0.008 a step against 0.02)
     reward_lead: float = 1.0
     # robust SDs each leg of the signature must be out by before the middle one is the evidence
-    leg_floor: float = 2.0
+    leg_floor: float = 1.5
     # the share of the reward's departure a logged verifier score must leave open (the gap) for
     # the signature to count: a hack leaves ~1 (the score does not follow), a real gain ~0
     verifier_share: float = 0.5
 
     @property
     def keep(self) -> int:
-        return self.window + self.guard
+        return self.window + max(self.guard, self.gap_guard)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,15 +121,15 @@ class Evidence:
     z_kl: float
     z_gap: float
     reward_above: float  # reward minus its baseline line
-    length_ratio: float  # length over what the baseline and the coupling expect
+    length_ratio: float  # length over its baseline line
     kl_ratio: float  # KL over its baseline line
     gap_above: float  # reward-minus-verifier gap over its baseline line
 
     def describe(self) -> str:
         parts = [f"reward {self.reward_above:+.3g} above its trend (z {self.z_reward:.1f})"]
         if math.isfinite(self.length_ratio):
-            parts.append(f"response length x{self.length_ratio:.3g} of what its trend and the "
-                         f"reward explain (z {self.z_length:.1f})")
+            parts.append(f"response length x{self.length_ratio:.3g} of its trend "
+                         f"(z {self.z_length:.1f})")
         if math.isfinite(self.kl_ratio):
             parts.append(f"KL x{self.kl_ratio:.3g} of its trend (z {self.z_kl:.1f})")
         if math.isfinite(self.gap_above):
@@ -161,31 +166,26 @@ def _finite(values: list[float]) -> bool:
     return all(math.isfinite(v) for v in values)
 
 
-def _evidence(p: RewardHackingParams, rows: list[float], new: tuple[float, ...]
-              ) -> Evidence | None:
-    """The new step's evidence against the baseline ``rows`` (flat, oldest first): the first
-    ``window`` of them (fewer while warming up, the newest ``guard`` left out); rows beyond
-    ``keep`` are the steps of a departure, kept while the baseline is pinned."""
+def _evidence(p: RewardHackingParams, rows: list[float], new: tuple[float, ...],
+              holding: bool) -> Evidence | None:
+    """The new step's evidence against the baseline ``rows`` (flat, oldest first): ``window``
+    of them (fewer while warming up) ending ``guard`` steps before the newest (``gap_guard`` for
+    the verifier gap); rows beyond ``keep`` are the steps of a departure, kept while the
+    baseline is pinned. ``holding``: the alert fires; two legs out keep it firing."""
     n = len(rows) // _COLUMNS
-    size = min(n, p.keep) - p.guard
-    base = rows[:size * _COLUMNS]
-    ahead = n - size + 1
+    end = min(n, p.keep) - p.guard
+    base = rows[max(0, end - p.window) * _COLUMNS:end * _COLUMNS]
+    ahead = n - end + 1
     rewards, lengths, kls = _column(base, 0), _column(base, 1), _column(base, 2)
     if not (_finite(rewards) and _finite(lengths)):
         return None
-    exp_r, slope_r, sd_r, level_r = _line(rewards, ahead)
-    sd_r = max(sd_r, p.reward_floor * abs(level_r), 1e-3)
-    exp_l, slope_l, sd_l, _ = _line(lengths, ahead)
-    sd_l = max(sd_l, p.length_floor)
-    # the coupling: how much log length a unit of reward has brought in this run, where the
-    # reward's trend over the window is larger than its noise (else it cannot be told)
-    moved = slope_r * len(rewards) / 2
-    coupling = max(0.0, slope_l / slope_r) if moved > 2 * sd_r and slope_r > 0 else 0.0
+    exp_r, _, sd_r, level_r = _line(rewards, ahead)
+    reward_floor = max(p.reward_floor * abs(level_r), 1e-3)
+    exp_l, _, sd_l, _ = _line(lengths, ahead)
     reward, length, kl, verifier = new
     reward_above = reward - exp_r
-    z_r = reward_above / sd_r
-    excess = (length - exp_l) - coupling * reward_above
-    z_l = excess / sd_l
+    z_r = reward_above / max(sd_r, reward_floor)
+    z_l = (length - exp_l) / max(sd_l, p.length_floor)
     # without the KL (a stream that does not log it) the length leg is not judged: reward and
     # length alone rise together too often in healthy runs
     z_k = -math.inf
@@ -195,16 +195,18 @@ def _evidence(p: RewardHackingParams, rows: list[float], new: tuple[float, ...]
         z_k = (kl - exp_k) / max(sd_k, p.kl_floor, _TINY)
         kl_ratio = math.exp(kl - exp_k)
     z_g = gap_above = math.nan
-    verifiers = _column(base, 3)
+    end_g = min(n, p.keep) - p.gap_guard
+    base_g = rows[max(0, end_g - p.window) * _COLUMNS:end_g * _COLUMNS]
+    verifiers = _column(base_g, 3)
     if math.isfinite(verifier) and _finite(verifiers):
-        gaps = [r - v for r, v in zip(rewards, verifiers, strict=True)]
-        exp_g, _, sd_g, _ = _line(gaps, ahead)
+        gaps = [r - v for r, v in zip(_column(base_g, 0), verifiers, strict=True)]
+        exp_g, _, sd_g, _ = _line(gaps, n - end_g + 1)
         gap_above = (reward - verifier) - exp_g
-        z_g = gap_above / max(sd_g, p.reward_floor * abs(level_r), 1e-3)
+        z_g = gap_above / max(sd_g, reward_floor)
     # the signature: all three legs out together, each by at least ``leg_floor``, judged by the
-    # middle one, so one leg that its noise or the run's coupling hides does not veto two far out
+    # middle one, so one leg that its own noise hides does not veto two far out
     low, middle, _ = sorted((z_r + p.reward_lead, z_l, z_k))
-    evidence = middle if low >= p.leg_floor else low
+    evidence = middle if low >= p.leg_floor or holding else low
     if math.isfinite(z_g):
         # ... unless the logged verifier score keeps up with the reward: then the gain is real
         # (a healthy take-off moves reward, length and KL together as a hack does)
@@ -212,8 +214,8 @@ def _evidence(p: RewardHackingParams, rows: list[float], new: tuple[float, ...]
             evidence = min(evidence, 0.0)
         # the verifier gap alone: the reward up, the held-out score not
         evidence = max(evidence, min(z_r + p.reward_lead, z_g))
-    return Evidence(evidence, z_r, z_l, z_k, z_g, reward_above, math.exp(excess), kl_ratio,
-                    gap_above)
+    return Evidence(evidence, z_r, z_l, z_k, z_g, reward_above, math.exp(length - exp_l),
+                    kl_ratio, gap_above)
 
 
 def row(params: RewardHackingParams, metrics: Mapping[str, float]) -> tuple[float, ...] | None:
@@ -240,9 +242,9 @@ def observe(params: RewardHackingParams, history: deque[float], score: float,
         return score, None
     found = None
     if len(history) // _COLUMNS >= min(params.warmup, params.window) + params.guard:
-        found = _evidence(params, list(history), new)
+        found = _evidence(params, list(history), new, score >= params.decision)
         if found is not None:
-            cap = params.allowance + params.decision / 3  # three steps at the cap fire
+            cap = params.allowance + params.decision / 4  # four steps at the cap fire
             e = min(max(found.evidence, -cap), cap)
             score = min(max(0.0, score + e - params.allowance), 2 * params.decision)
     history.extend(new)

@@ -1,5 +1,5 @@
-"""RewardHacking: the reward climbing with the length (beyond the run's own coupling) and the
-KL, or away from a verifier score, is named; healthy runs whose reward and length grow together
+"""RewardHacking: the reward climbing with the length and the KL off their own course,
+or away from a verifier score, is named; healthy runs whose reward and length grow together
 are not; the state survives a restart (saved in the history store) and the finding comes out of
 ``rlmon diagnose`` on a trainer_state.json written by transformers."""
 
@@ -109,7 +109,7 @@ def test_a_rule_file_retunes_it() -> None:
     (rule,) = [r for r in parse_rules("rules: [{name: RewardHacking, decision: 12}]")
                if r.name == "RewardHacking"]
     assert rule.reward_hacking.decision == 12 and rule.reward_hacking.window == 40
-    assert "beyond the run's own 40-step coupling" in rule.describe()
+    assert "off their own 40-step course" in rule.describe()
 
 
 def test_diagnose_names_it_in_a_trainer_state(tmp_path: Path) -> None:

@@ -167,3 +167,62 @@ def test_a_healthy_take_off_that_the_verifier_follows_is_not_called_reward_hacki
         assert transitions(rows) == [], seed
         without = [{k: v for k, v in row.items() if k != c.VERIFIER_SCORE} for row in rows]
         assert [state for _, state in transitions(without)][:1] == ["firing"], seed
+
+
+def _hack(seed: int, coupling: float = 0.0, kl_for: int = STEPS) -> list[dict[str, float]]:
+    """A learner whose reward rises +0.002 a step with its length following at ``coupling``
+    log-units per unit of reward; from step 70 the issue's hack (+0.008 reward, +1.2 % length,
+    +0.004 KL a step), the KL's part of it for ``kl_for`` steps, then pulled back to the KL's
+    course over 10 steps."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for step in range(STEPS):
+        k = max(0, step - ONSET + 1)
+        clean = 0.2 + 0.002 * step
+        rows.append({
+            c.REWARD: clean + 0.008 * k + 0.02 * rng.standard_normal(),
+            c.RESPONSE_LENGTH: 300 * math.exp(coupling * (clean - 0.2))
+            * 1.012 ** k * math.exp(0.02 * rng.standard_normal()),
+            c.KL: (0.02 + 0.0002 * step
+                   + 0.004 * (k if k <= kl_for else max(0.0, kl_for - 2.0 * (k - kl_for))))
+            * math.exp(0.05 * rng.standard_normal())})
+    return rows
+
+
+def test_a_hack_in_a_run_whose_length_always_followed_its_reward_is_named() -> None:
+    """The length had followed the reward at 2 log-units per unit of reward. Judged against
+    what the reward's departure "explains" at that coupling, the hack's longer completions
+    were no departure at all, and the hack was named late or never; judged against the
+    length's own course they are."""
+    for seed in range(6):
+        events = transitions(_hack(seed, coupling=2.0))
+        assert events and events[0][1] == "firing", (seed, events)
+        assert ONSET <= events[0][0] <= ONSET + 15 and events[1:] == [], (seed, events)
+
+
+def test_the_alert_holds_while_reward_and_length_go_on_after_the_kl_is_reined_in() -> None:
+    """An adaptive KL controller pulls the KL back to its course from 20 steps after the onset while
+    the reward and the length keep climbing: named with all three legs out, and held while two
+    of them stay out (it "resolved" a few steps after the KL came back)."""
+    for seed in range(6):
+        events = transitions(_hack(seed, kl_for=20))
+        assert events and events[0][1] == "firing", (seed, events)
+        assert ONSET <= events[0][0] <= ONSET + 15 and events[1:] == [], (seed, events)
+
+
+def test_a_burst_of_lucky_batches_is_not_a_hack() -> None:
+    """Three steps whose reward is 7-10 robust SDs above its course while the verifier does not
+    follow (heavy-tailed sampling luck) and a fourth a third as lucky, then back: a step's
+    evidence is clipped so that no fewer than four steps far out fire (three at the cap and a
+    fourth fired before)."""
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        rows = []
+        for step in range(STEPS):
+            skill = 0.3 + 0.001 * step
+            luck = (0.2, 0.2, 0.25, 0.07)[step - 100] if 100 <= step < 104 else 0.0
+            rows.append({c.REWARD: skill + luck + 0.02 * rng.standard_normal(),
+                         c.RESPONSE_LENGTH: 300 * math.exp(0.02 * rng.standard_normal()),
+                         c.KL: 0.05 * math.exp(0.05 * rng.standard_normal()),
+                         c.VERIFIER_SCORE: skill + 0.02 * rng.standard_normal()})
+        assert transitions(rows) == [], seed

@@ -1,5 +1,6 @@
-"""``reward_hacking``: reward, completion length and KL climbing together beyond the run's own
-coupling (the detector is :mod:`rlmon.service.alerting.reward_hacking`).
+"""``reward_hacking``: reward, completion length and KL climbing together off the run's own course,
+or the reward away from a verifier score (the detector is
+:mod:`rlmon.service.alerting.reward_hacking`).
 
 Judged where the reward is; the detector scores only a step with a reward and a length, and an
 idle rule's score is below the decision, so in a long log a step without a length changes
@@ -70,6 +71,6 @@ class RewardHacking(ConditionKind):
 
     def describe(self, rule: RuleLike) -> str:
         h = rule.reward_hacking
-        return (f"{rule.metric} rising with rollout/response_length and actor/kl beyond the "
-                f"run's own {h.window}-step coupling, or away from rollout/verifier_score "
+        return (f"{rule.metric} rising with rollout/response_length and actor/kl off their own "
+                f"{h.window}-step course, or away from rollout/verifier_score "
                 f"(CUSUM {h.allowance:g}/{h.decision:g} robust SDs)")

@@ -72,7 +72,7 @@ class Condition(StrEnum):
     REPLICA_MISMATCH = "replica_mismatch"  # replicated copies disagree
     BASELINE = "baseline"  # a sustained departure from the run's own trailing baseline
     STRAGGLER_RANK = "straggler_rank"  # the same rank slowest by more than `threshold`x median
-    # reward, length and KL up together beyond the run's coupling (rlmon.service.alerting.reward_hacking)
+    # reward, length and KL up together off the run's own course (rlmon.service.alerting.reward_hacking)
     REWARD_HACKING = "reward_hacking"
     # judged by time on the aggregator's clock (rlmon.service.liveness), never by a step's values
     RUN_STALLED = "run_stalled"  # no step finalized for the stall threshold, ranks alive
