@@ -109,9 +109,10 @@ def test_a_runs_stated_state_is_its_true_state() -> None:
 
 def test_alert_claims_are_scored_case_by_case() -> None:
     """``bench/claims_alerts.py``'s claims in the registry: reward hacking named in time and
-    never on healthy runs, escalations quoted right and priced once."""
-    hacking = KINDS["alert.reward_hacking"].score(range(100, 102), True)
-    assert hacking.positives >= 6 and hacking.negatives >= 2, hacking.misses
+    never on healthy runs, escalations quoted right and priced once. Four seeds (14 hacks): on
+    two (7) one hack named at 16 steps rather than 15 moved the recall by 0.14."""
+    hacking = KINDS["alert.reward_hacking"].score(range(100, 104), True)
+    assert hacking.positives >= 12 and hacking.negatives >= 4, hacking.misses
     assert not [m for m in hacking.misses if "without a hack" in m], hacking.misses
     assert hacking.recall is not None and hacking.recall >= 0.7, hacking.misses
     escalation = KINDS["alert.escalation"].score(range(9000, 9002), True)
