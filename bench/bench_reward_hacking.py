@@ -24,7 +24,8 @@ a hack that goes on must not be "resolved".
 Also run: ``bench_detection.py``'s healthy runs and its single-metric faults (a length runaway,
 a KL blow-up alone), which must not be called reward hacking.
 
-Prints the share caught, onset-to-alert (steps; 0 = at the onset step), the first alert of the
+Prints the share caught, how many within 15 steps of the onset (issue 39's target),
+onset-to-alert (steps; 0 = at the onset step), the first alert of the
 rest of the default pack on the same runs, and the healthy runs that fired. Parameters were tuned
 on seeds 0-199; the figures are for held-out seeds 7000-7099 unless ``--seeds tuning``.
 """
@@ -55,6 +56,7 @@ HELD_OUT_SEEDS = range(7000, 7100)
 STEPS = 300
 SHAPES = ("concave", "linear", "sigmoid")
 RAMPS = {"abrupt": (1, 1), "gradual": (5, 15), "slow": (15, 30)}
+WITHIN = 15  # steps from the onset: issue 39's target for naming it
 Series = dict[str, np.ndarray]
 
 
@@ -251,12 +253,14 @@ def main() -> int:
             other.setdefault((case.kind, case.ramp), []).append(steps[0][1] if steps else None)
     print(f"reward-hacking benchmark, {args.seeds} seeds {seeds.start}-{seeds.stop - 1}, "
           f"{STEPS} steps a run ({time.perf_counter() - started:.0f} s)")
-    print(f"{'kind':<8} {'onset':<8} {'caught':>8}  {'RewardHacking: mean (max) steps':<34}"
+    print(f"{'kind':<9} {'onset':<8} {'caught':>8}  {'within 15':>9}  "
+          f"{'RewardHacking: mean (max) steps':<34}"
           + ("  first other alert: mean" if args.full_pack else ""))
     for (kind, ramp), found in sorted(lags.items()):
         hit = [v for v in found if v is not None]
         text = f"{statistics.mean(hit):.1f} ({max(hit)})" if hit else "-"
-        line = f"{kind:<8} {ramp:<8} {len(hit):>3} of {len(found):<3}  {text:<34}"
+        within = sum(1 for v in hit if v <= WITHIN)
+        line = f"{kind:<9} {ramp:<8} {len(hit):>3} of {len(found):<3}  {within:>9}  {text:<34}"
         if args.full_pack:
             o = [v for v in other[(kind, ramp)] if v is not None]
             line += f"  {statistics.mean(o):.1f}, {len(o)} caught" if o else "  none"

@@ -57,7 +57,7 @@ TUNING: dict[str, range] = {"reward_hacking": range(0, 200), "escalation": range
 HELD_OUT: dict[str, range] = {"reward_hacking": range(7000, 7100),
                               "escalation": range(9000, 9020),
                               "healthy_quiet": range(9100, 9105)}
-WITHIN = 15  # steps after the onset a hack must be named in
+WITHIN = bench_reward_hacking.WITHIN  # steps after the onset a hack must be named in
 
 
 @dataclass(frozen=True, slots=True)
