@@ -44,7 +44,10 @@ judged is each series' *departure* from its own earlier course, all three at onc
   within a window and the alert would resolve while the hack goes on. The pin is let go once
   ``S`` falls back (the metrics are on their pre-onset course again) or after ``hold`` steps.
   Pinning before it fires was tried: it turned healthy take-offs into alarms (7-10 of 200 tuning
-  runs).
+  runs). Naming a hack takes all three legs out (or the reward and the gap); holding it takes
+  less: two legs out (an adaptive KL controller that reins the KL in does not end a hack whose
+  reward and length climb on), or the gap still open (a dip of the skill both scores see can
+  bring the reward back to its course while the hack goes on).
 
 The state is plain numbers (the trailing rows and ``S``), kept in the engine's
 :class:`~rlmon.service.alerting.engine.AlertState` and saved with it, so a restarted service and
@@ -171,7 +174,8 @@ def _evidence(p: RewardHackingParams, rows: list[float], new: tuple[float, ...],
     """The new step's evidence against the baseline ``rows`` (flat, oldest first): ``window``
     of them (fewer while warming up) ending ``guard`` steps before the newest (``gap_guard`` for
     the verifier gap); rows beyond ``keep`` are the steps of a departure, kept while the
-    baseline is pinned. ``holding``: the alert fires; two legs out keep it firing."""
+    baseline is pinned. ``holding``: the alert fires; two legs of the signature out, or the
+    verifier gap open, keep it firing."""
     n = len(rows) // _COLUMNS
     end = min(n, p.keep) - p.guard
     base = rows[max(0, end - p.window) * _COLUMNS:end * _COLUMNS]
@@ -212,8 +216,10 @@ def _evidence(p: RewardHackingParams, rows: list[float], new: tuple[float, ...],
         # (a healthy take-off moves reward, length and KL together as a hack does)
         if gap_above < p.verifier_share * reward_above:
             evidence = min(evidence, 0.0)
-        # the verifier gap alone: the reward up, the held-out score not
-        evidence = max(evidence, min(z_r + p.reward_lead, z_g))
+        # the verifier gap alone: the reward up, the held-out score not (once named, the gap
+        # still open holds it: a dip of the skill both scores see can bring the reward back
+        # to its course while the hack goes on)
+        evidence = max(evidence, z_g if holding else min(z_r + p.reward_lead, z_g))
     return Evidence(evidence, z_r, z_l, z_k, z_g, reward_above, math.exp(length - exp_l),
                     kl_ratio, gap_above)
 

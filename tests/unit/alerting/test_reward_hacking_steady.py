@@ -226,3 +226,23 @@ def test_a_burst_of_lucky_batches_is_not_a_hack() -> None:
                          c.KL: 0.05 * math.exp(0.05 * rng.standard_normal()),
                          c.VERIFIER_SCORE: skill + 0.02 * rng.standard_normal()})
         assert transitions(rows) == [], seed
+
+
+def test_a_climb_away_from_the_verifier_holds_while_the_skill_both_share_dips() -> None:
+    """The reward climbs +0.01 a step away from the verifier from step 70; from step 95 the
+    policy's skill, which both scores see, falls by 0.4 over 10 steps, so the reward is back
+    near its old course while the gap stays open. Once named, the open gap holds the alert (it
+    "resolved" when the reward's own departure fell)."""
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        rows = []
+        for step in range(STEPS):
+            k = max(0, step - ONSET + 1)
+            skill = 0.5 + 0.001 * step - 0.04 * min(10, max(0, step - 95))
+            rows.append({c.REWARD: skill + 0.01 * k + 0.02 * rng.standard_normal(),
+                         c.RESPONSE_LENGTH: 300 * math.exp(0.02 * rng.standard_normal()),
+                         c.KL: 0.05 * math.exp(0.05 * rng.standard_normal()),
+                         c.VERIFIER_SCORE: skill + 0.02 * rng.standard_normal()})
+        events = transitions(rows)
+        assert events and events[0][1] == "firing", (seed, events)
+        assert ONSET <= events[0][0] <= ONSET + 15 and events[1:] == [], (seed, events)
