@@ -24,10 +24,10 @@ a hack that goes on must not be "resolved".
 Also run: ``bench_detection.py``'s healthy runs and its single-metric faults (a length runaway,
 a KL blow-up alone), which must not be called reward hacking.
 
-Prints the share caught, how many within 15 steps of the onset (issue 39's target),
-onset-to-alert (steps; 0 = at the onset step), the first alert of the
-rest of the default pack on the same runs, and the healthy runs that fired. Parameters were tuned
-on seeds 0-199; the figures are for held-out seeds 7000-7099 unless ``--seeds tuning``.
+Prints the share caught, how many within 15 steps of the onset (issue 39's target), onset-to-alert
+(steps; 0 = at the onset step), the first alert of the rest of the default pack on the same runs,
+and the healthy runs that fired. Parameters were tuned on seeds 0-199; the figures are for
+held-out seeds 7000-7099 unless ``--seeds tuning``.
 """
 
 from __future__ import annotations

@@ -169,6 +169,15 @@ def _finite(values: list[float]) -> bool:
     return all(math.isfinite(v) for v in values)
 
 
+def _baseline(p: RewardHackingParams, rows: list[float], guard: int
+              ) -> tuple[list[float], int]:
+    """The baseline rows (flat) that end ``guard`` steps before the newest kept step, at most
+    ``window`` of them, and how many steps ahead of their last the new step lies."""
+    n = len(rows) // _COLUMNS
+    end = min(n, p.keep) - guard
+    return rows[max(0, end - p.window) * _COLUMNS:end * _COLUMNS], n - end + 1
+
+
 def _evidence(p: RewardHackingParams, rows: list[float], new: tuple[float, ...],
               holding: bool) -> Evidence | None:
     """The new step's evidence against the baseline ``rows`` (flat, oldest first): ``window``
@@ -176,10 +185,7 @@ def _evidence(p: RewardHackingParams, rows: list[float], new: tuple[float, ...],
     the verifier gap); rows beyond ``keep`` are the steps of a departure, kept while the
     baseline is pinned. ``holding``: the alert fires; two legs of the signature out, or the
     verifier gap open, keep it firing."""
-    n = len(rows) // _COLUMNS
-    end = min(n, p.keep) - p.guard
-    base = rows[max(0, end - p.window) * _COLUMNS:end * _COLUMNS]
-    ahead = n - end + 1
+    base, ahead = _baseline(p, rows, p.guard)
     rewards, lengths, kls = _column(base, 0), _column(base, 1), _column(base, 2)
     if not (_finite(rewards) and _finite(lengths)):
         return None
@@ -199,14 +205,14 @@ def _evidence(p: RewardHackingParams, rows: list[float], new: tuple[float, ...],
         z_k = (kl - exp_k) / max(sd_k, p.kl_floor, _TINY)
         kl_ratio = math.exp(kl - exp_k)
     z_g = gap_above = math.nan
-    end_g = min(n, p.keep) - p.gap_guard
-    base_g = rows[max(0, end_g - p.window) * _COLUMNS:end_g * _COLUMNS]
-    verifiers = _column(base_g, 3)
-    if math.isfinite(verifier) and _finite(verifiers):
-        gaps = [r - v for r, v in zip(_column(base_g, 0), verifiers, strict=True)]
-        exp_g, _, sd_g, _ = _line(gaps, n - end_g + 1)
-        gap_above = (reward - verifier) - exp_g
-        z_g = gap_above / max(sd_g, reward_floor)
+    if math.isfinite(verifier):
+        base_g, ahead_g = _baseline(p, rows, p.gap_guard)
+        verifiers = _column(base_g, 3)
+        if _finite(verifiers):
+            gaps = [r - v for r, v in zip(_column(base_g, 0), verifiers, strict=True)]
+            exp_g, _, sd_g, _ = _line(gaps, ahead_g)
+            gap_above = (reward - verifier) - exp_g
+            z_g = gap_above / max(sd_g, reward_floor)
     # the signature: all three legs out together, each by at least ``leg_floor``, judged by the
     # middle one, so one leg that its own noise hides does not veto two far out
     low, middle, _ = sorted((z_r + p.reward_lead, z_l, z_k))
