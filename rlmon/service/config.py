@@ -204,12 +204,12 @@ class ConsoleConfig(_Section):
 class GroupingConfig(_Section):
     """Slack and webhook notifications grouped per run, as Alertmanager groups them: a run's
     first alerts wait ``group_wait_seconds`` for the rest (a run's end on every role, three
-    alerts at once: one message), later ones (escalations, resolves, new alerts) go as updates
-    of the group at most every ``group_interval_seconds``. PagerDuty is never grouped (one
-    incident per alert, by its dedup key), nor is the console. On by default, with a wait of
-    seconds (a run's roles end within a second of each other; a page must not wait long) and an
-    interval of a minute (a Slack-only team still sees an escalation within a minute);
-    disabled, each step's alerts are one message, at once."""
+    alerts at once: one message), later ones (resolves, new warnings) go as updates of the
+    group at most every ``group_interval_seconds``; a critical one (an escalation, a new
+    critical alert) goes after the group wait alone. PagerDuty is never grouped (one incident
+    per alert, by its dedup key), nor is the console. On by default, with a wait of seconds (a
+    run's roles end within a second of each other; a page must not wait long) and an interval
+    of a minute; disabled, each step's alerts are one message, at once."""
 
     enabled: bool = True
     group_wait_seconds: float = Field(default=3.0, ge=0.0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -105,12 +106,12 @@ def test_three_alerts_of_a_run_within_the_group_wait_are_one_message(
     counts = dispatcher.stats().outcomes
     assert (counts[("webhook", "sent")], counts[("slack", "sent")]) == (1, 1)
 
-    # a resolve and an escalation later: one update of the group, after the group interval,
+    # a resolve and a new warning later: one update of the group, after the group interval,
     # in the Slack thread of the group's first message
     clock.now = start + 30
     dispatcher.submit([_event("actor", 13, state="resolved")])
     clock.now = start + 31
-    dispatcher.submit([_event("rollout", 14, alert="KLDivergence")])
+    dispatcher.submit([_event("rollout", 14, alert="KLDivergence", severity="warning")])
     _slack_ok(receiver, "1700000070.000200")
     clock.now = start + 69.9
     dispatcher.pump(clock.now)
@@ -126,9 +127,57 @@ def test_three_alerts_of_a_run_within_the_group_wait_are_one_message(
     slack = _slack(receiver)
     assert len(slack) == 2 and slack[1]["thread_ts"] == "1700000000.000100"
     assert slack[1]["text"].startswith("Update: ")
-    # PagerDuty's resolve went at once, one per alert
-    assert [r.body["event_action"] for r in receiver.accepted("/v2/enqueue")][-2:] == [
-        "resolve", "trigger"]
+    # PagerDuty's resolve went at once, one per alert (the warning pages no one)
+    assert [r.body["event_action"] for r in receiver.accepted("/v2/enqueue")] == [
+        "trigger", "trigger", "trigger", "resolve"]
+
+
+def test_an_escalation_goes_after_the_group_wait_not_the_interval_after_a_restart_too(
+        receiver: Receiver, tmp_path: Path) -> None:
+    """A warning escalated to critical (or a new critical) is an update of the group that goes
+    after the group wait, taking the members queued before it along, not after the group
+    interval: also from a restarted service, which reads the group's last message back."""
+    clock = FakeClock(1_700_000_000.0)
+    start = clock.now
+    settings = _settings(receiver)
+    settings.routing.critical = ["slack", "webhook"]
+    path = tmp_path / "outbox.sqlite"
+    dispatcher = _dispatcher(settings, receiver, clock, path)
+    _slack_ok(receiver, "1700000010.000100")
+    dispatcher.submit([_event("actor", 40, alert="KLDivergence", severity="warning")])
+    clock.now = start + 10
+    dispatcher.pump(clock.now)
+    assert len(receiver.accepted("/hook")) == 1
+    # a resolve of something else: an ordinary update, held for the group interval
+    clock.now = start + 12
+    dispatcher.submit([_event("actor", 41, alert="EntropySliding", severity="warning",
+                              state="resolved")])
+    dispatcher.outbox.close()
+    again = _dispatcher(settings, receiver, clock, path)  # a restart
+    clock.now = start + 20
+    again.submit([replace(_event("actor", 45, alert="KLDivergence"), escalated_from="warning")])
+    _slack_ok(receiver, "1700000030.000200")
+    clock.now = start + 29.9
+    again.pump(clock.now)
+    assert len(receiver.accepted("/hook")) == 1  # still in the group wait
+    clock.now = start + 30
+    again.pump(clock.now)  # 30 s before the group interval would let an update go
+    hooks = [r.body for r in receiver.accepted("/hook")]
+    assert len(hooks) == 2 and hooks[1]["update"] is True
+    assert [(a["alert"], a["state"], a["severity"]) for a in hooks[1]["alerts"]] == [
+        ("EntropySliding", "resolved", "warning"), ("KLDivergence", "firing", "critical")]
+    slack = _slack(receiver)
+    assert len(slack) == 2 and slack[1]["thread_ts"] == "1700000010.000100"
+    assert again.outbox.pending() == 0
+    # a warning after it waits the interval again, from the escalation's message
+    clock.now = start + 35
+    again.submit([_event("rollout", 46, alert="EntropySliding", severity="warning")])
+    clock.now = start + 89.9
+    again.pump(clock.now)
+    assert len(receiver.accepted("/hook")) == 2
+    clock.now = start + 90
+    again.pump(clock.now)
+    assert len(receiver.accepted("/hook")) == 3
 
 
 def test_runs_are_grouped_apart_and_one_step_keeps_the_steps_message(

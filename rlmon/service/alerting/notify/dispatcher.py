@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlmon.service.alerting.alert_types import AlertEvent
-from rlmon.service.alerting.notify.grouping import Groups, is_member, member_events
+from rlmon.service.alerting.notify.grouping import Groups, is_member, is_urgent, member_events
 from rlmon.service.alerting.notify.message import Delivery, Notifier
 from rlmon.service.alerting.notify.outbox import Outbox, PendingRow
 from rlmon.service.alerting.notify.routing import route
@@ -92,7 +92,8 @@ class Dispatcher:
         stored = 0
         now = self._clock()
         for notification in routed.notifications:
-            if self.outbox.put(notification, due=self.groups.due(notification, now)):
+            if self.outbox.put(notification, due=self.groups.due(notification, now),
+                               hasten=is_urgent(notification.body)):
                 stored += 1
                 if wake:
                     self._wake[notification.destination].set()

@@ -1,18 +1,21 @@
 """Notifications grouped per run for Slack and the webhook, as Alertmanager groups alerts.
 
 Routing stores each step's transitions for a grouped destination as a *member* of its run's group
-(the events themselves, rendered at send time), in the durable outbox like any notification,
-with the run's group as its order key. A member is due after ``group_wait`` (its companions
-arrive meanwhile), and once the group has sent, not before ``group_interval`` after the group's
-last message. When the oldest member of a group is due, the deliverer claims every
-member the group holds (:meth:`Outbox.claim_group`) and sends them as one message: a run's
-end on every role, or three alerts in the group wait, is one message; an escalation or a resolve
-later is an update of the group (the webhook's ``update``; with a Slack bot token a reply in the
-thread of the group's first message). Every member is acked, retried or kept as failed with the
-message, so a group is as durable as a single notification: nothing is sent before it is stored,
-and an undelivered group is retried and kept. What a group's next message needs (when the group
-began and last sent, how many messages it sent, its Slack thread's ts) is kept in the outbox's
-file as each message goes, so after a restart an update is still an update, in the same thread.
+(the events themselves, rendered at send time), in the durable outbox like any notification, with
+the run's group as its order key. A member is due after ``group_wait`` (its companions arrive
+meanwhile), and once the group has sent, not before ``group_interval`` after the group's last
+message, unless it says a critical alert fires (a new one, or a warning escalated): that goes after
+the group wait, with the members queued before it, so a Slack-only team hears of an escalation in
+seconds, after a restart too (the interval is kept in the outbox's file). When the oldest member of
+a group is due, the deliverer claims every member the group holds (:meth:`Outbox.claim_group`) and
+sends them as one message: a run's end on every role, or three alerts in the group wait, is one
+message; an escalation or a resolve later is an update of the group (the webhook's ``update``; with
+a Slack bot token a reply in the thread of the group's first message). Every member is acked,
+retried or kept as failed with the message, so a group is as durable as a single notification:
+nothing is sent before it is stored, and an undelivered group is retried and kept. What a group's
+next message needs (when the group began and last sent, how many messages it sent, its Slack
+thread's ts) is kept in the outbox's file as each message goes, so after a restart an update is
+still an update, in the same thread.
 
 PagerDuty is not grouped: one incident per alert, by its dedup key. The console is not either
 (it is the local view, shown at once).
@@ -39,7 +42,7 @@ from rlmon.service.alerting.notify.render import (
 )
 from rlmon.service.config import GroupingConfig, Settings
 
-__all__ = ["GROUPED", "Groups", "group_key", "is_member", "member", "member_events"]
+__all__ = ["GROUPED", "Groups", "group_key", "is_member", "is_urgent", "member", "member_events"]
 
 GROUPED: tuple[str, ...] = ("slack", "webhook")
 _MEMBER = "rlmon_group_member"  # the key a member body carries (never sent as such)
@@ -62,6 +65,13 @@ def member(destination: str, key: str, events: Sequence[AlertEvent],
 
 def is_member(body: dict[str, Any]) -> bool:
     return bool(body.get(_MEMBER))
+
+
+def is_urgent(body: dict[str, Any]) -> bool:
+    """A member that says a critical alert fires (a new one or an escalation): it goes after the
+    group wait, not the group interval, and the members queued before it go with it."""
+    return is_member(body) and any(e["state"] == "firing" and e["severity"] == "critical"
+               for e in json.loads(body["events"]))
 
 
 def member_events(body: dict[str, Any]) -> list[AlertEvent]:
@@ -110,7 +120,7 @@ class Groups:
         with self._lock:
             group = self._live(notification.destination, notification.order_key, now)
             wait = now + self.config.group_wait_seconds
-            if group is None or not group.sent:
+            if group is None or not group.sent or is_urgent(notification.body):
                 return wait
             # an update waits the group wait too: a run's end on every role after a quiet
             # interval is still one message, not its first role's and then the rest

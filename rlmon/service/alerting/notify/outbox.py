@@ -153,9 +153,11 @@ class Outbox:
             "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value", (name, by),
         )
 
-    def put(self, notification: Notification, due: float | None = None) -> bool:
+    def put(self, notification: Notification, due: float | None = None,
+            hasten: bool = False) -> bool:
         """Store a notification for delivery (from ``due``, unix seconds; None: now); False if
-        its key is pending or already delivered."""
+        its key is pending or already delivered. ``hasten``: the rows of its order key queued
+        before it are due by then too (they go first, and a group goes as one message)."""
         now = self._clock()
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
@@ -174,6 +176,11 @@ class Outbox:
                          now if due is None else due),
                     )
                     inserted = cur.rowcount == 1
+                if inserted and hasten:
+                    self._db.execute(
+                        "UPDATE outbox SET next_at = MIN(next_at, ?) WHERE destination = ? "
+                        "AND order_key = ?", (now if due is None else due,
+                                              notification.destination, notification.order_key))
                 if not inserted:
                     self._bump("duplicates")
                 self._db.execute("COMMIT")
