@@ -134,10 +134,12 @@ class MetricResult:
 class MetricPool:
     """Every contribution to one metric in one step, kept as mergeable cells.
 
-    A cell key is (mini-batch, rank): ranks are kept apart so that each rank's own value (the
-    per-rank extremes) and one copy per replica group can be told; the rank is None in a cell of
-    ranks already folded together (a columnar block's, ``by_rank`` False) and in a ranked form's
-    (its items are pooled as they come).
+    The cells are per mini-batch (one, 0, unless ``minibatch_mean``), each a map by rank: ranks
+    are kept apart so that each rank's own value (the per-rank extremes) and one copy per replica
+    group can be told; the rank is None in a cell of ranks already folded together (a columnar
+    block's, ``by_rank`` False) and in a ranked form's (its items are pooled as they come). Keyed
+    so, adding a rank's state builds no key of its own (a replay of a thousand ranks adds a
+    million states a step).
     """
 
     __slots__ = ("by_rank", "cells", "form", "minibatch_mean", "per_rank", "replicated")
@@ -157,18 +159,24 @@ class MetricPool:
         self.minibatch_mean = minibatch_mean
         self.per_rank = per_rank
         self.by_rank = (by_rank and FORMS[form].ranked is None) or replicated is not None
-        self.cells: dict[tuple[int, Rank | None], State] = {}
+        self.cells: dict[int, dict[Rank | None, State]] = {}
 
     def add(self, rank: Rank, minibatch: int, state: State) -> None:
-        key = (minibatch if self.minibatch_mean else 0, rank if self.by_rank else None)
-        old = self.cells.get(key)
-        self.cells[key] = state if old is None else combine(self.form, old, state)
+        mb = minibatch if self.minibatch_mean else 0
+        cells = self.cells.get(mb)
+        if cells is None:
+            cells = self.cells[mb] = {}
+        key = rank if self.by_rank else None
+        old = cells.get(key)
+        cells[key] = state if old is None else combine(self.form, old, state)
 
     def merge(self, other: MetricPool) -> None:
         """Fold another pool of the same metric and options into this one."""
-        for key, state in other.cells.items():
-            old = self.cells.get(key)
-            self.cells[key] = state if old is None else combine(self.form, old, state)
+        for mb, theirs in other.cells.items():
+            cells = self.cells.setdefault(mb, {})
+            for key, state in theirs.items():
+                old = cells.get(key)
+                cells[key] = state if old is None else combine(self.form, old, state)
 
     def result(self) -> MetricResult:
         """Dedupe replicas (one copy per group, the lowest rank's), pool, divide once.
@@ -182,21 +190,25 @@ class MetricPool:
         pools: dict[int, State] = {}
         if self.replicated is None:
             merge = FORMS[form].combine  # one lookup: a rank's cell each (the pool's hot loop)
-            for (mb, _), state in self.cells.items():
-                old = pools.get(mb)
-                pools[mb] = state if old is None else merge(old, state)
+            for mb, cells in self.cells.items():
+                states = iter(cells.values())
+                pooled = next(states)
+                for state in states:
+                    pooled = merge(pooled, state)
+                pools[mb] = pooled
         else:
-            groups: dict[tuple[int, Rank], list[tuple[Rank, State]]] = {}
-            for (mb, rank), state in self.cells.items():
-                assert rank is not None
-                groups.setdefault((mb, replica_group(rank, self.replicated)), []).append(
-                    (rank, state))
-            for (mb, _), copies in groups.items():
-                if len(copies) > 1 and not all_agree([state for _, state in copies]):
-                    mismatch = True
-                _, state = min(copies, key=lambda copy: copy[0])
-                old = pools.get(mb)
-                pools[mb] = state if old is None else combine(form, old, state)
+            for mb, cells in self.cells.items():
+                groups: dict[Rank, list[tuple[Rank, State]]] = {}
+                for rank, state in cells.items():
+                    assert rank is not None
+                    groups.setdefault(replica_group(rank, self.replicated), []).append(
+                        (rank, state))
+                for copies in groups.values():
+                    if len(copies) > 1 and not all_agree([state for _, state in copies]):
+                        mismatch = True
+                    _, state = min(copies, key=lambda copy: copy[0])
+                    old = pools.get(mb)
+                    pools[mb] = state if old is None else combine(form, old, state)
         if FORMS[form].agree:  # the state spans its lowest and highest copy: they must agree
             mismatch = mismatch or not all(_close(p[0], p[-1]) for p in pools.values())
         values = [finalize(form, pools[mb]) for mb in sorted(pools)]
@@ -224,21 +236,22 @@ class MetricPool:
         the group's lowest rank's copy (the one the step's value counts). A rank whose value is
         undefined (a mean over zero tokens) has none."""
         form = self.form
-        if self.replicated is None and not self.minibatch_mean:  # one cell per rank
+        if self.replicated is None and len(self.cells) == 1:  # one cell per rank
             fin = FORMS[form].finalize
-            return {rank: v for (_, rank), state in self.cells.items()
+            return {rank: v for rank, state in next(iter(self.cells.values())).items()
                     if rank is not None and (v := fin(state)) is not None}
         by_unit: dict[Rank, dict[int, tuple[Rank, State]]] = {}
-        for (mb, rank), state in self.cells.items():
-            if rank is None:  # folded over ranks already
-                continue
-            unit = rank if self.replicated is None else replica_group(rank, self.replicated)
-            mbs = by_unit.setdefault(unit, {})
-            old = mbs.get(mb)
-            if old is None or (self.replicated is not None and rank < old[0]):
-                mbs[mb] = (rank, state)
-            elif self.replicated is None:
-                mbs[mb] = (rank, combine(form, old[1], state))
+        for mb, cells in self.cells.items():
+            for rank, state in cells.items():
+                if rank is None:  # folded over ranks already
+                    continue
+                unit = rank if self.replicated is None else replica_group(rank, self.replicated)
+                mbs = by_unit.setdefault(unit, {})
+                old = mbs.get(mb)
+                if old is None or (self.replicated is not None and rank < old[0]):
+                    mbs[mb] = (rank, state)
+                elif self.replicated is None:
+                    mbs[mb] = (rank, combine(form, old[1], state))
         out: dict[Rank, float] = {}
         for unit, mbs in by_unit.items():
             values = [finalize(form, mbs[mb][1]) for mb in sorted(mbs)]
