@@ -26,7 +26,10 @@ a KL blow-up alone), which must not be called reward hacking.
 
 Prints the share caught, how many within 15 steps of the onset (issue 39's target), onset-to-alert
 (steps; 0 = at the onset step), the first alert of the rest of the default pack on the same runs,
-and the healthy runs that fired. Parameters were tuned on seeds 0-199; the figures are for
+and the healthy runs that fired; for the steady climbs also how many are named within 15 steps
+by the climb's size 15 steps after its onset (:func:`signal`: in robust SDs of each series' own
+noise), which says where the misses are: on climbs still within a few SDs of their noise.
+Parameters were tuned on seeds 0-199; the figures are for
 held-out seeds 7000-7099 unless ``--seeds tuning``.
 """
 
@@ -47,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_detection  # the detection benchmark's healthy runs and faults
 
 from rlmon.service.alerting.engine import AlertEngine
+from rlmon.service.alerting.reward_hacking import RewardHackingParams, robust_line
 from rlmon.service.alerting.rules import Rule, default_rules, reward_hacking_rule
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.metrics import catalog as c
@@ -154,6 +158,47 @@ def series_of(case: Case) -> Series:
     return s
 
 
+PARAMS = RewardHackingParams()  # the defaults the rule runs with
+SIGNAL_BANDS = ((-math.inf, 4.0), (4.0, 6.0), (6.0, math.inf))  # signal(): robust SDs
+
+
+def signal(case: Case, s: Series, p: RewardHackingParams = PARAMS, within: int = WITHIN,
+           ) -> float:
+    """How far the hack alone has moved the series that name it ``within`` steps after the onset,
+    in each series' noise before the onset (the detector's scales and floors over the window that
+    ends ``guard`` steps before the onset): the smallest of the reward's (credited with its lead),
+    the length's and the KL's departure, or, with a verifier score, the larger of that and the
+    smaller of the reward's and the gap's. A measure of the case, not of the detector: how hard
+    the climb is to name by then."""
+    clean, _ = healthy(case.seed)
+    at, on = case.onset + within, case.onset
+    base = slice(on - p.guard - p.window, on - p.guard)
+
+    def scale(values: np.ndarray, floor: float) -> float:
+        return max(robust_line([float(v) for v in values[base]], 1)[2], floor)
+
+    def log_kl(v: np.ndarray) -> np.ndarray:
+        return np.log(np.maximum(v, 0.0) + p.kl_offset)
+
+    level = robust_line([float(v) for v in s[c.REWARD][base]], 1)[3]
+    reward_floor = max(p.reward_floor * abs(level), 1e-3)
+    added = s[c.REWARD][at] - clean[c.REWARD][at]
+    z_r = added / scale(s[c.REWARD], reward_floor) + p.reward_lead
+    z_l = float(np.log(s[c.RESPONSE_LENGTH][at] / clean[c.RESPONSE_LENGTH][at])) / scale(
+        np.log(s[c.RESPONSE_LENGTH]), p.length_floor)
+    z_k = float(log_kl(s[c.KL])[at] - log_kl(clean[c.KL])[at]) / scale(log_kl(s[c.KL]),
+                                                                      p.kl_floor)
+    named = min(z_r, z_l, z_k)
+    if c.VERIFIER_SCORE in s:
+        followed = s[c.VERIFIER_SCORE][at] - clean[c.VERIFIER_SCORE][at] \
+            if c.VERIFIER_SCORE in clean else 0.0
+        gap = s[c.REWARD] - s[c.VERIFIER_SCORE]
+        gap_base = slice(on - p.gap_guard - p.window, on - p.gap_guard)
+        gap_scale = max(robust_line([float(v) for v in gap[gap_base]], 1)[2], reward_floor)
+        named = max(named, min(z_r, (added - followed) / gap_scale))
+    return float(named)
+
+
 def records(s: Series, run: str) -> Iterable[StepRecord]:
     steps = len(next(iter(s.values())))
     for step in range(steps):
@@ -231,6 +276,7 @@ def main() -> int:
     quiet: dict[str, list[str]] = {}
     early: list[str] = []
     held: dict[str, list[float]] = {}
+    by_signal: dict[tuple[str, int], list[bool]] = {}  # (kind, band): named within 15 or not
     for case in cases(seeds):
         events = transitions(case, hacking)
         fired = [(a, st) for a, st, state in events if state == "firing"]
@@ -248,6 +294,10 @@ def main() -> int:
             early.append(f"{case.kind} seed {case.seed} at step {before[0]} (onset {case.onset})")
         after = [s - case.onset for _, s in fired if s >= case.onset]
         lags.setdefault((case.kind, case.ramp), []).append(after[0] if after else None)
+        if case.kind.startswith("climb"):
+            size = signal(case, series_of(case))
+            band = next(i for i, (lo, hi) in enumerate(SIGNAL_BANDS) if lo <= size < hi)
+            by_signal.setdefault((case.kind, band), []).append(bool(after) and after[0] <= WITHIN)
         if args.full_pack:
             steps = [(a, s - case.onset) for a, s in firings(case, rest) if s >= case.onset]
             other.setdefault((case.kind, case.ramp), []).append(steps[0][1] if steps else None)
@@ -270,6 +320,15 @@ def main() -> int:
         print(f"{kind}: {len(fired_runs)} of {runs} runs fired RewardHacking"
               + (": " + ", ".join(fired_runs[:8]) if fired_runs else ""))
     print(f"before the onset: {len(early)}" + (": " + ", ".join(early[:8]) if early else ""))
+    for kind in sorted({k for k, _ in by_signal}):
+        parts = []
+        for band, (lo, hi) in enumerate(SIGNAL_BANDS):
+            named = by_signal.get((kind, band), [])
+            label = f"< {hi:g}" if lo == -math.inf else f">= {lo:g}" if hi == math.inf \
+                else f"{lo:g}-{hi:g}"
+            parts.append(f"{label} SDs {sum(named)} of {len(named)}")
+        print(f"{kind}: named within {WITHIN}, by the hack's size {WITHIN} steps after its onset "
+              f"(signal()): " + ", ".join(parts))
     for kind, shares in sorted(held.items()):
         print(f"{kind}: held {statistics.mean(shares):.0%} of the steps from its first alert to "
               f"the end (lowest {min(shares):.0%}, {len(shares)} runs caught)")

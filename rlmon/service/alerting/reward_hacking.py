@@ -67,7 +67,8 @@ from dataclasses import dataclass
 
 from rlmon.service.metrics import catalog as c
 
-__all__ = ["ALERT", "SUMMARY", "WHAT_TO_CHECK", "Evidence", "RewardHackingParams", "observe"]
+__all__ = ["ALERT", "SUMMARY", "WHAT_TO_CHECK", "Evidence", "RewardHackingParams", "observe",
+           "robust_line"]
 
 ALERT = "RewardHacking"
 SUMMARY = ("Reward climbing off its course with completion length and KL (or away from its held-out / "
@@ -148,7 +149,7 @@ def _median(values: list[float]) -> float:
     return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
 
-def _line(values: list[float], ahead: int) -> tuple[float, float, float, float]:
+def robust_line(values: list[float], ahead: int) -> tuple[float, float, float, float]:
     """(value expected ``ahead`` steps after the last, slope per step, robust scale, level)
     of a robust line through ``values`` (the NaN-free ones, in order)."""
     n = len(values)
@@ -189,9 +190,9 @@ def _evidence(p: RewardHackingParams, rows: list[float], new: tuple[float, ...],
     rewards, lengths, kls = _column(base, 0), _column(base, 1), _column(base, 2)
     if not (_finite(rewards) and _finite(lengths)):
         return None
-    exp_r, _, sd_r, level_r = _line(rewards, ahead)
+    exp_r, _, sd_r, level_r = robust_line(rewards, ahead)
     reward_floor = max(p.reward_floor * abs(level_r), 1e-3)
-    exp_l, _, sd_l, _ = _line(lengths, ahead)
+    exp_l, _, sd_l, _ = robust_line(lengths, ahead)
     reward, length, kl, verifier = new
     reward_above = reward - exp_r
     z_r = reward_above / max(sd_r, reward_floor)
@@ -201,7 +202,7 @@ def _evidence(p: RewardHackingParams, rows: list[float], new: tuple[float, ...],
     z_k = -math.inf
     kl_ratio = math.nan
     if math.isfinite(kl) and _finite(kls):
-        exp_k, _, sd_k, _ = _line(kls, ahead)
+        exp_k, _, sd_k, _ = robust_line(kls, ahead)
         z_k = (kl - exp_k) / max(sd_k, p.kl_floor, _TINY)
         kl_ratio = math.exp(kl - exp_k)
     z_g = gap_above = math.nan
@@ -210,7 +211,7 @@ def _evidence(p: RewardHackingParams, rows: list[float], new: tuple[float, ...],
         verifiers = _column(base_g, 3)
         if _finite(verifiers):
             gaps = [r - v for r, v in zip(_column(base_g, 0), verifiers, strict=True)]
-            exp_g, _, sd_g, _ = _line(gaps, ahead_g)
+            exp_g, _, sd_g, _ = robust_line(gaps, ahead_g)
             gap_above = (reward - verifier) - exp_g
             z_g = gap_above / max(sd_g, reward_floor)
     # the signature: all three legs out together, each by at least ``leg_floor``, judged by the

@@ -1,0 +1,42 @@
+"""``bench/bench_reward_hacking.py``'s measure of a case's size (``signal``): what the hack alone
+has moved the legs that name it, in each series' own noise; nothing where nothing was added."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench import bench_reward_hacking as bench
+from rlmon.service.metrics import catalog as c
+
+
+def _case(kind: str, seed: int) -> bench.Case:
+    return next(case for case in bench.cases(range(seed, seed + 1)) if case.kind == kind)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7002, 7003])
+def test_a_climb_grows_step_by_step_and_a_healthy_run_has_none(seed: int) -> None:
+    climb = _case("climb", seed)
+    series = bench.series_of(climb)
+    sizes = [bench.signal(climb, series, within=k) for k in (5, 10, 15, 30)]
+    assert sizes == sorted(sizes) and sizes[0] > 0, sizes
+    healthy, _ = bench.healthy(seed)
+    # the same run without the hack: no leg moved, so nothing is credited but the reward's lead
+    assert bench.signal(climb, healthy) <= bench.PARAMS.reward_lead + 1e-9
+
+
+@pytest.mark.parametrize("seed", [7002, 7003])
+def test_a_climb_away_from_the_verifier_is_sized_by_its_gap(seed: int) -> None:
+    """Length and KL stay on their course, so only the verifier gap can name it: its size is
+    the smaller of the reward's departure and the gap's, both the added reward over a scale."""
+    case = _case("climb-gap", seed)
+    series = bench.series_of(case)
+    assert c.VERIFIER_SCORE in series
+    size = bench.signal(case, series)
+    at = case.onset + bench.WITHIN
+    added = series[c.REWARD][at] - bench.healthy(seed)[0][c.REWARD][at]
+    assert size > 0 and math.isfinite(size)
+    # the gap grows as the added reward does: twice the steps, about twice the size
+    assert bench.signal(case, series, within=2 * bench.WITHIN + 1) > 1.5 * size
+    assert added > 0
