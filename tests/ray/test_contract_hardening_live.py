@@ -23,7 +23,7 @@ from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.metrics.partial import Partial
 from rlmon.service.metrics.rank import Rank, World
 from rlmon.service.metrics.spec import Form
-from tests.support.polling import wait_for
+from tests.support.polling import PATIENCE_S, wait_for
 
 _GOOD = columns_from_states({"actor/loss": (Form.MEAN, (2.0, 1.0))})
 _HUGE = 10**5000
@@ -143,7 +143,7 @@ def test_the_good_message_beside_a_bad_one_is_delivered(bad: Any, field: str) ->
         open_step = msg(run="open", step=0, rank=Rank(dp=0), world=World(dp=2))
         ack = server.ingest([open_step, bad, _good()])
         assert (ack.rejected, ack.accepted) == (1, 2)
-        wait_for(lambda: any(r.run == "ok" for r in published), 30, "the good step delivered")
+        wait_for(lambda: any(r.run == "ok" for r in published), PATIENCE_S, "the good step delivered")
     finally:
         assert server.close()
     runs = sorted(r.run for r in published)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.polling import wait_for
+from tests.support.polling import CHILD_RUN_S, PATIENCE_S, wait_for
 from tests.support.web_support import browser, need_chromium
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -55,7 +55,7 @@ def test_demo_in_a_terminal_serves_its_run_page_until_ctrl_c(tmp_path: Path) -> 
     try:
         waiting = wait_for(lambda: next((m for line in out if (m := re.search(
             r"the run page stays up at (http://\S+?);", line))), None) or proc.poll() is not None,
-            timeout=240, what="the demo to wait for Ctrl-C")
+            timeout=CHILD_RUN_S, what="the demo to wait for Ctrl-C")
         assert proc.poll() is None, "".join(err)[-3000:]
         url = waiting.group(1)
         assert f"the run page at {url}" in "".join(out)
@@ -65,7 +65,7 @@ def test_demo_in_a_terminal_serves_its_run_page_until_ctrl_c(tmp_path: Path) -> 
             tab.on("pageerror", lambda exc: raised.append(str(exc)))
             tab.goto(url)
             try:
-                tab.wait_for_selector("#panels .panel[data-onsets]", timeout=90_000)
+                tab.wait_for_selector("#panels .panel[data-onsets]", timeout=PATIENCE_S * 1000)
             finally:
                 assert not raised, raised
             onsets = tab.eval_on_selector_all("#panels .panel", "p => p.map(e => e.dataset.onsets)")
@@ -91,7 +91,7 @@ def test_demo_in_a_terminal_serves_its_run_page_until_ctrl_c(tmp_path: Path) -> 
             proc.kill()
         os.close(terminal)
         os.close(side)
-    wait_for(lambda: any("alerts fired" in line for line in out), 10, "the summary")
+    wait_for(lambda: any("alerts fired" in line for line in out), PATIENCE_S, "the summary")
     text, errors = "".join(out), "".join(err)
     firings = re.findall(r"\[(?:WARNING|CRITICAL)\] (\w+) on (\S+) step (\d+)", text + errors)
     assert firings and len(firings) == len(set(firings)), firings  # each alert once

@@ -15,6 +15,7 @@ import pytest
 
 from rlmon.service.metrics import catalog
 from rlmon.service.storage.history import HistoryStore
+from tests.support.polling import CHILD_RUN_S
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -26,7 +27,7 @@ def test_demo_writes_a_report_consistent_with_its_timelines(tmp_path: Path) -> N
         [sys.executable, "-m", "rlmon.cli", "demo", "--steps", "10", "--fault", "stale_weights",
          "--fault-step", "1", "--port", "0", "--plot", str(tmp_path / "demo.png"),
          "--report", str(html), "--json"],
-        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+        capture_output=True, text=True, timeout=CHILD_RUN_S, env=env, cwd=tmp_path,
         stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -36,7 +37,7 @@ def test_demo_writes_a_report_consistent_with_its_timelines(tmp_path: Path) -> N
     assert Path(said.group(1)) == html and html.read_text().startswith("<!DOCTYPE html>")
     run, state = said.group(3), Path(said.group(4))
     out = subprocess.run([sys.executable, "-m", "rlmon.cli", "report", run, "--state-dir",
-                          str(state), "--json"], capture_output=True, text=True, timeout=120,
+                          str(state), "--json"], capture_output=True, text=True, timeout=CHILD_RUN_S,
                          env=env, check=True)
     report = json.loads(out.stdout)
     assert report["goodput_ratio"] == pytest.approx(float(said.group(2)), abs=1e-3)

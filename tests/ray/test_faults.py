@@ -15,13 +15,9 @@ from rlmon.actors.runtime import (
     shutdown_runtime,
 )
 from rlmon.service.metrics import catalog
-from tests.support.polling import wait_for
+from tests.support.polling import PATIENCE_S, wait_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-
-# seconds; bounds on waits for Ray, generous because a loaded CI machine is slow, not wrong (a
-# wait returns as soon as its condition holds)
-PATIENCE = 180.0
 
 
 def _steps(ray: Any, service: Any, run: str, n: int) -> list[dict[str, Any]]:
@@ -29,7 +25,7 @@ def _steps(ray: Any, service: Any, run: str, n: int) -> list[dict[str, Any]]:
         steps: list[dict[str, Any]] = ray.get(service.steps.remote(run))
         return steps if len(steps) >= n else None
 
-    return wait_for(got, PATIENCE, "steps in the history store")
+    return wait_for(got, PATIENCE_S, "steps in the history store")
 
 
 def test_aggregator_killed_mid_run_loses_and_double_counts_nothing(
@@ -50,7 +46,7 @@ def test_aggregator_killed_mid_run_loses_and_double_counts_nothing(
     for s in range(4):
         step(s, reps)
     step(4, reps[:1])  # step 4 is half open when the aggregator dies
-    assert all(rep.flush(PATIENCE) for rep in reps)
+    assert all(rep.flush(PATIENCE_S) for rep in reps)
     agg = ray.get_actor(aggregator_name(0), namespace=ray_namespace)
     before = ray.get(agg.stats.remote()).incarnation
     ray.kill(agg, no_restart=False)  # Ray restarts it (max_restarts=-1)
@@ -61,11 +57,11 @@ def test_aggregator_killed_mid_run_loses_and_double_counts_nothing(
         except Exception:  # unavailable while it restarts
             return False
 
-    wait_for(restarted, PATIENCE, "the aggregator to restart")
+    wait_for(restarted, PATIENCE_S, "the aggregator to restart")
     step(4, reps[1:])
     for s in range(5, 8):
         step(s, reps)
-    assert all(rep.flush(PATIENCE) for rep in reps)
+    assert all(rep.flush(PATIENCE_S) for rep in reps)
     steps = _steps(ray, service, "run", 8)
     assert [s["step"] for s in steps] == list(range(8))  # none lost, none twice
     assert all(s["complete"] for s in steps)
@@ -96,7 +92,7 @@ def _worker(ray: Any) -> Any:
             self.rep.end_step(step)
 
         def flush(self) -> bool:
-            return self.rep.flush(PATIENCE)
+            return self.rep.flush(PATIENCE_S)
 
     return Worker
 

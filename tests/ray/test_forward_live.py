@@ -11,7 +11,7 @@ import pytest
 
 from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, shutdown_runtime
 from rlmon.service.forward.tracker import TrackerRun
-from tests.support.polling import wait_for
+from tests.support.polling import PATIENCE_S, wait_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -46,13 +46,13 @@ def test_the_service_actor_forwards_a_reporters_steps(ray_cluster: Any, ray_name
         for step in range(3):
             rep.record("actor/kl", sum=0.1 * (step + 1), count=3.0)
             rep.end_step(step)
-        assert rep.flush(30)
+        assert rep.flush(PATIENCE_S)
         stored = wait_for(lambda: len(ray.get(service.steps.remote("fwd-run"))) == 3
-                          and ray.get(service.steps.remote("fwd-run")), 60, "three steps")
+                          and ray.get(service.steps.remote("fwd-run")), PATIENCE_S, "three steps")
         expected = {(f"actor/{name}".replace("actor/actor/", "actor/"), s["step"]): value
                     for s in stored for name, value in s["metrics"].items()}
         assert expected[("actor/kl", 2)] == pytest.approx(0.1)
-        wait_for(lambda: set(_forwarded(log_dir)) >= set(expected), 60,
+        wait_for(lambda: set(_forwarded(log_dir)) >= set(expected), PATIENCE_S,
                  "the steps in TensorBoard")
         assert _forwarded(log_dir) == expected
         sent, = ray.get(service.stats.remote())["forward"]

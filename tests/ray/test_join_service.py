@@ -15,7 +15,7 @@ import pytest
 
 from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, shutdown_runtime
 from rlmon.commands.serve import ray_join_env
-from tests.support.polling import wait_for
+from tests.support.polling import CHILD_RUN_S, PATIENCE_S, wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -44,7 +44,7 @@ def test_a_script_with_the_printed_environment_reports_here_and_says_so(
         script = tmp_path / "train.py"
         script.write_text(SCRIPT)
         done = subprocess.run([sys.executable, str(script), ray_namespace], env=env,
-                              capture_output=True, text=True, timeout=180,
+                              capture_output=True, text=True, timeout=CHILD_RUN_S,
                               stdin=subprocess.DEVNULL)
         assert done.returncode == 0, done.stderr[-3000:]
         said = [line for line in done.stderr.splitlines()
@@ -53,7 +53,7 @@ def test_a_script_with_the_printed_environment_reports_here_and_says_so(
             f"rlmon: reporting to the rlmon service in namespace {ray_namespace!r} on the Ray at "
             f"{gcs}: the run page on http://127.0.0.1:{layout['port']}/; state in "
             f"{tmp_path / 'state'}"]
-        wait_for(lambda: len(ray_cluster.get(service.steps.remote("joined"))) == 3, 30,
+        wait_for(lambda: len(ray_cluster.get(service.steps.remote("joined"))) == 3, PATIENCE_S,
                  f"the script's steps at this service; its stderr: {done.stderr[-2000:]}")
     finally:
         shutdown_runtime(ray_namespace)

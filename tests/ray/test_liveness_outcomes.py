@@ -19,12 +19,11 @@ from typing import Any
 import pytest
 
 from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, shutdown_runtime
-from tests.support.polling import wait_for
+from tests.support.polling import PATIENCE_S, wait_for, with_patience
 
 # wall-clock liveness under the Ray scheduler: make test-real and make test-load, not make test
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-PATIENCE = 120.0
 CONFIG = """
 notifiers: {console: {enabled: true}}
 liveness:
@@ -36,7 +35,7 @@ liveness:
   sync_span_seconds: 8
 """
 
-SCRIPT = """
+SCRIPT = with_patience("""
 import os, sys, time
 from rlmon import Reporter
 mode, run, namespace, go = sys.argv[1:5]
@@ -51,7 +50,7 @@ def steps(rep, first, n, span="train"):
 
 def ready(rep, last=None):
     # the last step's end too: silence counts from there, not from the flush (slow under load)
-    assert rep.flush(120), "steps not delivered"
+    assert rep.flush(PATIENCE_S), "steps not delivered"
     now = time.time()
     print("ready", now, last or now, flush=True)
 
@@ -101,9 +100,9 @@ else:  # raise
     ready(rep)
     with rep.span("update_actor"):  # raised at once: no heartbeat saw the stage, the end says it
         raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
-"""
+""")
 
-DRIVER = """
+DRIVER = with_patience("""
 import sys, time
 import ray
 from rlmon import Reporter
@@ -124,7 +123,7 @@ class Rank:
             self.rep.record("actor/loss", sum=1.0, count=1.0)
             self.rep.end_step(self.step)
             self.step += 1
-        assert self.rep.flush(120)
+        assert self.rep.flush(PATIENCE_S)
         if fail:
             raise ValueError("reward function raised on a bad batch")
 
@@ -135,10 +134,10 @@ for step in range(5):
     ray.get(rank.train.remote(2))
     rep.record("driver/loop", sum=1.0, count=1.0)
     rep.end_step(step)
-assert rep.flush(120)
+assert rep.flush(PATIENCE_S)
 print("ready", time.time(), time.time(), flush=True)
 ray.get(rank.train.remote(1, fail=True))  # raises RayTaskError(ValueError): uncaught
-"""
+""")
 
 EXPECTED = {
     "raise": ("actor", "RunFailed"),
@@ -230,21 +229,21 @@ def test_every_bad_ending_pages_what_it_should(ray_cluster: Any, ray_namespace: 
             return len(seen) == len([w for w in EXPECTED.values() if w is not None])
 
         try:
-            wait_for(paged, PATIENCE, "each bad ending's alert", every=0.05)
+            wait_for(paged, PATIENCE_S, "each bad ending's alert", every=0.05)
         finally:
             os.killpg(procs["sigstop"].pid, signal.SIGCONT)
         wait_for(lambda: ("actor", "RunFrozen", "resolved") in _alerts(ray, service)[
-            "sigstop-run"], PATIENCE, "RunFrozen resolved once the process goes on")
+            "sigstop-run"], PATIENCE_S, "RunFrozen resolved once the process goes on")
         (tmp_path / "go").touch()
-        assert procs["sigstop"].wait(PATIENCE) == 0
-        assert procs["slow_first"].wait(PATIENCE) == 0
-        assert procs["raise"].wait(PATIENCE) == 1 and procs["with_raise"].wait(PATIENCE) == 1
-        assert procs["actor_raise"].wait(PATIENCE) == 1
-        assert procs["sigterm"].wait(PATIENCE) == -signal.SIGTERM
+        assert procs["sigstop"].wait(PATIENCE_S) == 0
+        assert procs["slow_first"].wait(PATIENCE_S) == 0
+        assert procs["raise"].wait(PATIENCE_S) == 1 and procs["with_raise"].wait(PATIENCE_S) == 1
+        assert procs["actor_raise"].wait(PATIENCE_S) == 1
+        assert procs["sigterm"].wait(PATIENCE_S) == -signal.SIGTERM
         # a moment past the ends: nothing else pages (no RunDied beside a failure, no RunStalled
         # for the frozen script that went on, nothing for the slow start or the clean finish)
         settle = time.time()
-        wait_for(lambda: time.time() - settle > 4.0, 30, "four seconds more", every=0.2)
+        wait_for(lambda: time.time() - settle > 4.0, PATIENCE_S, "four seconds more", every=0.2)
         alerts = _alerts(ray, service)
         got = {mode: alerts[f"{mode}-run"] for mode in EXPECTED}
         for mode, want in EXPECTED.items():

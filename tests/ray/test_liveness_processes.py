@@ -15,12 +15,11 @@ from typing import Any
 import pytest
 
 from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, shutdown_runtime
-from tests.support.polling import wait_for
+from tests.support.polling import PATIENCE_S, wait_for, with_patience
 
 # wall-clock liveness under the Ray scheduler: make test-real and make test-load, not make test
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-PATIENCE = 120.0
 CONFIG = """
 notifiers: {console: {enabled: true}}
 liveness:
@@ -31,7 +30,7 @@ liveness:
   first_step_seconds: 60
 """
 
-SCRIPT = """
+SCRIPT = with_patience("""
 import os, sys, time
 from rlmon import Reporter
 mode, run, namespace = sys.argv[1:4]
@@ -43,14 +42,14 @@ for step in range(10):
     rep.record("actor/loss", sum=1.0, count=1.0)
     rep.end_step(step)
 last = time.time()  # silence counts from here, not from the flush (slow on a busy machine)
-assert rep.flush(120), "steps not delivered"
+assert rep.flush(PATIENCE_S), "steps not delivered"
 print("last step at", last, flush=True)
 if mode == "hang":
     with rep.span("rollout"), rep.span("generate"):
         time.sleep(3600)  # the process lives; its training thread is stuck here
 elif mode == "kill":
     time.sleep(3600)  # SIGKILLed by the test
-"""
+""")
 
 
 def _start(tmp: Path, mode: str, run: str, namespace: str, address: str) -> subprocess.Popen[str]:
@@ -104,10 +103,10 @@ def test_hung_killed_and_clean_scripts(ray_cluster: Any, ray_namespace: str,
                     seen[mode] = time.time()
             return len(seen) == 2
 
-        wait_for(paged, PATIENCE, "RunStalled for the hung script and RunDied for the killed one",
+        wait_for(paged, PATIENCE_S, "RunStalled for the hung script and RunDied for the killed one",
                  every=0.05)
-        assert procs["clean"].wait(PATIENCE) == 0
-        wait_for(lambda: time.time() - stopped["clean"] > 10, 30, "ten seconds past the clean "
+        assert procs["clean"].wait(PATIENCE_S) == 0
+        wait_for(lambda: time.time() - stopped["clean"] > 10, PATIENCE_S, "ten seconds past the clean "
                  "script's last step", every=0.2)
         assert _alerts(ray, service, "hang-run") == [("RunStalled", "firing")]
         assert _alerts(ray, service, "kill-run") == [("RunDied", "firing")]

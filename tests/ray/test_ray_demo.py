@@ -13,6 +13,7 @@ import pytest
 from rlmon.service.replay import replay
 from rlmon.workload import grpo
 from tests.support.perfetto_check import read_trace
+from tests.support.polling import CHILD_RUN_S
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -23,7 +24,7 @@ def test_demo_dead_rank_json_and_plot(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "rlmon.cli", "demo", "--steps", "5", "--fault", "dead_rank",
          "--fault-step", "2", "--port", "0", "--plot", str(plot), "--json"],
-        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
+        capture_output=True, text=True, timeout=CHILD_RUN_S, env=env, cwd=tmp_path,
         stdin=subprocess.DEVNULL,  # no terminal: the demo does not wait for Ctrl-C
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -60,7 +61,7 @@ def test_demo_lr_spike_computes_what_the_workload_does(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "rlmon.cli", "demo", "--steps", "7", "--fault", "lr_spike",
          "--fault-step", "3", "--port", "0", "--plot", str(tmp_path / "demo.png"), "--json"],
-        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
+        capture_output=True, text=True, timeout=CHILD_RUN_S, env=env, cwd=tmp_path,
         stdin=subprocess.DEVNULL,  # no terminal: the demo does not wait for Ctrl-C
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -82,7 +83,7 @@ def test_demo_lr_spike_computes_what_the_workload_does(tmp_path: Path) -> None:
 def test_demo_replay_mode() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "rlmon.cli", "demo", "--replay", "--json"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=CHILD_RUN_S,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     alerts = [json.loads(x) for x in proc.stdout.splitlines() if '"type": "alert"' in x]

@@ -21,11 +21,10 @@ from typing import Any
 import pytest
 
 from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, shutdown_runtime
-from tests.support.polling import wait_for
+from tests.support.polling import PATIENCE_S, wait_for, with_patience
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-PATIENCE = 180.0
 CONFIG = """
 notifiers: {console: {enabled: true}}
 exporter: {port: 0}
@@ -38,7 +37,7 @@ liveness:
   final_seconds: 60
 """
 
-DRIVER = """
+DRIVER = with_patience("""
 import os, sys, time
 import ray
 from rlmon import Reporter, watch_methods
@@ -69,7 +68,7 @@ class Rank:
             time.sleep(seconds)
 
     def flush(self):
-        return self.rep.flush(120)
+        return self.rep.flush(PATIENCE_S)
 
 cls = watch_methods(Rank) if mode == "raises_watched" else Rank
 Remote = ray.remote(num_cpus=0, max_restarts=0, **options)(cls)
@@ -105,7 +104,7 @@ elif mode in ("kill", "kill_stays"):
         while not os.path.exists(go):
             time.sleep(0.1)
 print("ending", time.time(), flush=True)
-"""
+""")
 
 # what each ending pages (role, alert) and what state its run ends in
 EXPECTED: dict[str, tuple[tuple[str, str] | None, str]] = {
@@ -192,7 +191,7 @@ def _watch(ray: Any, service: Any, drivers: dict[str, Driver], expected: dict[st
         return len(seen) == len(expected)
 
     try:
-        wait_for(done, PATIENCE, "every run's end", every=0.1)
+        wait_for(done, PATIENCE_S, "every run's end", every=0.1)
     except pytest.fail.Exception:
         said = {mode: (d.said, d.proc.poll()) for mode, d in drivers.items()}
         pytest.fail(f"not every run ended as expected: ended {sorted(seen)}; drivers said "
@@ -204,7 +203,7 @@ def _watch(ray: Any, service: Any, drivers: dict[str, Driver], expected: dict[st
 def _check_pages(ray: Any, service: Any, expected: dict[str, Any]) -> dict[str, Any]:
     """A moment past the ends: exactly the expected pages, nothing else."""
     settle = time.time()
-    wait_for(lambda: time.time() - settle > 5.0, 30, "five seconds more", every=0.2)
+    wait_for(lambda: time.time() - settle > 5.0, PATIENCE_S, "five seconds more", every=0.2)
     events = _events(ray, service)
     firing = {}
     for mode, (alert, _) in expected.items():
@@ -259,9 +258,9 @@ def test_every_ray_actor_ending_pages_what_it_should(ray_cluster: Any, ray_names
     try:
         seen, states = _watch(ray, service, drivers, EXPECTED, actions)
         for mode in ("returns", "kill", "final_save", "raises", "raises_watched", "released"):
-            assert drivers[mode].proc.wait(PATIENCE) == (1 if "raises" in mode else 0), mode
-        assert drivers["kill_stays"].proc.wait(PATIENCE) == 0 and stays_checked
-        assert drivers["sigkill"].proc.wait(PATIENCE) == 1
+            assert drivers[mode].proc.wait(PATIENCE_S) == (1 if "raises" in mode else 0), mode
+        assert drivers["kill_stays"].proc.wait(PATIENCE_S) == 0 and stays_checked
+        assert drivers["sigkill"].proc.wait(PATIENCE_S) == 1
         firing = _check_pages(ray, service, EXPECTED)
         for mode in ("returns", "final_save"):
             assert "driver ended normally" in states[f"{mode}-run"]["detail"], states
@@ -325,7 +324,7 @@ def test_a_removed_node_fails_the_run_naming_the_node(ray_cluster: Any, ray_name
     driver = None
     try:
         wait_for(lambda: any(n["Alive"] and n["Resources"].get("lost_node") for n in ray.nodes()),
-                 PATIENCE, "the second node")
+                 PATIENCE_S, "the second node")
         driver = Driver(tmp_path, "node", ray_namespace, address)
         lost: dict[str, float] = {}
 

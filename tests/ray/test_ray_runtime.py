@@ -11,9 +11,7 @@ import pytest
 
 from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, node_merger, shutdown_runtime
 from rlmon.service.metrics import catalog
-from tests.support.polling import wait_for
-
-STARTUP = 180.0  # seconds an actor may take to start on a loaded box (a deadline, not a wait)
+from tests.support.polling import PATIENCE_S, wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -36,7 +34,7 @@ def _worker_class(ray: Any) -> Any:
             return True
 
         def flush(self) -> bool:
-            return self.rep.flush(20)
+            return self.rep.flush(PATIENCE_S)
 
     return Worker
 
@@ -56,7 +54,7 @@ def test_reporters_in_workers_to_metrics_and_alert(ray_cluster: Any, ray_namespa
         ray.get([w.step.remote(step, ratio) for w in workers])
     assert all(ray.get([w.flush.remote() for w in workers]))
     steps = wait_for(lambda: len(ray.get(service.steps.remote("run1"))) == 4
-                     and ray.get(service.steps.remote("run1")), 30.0, "four steps")
+                     and ray.get(service.steps.remote("run1")), PATIENCE_S, "four steps")
     assert [s["step"] for s in steps] == [0, 1, 2, 3]
     assert all(s["complete"] for s in steps)
     assert steps[3]["metrics"]["actor/is_ratio"] == pytest.approx(3.0)
@@ -83,7 +81,7 @@ def _run_job(ray: Any, namespace: str, tmp_path: Path, node_merge: bool) -> list
     service = ensure_runtime(namespace, opts)  # returns once the service answers
     if node_merge:  # ... and so does this node's merger: the test is of routing, and an actor's
         # cold start on a loaded two-core box (a Ray worker process) can alone take over 30 s
-        ray.get(node_merger(namespace, 0, opts).flush.remote(), timeout=STARTUP)
+        ray.get(node_merger(namespace, 0, opts).flush.remote(), timeout=PATIENCE_S)
     reps = [Reporter("tier", "actor", rank={"dp": d, "cp": c}, world={"dp": 2, "cp": 2},
                      namespace=namespace, runtime=opts, step_seconds=False,
                      hardware_interval=None)  # values compared across two jobs
@@ -94,9 +92,9 @@ def _run_job(ray: Any, namespace: str, tmp_path: Path, node_merge: bool) -> list
             rep.record("actor/is_ratio_max", max=1.0 + 0.25 * i)
             rep.record("rollout/reward", sum=0.5 * step, count=2.0, replicated=["cp"])
             rep.end_step(step)
-    assert all(rep.flush(30) for rep in reps)
+    assert all(rep.flush(PATIENCE_S) for rep in reps)
     steps = wait_for(lambda: len(ray.get(service.steps.remote("tier"))) == 3
-                     and ray.get(service.steps.remote("tier")), 30.0, "three steps")
+                     and ray.get(service.steps.remote("tier")), PATIENCE_S, "three steps")
     for rep in reps:
         rep.close()
     assert shutdown_runtime(namespace)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.support.network import free_port
-from tests.support.polling import wait_for
+from tests.support.polling import PATIENCE_S, wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -44,14 +44,14 @@ def test_serve_health_ingest_and_graceful_stop(
         except OSError:
             return False
 
-    wait_for(healthy, 60.0, "serve to become healthy")
+    wait_for(healthy, PATIENCE_S, "serve to become healthy")
     rep = Reporter("served", "actor", world={"dp": 2}, rank={"dp": 0}, namespace=ray_namespace,
                    start_service=False, step_seconds=False)
     rep.record("actor/loss", sum=2.0, count=4.0)
     rep.end_step(0)  # rank 1 never reports: only the graceful stop finalizes this step
-    assert rep.flush(30)
+    assert rep.flush(PATIENCE_S)
     stop.set()
-    thread.join(60)
+    thread.join(PATIENCE_S)
     assert result["rc"] == 0
     from rlmon.service.storage.history import HistoryStore
 
@@ -71,7 +71,6 @@ def test_service_resource_pins_the_service_to_the_node_offering_it(
     from rlmon.actors.runtime import SERVICE
     from rlmon.cli import build_parser
     from rlmon.commands import serve
-    from tests.support.polling import wait_for
 
     monkeypatch.setattr(ray_cluster, "init", lambda **kw: None)
     monkeypatch.setattr(ray_cluster, "shutdown", lambda: None)
@@ -101,11 +100,11 @@ def test_service_resource_pins_the_service_to_the_node_offering_it(
             except OSError:
                 return False
 
-        wait_for(healthy, 60, "the pinned service's /healthz")
+        wait_for(healthy, PATIENCE_S, "the pinned service's /healthz")
         service = ray_cluster.get_actor(SERVICE, namespace=ray_namespace)
-        placed = ray_cluster.get(service.placement.remote(), timeout=30)
+        placed = ray_cluster.get(service.placement.remote(), timeout=PATIENCE_S)
         assert placed["resources"].get(resource) == 1.0
     finally:
         stop.set()
-        thread.join(60)
+        thread.join(PATIENCE_S)
     assert result["rc"] == 0

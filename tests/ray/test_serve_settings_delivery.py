@@ -24,7 +24,7 @@ import pytest
 
 from tests.support.alerting_support import Receiver
 from tests.support.network import free_port
-from tests.support.polling import wait_for
+from tests.support.polling import CHILD_RUN_S, PATIENCE_S, wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -56,7 +56,7 @@ def _stop(proc: subprocess.Popen[str]) -> str:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
     try:
-        out, _ = proc.communicate(timeout=90)
+        out, _ = proc.communicate(timeout=PATIENCE_S)
     except subprocess.TimeoutExpired:
         proc.kill()
         out, _ = proc.communicate()
@@ -87,7 +87,7 @@ def test_serve_address_delivers_every_setting_from_its_environment(
     output = ""
     try:
         base = f"http://127.0.0.1:{port}"
-        wait_for(lambda: _status(f"{base}/healthz") == 200 or proc.poll() is not None, 120,
+        wait_for(lambda: _status(f"{base}/healthz") == 200 or proc.poll() is not None, PATIENCE_S,
                  "serve to become healthy")
         assert proc.poll() is None
         # the token: the API answers only with it
@@ -104,8 +104,8 @@ def test_serve_address_delivers_every_setting_from_its_environment(
         for step in range(4):
             rep.record("actor/loss", sum=math.nan, count=1.0)
             rep.end_step(step)
-        assert rep.flush(60)
-        wait_for(lambda: receiver.accepted("/slack") and receiver.accepted("/hook"), 90,
+        assert rep.flush(PATIENCE_S)
+        wait_for(lambda: receiver.accepted("/slack") and receiver.accepted("/hook"), PATIENCE_S,
                  "the alert at Slack and the webhook")
         hook = receiver.accepted("/hook")[0]
         assert hook.path == "/hook?api_key=5ecret-url-key"
@@ -139,13 +139,13 @@ def test_serve_with_other_settings_than_the_running_service_fails_to_start(
                    {**os.environ, "RLMON_EXPORTER__TOKEN": TOKEN})
     try:
         wait_for(lambda: _status(f"http://127.0.0.1:{port}/healthz") == 200
-                 or first.poll() is not None, 120, "the first serve to become healthy")
+                 or first.poll() is not None, PATIENCE_S, "the first serve to become healthy")
         second = subprocess.run(
             [sys.executable, "-m", "rlmon", "serve", "--address", gcs, "--namespace",
              ray_namespace, "--port", str(port), "--host", "127.0.0.1", "--state-dir",
              str(tmp_path / "state"), "--detached"],
             env={**os.environ, "RLMON_EXPORTER__TOKEN": "another-token"},
-            capture_output=True, text=True, timeout=120)
+            capture_output=True, text=True, timeout=CHILD_RUN_S)
         assert second.returncode == 1, second.stdout + second.stderr
         assert "already runs in namespace" in second.stderr and "other settings" in second.stderr
         assert "another-token" not in second.stdout + second.stderr

@@ -23,7 +23,7 @@ from rlmon.service.contract.stop_decision import StopDecision
 from rlmon.service.metrics import catalog
 from rlmon.service.service_core import ServiceCore
 from tests.support.clock import FakeClock
-from tests.support.polling import wait_for
+from tests.support.polling import PATIENCE_S, wait_for
 from tests.support.records import step_record
 from tests.support.stop_support import InProcess, stopping_settings
 
@@ -168,29 +168,29 @@ def test_a_stop_reaches_the_reporter_through_the_aggregator(tmp_path: Path,
             for r in (rep, other):
                 r.record(catalog.REWARD, sum=value, count=1)
                 r.end_step(n)
-        assert rep.flush(10) and other.flush(10)
+        assert rep.flush(PATIENCE_S) and other.flush(PATIENCE_S)
         # the ack of the faulty step left before the service saw the step
         assert not rep.should_stop() and rep.stop_decision is None
-        wait_for(lambda: path.knows_stop("exp-1"), 10, "the aggregator to learn the stop")
+        wait_for(lambda: path.knows_stop("exp-1"), PATIENCE_S, "the aggregator to learn the stop")
         rep.record(catalog.REWARD, sum=1.0, count=1)
         rep.end_step(3)
         if node_merge:  # the node merger learns it from the root with the next batch...
-            assert rep.flush(10)
+            assert rep.flush(PATIENCE_S)
             rep.record(catalog.REWARD, sum=1.0, count=1)
             rep.end_step(4)
-        assert rep.flush(10)  # ... and every reporter of the run from its next ack
+        assert rep.flush(PATIENCE_S)  # ... and every reporter of the run from its next ack
         assert rep.should_stop()
         assert rep.stop_decision is not None and rep.stop_decision.alert == "NonFiniteMetric"
         assert rep.stop_decision.step == 2 and "NaN" in rep.stop_decision.reason
         other.record(catalog.REWARD, sum=1.0, count=1)
         other.end_step(3)
-        assert other.flush(10) and not other.should_stop()  # another run is not stopped
+        assert other.flush(PATIENCE_S) and not other.should_stop()  # another run is not stopped
         # a Reporter started after the decision (the run resumed once someone looked) runs on
         later = Reporter("exp-1", "actor", rank={}, world={}, sink=path, step_seconds=False)
         later._delivery.started = core.stops_for(["exp-1"])["exp-1"].at + 1.0  # clocks are not exact
         later.record(catalog.REWARD, sum=1.0, count=1)
         later.end_step(10)
-        assert later.flush(10) and not later.should_stop()
+        assert later.flush(PATIENCE_S) and not later.should_stop()
         later.close()
     finally:
         rep.close()
@@ -212,7 +212,7 @@ def test_should_stop_answers_while_the_sender_is_stuck() -> None:
     try:
         rep.record(catalog.REWARD, sum=1.0, count=1)
         rep.end_step(0)
-        assert entered.wait(10)
+        assert entered.wait(PATIENCE_S)
         assert rep.should_stop() is False  # the sender thread is inside send()
         decision = StopDecision("exp-1", "actor", 0, "A", "why", "*", rep._delivery.started + 1)
         rep._delivery._retain([], type("Ack", (), {"stops": {"exp-1": decision}})())
@@ -247,10 +247,10 @@ def test_a_stop_reaches_the_reporter_on_ray(ray_namespace: str, tmp_path: Path) 
         def stopped() -> bool:  # every further step's ack may carry the decision
             rep.record(catalog.REWARD, sum=1.0, count=1)
             rep.end_step(next(steps))
-            assert rep.flush(30), rep.last_error
+            assert rep.flush(PATIENCE_S), rep.last_error
             return rep.should_stop()
 
-        wait_for(stopped, 60, "the stop decision in an ack", every=0.1)
+        wait_for(stopped, PATIENCE_S, "the stop decision in an ack", every=0.1)
         assert rep.stop_decision is not None
         assert (rep.stop_decision.alert, rep.stop_decision.allowed_by) == ("NonFiniteMetric",
                                                                            "ray-*")

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.network import free_port
+from tests.support.polling import CHILD_RUN_S
 from tests.support.subprocesses import run_in_own_session
 
 pytestmark = pytest.mark.ray
@@ -59,7 +60,7 @@ def test_a_stale_current_cluster_file_is_ignored(ray_tmp: Path, tmp_path: Path) 
     script.write_text(SCRIPT)
     env = _env(ray_tmp, RLMON_EXIT_TIMEOUT="60")
     env["RAY_TMPDIR"] = str(ray_tmp)  # Ray reads <RAY_TMPDIR>/ray/ray_current_cluster
-    done = run_in_own_session([sys.executable, str(script)], timeout=240, env=env)
+    done = run_in_own_session([sys.executable, str(script)], timeout=CHILD_RUN_S, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Connecting to existing Ray cluster" not in done.stderr
     assert "Started a local Ray instance" in done.stderr
@@ -72,7 +73,7 @@ def test_an_unreachable_ray_address_is_said_once_and_never_holds_the_exit(
     address = f"127.0.0.1:{free_port()}"
     env = _env(ray_tmp, RAY_ADDRESS=address, RLMON_EXIT_TIMEOUT="3")
     started = time.monotonic()
-    done = run_in_own_session([sys.executable, str(script)], timeout=120, env=env)
+    done = run_in_own_session([sys.executable, str(script)], timeout=CHILD_RUN_S, env=env)
     took = time.monotonic() - started
     assert done.returncode == 0, done.stderr[-3000:]
     said = [line for line in done.stderr.splitlines()
@@ -103,7 +104,7 @@ def test_ensure_runtime_on_the_main_thread_gives_up_after_the_connect_timeout(
     script.write_text(ENSURE)
     env = _env(ray_tmp, RAY_ADDRESS=address, RLMON_RAY_CONNECT_TIMEOUT="2")
     started = time.monotonic()
-    done = run_in_own_session([sys.executable, str(script)], timeout=90, env=env)
+    done = run_in_own_session([sys.executable, str(script)], timeout=CHILD_RUN_S, env=env)
     took = time.monotonic() - started
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("gone after "), done.stdout + done.stderr[-3000:]

@@ -8,7 +8,16 @@ from typing import Any
 
 import pytest
 
-__all__ = ["wait_for"]
+__all__ = ["CHILD_RUN_S", "PATIENCE_S", "wait_for", "with_patience"]
+
+# Seconds a test waits for what the system does within seconds (a flush, an alert, a step
+# stored, a port to answer, an actor to start): CI's 2-core machine under load can be minutes
+# late, and a wait returns as soon as its condition holds.
+PATIENCE_S = 180.0
+# Seconds a child process that starts Ray (or the demo) gets to run to its end: Ray's start
+# alone can take a minute there, the demo with its report took up to this; it is also
+# pytest-timeout's limit per test (pyproject).
+CHILD_RUN_S = 300.0
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str = "condition",
@@ -22,3 +31,8 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str = "conditio
         if time.monotonic() >= deadline:
             pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(every)
+
+
+def with_patience(script: str) -> str:
+    """A child script's text with ``PATIENCE_S`` defined first, for its own flushes."""
+    return f"PATIENCE_S = {PATIENCE_S!r}\n{script}"
