@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, shutdown_runtime
-from tests.support.polling import PATIENCE_S, wait_for, with_patience
+from tests.support.polling import PATIENCE_S, wait_for
+from tests.support.ray_driver import RANKS_DRIVER
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -36,75 +37,6 @@ liveness:
   save_span_seconds: 60
   final_seconds: 60
 """
-
-DRIVER = with_patience("""
-import os, sys, time
-import ray
-from rlmon import Reporter, watch_methods
-mode, run, namespace, go = sys.argv[1:5]
-ray.init(namespace=namespace, log_to_driver=False)
-STEPS = 8
-options = {"resources": {"lost_node": 0.01}} if mode == "node" else {}
-
-class Rank:
-    def __init__(self, dp):
-        self.rep = Reporter(run, "actor", rank={"dp": dp}, world={"dp": 2}, namespace=namespace,
-                            hardware_interval=None, total_steps=STEPS)
-
-    def pid(self):
-        return os.getpid()
-
-    def step(self, step, fail=False):
-        with self.rep.span("train"):
-            time.sleep(0.05)
-            if fail:
-                with self.rep.span("reward"):
-                    raise ValueError("reward model returned NaN for every sample")
-        self.rep.record("actor/loss", sum=1.0, count=1.0)
-        self.rep.end_step(step)
-
-    def save_checkpoint(self, seconds):
-        with self.rep.span("save_checkpoint"):
-            time.sleep(seconds)
-
-    def flush(self):
-        return self.rep.flush(PATIENCE_S)
-
-cls = watch_methods(Rank) if mode == "raises_watched" else Rank
-Remote = ray.remote(num_cpus=0, max_restarts=0, **options)(cls)
-ranks = [Remote.remote(dp) for dp in (0, 1)]
-pids = ray.get([r.pid.remote() for r in ranks])
-failing = mode in ("raises", "raises_watched")
-last = STEPS - 1 if not failing else 5
-for step in range(last + 1):
-    ray.get([r.step.remote(step) for r in ranks])
-assert all(ray.get([r.flush.remote() for r in ranks]))
-print("ready", time.time(), pids[1], pids[0], flush=True)
-if failing:  # rank 1 raises at step 6: the driver's ray.get raises, it exits 1
-    ray.get(ranks[1].step.remote(last + 1, fail=True))
-elif mode in ("sigkill", "node"):  # the test kills rank 1's worker (or its node): the driver waits
-    while not os.path.exists(go):
-        time.sleep(0.1)
-    # a driver in a collective with the lost ranks waits until Ray declares their node dead
-    while mode == "node" and any(n["Alive"] and n["Resources"].get("lost_node")
-                                 for n in ray.nodes()):
-        time.sleep(0.2)
-    ray.get(ranks[1].step.remote(last + 1))  # raises RayActorError: exit 1
-elif mode == "final_save":  # longer than the stall floor, after the last step
-    ray.get([r.save_checkpoint.remote(8.0) for r in ranks])
-elif mode == "released":  # its last handles released: Ray ends the actors gracefully
-    del ranks
-    while not os.path.exists(go):
-        time.sleep(0.1)
-elif mode in ("kill", "kill_stays"):
-    for r in ranks:
-        ray.kill(r)
-    if mode == "kill_stays":  # it stays for its own checkpoint, until the test lets it go
-        print("killed", time.time(), flush=True)
-        while not os.path.exists(go):
-            time.sleep(0.1)
-print("ending", time.time(), flush=True)
-""")
 
 # what each ending pages (role, alert) and what state its run ends in
 EXPECTED: dict[str, tuple[tuple[str, str] | None, str]] = {
@@ -233,7 +165,7 @@ def test_every_ray_actor_ending_pages_what_it_should(ray_cluster: Any, ray_names
     service = ensure_runtime(ray_namespace, RuntimeOptions(config=str(config),
                                                            state_dir=str(tmp_path / "state")))
     address = ray.get_runtime_context().gcs_address
-    (tmp_path / "driver.py").write_text(DRIVER)
+    (tmp_path / "driver.py").write_text(RANKS_DRIVER)
     drivers = {mode: Driver(tmp_path, mode, ray_namespace, address) for mode in EXPECTED}
     killed: dict[str, float] = {}
     stays_checked: list[bool] = []
@@ -314,7 +246,7 @@ def test_a_removed_node_fails_the_run_naming_the_node(ray_cluster: Any, ray_name
     service = ensure_runtime(ray_namespace, RuntimeOptions(config=str(config),
                                                            state_dir=str(tmp_path / "state")))
     address = ray.get_runtime_context().gcs_address
-    (tmp_path / "driver.py").write_text(DRIVER)
+    (tmp_path / "driver.py").write_text(RANKS_DRIVER)
     params = RayParams(gcs_address=address, num_cpus=1, num_gpus=0,
                        resources={"lost_node": 1.0}, object_store_memory=80 * 1024 * 1024,
                        min_worker_port=0, max_worker_port=0, include_log_monitor=False,

@@ -1,11 +1,12 @@
-"""A Ray cluster with a dashboard, and three Ray Jobs submitted to it with
-``JobSubmissionClient`` (``ray job submit``): one succeeds, one fails, one is stopped with
-``ray job stop``. Run as a process of its own by tests/ray/test_ray_jobs.py: the session's Ray
-has no dashboard (the job API needs one), and a process joins one Ray cluster only. Started
-as a head node with a temp folder of its own, where its address is written for the job
-supervisor, not with ``ray start``, which would write it in Ray's shared temp folder for every
-``ray.init()`` on the machine. Prints one JSON line: per job, its end (status, end time) and
-what rlmon said (state, how it ended, the alerts that fired, when it first saw the end)."""
+"""A Ray cluster with a dashboard, and three Ray Jobs submitted to it with ``JobSubmissionClient``
+(``ray job submit``), each the driver of :mod:`tests.support.ray_driver`: one succeeds, one
+fails, one is stopped with ``ray job stop``. Run as a process of its own by
+tests/ray/test_ray_jobs.py: the session's Ray has no dashboard (the job API needs one), and a
+process joins one Ray cluster only. Started as a head node with a temp folder of its own, where
+its address is written for the job supervisor, not with ``ray start``, which would write it in
+Ray's shared temp folder for every ``ray.init()`` on the machine. Prints one JSON line: per job,
+its end (status, end time) and what rlmon said (state, how it ended, the alerts that fired, when
+it first saw the end)."""
 
 from __future__ import annotations
 
@@ -18,41 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-JOB = """
-import os, sys, time
-import ray
-from rlmon import Reporter
-mode, run, namespace, ready = sys.argv[1:5]
-ray.init(namespace=namespace, log_to_driver=False)
-STEPS = 8
-
-@ray.remote(num_cpus=0, max_restarts=0)
-class Rank:
-    def __init__(self, dp):
-        self.rep = Reporter(run, "actor", rank={"dp": dp}, world={"dp": 2}, namespace=namespace,
-                            hardware_interval=None, total_steps=STEPS)
-
-    def step(self, step):
-        with self.rep.span("train"):
-            time.sleep(0.05)
-        self.rep.record("actor/loss", sum=1.0, count=1.0)
-        self.rep.end_step(step)
-
-    def flush(self):
-        return self.rep.flush(120)
-
-ranks = [Rank.remote(dp) for dp in (0, 1)]
-last = STEPS - 1 if mode == "succeeded" else 5
-for step in range(last + 1):
-    ray.get([r.step.remote(step) for r in ranks])
-assert all(ray.get([r.flush.remote() for r in ranks]))
-if mode == "failed":  # the driver's own failure: nothing of Ray's actors says it, the job does
-    raise RuntimeError("the learner diverged: loss is NaN at step 5")
-if mode == "stopped":  # running until `ray job stop`
-    open(ready, "w").close()
-    while True:
-        time.sleep(0.2)
-"""
+from tests.support.ray_driver import RANKS_DRIVER
 
 CONFIG = """
 notifiers: {console: {enabled: true}}
@@ -118,7 +85,7 @@ def main(tmp: Path, dashboard_port: int, agent_port: int) -> None:
                        configure_logging=False)
     init_seconds = time.monotonic() - started  # Ray with its dashboard, up
     (tmp / "rlmon.yaml").write_text(CONFIG)
-    (tmp / "job.py").write_text(JOB)
+    (tmp / "job.py").write_text(RANKS_DRIVER)
     service = ensure_runtime(namespace, RuntimeOptions(config=str(tmp / "rlmon.yaml"),
                                                        state_dir=str(tmp / "state")))
     client = JobSubmissionClient(f"http://{context.dashboard_url}")
