@@ -20,6 +20,7 @@ import pytest
 
 from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, shutdown_runtime
 from tests.support.polling import PATIENCE_S, wait_for, with_patience
+from tests.support.ray_driver import driver_env
 
 # wall-clock liveness under the Ray scheduler: make test-real and make test-load, not make test
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -151,13 +152,6 @@ EXPECTED = {
 }
 
 
-def _env(address: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RLMON_")}
-    env.update(RAY_ADDRESS=address, RLMON_LIVENESS__HEARTBEAT_SECONDS="0.5",
-               RLMON_EXIT_TIMEOUT="30", RAY_DISABLE_USAGE_STATS="1")
-    return env
-
-
 def _start(tmp: Path, mode: str, namespace: str, address: str) -> subprocess.Popen[str]:
     """Start one script (written before any starts: rewriting it while an earlier one reads it
     ran an empty file under load)."""
@@ -167,7 +161,7 @@ def _start(tmp: Path, mode: str, namespace: str, address: str) -> subprocess.Pop
     else:
         script = tmp / "train.py"
         args = [mode, f"{mode}-run", namespace, str(tmp / "go")]
-    return subprocess.Popen([sys.executable, str(script), *args], env=_env(address),
+    return subprocess.Popen([sys.executable, str(script), *args], env=driver_env(address),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 

@@ -16,6 +16,7 @@ import pytest
 
 from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, shutdown_runtime
 from tests.support.polling import PATIENCE_S, wait_for, with_patience
+from tests.support.ray_driver import driver_env
 
 # wall-clock liveness under the Ray scheduler: make test-real and make test-load, not make test
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -56,10 +57,8 @@ def _start(tmp: Path, mode: str, run: str, namespace: str, address: str) -> subp
     """Start one script (written once before: rewriting it while an earlier one reads it ran an
     empty file under load)."""
     script = tmp / "train.py"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RLMON_")}
-    env.update(RAY_ADDRESS=address, RLMON_LIVENESS__HEARTBEAT_SECONDS="0.5",
-               RLMON_EXIT_TIMEOUT="30", RAY_DISABLE_USAGE_STATS="1")
-    return subprocess.Popen([sys.executable, str(script), mode, run, namespace], env=env,
+    return subprocess.Popen([sys.executable, str(script), mode, run, namespace],
+                            env=driver_env(address),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 

@@ -22,7 +22,7 @@ import pytest
 
 from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, shutdown_runtime
 from tests.support.polling import PATIENCE_S, wait_for
-from tests.support.ray_driver import RANKS_DRIVER
+from tests.support.ray_driver import RANKS_DRIVER, driver_env
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -51,13 +51,6 @@ EXPECTED: dict[str, tuple[tuple[str, str] | None, str]] = {
 }
 
 
-def _env(address: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RLMON_")}
-    env.update(RAY_ADDRESS=address, RLMON_LIVENESS__HEARTBEAT_SECONDS="0.5",
-               RLMON_EXIT_TIMEOUT="30", RAY_DISABLE_USAGE_STATS="1")
-    return env
-
-
 class Driver:
     """One driver process and what it said (ready with rank 1's pid, killed, ending)."""
 
@@ -65,7 +58,7 @@ class Driver:
         self.mode, self.go = mode, tmp / f"go-{mode}"
         self.proc = subprocess.Popen(
             [sys.executable, str(tmp / "driver.py"), mode, f"{mode}-run", namespace,
-             str(self.go)], env=_env(address), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+             str(self.go)], env=driver_env(address), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, start_new_session=True)
         self.said: dict[str, list[str]] = {}
         self.reader = threading.Thread(target=self._read, daemon=True)

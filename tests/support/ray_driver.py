@@ -5,13 +5,26 @@ tests/ray/test_ray_run_ends.py and the Ray Jobs of :mod:`tests.support.ray_jobs_
 a Reporter of ``RUN``) that train up to :data:`STEPS` steps, says ``ready TIME PID1 PID0`` once
 every step is delivered, then ends as ``MODE`` says. ``FLAG`` is a file: the test creates it to
 let a waiting driver go on; the ``stopped`` job creates it itself once it waits for its stop.
+:func:`driver_env` is the environment the tests' scripts join the session's Ray with.
 """
 
 from __future__ import annotations
 
+import os
+
 from tests.support.polling import with_patience
 
-__all__ = ["RANKS_DRIVER"]
+__all__ = ["RANKS_DRIVER", "driver_env"]
+
+
+def driver_env(address: str) -> dict[str, str]:
+    """The environment of a script that joins the session's Ray at ``address``: none of this
+    process's RLMON_ settings, heartbeats every 0.5 s (the liveness tests' thresholds are
+    seconds) and a 30 s exit budget."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLMON_")}
+    env.update(RAY_ADDRESS=address, RLMON_LIVENESS__HEARTBEAT_SECONDS="0.5",
+               RLMON_EXIT_TIMEOUT="30", RAY_DISABLE_USAGE_STATS="1")
+    return env
 
 RANKS_DRIVER = with_patience("""
 import os, sys, time
