@@ -12,9 +12,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from rlmon.service.contract.step_record import StepRecord
+    from rlmon.service.service_core import ServiceCore
 
 LAYERS = {"unit": "unit", "service": "service", "ray": "ray", "integration": "real",
           "integrations": "real", "frameworks": "real", "e2e": "real", "project": "project"}
@@ -74,3 +78,13 @@ def ray_namespace(ray_cluster: Any, request: pytest.FixtureRequest) -> str:
     import re
 
     return "t-" + re.sub(r"[^A-Za-z0-9]+", "-", request.node.name)[:60]
+
+
+@pytest.fixture
+def service(tmp_path: Path, records: list[StepRecord]) -> Iterator[ServiceCore]:
+    """A service on a loopback port whose history holds ``records`` (a fixture of the test's
+    folder or module), closed after the test: the API's and the run page's tests."""
+    from tests.support.web_support import serving
+
+    with serving(tmp_path, records) as core:
+        yield core

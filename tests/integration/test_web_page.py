@@ -13,7 +13,6 @@ import json
 import os
 import time
 import urllib.parse
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ import pytest
 
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.service_core import ServiceCore
-from tests.support.web_support import browser, example_records, fed_service, need_chromium
+from tests.support.web_support import example_records, fed_service
 
 pytestmark = pytest.mark.integration
 
@@ -31,39 +30,9 @@ RUN = "grpo-demo-0"
 DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "run-page.png"
 
 
-@pytest.fixture(scope="module")
-def chromium() -> Iterator[Any]:
-    with browser(need_chromium()) as b:
-        yield b
-
-
 @pytest.fixture
 def records() -> list[StepRecord]:
     return example_records()
-
-
-@pytest.fixture
-def service(tmp_path: Path, records: list[StepRecord]) -> Iterator[ServiceCore]:
-    core = fed_service(tmp_path, records)
-    yield core
-    core.close(0.0)
-
-
-@pytest.fixture
-def page(chromium: Any, service: ServiceCore, tmp_path: Path) -> Iterator[Any]:
-    context = chromium.new_context(viewport={"width": 1400, "height": 1000})
-    tab = context.new_page()
-    errors: list[str] = []
-    tab.on("pageerror", lambda exc: errors.append(str(exc)))
-    console: list[str] = []
-    tab.on("console", lambda msg: console.append(f"{msg.type}: {msg.text}"))
-    tab.base = f"http://127.0.0.1:{service.port}/?poll=250"
-    yield tab
-    # what the page showed at the end (a failure's evidence), in the test's tmp dir
-    (tmp_path / "page.html").write_text(tab.content())
-    (tmp_path / "console.log").write_text("\n".join(console))
-    context.close()
-    assert not errors, f"the page raised: {errors}"
 
 
 def panels(tab: Any) -> list[dict[str, Any]]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -19,10 +18,7 @@ import pytest
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.service_core import ServiceCore
 from tests.support.web_support import (
-    browser,
     example_records,
-    fed_service,
-    need_chromium,
     with_timeline,
 )
 
@@ -33,35 +29,9 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 T0 = time.time() - 3000  # the example run's steps finalized 10 s apart from here
 
 
-@pytest.fixture(scope="module")
-def chromium() -> Iterator[Any]:
-    with browser(need_chromium()) as b:
-        yield b
-
-
 @pytest.fixture
 def records() -> list[StepRecord]:
     return [replace(r, finalized_at=T0 + 10 * r.step) for r in example_records()]
-
-
-@pytest.fixture
-def service(tmp_path: Path, records: list[StepRecord]) -> Iterator[ServiceCore]:
-    core = fed_service(tmp_path, records)
-    yield core
-    core.close(0.0)
-
-
-@pytest.fixture
-def page(chromium: Any, service: ServiceCore, tmp_path: Path) -> Iterator[Any]:
-    context = chromium.new_context(viewport={"width": 1400, "height": 1000})
-    tab = context.new_page()
-    errors: list[str] = []
-    tab.on("pageerror", lambda exc: errors.append(str(exc)))
-    tab.base = f"http://127.0.0.1:{service.port}/?poll=250"
-    yield tab
-    (tmp_path / "page.html").write_text(tab.content())
-    context.close()
-    assert not errors, f"the page raised: {errors}"
 
 
 def shown_runs(tab: Any) -> list[str]:

@@ -3,8 +3,11 @@ headless Chromium driven by Playwright."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -20,8 +23,8 @@ from rlmon.service.metrics.rank import Rank
 from rlmon.service.replay import replay
 from rlmon.service.service_core import ServiceCore
 
-__all__ = ["CHROMIUM_ARGS", "browser", "example_records", "fed_service", "need_chromium",
-           "with_timeline"]
+__all__ = ["CHROMIUM_ARGS", "browser", "example_records", "fed_service", "get", "need_chromium",
+           "serving", "with_timeline"]
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -91,3 +94,27 @@ def fed_service(state_dir: Path, records: list[StepRecord], port: int = 0,
     core.publish(records)
     core.goodput.account()  # settled: the ledger's own thread may still be accounting them
     return core
+
+
+@contextmanager
+def serving(state_dir: Path, records: list[StepRecord], **settings: Any) -> Iterator[ServiceCore]:
+    """:func:`fed_service`, closed at once when the block ends (nothing left to deliver)."""
+    core = fed_service(state_dir, records, **settings)
+    try:
+        yield core
+    finally:
+        core.close(0.0)
+
+
+def get(core: ServiceCore, path: str, headers: dict[str, str] | None = None,
+        ) -> tuple[int, Any, dict[str, str]]:
+    """GET ``path`` of ``core``'s page: the status, the body (parsed when JSON), the headers."""
+    request = urllib.request.Request(f"http://127.0.0.1:{core.port}{path}", headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            body, status, head = resp.read(), resp.status, dict(resp.headers)
+    except urllib.error.HTTPError as exc:
+        body, status, head = exc.read(), exc.code, dict(exc.headers)
+    if head.get("Content-Type", "").startswith("application/json"):
+        return status, json.loads(body), head
+    return status, body, head

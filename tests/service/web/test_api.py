@@ -5,9 +5,6 @@ from __future__ import annotations
 import json
 import socket
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,34 +17,9 @@ from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.service_core import ServiceCore
 from rlmon.service.web.api import PANELS
 from rlmon.service.web.curves import downsample
-from tests.support.web_support import example_records, fed_service
+from tests.support.web_support import fed_service, get
 
 RUN = "grpo-demo-0"
-
-
-@pytest.fixture(scope="module")
-def records() -> list[StepRecord]:
-    return example_records()
-
-
-@pytest.fixture
-def service(tmp_path: Path, records: list[StepRecord]) -> Iterator[ServiceCore]:
-    core = fed_service(tmp_path, records)
-    yield core
-    core.close(0.0)
-
-
-def get(core: ServiceCore, path: str, headers: dict[str, str] | None = None,
-        ) -> tuple[int, Any, dict[str, str]]:
-    request = urllib.request.Request(f"http://127.0.0.1:{core.port}{path}", headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            body = resp.read()
-            status, head = resp.status, dict(resp.headers)
-    except urllib.error.HTTPError as exc:
-        body, status, head = exc.read(), exc.code, dict(exc.headers)
-    kind = head.get("Content-Type", "")
-    return status, json.loads(body) if kind.startswith("application/json") else body, head
 
 
 def roles_of(body: Any) -> dict[tuple[str, str], Any]:

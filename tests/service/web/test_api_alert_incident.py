@@ -4,30 +4,11 @@ its cost, what to change and what moved first are there, for the page to draw.""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
-from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.metrics import remedies
 from rlmon.service.service_core import ServiceCore
-from tests.service.web.test_api import get
-from tests.support.web_support import example_records, fed_service
+from tests.support.web_support import get
 
 RUN = "grpo-demo-0"
-
-
-@pytest.fixture(scope="module")
-def records() -> list[StepRecord]:
-    return example_records()
-
-
-@pytest.fixture
-def service(tmp_path: Path, records: list[StepRecord]) -> Iterator[ServiceCore]:
-    core = fed_service(tmp_path, records)
-    yield core
-    core.close(0.0)
 
 
 def test_an_escalated_warning_reads_critical_with_its_level_and_step(

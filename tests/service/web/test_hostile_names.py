@@ -16,7 +16,7 @@ import pytest
 from rlmon.actors.reporter import Reporter
 from rlmon.actors.reporter.sink import LocalSink
 from rlmon.service.service_core import ServiceCore
-from tests.support.web_support import fed_service
+from tests.support.web_support import serving
 
 RUN = "hostile"
 # each reports its own value; "qm" is what the first one read instead on main (42)
@@ -44,9 +44,8 @@ def service(tmp_path: Path) -> Iterator[ServiceCore]:
     reporter.close()
     records = [*sink.records, *sink.finalize_all()]
     assert len(records) == 5
-    core = fed_service(tmp_path, records)
-    yield core
-    core.close(0.0)
+    with serving(tmp_path, records) as core:
+        yield core
 
 
 def get(core: ServiceCore, path: str, **params: str) -> Any:

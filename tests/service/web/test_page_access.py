@@ -6,20 +6,16 @@ attempt is a 404."""
 
 from __future__ import annotations
 
-import json
 import os
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from rlmon.service.config import ConfigError, load_config
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.service_core import ServiceCore
-from tests.support.web_support import example_records, fed_service
+from tests.support.web_support import example_records, fed_service, get, serving
 
 TOKEN = "s3cret-Token_1.2~3+4/5=="
 
@@ -32,23 +28,9 @@ def records() -> list[StepRecord]:
 @pytest.fixture
 def guarded(tmp_path: Path, records: list[StepRecord]) -> Iterator[ServiceCore]:
     (tmp_path / "token").write_text(TOKEN + "\n")
-    core = fed_service(tmp_path / "state", records, exporter={
-        "token_file": str(tmp_path / "token"), "allowed_hosts": ["rlmon.example.com"]})
-    yield core
-    core.close(0.0)
-
-
-def get(core: ServiceCore, path: str, headers: dict[str, str] | None = None,
-        ) -> tuple[int, Any, dict[str, str]]:
-    request = urllib.request.Request(f"http://127.0.0.1:{core.port}{path}", headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            body, status, head = resp.read(), resp.status, dict(resp.headers)
-    except urllib.error.HTTPError as exc:
-        body, status, head = exc.read(), exc.code, dict(exc.headers)
-    if head.get("Content-Type", "").startswith("application/json"):
-        return status, json.loads(body), head
-    return status, body, head
+    with serving(tmp_path / "state", records, exporter={
+            "token_file": str(tmp_path / "token"), "allowed_hosts": ["rlmon.example.com"]}) as core:
+        yield core
 
 
 @pytest.mark.parametrize("content", ["", "\n", "   \n\t\n"])
