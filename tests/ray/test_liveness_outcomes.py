@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, shutdown_runtime
+from rlmon.actors.runtime import shutdown_runtime
 from tests.support.polling import PATIENCE_S, wait_for, with_patience
-from tests.support.ray_driver import driver_env
+from tests.support.ray_driver import driver_env, start_service
 
 # wall-clock liveness under the Ray scheduler: make test-real and make test-load, not make test
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -187,10 +187,7 @@ def _alerts(ray: Any, service: Any) -> dict[str, list[tuple[str, str, str]]]:
 def test_every_bad_ending_pages_what_it_should(ray_cluster: Any, ray_namespace: str,
                                               tmp_path: Path) -> None:
     ray = ray_cluster
-    config = tmp_path / "rlmon.yaml"
-    config.write_text(CONFIG)
-    service = ensure_runtime(ray_namespace, RuntimeOptions(config=str(config),
-                                                           state_dir=str(tmp_path / "state")))
+    service = start_service(ray_namespace, tmp_path, CONFIG)
     address = ray.get_runtime_context().gcs_address
     (tmp_path / "train.py").write_text(SCRIPT)
     (tmp_path / "driver.py").write_text(DRIVER)

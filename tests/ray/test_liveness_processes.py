@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, shutdown_runtime
+from rlmon.actors.runtime import shutdown_runtime
 from tests.support.polling import PATIENCE_S, wait_for, with_patience
-from tests.support.ray_driver import driver_env
+from tests.support.ray_driver import driver_env, start_service
 
 # wall-clock liveness under the Ray scheduler: make test-real and make test-load, not make test
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -78,10 +78,7 @@ def _alerts(ray: Any, service: Any, run: str) -> list[tuple[str, str]]:
 def test_hung_killed_and_clean_scripts(ray_cluster: Any, ray_namespace: str,
                                        tmp_path: Path) -> None:
     ray = ray_cluster
-    config = tmp_path / "rlmon.yaml"
-    config.write_text(CONFIG)
-    opts = RuntimeOptions(config=str(config), state_dir=str(tmp_path / "state"))
-    service = ensure_runtime(ray_namespace, opts)
+    service = start_service(ray_namespace, tmp_path, CONFIG)
     address = ray.get_runtime_context().gcs_address
     (tmp_path / "train.py").write_text(SCRIPT)
     procs = {mode: _start(tmp_path, mode, f"{mode}-run", ray_namespace, address)

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from rlmon.actors.runtime import RuntimeOptions, ensure_runtime, shutdown_runtime
+from rlmon.actors.runtime import shutdown_runtime
 from tests.support.polling import PATIENCE_S, wait_for
-from tests.support.ray_driver import RANKS_DRIVER, driver_env
+from tests.support.ray_driver import RANKS_DRIVER, driver_env, start_service
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -153,10 +153,7 @@ def _report(seen: dict[str, float], since: dict[str, float], firing: dict[str, A
 def test_every_ray_actor_ending_pages_what_it_should(ray_cluster: Any, ray_namespace: str,
                                                     tmp_path: Path) -> None:
     ray = ray_cluster
-    config = tmp_path / "rlmon.yaml"
-    config.write_text(CONFIG)
-    service = ensure_runtime(ray_namespace, RuntimeOptions(config=str(config),
-                                                           state_dir=str(tmp_path / "state")))
+    service = start_service(ray_namespace, tmp_path, CONFIG)
     address = ray.get_runtime_context().gcs_address
     (tmp_path / "driver.py").write_text(RANKS_DRIVER)
     drivers = {mode: Driver(tmp_path, mode, ray_namespace, address) for mode in EXPECTED}
@@ -232,12 +229,10 @@ def test_a_removed_node_fails_the_run_naming_the_node(ray_cluster: Any, ray_name
     from ray._private.parameter import RayParams
 
     ray = ray_cluster
-    config = tmp_path / "rlmon.yaml"
     # Ray declares a node dead after its health checks fail (about 15 s): the dead limit is
     # set above that, as the default 30 s is, so that Ray's word comes first
-    config.write_text(CONFIG.replace("dead_after_seconds: 6", "dead_after_seconds: 45"))
-    service = ensure_runtime(ray_namespace, RuntimeOptions(config=str(config),
-                                                           state_dir=str(tmp_path / "state")))
+    service = start_service(ray_namespace, tmp_path,
+                            CONFIG.replace("dead_after_seconds: 6", "dead_after_seconds: 45"))
     address = ray.get_runtime_context().gcs_address
     (tmp_path / "driver.py").write_text(RANKS_DRIVER)
     params = RayParams(gcs_address=address, num_cpus=1, num_gpus=0,

@@ -5,16 +5,29 @@ tests/ray/test_ray_run_ends.py and the Ray Jobs of :mod:`tests.support.ray_jobs_
 a Reporter of ``RUN``) that train up to :data:`STEPS` steps, says ``ready TIME PID1 PID0`` once
 every step is delivered, then ends as ``MODE`` says. ``FLAG`` is a file: the test creates it to
 let a waiting driver go on; the ``stopped`` job creates it itself once it waits for its stop.
-:func:`driver_env` is the environment the tests' scripts join the session's Ray with.
+:func:`driver_env` is the environment the tests' scripts join the session's Ray with, and
+:func:`start_service` the service they report to.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Any
 
 from tests.support.polling import with_patience
 
-__all__ = ["RANKS_DRIVER", "driver_env"]
+__all__ = ["RANKS_DRIVER", "driver_env", "start_service"]
+
+
+def start_service(namespace: str, tmp: Path, config: str) -> Any:
+    """The rlmon service of ``namespace`` with ``config`` (YAML, written to ``tmp``) and its state
+    under ``tmp``: the service the tests' scripts report to."""
+    from rlmon.actors.runtime import RuntimeOptions, ensure_runtime
+
+    (tmp / "rlmon.yaml").write_text(config)
+    return ensure_runtime(namespace, RuntimeOptions(config=str(tmp / "rlmon.yaml"),
+                                                    state_dir=str(tmp / "state")))
 
 
 def driver_env(address: str) -> dict[str, str]:
