@@ -1,5 +1,5 @@
-"""A service fed the bundled example run, for the run page's tests, bench and screenshot; and a
-headless Chromium driven by Playwright."""
+"""A service fed the bundled example run, for the run page's tests, bench and screenshot, and a
+GET of its page; and a headless Chromium driven by Playwright."""
 
 from __future__ import annotations
 
