@@ -40,3 +40,22 @@ def test_a_climb_away_from_the_verifier_is_sized_by_its_gap(seed: int) -> None:
     # the gap grows as the added reward does: twice the steps, about twice the size
     assert bench.signal(case, series, within=2 * bench.WITHIN + 1) > 1.5 * size
     assert added > 0
+
+
+def test_climbs_away_from_a_verifier_on_tuning_seeds_are_named_in_time() -> None:
+    """The verifier gap credited with its lead where it carries its share of the reward's
+    departure over its own window: on tuning seeds 0-39, 28 or more of the 40 climbs away from
+    a verifier are named within 15 steps (26 before the lead; 29 with it), and none of the
+    healthy runs fires."""
+    rule = [bench.reward_hacking_rule()]
+    named = fired = 0
+    for case in bench.cases(range(40)):
+        if case.kind not in ("climb-gap", "healthy"):
+            continue
+        firings = [step for _, step, state in bench.transitions(case, rule) if state == "firing"]
+        if case.kind == "healthy":
+            fired += bool(firings)
+        else:
+            named += any(case.onset <= step <= case.onset + bench.WITHIN for step in firings[:1])
+    assert fired == 0
+    assert named >= 28, named

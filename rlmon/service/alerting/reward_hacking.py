@@ -30,8 +30,11 @@ judged is each series' *departure* from its own earlier course, all three at onc
   ``verifier_share`` of the reward's departure) the signature counts nothing: a healthy
   take-off moves reward, length and KL together as a hack does, and the held-out score says
   which it is. And the gap is a witness of its own: the smaller of the reward's z (credited
-  alike) and the gap's, when that is larger (the reward up while the held-out score does not
-  follow). The gap's line ends ``gap_guard`` steps before the newest, further back than the
+  alike) and the gap's (credited with ``gap_lead``), when that is larger (the reward up while
+  the held-out score does not follow), provided the gap carries ``verifier_share`` of the
+  reward's departure measured over the gap's own window (like with like: a take-off opens the
+  gap of a verifier on a slightly smaller scale by a fifth of its rise, and a few SDs of a
+  quiet gap's noise). The gap's line ends ``gap_guard`` steps before the newest, further back than the
   others': the score shares the policy's wander, so the gap is steadier than any one series
   and its line can be carried further ahead, and a slow climb is kept out of it for longer.
 - **CUSUM**: ``S = max(0, S + e - allowance)``, fires while ``S >= decision``; ``e`` is clipped
@@ -96,6 +99,10 @@ class RewardHackingParams:
     decision: float = 8.0
     # newest steps kept out of the reward-minus-verifier gap's line (see the module's docstring)
     gap_guard: int = 10
+    # robust SDs the gap's departure is credited with when it carries its share of the reward's:
+    # the gap holds two scores' sampling noise, so a climb away from the verifier is fewer SDs
+    # out in it than in the reward alone
+    gap_lead: float = 0.3
     length_floor: float = 0.02  # log units: the length's scale is at least 2%
     kl_floor: float = 0.05  # log units: the KL's scale is at least 5%
     kl_offset: float = 1e-3  # log(KL + offset): a KL of 0 at the start is finite
@@ -205,15 +212,18 @@ def _evidence(p: RewardHackingParams, rows: list[float], new: tuple[float, ...],
         exp_k, _, sd_k, _ = robust_line(kls, ahead)
         z_k = (kl - exp_k) / max(sd_k, p.kl_floor, _TINY)
         kl_ratio = math.exp(kl - exp_k)
-    z_g = gap_above = math.nan
+    z_g = gap_above = reward_above_g = math.nan
     if math.isfinite(verifier):
         base_g, ahead_g = _baseline(p, rows, p.gap_guard)
         verifiers = _column(base_g, 3)
         if _finite(verifiers):
-            gaps = [r - v for r, v in zip(_column(base_g, 0), verifiers, strict=True)]
+            rewards_g = _column(base_g, 0)
+            gaps = [r - v for r, v in zip(rewards_g, verifiers, strict=True)]
             exp_g, _, sd_g, _ = robust_line(gaps, ahead_g)
             gap_above = (reward - verifier) - exp_g
             z_g = gap_above / max(sd_g, reward_floor)
+            # the reward's own departure over the gap's window: what the gap's share is of
+            reward_above_g = reward - robust_line(rewards_g, ahead_g)[0]
     # the signature: all three legs out together, each by at least ``leg_floor``, judged by the
     # middle one, so one leg that its own noise hides does not veto two far out
     low, middle, _ = sorted((z_r + p.reward_lead, z_l, z_k))
@@ -223,10 +233,18 @@ def _evidence(p: RewardHackingParams, rows: list[float], new: tuple[float, ...],
         # (a healthy take-off moves reward, length and KL together as a hack does)
         if gap_above < p.verifier_share * reward_above:
             evidence = min(evidence, 0.0)
-        # the verifier gap alone: the reward up, the held-out score not (once named, the gap
-        # still open holds it: a dip of the skill both scores see can bring the reward back
+        # the verifier gap alone: the reward up, the held-out score not, the gap carrying its
+        # share of the reward's departure over the same window (a healthy take-off opens the
+        # gap of a verifier on a slightly smaller scale by a fifth of it); once named, the gap
+        # still open holds it (a dip of the skill both scores see can bring the reward back
         # to its course while the hack goes on)
-        evidence = max(evidence, z_g if holding else min(z_r + p.reward_lead, z_g))
+        gap_leg = z_g
+        if not holding:
+            gap_leg = z_g + p.gap_lead
+            if gap_above < p.verifier_share * reward_above_g:
+                gap_leg = min(gap_leg, 0.0)
+            gap_leg = min(z_r + p.reward_lead, gap_leg)
+        evidence = max(evidence, gap_leg)
     return Evidence(evidence, z_r, z_l, z_k, z_g, reward_above, math.exp(length - exp_l),
                     kl_ratio, gap_above)
 
