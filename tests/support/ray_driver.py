@@ -39,6 +39,7 @@ def driver_env(address: str) -> dict[str, str]:
                RLMON_EXIT_TIMEOUT="30", RAY_DISABLE_USAGE_STATS="1")
     return env
 
+
 RANKS_DRIVER = with_patience("""
 import os, sys, time
 import ray
