@@ -146,6 +146,9 @@ class Evidence:
         if math.isfinite(self.gap_above):
             parts.append(f"reward - verifier gap {self.gap_above:+.3g} above its trend "
                          f"(z {self.z_gap:.1f})")
+        else:  # the signature alone cannot tell a hack from a real take-off: say so
+            parts.append("no verifier score logged (rollout/verifier_score) to tell a hack "
+                         "from a healthy take-off, which moves these together too")
         return "; ".join(parts)
 
 

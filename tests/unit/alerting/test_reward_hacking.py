@@ -73,12 +73,15 @@ def test_reward_length_and_kl_climbing_together_is_named() -> None:
         step, detail = found[0]
         assert 100 <= step <= 112, (seed, step)
         assert "response length x" in detail and "KL x" in detail
+        # without a held-out score the signature is all there is: the detail says so
+        assert "no verifier score logged" in detail
 
 
 def test_a_reward_pulling_away_from_the_verifier_is_named() -> None:
     found = fired(run(3, "concave", hack_at=100, kind="gap", verifier=True))
     assert found and 100 <= found[0][0] <= 112
     assert "reward - verifier gap" in found[0][1]
+    assert "no verifier score logged" not in found[0][1]
     # the same reward jump without a verifier, the length and the KL steady: not named
     assert fired(run(3, "concave", hack_at=100, kind="gap")) == []
 
