@@ -157,7 +157,8 @@ class Outbox:
             hasten: bool = False) -> bool:
         """Store a notification for delivery (from ``due``, unix seconds; None: now); False if
         its key is pending or already delivered. ``hasten``: the rows of its order key queued
-        before it are due by then too (they go first, and a group goes as one message)."""
+        before it are due by then too (they go first, and a group goes as one message; a row
+        waiting out a retry's backoff too: a critical alert is worth an early try)."""
         now = self._clock()
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
