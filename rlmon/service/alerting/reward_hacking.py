@@ -34,9 +34,10 @@ judged is each series' *departure* from its own earlier course, all three at onc
   the held-out score does not follow), provided the gap carries ``verifier_share`` of the
   reward's departure measured over the gap's own window (like with like: a take-off opens the
   gap of a verifier on a slightly smaller scale by a fifth of its rise, and a few SDs of a
-  quiet gap's noise). The gap's line ends ``gap_guard`` steps before the newest, further back than the
-  others': the score shares the policy's wander, so the gap is steadier than any one series
-  and its line can be carried further ahead, and a slow climb is kept out of it for longer.
+  quiet gap's noise). The gap's line ends ``gap_guard`` steps before the newest, further back
+  than the others': the score shares the policy's wander, so the gap is steadier than any one
+  series and its line can be carried further ahead, and a slow climb is kept out of it for
+  longer.
 - **CUSUM**: ``S = max(0, S + e - allowance)``, fires while ``S >= decision``; ``e`` is clipped
   so that no fewer than four steps fire (one lucky batch is a heavy-tailed sample, not a hack),
   and ``S`` is capped at 2 x ``decision`` so the warning resolves soon after the run settles.

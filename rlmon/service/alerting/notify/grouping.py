@@ -46,6 +46,7 @@ __all__ = ["GROUPED", "Groups", "group_key", "is_member", "is_urgent", "member",
 
 GROUPED: tuple[str, ...] = ("slack", "webhook")
 _MEMBER = "rlmon_group_member"  # the key a member body carries (never sent as such)
+_URGENT = "rlmon_group_urgent"  # a member's key: it says a critical alert fires (is_urgent)
 _MAX_GROUPS = 10_000  # groups whose timing is remembered (the least recent leave)
 _MAX_SLACK_BLOCKS = 48  # Slack refuses a message of more than 50 blocks
 
@@ -59,7 +60,8 @@ def member(destination: str, key: str, events: Sequence[AlertEvent],
            created: float) -> Notification:
     """One step's transitions for a grouped destination, as a member of its run's group (the
     events as JSON text: a NaN value stays one, and the outbox's body stays strict JSON)."""
-    body = {_MEMBER: 1, "events": json.dumps([asdict(e) for e in events])}
+    urgent = any(e.state == "firing" and e.severity == "critical" for e in events)
+    body = {_MEMBER: 1, _URGENT: int(urgent), "events": json.dumps([asdict(e) for e in events])}
     return Notification(destination, key, group_key(events[0].run), body, created)
 
 
@@ -70,8 +72,7 @@ def is_member(body: dict[str, Any]) -> bool:
 def is_urgent(body: dict[str, Any]) -> bool:
     """A member that says a critical alert fires (a new one or an escalation): it goes after the
     group wait, not the group interval, and the members queued before it go with it."""
-    return is_member(body) and any(e["state"] == "firing" and e["severity"] == "critical"
-               for e in json.loads(body["events"]))
+    return is_member(body) and bool(body.get(_URGENT))
 
 
 def member_events(body: dict[str, Any]) -> list[AlertEvent]:
