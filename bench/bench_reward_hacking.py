@@ -28,7 +28,9 @@ Prints the share caught, how many within 15 steps of the onset (issue 39's targe
 (steps; 0 = at the onset step), the first alert of the rest of the default pack on the same runs,
 and the healthy runs that fired; for the steady climbs also how many are named within 15 steps
 by the climb's size 15 steps after its onset (:func:`signal`: in robust SDs of each series' own
-noise), which says where the misses are: on climbs still within a few SDs of their noise.
+noise), which says where the misses are: on climbs still within a few SDs of their noise. And the
+same for the peers' reward-hacking detectors that are installed (:mod:`peer_detectors`), run
+live on the same steady climbs and healthy runs.
 Parameters were tuned on seeds 0-199; the figures are for
 held-out seeds 7000-7099 unless ``--seeds tuning``.
 """
@@ -48,6 +50,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_detection  # the detection benchmark's healthy runs and faults
+import peer_detectors
 
 from rlmon.service.alerting.engine import AlertEngine
 from rlmon.service.alerting.reward_hacking import RewardHackingParams, robust_line
@@ -332,8 +335,42 @@ def main() -> int:
     for kind, shares in sorted(held.items()):
         print(f"{kind}: held {statistics.mean(shares):.0%} of the steps from its first alert to "
               f"the end (lowest {min(shares):.0%}, {len(shares)} runs caught)")
+    compare_peers(seeds)
     return 0
 
+
+def compare_peers(seeds: range) -> None:
+    """The installed peers on the steady climbs and the healthy runs: named within 15 steps of
+    the onset, named at all, before the onset, where their findings say the hack began, and
+    healthy runs named."""
+    peers = peer_detectors.installed()
+    if not peers:
+        print("peers: none installed (pip install -e '.[peers]'): rlprobe, rlwatch")
+        return
+    runs = [case for case in cases(seeds) if case.kind in ("healthy", "climb", "climb-gap")]
+    for name, first in peers.items():
+        started = time.perf_counter()
+        named: dict[str, list[tuple[int, int | None] | None]] = {}
+        for case in runs:
+            found = first(series_of(case))
+            named.setdefault(case.kind, []).append(None if found is None else (
+                found[0] - case.onset, None if found[1] is None else found[1] - case.onset))
+        parts = []
+        for kind in ("climb", "climb-gap"):
+            found = named[kind]
+            hit = [lag for lag in found if lag is not None and lag[0] >= 0]
+            lags = [lag for lag, _ in hit]
+            pointed = [at for _, at in hit if at is not None]
+            parts.append(
+                f"{kind} named within {WITHIN} {sum(lag <= WITHIN for lag in lags)} of "
+                f"{len(found)}, named {len(hit)}"
+                + (f" (median {statistics.median(lags):.0f} steps after the onset, its finding "
+                   f"pointing at {statistics.median(pointed):+.0f})" if pointed else "")
+                + f", before the onset {sum(lag is not None and lag[0] < 0 for lag in found)}")
+        healthy_named = sum(lag is not None for lag in named["healthy"])
+        print(f"peer {name}: " + "; ".join(parts)
+              + f"; healthy runs named {healthy_named} of {len(named['healthy'])} "
+              f"({time.perf_counter() - started:.0f} s)")
 
 if __name__ == "__main__":
     sys.exit(main())
