@@ -161,6 +161,33 @@ def series_of(case: Case) -> Series:
     return s
 
 
+ISSUE_STEPS, ISSUE_ONSET = 150, 70
+ISSUE_SEEDS = range(0, 100)
+
+
+def issue_run(seed: int, signature: bool = True, verifier: bool = False,
+              ) -> list[dict[str, float]]:
+    """Issue 39's run, step by step: 150 steps of a healthy slow learner; from step 70 to the end
+    the reward climbs +0.008 a step and, with ``signature``, the length +1.2 % and the KL +0.004
+    a step with it; the verifier score (where logged) stays on the healthy course."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for step in range(ISSUE_STEPS):
+        k = max(0, step - ISSUE_ONSET + 1)
+        row = {
+            c.REWARD: 0.3 + 0.001 * step + 0.008 * k + 0.02 * rng.standard_normal(),
+            c.RESPONSE_LENGTH: 300 * 1.0005 ** step * (1.012 ** k if signature else 1.0)
+            * math.exp(0.02 * rng.standard_normal()),
+            c.KL: (0.02 + 0.0002 * step + (0.004 * k if signature else 0.0))
+            * math.exp(0.05 * rng.standard_normal()),
+            c.ENTROPY: 0.4 + 0.01 * rng.standard_normal(),
+        }
+        if verifier:
+            row[c.VERIFIER_SCORE] = 0.3 + 0.001 * step + 0.02 * rng.standard_normal()
+        rows.append(row)
+    return rows
+
+
 PARAMS = RewardHackingParams()  # the defaults the rule runs with
 SIGNAL_BANDS = ((-math.inf, 4.0), (4.0, 6.0), (6.0, math.inf))  # signal(): robust SDs
 
@@ -214,11 +241,13 @@ def firings(case: Case, rules: list[Rule]) -> list[tuple[str, int]]:
             if state == "firing"]
 
 
-def transitions(case: Case, rules: list[Rule]) -> list[tuple[str, int, str]]:
-    """Every (alert, step, firing|resolved) of the rules on the case's run."""
+def transitions(case: Case, rules: list[Rule], s: Series | None = None,
+                ) -> list[tuple[str, int, str]]:
+    """Every (alert, step, firing|resolved) of the rules on the case's run (``s``: its series,
+    where already built)."""
     engine = AlertEngine(rules)
     out = []
-    for record in records(series_of(case), f"run-{case.seed}"):
+    for record in records(series_of(case) if s is None else s, f"run-{case.seed}"):
         out += [(e.alert, e.step, e.state) for e in engine.evaluate(record)]
     return out
 
@@ -281,7 +310,8 @@ def main() -> int:
     held: dict[str, list[float]] = {}
     by_signal: dict[tuple[str, int], list[bool]] = {}  # (kind, band): named within 15 or not
     for case in cases(seeds):
-        events = transitions(case, hacking)
+        series = series_of(case)
+        events = transitions(case, hacking, series)
         fired = [(a, st) for a, st, state in events if state == "firing"]
         if case.kind.startswith("climb"):
             share = held_share(events, "RewardHacking", STEPS)
@@ -298,7 +328,7 @@ def main() -> int:
         after = [s - case.onset for _, s in fired if s >= case.onset]
         lags.setdefault((case.kind, case.ramp), []).append(after[0] if after else None)
         if case.kind.startswith("climb"):
-            size = signal(case, series_of(case))
+            size = signal(case, series)
             band = next(i for i, (lo, hi) in enumerate(SIGNAL_BANDS) if lo <= size < hi)
             by_signal.setdefault((case.kind, band), []).append(bool(after) and after[0] <= WITHIN)
         if args.full_pack:
@@ -335,8 +365,32 @@ def main() -> int:
     for kind, shares in sorted(held.items()):
         print(f"{kind}: held {statistics.mean(shares):.0%} of the steps from its first alert to "
               f"the end (lowest {min(shares):.0%}, {len(shares)} runs caught)")
+    issue_runs()
     compare_peers(seeds)
     return 0
+
+
+def issue_runs() -> None:
+    """Issue 39's own run (:func:`issue_run`) on seeds 0-99, in its three forms: named within 15
+    steps of the onset, the steps it took, and the runs it held to the end once named."""
+    for signature, verifier, form in ((True, False, "reward, length and KL"),
+                                      (True, True, "the same with a verifier score"),
+                                      (False, True, "the verifier gap alone")):
+        lags, held = [], 0
+        for seed in ISSUE_SEEDS:
+            rows = issue_run(seed, signature, verifier)
+            s = {name: np.array([row[name] for row in rows]) for name in rows[0]}
+            events = transitions(Case(seed, "issue"), [reward_hacking_rule()], s)
+            fired = [step for _, step, state in events if state == "firing"]
+            if fired:
+                lags.append(fired[0] - ISSUE_ONSET)
+                held += all(state == "firing" for _, _, state in events)
+        within = sum(0 <= lag <= WITHIN for lag in lags)
+        print(f"issue 39's run, {form}, seeds {ISSUE_SEEDS.start}-{ISSUE_SEEDS.stop - 1}: named "
+              f"within {WITHIN} {within} of {len(ISSUE_SEEDS)}, named {len(lags)}"
+              + (f" ({statistics.median(lags):.0f} median, {max(lags)} max steps after the "
+                 f"onset; {sum(lag < 0 for lag in lags)} before it)" if lags else "")
+              + f", held to the end {held}")
 
 
 def compare_peers(seeds: range) -> None:

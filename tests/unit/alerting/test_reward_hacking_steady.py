@@ -11,37 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench import bench_reward_hacking as bench
 from rlmon.service.alerting.engine import AlertEngine
 from rlmon.service.alerting.rules import reward_hacking_rule
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.metrics import catalog as c
 
-STEPS = 150
-ONSET = 70
+STEPS, ONSET = bench.ISSUE_STEPS, bench.ISSUE_ONSET
 TRL_KEYS = {c.REWARD: "reward", c.RESPONSE_LENGTH: "completions/mean_length", c.KL: "kl",
             c.ENTROPY: "entropy", c.VERIFIER_SCORE: c.VERIFIER_SCORE}
-
-
-def climb(seed: int, signature: bool = True, verifier: bool = False) -> list[dict[str, float]]:
-    """150 steps of a healthy slow learner; from step 70 to the end the reward climbs +0.008 a
-    step and, with ``signature``, the length +1.2 % and the KL +0.004 a step with it; the
-    verifier score (where logged) stays on the healthy course."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for step in range(STEPS):
-        k = max(0, step - ONSET + 1)
-        row = {
-            c.REWARD: 0.3 + 0.001 * step + 0.008 * k + 0.02 * rng.standard_normal(),
-            c.RESPONSE_LENGTH: 300 * 1.0005 ** step * (1.012 ** k if signature else 1.0)
-            * math.exp(0.02 * rng.standard_normal()),
-            c.KL: (0.02 + 0.0002 * step + (0.004 * k if signature else 0.0))
-            * math.exp(0.05 * rng.standard_normal()),
-            c.ENTROPY: 0.4 + 0.01 * rng.standard_normal(),
-        }
-        if verifier:
-            row[c.VERIFIER_SCORE] = 0.3 + 0.001 * step + 0.02 * rng.standard_normal()
-        rows.append(row)
-    return rows
+climb = bench.issue_run  # the issue's run, as the reward-hacking benchmark scores it
 
 
 def transitions(rows: list[dict[str, float]]) -> list[tuple[int, str]]:
