@@ -20,10 +20,13 @@ clipped-completion ratio of 1: every answer cut; the importance ratio's band).
   its horizon (``sigma + h tau``); the 90 % quantile of those errors, with the finite-sample
   correction, scales the band ``line +- q (sigma + h tau)``. Its earliest and latest crossing
   of the level are the range.
-- **Silence** where the claim cannot be made: the slope's interval (Sen 1968) includes zero or
-  points away from the level (a flat or receding series), the level is already reached, fewer
-  than ``MIN_ORIGINS`` earlier forecasts exist to calibrate on, the band's far edge never
-  reaches the level, or the level lies further out than a few times the fitted stretch.
+- **Silence** where the claim cannot be made: the slope's 95 % interval (Sen 1968) includes zero
+  or points away from the level (a flat or receding series: at 90 %, one in twenty flat
+  stretches shows a trend either way, and a gradient norm levelled off for 35 steps was
+  projected to reach its level "in about 57 steps (90% range 0-594)"), the level is already
+  reached, fewer than ``MIN_ORIGINS`` earlier forecasts exist to calibrate on, the band's far
+  edge never reaches the level, or the level lies further out than a few times the fitted
+  stretch. The range itself stays the 90 % one.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ MIN_ORIGINS = 4  # earlier forecasts the range is calibrated on, at least
 _FIRST_ORIGIN = 4  # values an earlier forecast is made from, at least
 _COVERAGE = 0.90
 _Z = 1.645  # 90 % two-sided: the slope's interval
+_Z_TREND = 1.96  # 95 % two-sided: the interval that must exclude no trend (see Silence)
 _MAD_TO_SD = 1.4826
 _HORIZON = 4  # no projection beyond this many times the fitted stretch's span
 
@@ -150,15 +154,17 @@ def targets(rules: Iterable[Rule]) -> dict[str, list[Target]]:
     return out
 
 
-def _theil_sen(points: Sequence[tuple[float, float]]) -> tuple[float, float, float, float]:
-    """(slope, intercept, the slope's 90 % interval low and high) of a robust line."""
+def _theil_sen(points: Sequence[tuple[float, float]], z: float = _Z,
+               ) -> tuple[float, float, float, float]:
+    """(slope, intercept, the slope's interval low and high: two-sided at ``z``, 90 % by
+    default) of a robust line."""
     slopes = sorted((yj - yi) / (xj - xi) for i, (xi, yi) in enumerate(points)
                     for xj, yj in points[i + 1:] if xj != xi)
     if not slopes:
         return 0.0, points[-1][1], 0.0, 0.0
     n, pairs = len(points), len(slopes)
     slope = median(slopes)
-    spread = _Z * math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
+    spread = z * math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
     low = slopes[max(0, math.floor((pairs - spread) / 2))]
     high = slopes[min(pairs - 1, math.ceil((pairs + spread) / 2))]
     return slope, median(y - slope * x for x, y in points), low, high
@@ -205,7 +211,7 @@ def _project(points: Sequence[tuple[float, float]], target: Target, last_step: i
     level = math.log(target.level) if in_logs else target.level
     slope, intercept, low, high = _theil_sen(points)
     toward = -1.0 if target.direction == "down" else 1.0
-    if not (low * toward > 0 and high * toward > 0):
+    if not all(edge * toward > 0 for edge in _theil_sen(points, _Z_TREND)[2:]):
         return None  # the interval includes no trend, or a trend away from the level
     x_last = points[-1][0]
     gap = (level - (intercept + slope * x_last)) * toward  # > 0: not there yet

@@ -139,3 +139,26 @@ def test_at_alert_time_an_exploding_grad_norm_is_projected_from_its_explosion() 
             covered += found[0].earliest <= truth + 1 <= found[0].latest
             assert found[0].latest < 60, found[0].describe()  # not "73 steps" for 9
     assert stated >= 12 and covered >= 0.85 * stated, (covered, stated)
+
+
+def test_a_level_whose_90_percent_slope_interval_just_excludes_zero_projects_nothing() -> None:
+    """A gradient norm that rose 5x and stayed there for 35 steps, in noise and a slow wander
+    (the claims benchmark's seed 9307): its last 37 values' slope is positive at 90 % (a flat
+    stretch shows that one time in twenty), not at 95 %. It was projected to reach
+    GradNormHigh's level "in about 57 steps (90% range 0-594 steps)"; now nothing is."""
+    from dataclasses import replace
+
+    from bench.claims.cases import fault_spec
+    from bench.claims.runs import CANONICAL, generate, records
+    from rlmon.service.diagnose.course import projections
+
+    spec = fault_spec(9307, ("blowup",), ("kl", "grad_norm"), (3.0, 5.0), False)
+    spec = replace(spec, onset=20, ramp=15, steps=70)
+    assert (spec.metric, spec.magnitude) == ("grad_norm", 5.0)
+    run = generate(spec)
+    metric = CANONICAL[spec.metric]
+    assert [p for p in projections(list(records(run)), default_rules())
+            if p.target.metric == metric] == []
+    # the same values still rising (the stretch cut before it levelled off) are projected
+    rising = [v[spec.metric] for _, v in sorted(run.rows.items())][:36]
+    assert project_metric(metric, range(len(rising)), rising, default_rules())
