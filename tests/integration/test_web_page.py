@@ -205,6 +205,38 @@ def test_new_steps_and_alerts_appear_without_a_reload(page: Any, service: Servic
                            ".textContent === '33'")
 
 
+def test_a_poll_redraws_what_changed_and_keeps_the_links_a_user_may_be_pressing(
+        page: Any, service: ServiceCore, records: list[StepRecord]) -> None:
+    """The runs table and the run page's alert list are redrawn at every poll (every 250 ms
+    here). A redraw that replaced them whole dropped a click whose press and release straddled
+    it: the user's click, or Playwright's on a busy machine (the run page never opened). What
+    did not change stays the same element; what changed is drawn."""
+    page.goto(page.base)
+    link = page.wait_for_selector("#runs tr[data-role=actor] a[href^='#/run/']")
+    rollout = page.wait_for_selector("#runs tr[data-role=rollout] .last-step")
+
+    def polls(count: int) -> None:
+        for _ in range(count):  # each poll draws before the next is asked for
+            with page.expect_response(lambda r: "/api/runs" in r.url):
+                pass
+
+    polls(3)
+    assert link.evaluate("a => a.isConnected") and rollout.evaluate("s => s.isConnected")
+    template = next(r for r in records if r.role == "actor" and r.step == 29)
+    service.publish([replace(template, step=30)])
+    page.wait_for_function("() => document.querySelector('#runs tr[data-role=actor] .last-step')"
+                           ".textContent === '30'")
+    polls(2)
+    assert link.evaluate("a => a.isConnected")  # the actor's name cell did not change
+    assert rollout.evaluate("s => s.isConnected && s.textContent") == "29"
+    link.click()
+    page.wait_for_selector("#panels .panel[data-onsets]")
+    badges = page.wait_for_selector("#alert-list a")
+    service.publish([replace(template, step=31)])  # a new step redraws the alert list
+    page.wait_for_function("() => document.querySelector('#shown').dataset.lastStep === '31'")
+    assert badges.evaluate("a => a.isConnected")
+
+
 def test_screenshot_of_the_run_page_is_not_blank(page: Any, tmp_path: Path) -> None:
     page.goto(page.base + f"#/run/{RUN}?role=actor")
     page.wait_for_selector("#panels .panel[data-onsets]")

@@ -72,6 +72,30 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
+function patch(old, fresh) {
+  // redraw ``old`` as ``fresh`` keeping every node that did not change: a poll that replaced the
+  // whole runs table dropped a click whose press and release straddled it (and any selection)
+  if (old.isEqualNode(fresh)) return;
+  if (old.nodeType !== Node.ELEMENT_NODE || old.tagName !== fresh.tagName ||
+      old.childNodes.length !== fresh.childNodes.length || !sameAttributes(old, fresh)) {
+    old.replaceWith(fresh);
+    return;
+  }
+  const pairs = [...old.childNodes].map((node, i) => [node, fresh.childNodes[i]]);
+  for (const [a, b] of pairs) patch(a, b);
+}
+
+function patchChildren(parent, fresh) {
+  // ``parent``'s children redrawn as ``fresh`` (a list of nodes), as ``patch`` does
+  if (parent.childNodes.length !== fresh.length) parent.replaceChildren(...fresh);
+  else [...parent.childNodes].forEach((node, i) => patch(node, fresh[i]));
+}
+
+function sameAttributes(a, b) {
+  if (a.attributes.length !== b.attributes.length) return false;
+  return [...a.attributes].every(({ name, value }) => b.getAttribute(name) === value);
+}
+
 function fmt(value) {
   if (value === null || value === undefined) return "n/a";
   if (typeof value !== "number") return String(value);
@@ -395,7 +419,7 @@ function drawRuns(data, navigated) {
     if (document.activeElement !== search) search.value = v.q;
   }
   const table = runsTable(data, v, onChange);
-  document.getElementById("runs").replaceWith(table);
+  patch(document.getElementById("runs"), table);
   document.getElementById("runs-count").textContent =
     table.dataset.shown + " of " + data.runs.length + " runs";
 }
@@ -922,11 +946,11 @@ function renderRunInfo() {
     " of " + data.steps + " steps; last step " + data.last_step + ")";
   shown.dataset.lastStep = data.last_step;
   const onsets = data.alerts.filter((a) => a.state === "firing");
-  document.getElementById("alert-list").replaceChildren(onsets.length ? el("div", {},
+  patchChildren(document.getElementById("alert-list"), [onsets.length ? el("div", {},
     "alerts: ", onsets.map((a) => el("a", { class: "badge " + a.severity, "data-step": a.step,
                                           href: alertHref(data.run, data.role, a.alert, a.step) },
                                      a.alert + " at step " + a.step))) :
-    el("span", { class: "muted" }, "no alert fired in these steps"));
+    el("span", { class: "muted" }, "no alert fired in these steps")]);
 }
 
 async function refreshRun(stream) {
