@@ -122,19 +122,26 @@ class AlertState:
     # (rlmon.service.alerting.heading); saved together (claims_json)
     shift: Shift | None = None
     stated: tuple[int, int] | None = None
+    # a firing warning: the first of the consecutive steps its value has been at its critical
+    # level (it escalates on the second: rlmon.service.alerting.engine); saved with the claims
+    critical_since: int | None = None
 
     def claims_json(self) -> str | None:
-        """The shift and the stated heading as JSON for the history store (None: neither)."""
-        if self.shift is None and self.stated is None:
+        """The shift, the stated heading and the critical level's first step as JSON for the
+        history store (None: none of them)."""
+        if self.shift is None and self.stated is None and self.critical_since is None:
             return None
         return json.dumps({"shift": None if self.shift is None else self.shift.to_json(),
-                           "stated": None if self.stated is None else list(self.stated)})
+                           "stated": None if self.stated is None else list(self.stated),
+                           "critical_since": self.critical_since})
 
     def load_claims(self, text: str | None) -> None:
-        """Restore what :meth:`claims_json` saved (None or "": neither)."""
+        """Restore what :meth:`claims_json` saved (None or "": none of them)."""
         from rlmon.service.alerting.level_shift import Shift  # a bottom layer: imported late
 
         data = json.loads(text) if text else {}
         shift, stated = data.get("shift"), data.get("stated")
         self.shift = None if shift is None else Shift.from_json(shift)
         self.stated = None if stated is None else (int(stated[0]), int(stated[1]))
+        since = data.get("critical_since")
+        self.critical_since = None if since is None else int(since)

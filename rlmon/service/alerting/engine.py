@@ -68,6 +68,29 @@ def _critical(rule: Rule, state: AlertState, value: float | None) -> bool:
         or _pinned(rule, state, value)
 
 
+def _critical_at_firing(rule: Rule, state: AlertState, value: float | None, step: int) -> bool:
+    """Whether a warning that is not firing yet is past its fixed ``critical`` bound on this step
+    and the one before (the first kept in ``state.critical_since``: the step the alert quotes).
+    A value that jumps from quiet past the bound for one step is a spike of a noisy mean, not a
+    page: a small batch's token-mean logprob difference at 14x its median for one step was
+    critical on a healthy run. A warning already firing escalates as soon as it crosses."""
+    if not rule.crosses_critical(value):
+        state.critical_since = None
+        return False
+    if state.critical_since is None:
+        state.critical_since = step
+    return step > state.critical_since
+
+
+def _escalates(rule: Rule, state: AlertState, value: float | None) -> bool:
+    """Whether a firing warning is at its critical level now (forgetting a spike's first step
+    where it is not)."""
+    if _critical(rule, state, value):
+        return True
+    state.critical_since = None
+    return False
+
+
 def _critical_words(rule: Rule, state: AlertState, value: float | None, step: int,
                     ) -> tuple[str, str]:
     """(why it is critical, the condition it quotes) for a value at its critical level: the
@@ -85,7 +108,8 @@ def _critical_words(rule: Rule, state: AlertState, value: float | None, step: in
                 f"{rule.metric} unchanged at {value:g} for {rule.critical_pinned} steps: pinned "
                 "at its cap (the critical level)")
     if rule.crosses_critical(value):
-        return (f"{rule.metric} crossed the critical level {rule.critical:g} at step {step}",
+        first = step if state.critical_since is None else state.critical_since
+        return (f"{rule.metric} crossed the critical level {rule.critical:g} at step {first}",
                 rule.describe_critical())
     return "", ""
 
@@ -266,6 +290,9 @@ class AlertEngine:
         if check.holds:
             state.true_steps += 1
             state.false_steps = 0
+            # a warning not yet firing counts its steps past the critical bound
+            critical = not state.firing and _critical_at_firing(rule, state, check.value,
+                                                                record.step)
             if not state.firing and state.true_steps >= rule.for_steps and not handed \
                     and not self._held_back(rule, record, state):
                 state.firing = True
@@ -274,7 +301,9 @@ class AlertEngine:
                 if rule.condition is Condition.BASELINE:  # the level before the onset
                     params = rule.baseline if state.ahead is None else state.ahead.params
                     state.reference = baseline.reference(params, state.history)
-                state.severity = (Severity.CRITICAL.value if _critical(rule, state, check.value)
+                critical = critical or _dropped(rule, _level_before(rule, state), check.value) \
+                    or _pinned(rule, state, check.value)
+                state.severity = (Severity.CRITICAL.value if critical
                                   else rule.severity.value)
                 event = self._event(rule, record, "firing", check, state.severity)
                 if state.severity != rule.severity.value:  # past the critical level at once
@@ -290,13 +319,14 @@ class AlertEngine:
         else:
             state.false_steps += 1
             state.true_steps = 0
+            state.critical_since = None
         if not state.firing:
             return None
         if (not check.holds and state.false_steps >= rule.resolve_steps) or handed:
             return self._resolve(rule, record, state, check, now, handed_to=(
                 rule.level_rule if check.holds else ""))
         if check.holds and state.severity == Severity.WARNING.value and (
-                _critical(rule, state, check.value) or (
+                _escalates(rule, state, check.value) or (
                     rule.escalate_after is not None and state.since_step is not None
                     and record.step - state.since_step >= rule.escalate_after)):
             return self._escalate(rule, record, state, check, now)
@@ -341,6 +371,7 @@ class AlertEngine:
                             summary=f"{event.summary}: handed over to {handed_to}, "
                             "which judges this level and fires now")
         state.severity, state.reference, state.stated = "", None, None
+        state.critical_since = None
         return self._notify(state, event, now)
 
     def _escalate(self, rule: Rule, record: StepRecord, state: AlertState, check: _Check,

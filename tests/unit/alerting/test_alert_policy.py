@@ -87,11 +87,28 @@ def test_a_warning_that_lasts_escalates_by_duration() -> None:
     assert "firing for" in events[1].summary
 
 
-def test_a_value_past_the_critical_bound_fires_critical_at_once() -> None:
+def test_a_value_past_the_critical_bound_on_every_step_it_took_to_fire_is_critical_at_once(
+        ) -> None:
     events = run(AlertEngine([rule_named("KLDivergence")]),
-                 records([1.1e4] * 3, metric=catalog.KL))
-    assert [(e.state, e.severity, e.escalated_from) for e in events] == [
-        ("firing", "critical", "")]
+                 records([1.0] * 5 + [1.1e4] * 3, metric=catalog.KL))
+    assert [(e.step, e.state, e.severity, e.escalated_from) for e in events] == [
+        (5 + rule_named("KLDivergence").for_steps - 1, "firing", "critical", "")]
+    assert events[0].condition.startswith("actor/kl > 10")
+
+
+def test_one_step_that_jumps_past_the_critical_bound_is_a_warning() -> None:
+    """From quiet straight past the critical level on a rule that fires on one step: a warning,
+    critical a step later only if it is still there (quoting the first step). One step of a
+    noisy mean past the bound is a spike: a small batch's token-mean logprob difference at 14x
+    its median for one step was paged as critical on a healthy run."""
+    mismatch = rule_named("LogprobMismatch")
+    events = run(AlertEngine([mismatch]), records([0.02] * 5 + [0.39] + [0.03] * 30))
+    assert [(e.step, e.state, e.severity) for e in events] == [
+        (5, "firing", "warning"), (5 + mismatch.resolve_steps, "resolved", "warning")]
+    events = run(AlertEngine([mismatch]), records([0.02] * 5 + [0.39, 0.35] + [0.03] * 30))
+    assert [(e.step, e.state, e.severity, e.escalated_from) for e in events][:2] == [
+        (5, "firing", "warning", ""), (6, "firing", "critical", "warning")]
+    assert "crossed the critical level 0.3 at step 5" in events[1].summary
 
 
 def test_a_still_firing_critical_alert_is_re_sent_at_the_repeat_interval() -> None:
@@ -154,7 +171,10 @@ def test_escalation_state_and_pre_onset_level_survive_the_history_store(tmp_path
     slide = restored[("r", "actor", "EntropySliding")]
     assert slide.firing and slide.reference is not None
     assert restored[("r", "actor", "LogprobMismatch")].severity == "critical"
-    assert list(restored[("r", "actor", "LogprobMismatch")].sent) == [T0 + 40 * PERIOD]
+    # a warning at step 40 (straight past the critical level), critical at 41 (still there)
+    assert list(restored[("r", "actor", "LogprobMismatch")].sent) == [T0 + 40 * PERIOD,
+                                                                       T0 + 41 * PERIOD]
+    assert restored[("r", "actor", "LogprobMismatch")].critical_since == 40
 
 
 def test_every_default_rule_has_a_critical_level_or_says_why_not() -> None:
