@@ -401,12 +401,13 @@ def compare_peers(seeds: range) -> None:
     if not peers:
         print("peers: none installed (pip install -e '.[peers]'): rlprobe, rlwatch")
         return
-    runs = [case for case in cases(seeds) if case.kind in ("healthy", "climb", "climb-gap")]
+    runs = [(case, series_of(case)) for case in cases(seeds)
+            if case.kind in ("healthy", "climb", "climb-gap")]
     for name, first in peers.items():
         started = time.perf_counter()
         named: dict[str, list[tuple[int, int | None] | None]] = {}
-        for case in runs:
-            found = first(series_of(case))
+        for case, series in runs:
+            found = first(series)
             named.setdefault(case.kind, []).append(None if found is None else (
                 found[0] - case.onset, None if found[1] is None else found[1] - case.onset))
         parts = []

@@ -122,8 +122,9 @@ class AlertState:
     # (rlmon.service.alerting.heading); saved together (claims_json)
     shift: Shift | None = None
     stated: tuple[int, int] | None = None
-    # a firing warning: the first of the consecutive steps its value has been at its critical
-    # level (it escalates on the second: rlmon.service.alerting.engine); saved with the claims
+    # a warning past its fixed critical bound: the first of the consecutive steps it has been
+    # there (one that jumped there from quiet is critical on the second:
+    # rlmon.service.alerting.engine); saved with the claims
     critical_since: int | None = None
 
     def claims_json(self) -> str | None:

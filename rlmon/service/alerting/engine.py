@@ -61,11 +61,16 @@ def _pinned(rule: Rule, state: AlertState, value: float | None) -> bool:
     return all(v == value for v in itertools.islice(reversed(state.history), need))
 
 
+def _critical_by_course(rule: Rule, state: AlertState, value: float | None) -> bool:
+    """Whether a warning's value is at a critical level judged over many steps already: fallen
+    by its ``critical_drop`` from the level before the onset, or pinned at its cap."""
+    return _dropped(rule, _level_before(rule, state), value) or _pinned(rule, state, value)
+
+
 def _critical(rule: Rule, state: AlertState, value: float | None) -> bool:
     """Whether a warning's value is at its critical level: past the rule's ``critical`` bound,
-    fallen by its ``critical_drop`` from the level before the onset, or pinned at its cap."""
-    return rule.crosses_critical(value) or _dropped(rule, _level_before(rule, state), value) \
-        or _pinned(rule, state, value)
+    or at one of :func:`_critical_by_course`'s."""
+    return rule.crosses_critical(value) or _critical_by_course(rule, state, value)
 
 
 def _critical_at_firing(rule: Rule, state: AlertState, value: float | None, step: int) -> bool:
@@ -301,8 +306,7 @@ class AlertEngine:
                 if rule.condition is Condition.BASELINE:  # the level before the onset
                     params = rule.baseline if state.ahead is None else state.ahead.params
                     state.reference = baseline.reference(params, state.history)
-                critical = critical or _dropped(rule, _level_before(rule, state), check.value) \
-                    or _pinned(rule, state, check.value)
+                critical = critical or _critical_by_course(rule, state, check.value)
                 state.severity = (Severity.CRITICAL.value if critical
                                   else rule.severity.value)
                 event = self._event(rule, record, "firing", check, state.severity)

@@ -154,20 +154,26 @@ def targets(rules: Iterable[Rule]) -> dict[str, list[Target]]:
     return out
 
 
-def _theil_sen(points: Sequence[tuple[float, float]], z: float = _Z,
-               ) -> tuple[float, float, float, float]:
-    """(slope, intercept, the slope's interval low and high: two-sided at ``z``, 90 % by
-    default) of a robust line."""
+def _theil_sen(points: Sequence[tuple[float, float]]) -> tuple[float, float, list[float]]:
+    """(slope, intercept, the pairwise slopes sorted: what :func:`_interval` reads) of a robust
+    line."""
     slopes = sorted((yj - yi) / (xj - xi) for i, (xi, yi) in enumerate(points)
                     for xj, yj in points[i + 1:] if xj != xi)
     if not slopes:
-        return 0.0, points[-1][1], 0.0, 0.0
-    n, pairs = len(points), len(slopes)
+        return 0.0, points[-1][1], slopes
     slope = median(slopes)
+    return slope, median(y - slope * x for x, y in points), slopes
+
+
+def _interval(slopes: list[float], n: int, z: float) -> tuple[float, float]:
+    """The slope's interval (low, high), two-sided at ``z`` (Sen 1968), from the sorted pairwise
+    slopes of ``n`` points."""
+    if not slopes:
+        return 0.0, 0.0
+    pairs = len(slopes)
     spread = z * math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
-    low = slopes[max(0, math.floor((pairs - spread) / 2))]
-    high = slopes[min(pairs - 1, math.ceil((pairs + spread) / 2))]
-    return slope, median(y - slope * x for x, y in points), low, high
+    return (slopes[max(0, math.floor((pairs - spread) / 2))],
+            slopes[min(pairs - 1, math.ceil((pairs + spread) / 2))])
 
 
 def _bend(points: Sequence[tuple[float, float]]) -> int:
@@ -209,10 +215,11 @@ def _project(points: Sequence[tuple[float, float]], target: Target, last_step: i
     points = points[_bend(points):]
     n = len(points)
     level = math.log(target.level) if in_logs else target.level
-    slope, intercept, low, high = _theil_sen(points)
+    slope, intercept, slopes = _theil_sen(points)
     toward = -1.0 if target.direction == "down" else 1.0
-    if not all(edge * toward > 0 for edge in _theil_sen(points, _Z_TREND)[2:]):
+    if not all(edge * toward > 0 for edge in _interval(slopes, n, _Z_TREND)):
         return None  # the interval includes no trend, or a trend away from the level
+    low, high = _interval(slopes, n, _Z)
     x_last = points[-1][0]
     gap = (level - (intercept + slope * x_last)) * toward  # > 0: not there yet
     if gap <= 0:
@@ -251,7 +258,7 @@ def _conformal(points: Sequence[tuple[float, float]], toward: float, sigma: floa
     scores = []
     unit = max(sigma, 1e-12)
     for end in range(_FIRST_ORIGIN, len(points)):
-        slope, intercept, _, _ = _theil_sen(points[:end])
+        slope, intercept, _ = _theil_sen(points[:end])
         x0 = points[end - 1][0]
         for x, y in points[end:]:
             scores.append(abs(y - intercept - slope * x) / (unit + (x - x0) * tau))
