@@ -385,6 +385,7 @@ class _Rank:
     end: RankEnd | None = None  # how the rank ended badly (None: running or clean)
     closed_sent: float = 0.0  # the closing heartbeat's send time (older beats are not a rerun)
     raised: Outcome | None = None  # a method of its actor raised (rlmon's wrapper), no step since
+    raised_at: float = 0.0  # when that was first heard (not saved: every heartbeat says it again)
     pending: RankEnd | None = None  # an actor's SIGTERM, until Ray says why (not saved)
 
     def to_json(self, rank: Rank) -> list[Any]:
@@ -499,6 +500,22 @@ class _Stream:
         return stream
 
 
+def _ends(stream: _Stream) -> list[RankEnd]:
+    """The ranks of ``stream`` that ended badly; and, once no step has finalized for the stall
+    threshold, those whose actor's method raised with no step since: the exception is why the
+    run stopped, said before Ray's account of the actor (late on a loaded machine) arrives."""
+    out = []
+    for rank, r in stream.ranks.items():
+        if r.end is not None:
+            out.append(r.end)
+        elif stream.overdue and r.raised is not None and not r.closed:
+            stage = "/".join(s.name for s in r.stage)
+            out.append(RankEnd(rank, r.raised, r.raised_at, stage, r.last_step, bool(stage),
+                               "a method of its actor raised (rlmon's method wrapper) and no "
+                               "step followed"))
+    return out
+
+
 class LivenessTracker:
     """Per (run, role) liveness on the caller's unix clock (``now`` is passed in)."""
 
@@ -559,6 +576,8 @@ class LivenessTracker:
                 seen.last_step = item.last_step
             if beat.process is not None and beat.process != seen.process:
                 seen.process, seen.process_since = beat.process, now
+            if beat.raised is not None and beat.raised != seen.raised:
+                seen.raised_at = now
             seen.raised = beat.raised
             seen.closed = beat.closing
             seen.pending = None
@@ -635,7 +654,7 @@ class LivenessTracker:
         """Run -> its roles with a rank that ended badly (the whole run failed with them)."""
         out: dict[str, list[str]] = {}
         for (run, role), stream in self._streams.items():
-            if any(r.end is not None for r in stream.ranks.values()):
+            if _ends(stream):
                 out.setdefault(run, []).append(role)
         return out
 
@@ -773,14 +792,14 @@ class LivenessTracker:
         progress = stream.last_step_at if stream.last_step_at is not None else stream.first_heard
         threshold = self._threshold(stream, now)
         stream.overdue = now - progress > threshold
-        ends = [r.end for r in stream.ranks.values() if r.end is not None]
+        ends = _ends(stream)
         if alive:
             stream.processes, stream.sightings, stream.probe_due = None, (), 0.0
         if ends or (failed_roles and not stream.finished and open_ranks):
             # the run's ends, every role's: a rank that raised makes the run failed, even where
             # this role's own ranks were then stopped by a signal (a launcher, Ray's teardown)
-            everyone = [r.end for (run, _role), other in self._streams.items()
-                        if run == stream.run for r in other.ranks.values() if r.end is not None]
+            everyone = [end for (run, _role), other in self._streams.items()
+                        if run == stream.run for end in _ends(other)]
             state = (RunState.PREEMPTED if everyone and all(e.stop for e in everyone)
                      else RunState.FAILED)
         elif stream.finished or (stream.ranks and not open_ranks):
@@ -860,8 +879,7 @@ class LivenessTracker:
             stream.gpus_per_rank if stream.gpus_per_rank is not None else p.gpus_per_rank,
             recent / reference if recent is not None and reference else None,
             stream.heartbeats,
-            tuple(sorted((r.end for r in stream.ranks.values() if r.end is not None),
-                         key=lambda e: e.rank)),
+            tuple(sorted(_ends(stream), key=lambda e: e.rank)),
             tuple(role for role in failed_roles if role != stream.role),
             stream.processes if stream.state in (RunState.DEAD, RunState.FROZEN) else None,
             stream.sightings if stream.state in (RunState.DEAD, RunState.FROZEN) else (),

@@ -216,6 +216,61 @@ def test_a_rank_that_raised_is_named_with_its_exception_and_stage_from_its_heart
     assert "rlmon's method wrapper" in text and "in reward, last step 9" in text
 
 
+def test_a_rank_that_raised_fails_the_run_at_the_stall_threshold_if_ray_has_not_said_yet() -> None:
+    """On a loaded machine Ray's account of the actor can come after the stall threshold: the
+    run stopped because a rank raised, so it pages RunFailed naming the exception, never
+    RunStalled, and Ray's later account is the same incident. A run that steps again after a
+    raise its driver handled pages nothing."""
+    ray = ScriptedRay()
+    tracker = LivenessTracker(LivenessParams(), probe=ray)
+    engine = AlertEngine(default_rules())
+    last = _run(tracker, 10)
+    raised = Outcome(OutcomeKind.EXCEPTION, "ValueError",
+                     "reward model returned NaN for every sample", ("train.py:41 in score",))
+    threshold = tracker.view("r", "actor", last).threshold  # type: ignore[union-attr]
+    now, pages = last, []
+    # the wrapper's heartbeat names the spans open where it raised; the later ones none
+    spans: tuple[tuple[str, float], ...] = (("train", last + 0.05), ("reward", last + 0.1))
+    while now < last + threshold + 30:  # both actors alive and heartbeating; Ray says nothing
+        now += 0.5
+        tracker.heartbeat(_beat(1, now, 9, spans, raised=raised), now)
+        spans = ()
+        tracker.heartbeat(_beat(0, now, 9), now)
+        for view in tracker.evaluate(now):
+            pages += [(e.alert, e.state, now, e.detail) for e in liveness_events(engine, view)]
+    assert [(a, s) for a, s, _, _ in pages] == [("RunFailed", "firing")]
+    assert last + threshold < pages[0][2] <= last + threshold + 1.0
+    text = pages[0][3]
+    assert text.startswith("dp=1: ValueError: reward model returned NaN for every sample")
+    assert "no step followed" in text and "in train/reward, last step 9" in text
+    view = tracker.view("r", "actor", now)
+    assert view is not None and view.state is RunState.FAILED and view.ended_at == last + 0.5
+    assert end_cause(view) == ("ValueError", "train/reward")
+    for dp in (0, 1):  # then the driver exits 1 and Ray ends both actors: the same incident
+        ray.dead[f"actor{dp}"] = RayFacts(ActorDeath("OWNER_DIED", CLEAN_OWNER))
+    assert _pages(tracker, engine, now + 30, start=now + 1) == []
+    view = tracker.view("r", "actor", now + 30)
+    assert view is not None and view.state is RunState.FAILED
+    assert "then its driver ended normally" in describe(view)
+
+    # the driver handled the exception and the run stepped again before the threshold
+    tracker = LivenessTracker(LivenessParams(), probe=ScriptedRay())
+    engine = AlertEngine(default_rules())
+    last = _run(tracker, 10)
+    tracker.heartbeat(_beat(1, last + 0.5, 9, (("reward", last + 0.1),), raised=raised),
+                      last + 0.5)
+    assert _pages(tracker, engine, last + 2, start=last + 1) == []
+    now, step = last + 2.5, 10
+    while now < last + threshold + 30:  # one step a second again
+        for dp in (0, 1):
+            tracker.heartbeat(_beat(dp, now, step), now)
+        tracker.finalized("r", "actor", step, now)
+        assert [liveness_events(engine, v) for v in tracker.evaluate(now)] in ([], [[]])
+        now, step = now + 1.0, step + 1
+    view = tracker.view("r", "actor", now)
+    assert view is not None and view.state is RunState.RUNNING and view.ends == ()
+
+
 def test_a_failed_task_names_the_exception_without_any_wrapper() -> None:
     ray = ScriptedRay()
     tracker = LivenessTracker(LivenessParams(), probe=ray)
