@@ -33,7 +33,7 @@ def _resolved_because(kind: TimedKind, view: LivenessView) -> str:
         return " (its processes are gone)"
     if state is RunState.FROZEN:
         return " (its processes still exist)"
-    if kind.ends_a_run:
+    if kind.ends_a_run and view.rerun:
         return " (a rerun of the run reported)"
     return " (progress resumed)"
 

@@ -188,6 +188,7 @@ class LivenessView:
     ended_how: str = ""  # a finished run: how it ended ("its driver ended normally ...")
     total_steps: int | None = None  # the steps the run planned, when it said
     last_seen: tuple[RankSeen, ...] = ()  # ranks silent for two heartbeats, or ended
+    rerun: bool = False  # ranks that had ended spoke again (a new attempt) since it last ended
 
     @property
     def idle_seconds(self) -> float:
@@ -460,6 +461,7 @@ class _Stream:
     ended_how: str = ""  # how a finished run ended (Ray's account, or its Reporters')
     ray_due: float = 0.0  # when silent ranks' processes are next asked how they ended
     ray_quiet: frozenset[Rank] = frozenset()  # ... and which were silent when last asked
+    rerun: bool = False  # ranks that had ended spoke again since the stream last ended
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -592,6 +594,7 @@ class LivenessTracker:
                     # the actor decides (_ask_ray); the signal stands if Ray says nothing
                     seen.pending, seen.end, seen.closed = seen.end, None, False
         if rerun:
+            stream.rerun = True
             for other in stream.ranks.values():
                 other.end = None
         if not beat.closing and stream.finished and stream.state is RunState.FINISHED:
@@ -816,6 +819,8 @@ class LivenessTracker:
             state = RunState.RUNNING
         if state is not stream.state:
             stream.state, stream.since = state, now
+        if state in (RunState.FAILED, RunState.PREEMPTED):
+            stream.rerun = False  # what ends it next: a rerun, or its own progress
         stream.stuck = self._stuck(stream, now) if state in (
             RunState.RUNNING, RunState.SLOW, RunState.STALLED) else None
         return self._view(stream, now, failed_roles)
@@ -891,7 +896,7 @@ class LivenessTracker:
                            r.last_step)
                   for rank, r in sorted(stream.ranks.items())
                   if r.end is not None or (not r.closed and now - r.heard >= p.ask_ray_after)
-                  )[:_MAX_SEEN])
+                  )[:_MAX_SEEN], stream.rerun)
 
     # --- durable knowledge -----------------------------------------------------------------------
 

@@ -216,28 +216,38 @@ def test_a_rank_that_raised_is_named_with_its_exception_and_stage_from_its_heart
     assert "rlmon's method wrapper" in text and "in reward, last step 9" in text
 
 
-def test_a_rank_that_raised_fails_the_run_at_the_stall_threshold_if_ray_has_not_said_yet() -> None:
-    """On a loaded machine Ray's account of the actor can come after the stall threshold: the
-    run stopped because a rank raised, so it pages RunFailed naming the exception, never
-    RunStalled, and Ray's later account is the same incident. A run that steps again after a
-    raise its driver handled pages nothing."""
-    ray = ScriptedRay()
-    tracker = LivenessTracker(LivenessParams(), probe=ray)
-    engine = AlertEngine(default_rules())
-    last = _run(tracker, 10)
-    raised = Outcome(OutcomeKind.EXCEPTION, "ValueError",
-                     "reward model returned NaN for every sample", ("train.py:41 in score",))
+RAISED = Outcome(OutcomeKind.EXCEPTION, "ValueError", "reward model returned NaN for every sample",
+                 ("train.py:41 in score",))
+
+
+def _raised_and_silent(tracker: LivenessTracker, engine: AlertEngine, last: float
+                       ) -> tuple[list[tuple[str, str, float, str]], float, float]:
+    """Rank 1's wrapped method raised after step 9; both actors live on and heartbeat, no step
+    follows and Ray says nothing, until 30 s past the stall threshold: (the pages with their
+    time and detail, the time reached, the threshold)."""
     threshold = tracker.view("r", "actor", last).threshold  # type: ignore[union-attr]
     now, pages = last, []
     # the wrapper's heartbeat names the spans open where it raised; the later ones none
     spans: tuple[tuple[str, float], ...] = (("train", last + 0.05), ("reward", last + 0.1))
-    while now < last + threshold + 30:  # both actors alive and heartbeating; Ray says nothing
+    while now < last + threshold + 30:
         now += 0.5
-        tracker.heartbeat(_beat(1, now, 9, spans, raised=raised), now)
+        tracker.heartbeat(_beat(1, now, 9, spans, raised=RAISED), now)
         spans = ()
         tracker.heartbeat(_beat(0, now, 9), now)
         for view in tracker.evaluate(now):
             pages += [(e.alert, e.state, now, e.detail) for e in liveness_events(engine, view)]
+    return pages, now, threshold
+
+
+def test_a_rank_that_raised_fails_the_run_at_the_stall_threshold_if_ray_has_not_said_yet() -> None:
+    """On a loaded machine Ray's account of the actor can come after the stall threshold: the
+    run stopped because a rank raised, so it pages RunFailed naming the exception, never
+    RunStalled, and Ray's later account is the same incident."""
+    ray = ScriptedRay()
+    tracker = LivenessTracker(LivenessParams(), probe=ray)
+    engine = AlertEngine(default_rules())
+    last = _run(tracker, 10)
+    pages, now, threshold = _raised_and_silent(tracker, engine, last)
     assert [(a, s) for a, s, _, _ in pages] == [("RunFailed", "firing")]
     assert last + threshold < pages[0][2] <= last + threshold + 1.0
     text = pages[0][3]
@@ -253,11 +263,28 @@ def test_a_rank_that_raised_fails_the_run_at_the_stall_threshold_if_ray_has_not_
     assert view is not None and view.state is RunState.FAILED
     assert "then its driver ended normally" in describe(view)
 
-    # the driver handled the exception and the run stepped again before the threshold
+
+def test_a_run_that_steps_again_after_a_handled_raise_resolves_or_never_pages() -> None:
+    """The driver handled the exception: stepping again after the threshold resolves RunFailed
+    as progress resumed (no rerun happened); stepping again before it pages nothing."""
+    tracker = LivenessTracker(LivenessParams(), probe=ScriptedRay())
+    engine = AlertEngine(default_rules())
+    pages, now, threshold = _raised_and_silent(tracker, engine, _run(tracker, 10))
+    step = 10
+    for _ in range(3):
+        for dp in (0, 1):
+            tracker.heartbeat(_beat(dp, now, step), now)
+        tracker.finalized("r", "actor", step, now)
+        pages += [(e.alert, e.state, now, e.summary) for v in tracker.evaluate(now)
+                  for e in liveness_events(engine, v)]
+        now, step = now + 1.0, step + 1
+    assert [(a, s) for a, s, _, _ in pages] == [("RunFailed", "firing"), ("RunFailed", "resolved")]
+    assert pages[1][3].endswith("(progress resumed)"), pages[1][3]
+
     tracker = LivenessTracker(LivenessParams(), probe=ScriptedRay())
     engine = AlertEngine(default_rules())
     last = _run(tracker, 10)
-    tracker.heartbeat(_beat(1, last + 0.5, 9, (("reward", last + 0.1),), raised=raised),
+    tracker.heartbeat(_beat(1, last + 0.5, 9, (("reward", last + 0.1),), raised=RAISED),
                       last + 0.5)
     assert _pages(tracker, engine, last + 2, start=last + 1) == []
     now, step = last + 2.5, 10
