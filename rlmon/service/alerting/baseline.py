@@ -14,8 +14,11 @@ metric *should* be from its own trailing window and accumulates evidence that it
   ``follow_drift=False``: its baseline is a level only, so even a fault slower than the window
   cannot become the baseline's slope.
 - **Scale**: 1.4826 x the median absolute residual (a standard deviation for Gaussian noise),
-  floored by ``relative_floor`` x the baseline and ``floor``, so a near-constant metric does not
-  turn a rounding change into an alarm, and by the window's resolution (its smallest gap between
+  or, where a quarter of the window sits at one bound (a fraction clipped at 0 in a small
+  batch: its MAD measures the pile, and the values off it look like a climb), the spread of the
+  values off the pile where that is larger (:func:`spread_at_bound`); floored by
+  ``relative_floor`` x the baseline and ``floor``, so a near-constant metric does not turn a
+  rounding change into an alarm, and by the window's resolution (its smallest gap between
   distinct values), so a metric that moves in steps is judged in its own steps.
 - **Evidence**: a one-sided CUSUM (Page 1954) of the robust z-score in the watched direction,
   ``S = max(0, S + z - allowance)``, firing while ``S >= decision``. Each z is clipped to
@@ -34,17 +37,21 @@ service and ``rlmon replay`` continue bit for bit.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from itertools import pairwise
+from statistics import NormalDist
 from typing import Protocol
 
 from rlmon.service.metrics.spec import BaselineParams, BaselineSpec, Direction
 
 __all__ = ["BaselineParams", "BaselineSpec", "Direction", "Prediction", "Predictions", "departed",
-           "level", "observe", "predict", "reference"]
+           "level", "observe", "predict", "reference", "spread_at_bound"]
 
 _MAD_TO_SD = 1.4826  # MAD of a Gaussian x this = its standard deviation
+_OFF_PILE_MIN = 8  # values off a bound's pile needed to measure their spread
+_GAUSS = NormalDist()
 _SCORE_CAP = 2.0  # of `decision`: bounds the steps a long fault takes to resolve
 _TINY = 1e-12
 
@@ -92,12 +99,36 @@ def predict(params: BaselineParams, history: deque[float] | list[float],
     detrended = [v - slope * (i - centre) for i, v in enumerate(values)]
     level = _median(detrended)
     mad = _median([abs(d - level) for d in detrended])
+    spread = _MAD_TO_SD * mad
+    ordered, q = sorted(values), n // 4
+    if ordered[q] == ordered[0] or ordered[n - 1 - q] == ordered[-1]:
+        # a quarter of the window at one value, its bound (a fraction clipped at 0): the MAD
+        # measures the pile there, not how far the values off it move
+        spread = max(spread, spread_at_bound(ordered))
     expected = level + slope * (n - centre) if extrapolate else level
     if params.log_offset is None:
         floor = max(params.floor, params.relative_floor * abs(expected))
     else:
         floor = math.log1p(params.relative_floor)
-    return expected, max(_MAD_TO_SD * mad, floor, _resolution(values), _TINY)
+    return expected, max(spread, floor, _resolution(values), _TINY)
+
+
+def spread_at_bound(ordered: list[float]) -> float:
+    """The standard deviation of a window piled at its lowest (or highest) value, a bound the
+    metric is clipped at: from two order statistics of the values off the pile, which are a
+    censored Gaussian's own quantiles there (0: too few values off the pile to say)."""
+    n = len(ordered)
+    low = bisect.bisect_right(ordered, ordered[0])  # the pile at the minimum
+    high = n - bisect.bisect_left(ordered, ordered[-1])  # ... and at the maximum
+    off = ordered[low:] if low >= high else ordered[n - high - 1::-1]
+    m = len(off)
+    if m < _OFF_PILE_MIN:
+        return 0.0
+    piled = (n - m) / n
+    i, j = m // 3, (2 * m) // 3
+    lo = _GAUSS.inv_cdf(piled + (1 - piled) * (i + 0.5) / m)
+    hi = _GAUSS.inv_cdf(piled + (1 - piled) * (j + 0.5) / m)
+    return abs(off[j] - off[i]) / (hi - lo)
 
 
 def _resolution(values: list[float]) -> float:

@@ -85,6 +85,12 @@ def _block(params: BaselineParams, series: np.ndarray, n: int,
     resolution = np.where(gaps > 0.0, gaps, np.inf).min(axis=1)
     resolution = np.where(np.isinf(resolution), 0.0, resolution)
     spread = baseline._MAD_TO_SD * mad
+    # a quarter of the window at one bound: the spread off the pile where larger (as
+    # baseline.predict; by the same function, the few such windows one at a time)
+    q = n // 4
+    for row in np.flatnonzero((ordered[:, q] == ordered[:, 0])
+                              | (ordered[:, n - 1 - q] == ordered[:, n - 1])).tolist():
+        spread[row] = max(spread[row], baseline.spread_at_bound(ordered[row].tolist()))
 
     def scale(expected: np.ndarray) -> np.ndarray:
         if params.log_offset is None:

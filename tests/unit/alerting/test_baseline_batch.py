@@ -30,12 +30,15 @@ def _series(kind: str, n: int, seed: int) -> list[float]:
         return [0.125 * rng.randint(0, 3) for _ in range(n)]
     if kind == "constant":
         return [0.5] * n
+    if kind == "clipped":  # piled at 0 a third of the time, and at 1 for a stretch
+        return [min(1.0, max(0.0, 0.05 + 0.1 * rng.gauss(0, 1) + (1.0 if 300 <= i < 400 else 0)))
+                for i in range(n)]
     # a healthy stretch, then a climb and a collapse
     return [0.3 + 0.01 * rng.gauss(0, 1) if i < n // 2 else 0.3 * 1.01 ** (i - n // 2)
             if i < 3 * n // 4 else 1e-4 * rng.random() for i in range(n)]
 
 
-@pytest.mark.parametrize("kind", ["noise", "drift", "stepped", "constant", "fault"])
+@pytest.mark.parametrize("kind", ["noise", "drift", "stepped", "constant", "clipped", "fault"])
 def test_batch_predictions_are_predict_bit_for_bit(kind: str,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(baseline_batch, "_BLOCK", 97)  # many blocks, uneven boundaries

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from bench.bench_hard_negatives import _ar1
 from rlmon.service.alerting.engine import AlertEngine
 from rlmon.service.alerting.rules import default_rules
 from rlmon.service.contract.step_record import StepRecord
@@ -70,3 +71,27 @@ def test_a_jittering_lag_fires_half_as_often_and_a_growing_one_still_fires() -> 
     fired = [s for s, state in _transitions("PolicyLagGrowing", c.POLICY_LAG, growing)
              if state == "firing"]
     assert fired and 40 < fired[0] <= 45
+
+
+def _clipped_fraction(seed: int, n: int) -> np.ndarray:
+    """A small batch's share of prompt groups without reward variance, as the hard-negative
+    benchmark draws it: mean 0.04, sampling noise of 0.09 (Student-t, a little autocorrelated)
+    and a slow wander, clipped at 0 (a sixth to a half of the steps sit there)."""
+    rng = np.random.default_rng(seed)
+    return np.clip(0.04 + 0.09 * (_ar1(rng, n, 0.3) + 0.4 * _ar1(rng, n, 0.95)), 0, 1)
+
+
+def test_a_fraction_piled_at_zero_is_judged_by_how_far_it_moves_not_by_its_pile() -> None:
+    """A window a quarter or more at 0 has a MAD that measures the pile: the values off it read
+    as a climb. Its spread is that of the values off the pile there: 12 such runs fire nothing
+    (10 did on the MAD alone), and a real fading of the signal from that baseline still fires
+    within 5 steps."""
+    runs = [_clipped_fraction(seed, 400) for seed in range(12)]
+    assert min(float(np.mean(run == 0)) for run in runs) > 0.15
+    fired = [_transitions("LearningSignalFading", c.FRAC_REWARD_ZERO_STD, run.tolist())
+             for run in runs]
+    assert fired == [[]] * 12
+    fading = runs[0][:100].tolist() + (
+        0.45 + 0.05 * np.random.default_rng(7).standard_normal(30)).tolist()
+    events = _transitions("LearningSignalFading", c.FRAC_REWARD_ZERO_STD, fading)
+    assert events and events[0][1] == "firing" and 100 <= events[0][0] < 105, events
