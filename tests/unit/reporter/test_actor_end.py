@@ -64,6 +64,44 @@ def test_total_steps_and_a_raising_method_are_said_in_heartbeats() -> None:
         rep.set_total_steps(0)
 
 
+def test_a_raising_method_waits_for_a_slow_heartbeat_to_reach_the_aggregator() -> None:
+    """On a loaded machine the heartbeat's round trip takes over a second: the exception leaves
+    the method only once the note is with the aggregator (the driver then exits and Ray tears the
+    actor down, and a note still in flight would be lost)."""
+
+    class SlowSink(BeatSink):
+        def __init__(self) -> None:
+            super().__init__()
+            self.answer = threading.Event()
+
+        def heartbeat(self, beats: list[Heartbeat]) -> None:
+            assert self.answer.wait(30.0)
+            super().heartbeat(beats)
+
+    sink = SlowSink()
+    rep = Reporter("r3", "actor", rank={}, world={}, sink=sink, start_service=False,
+                   heartbeat_seconds=30.0, hardware_interval=None)
+
+    @watch_methods
+    class Rank:
+        def step(self) -> None:
+            raise ValueError("reward model returned NaN for every sample")
+
+    slow = threading.Timer(1.5, sink.answer.set)  # the aggregator answers 1.5 s later
+    try:
+        rep.end_step(0)
+        slow.start()
+        with pytest.raises(ValueError, match="reward model returned NaN"):
+            Rank().step()
+        with sink.lock:
+            assert [b.raised.exc_type for b in sink.beats if b.raised is not None] == [
+                "ValueError"]
+    finally:
+        slow.cancel()
+        sink.answer.set()
+        rep.close(10.0)
+
+
 def test_a_reporter_closed_after_a_raising_method_ends_with_that_exception() -> None:
     sink = BeatSink()
     rep = Reporter("r2", "actor", rank={}, world={}, sink=sink, start_service=False,
