@@ -90,6 +90,7 @@ def test_a_raising_method_waits_for_a_slow_heartbeat_to_reach_the_aggregator() -
     slow = threading.Timer(1.5, sink.answer.set)  # the aggregator answers 1.5 s later
     try:
         rep.end_step(0)
+        assert rep.flush(10.0)  # step 0 sent: the note goes alone, not riding on its batch
         slow.start()
         with pytest.raises(ValueError, match="reward model returned NaN"):
             Rank().step()
