@@ -504,13 +504,14 @@ class _Stream:
 
 def _ends(stream: _Stream) -> list[RankEnd]:
     """The ranks of ``stream`` that ended badly; and, once no step has finalized for the stall
-    threshold, those whose actor's method raised with no step since: the exception is why the
-    run stopped, said before Ray's account of the actor (late on a loaded machine) arrives."""
+    threshold (in a run that did not say it finished), those whose actor's method raised with no
+    step since: the exception is why the run stopped, said before Ray's account of the actor
+    (late on a loaded machine) arrives."""
     out = []
     for rank, r in stream.ranks.items():
         if r.end is not None:
             out.append(r.end)
-        elif stream.overdue and r.raised is not None and not r.closed:
+        elif stream.overdue and r.raised is not None and not r.closed and not stream.finished:
             stage = "/".join(s.name for s in r.stage)
             out.append(RankEnd(rank, r.raised, r.raised_at, stage, r.last_step, bool(stage),
                                "a method of its actor raised (rlmon's method wrapper) and no "

@@ -297,6 +297,17 @@ def test_a_run_that_steps_again_after_a_handled_raise_resolves_or_never_pages() 
     view = tracker.view("r", "actor", now)
     assert view is not None and view.state is RunState.RUNNING and view.ends == ()
 
+    # the driver handled it and said the run finished (finish_run): finished, nothing paged
+    tracker = LivenessTracker(LivenessParams(), probe=ScriptedRay())
+    engine = AlertEngine(default_rules())
+    last = _run(tracker, 10)
+    tracker.heartbeat(_beat(1, last + 0.5, 9, (("reward", last + 0.1),), raised=RAISED),
+                      last + 0.5)
+    tracker.finish("r", last + 1.0)
+    assert _pages(tracker, engine, last + threshold + 30, start=last + 1) == []
+    view = tracker.view("r", "actor", last + threshold + 30)
+    assert view is not None and view.state is RunState.FINISHED and view.ends == ()
+
 
 def test_a_failed_task_names_the_exception_without_any_wrapper() -> None:
     ray = ScriptedRay()
