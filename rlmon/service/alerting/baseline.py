@@ -110,7 +110,7 @@ def predict(params: BaselineParams, history: deque[float] | list[float],
         floor = max(params.floor, params.relative_floor * abs(expected))
     else:
         floor = math.log1p(params.relative_floor)
-    return expected, max(spread, floor, _resolution(values), _TINY)
+    return expected, max(spread, floor, _resolution(ordered), _TINY)
 
 
 def spread_at_bound(ordered: list[float]) -> float:
@@ -131,12 +131,12 @@ def spread_at_bound(ordered: list[float]) -> float:
     return abs(off[j] - off[i]) / (hi - lo)
 
 
-def _resolution(values: list[float]) -> float:
-    """The smallest gap between two distinct values of the window: a metric that moves in steps
-    (a lag in whole steps, a fraction of 8 prompt groups) cannot show a change finer than one, and
-    a window mostly at one value has a MAD of 0 that would make a single step look enormous."""
-    distinct = sorted(set(values))
-    return min((b - a for a, b in pairwise(distinct)), default=0.0)
+def _resolution(ordered: list[float]) -> float:
+    """The smallest gap between two distinct values of the window (``ordered``: sorted): a
+    metric that moves in steps (a lag in whole steps, a fraction of 8 prompt groups) cannot show
+    a change finer than one, and a window mostly at one value has a MAD of 0 that would make a
+    single step look enormous."""
+    return min((gap for a, b in pairwise(ordered) if (gap := b - a) > 0.0), default=0.0)
 
 
 def observe(params: BaselineParams, history: deque[float], score: float, value: float,
