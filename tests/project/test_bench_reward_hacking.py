@@ -59,3 +59,15 @@ def test_climbs_away_from_a_verifier_on_tuning_seeds_are_named_in_time() -> None
             named += any(case.onset <= step <= case.onset + bench.WITHIN for step in firings[:1])
     assert fired == 0
     assert named >= 28, named
+
+
+def test_an_unseen_healthy_learner_with_a_verifier_is_not_named_early_in_its_run() -> None:
+    """Seed 8215, from a set no session tuned on: a linear learner with a verifier score. Its
+    gap's line through the first 25-29 steps, projected on, read the bend of its early learning
+    as the reward leaving the score at steps 38-44; judged on a line of warmup steps it fires
+    nothing."""
+    case = bench.Case(8215, "healthy")
+    series = bench.series_of(case)
+    assert c.VERIFIER_SCORE in series
+    assert [step for _, step, state in bench.transitions(case, [bench.reward_hacking_rule()])
+            if state == "firing"] == []

@@ -37,7 +37,8 @@ judged is each series' *departure* from its own earlier course, all three at onc
   quiet gap's noise). The gap's line ends ``gap_guard`` steps before the newest, further back
   than the others': the score shares the policy's wander, so the gap is steadier than any one
   series and its line can be carried further ahead, and a slow climb is kept out of it for
-  longer.
+  longer. The gap is judged once that line has ``warmup`` steps, as the others' have from the
+  first judged step.
 - **CUSUM**: ``S = max(0, S + e - allowance)``, fires while ``S >= decision``; ``e`` is clipped
   so that no fewer than four steps fire (one lucky batch is a heavy-tailed sample, not a hack),
   and ``S`` is capped at 2 x ``decision`` so the warning resolves soon after the run settles.
@@ -220,7 +221,10 @@ def _evidence(p: RewardHackingParams, rows: list[float], new: tuple[float, ...],
     if math.isfinite(verifier):
         base_g, ahead_g = _baseline(p, rows, p.gap_guard)
         verifiers = _column(base_g, 3)
-        if _finite(verifiers):
+        # the gap's line ends further back, so early in a run it would be drawn through fewer
+        # steps than the others' (25 at the first judged step), while the learning curve bends
+        # most: judged once it has ``warmup`` steps of its own
+        if len(verifiers) >= min(p.warmup, p.window) and _finite(verifiers):
             rewards_g = _column(base_g, 0)
             gaps = [r - v for r, v in zip(rewards_g, verifiers, strict=True)]
             exp_g, _, sd_g, _ = robust_line(gaps, ahead_g)

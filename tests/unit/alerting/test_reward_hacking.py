@@ -6,6 +6,7 @@ are not; the state survives a restart (saved in the history store) and the findi
 from __future__ import annotations
 
 import math
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +85,24 @@ def test_a_reward_pulling_away_from_the_verifier_is_named() -> None:
     assert "no verifier score logged" not in found[0][1]
     # the same reward jump without a verifier, the length and the KL steady: not named
     assert fired(run(3, "concave", hack_at=100, kind="gap")) == []
+
+
+def test_the_verifier_gap_is_judged_only_on_a_line_of_warmup_steps() -> None:
+    """The gap's line ends ``gap_guard`` steps back, further than the others': at the first
+    judged step (warmup + guard) it would be drawn through 25 steps of the run's steepest bend.
+    It is judged once it has ``warmup`` steps of its own, as the others are from the start."""
+    params = reward_hacking.RewardHackingParams()
+    first_gap_step = min(params.warmup, params.window) + params.gap_guard
+    history: deque[float] = deque()
+    score = 0.0
+    gaps = {}
+    for step, metrics in enumerate(run(1, "concave", verifier=True)[:first_gap_step + 1]):
+        score, found = reward_hacking.observe(params, history, score, metrics)
+        if found is not None:
+            gaps[step] = found.z_gap
+    assert min(gaps) == min(params.warmup, params.window) + params.guard
+    assert all(math.isnan(z) for step, z in gaps.items() if step < first_gap_step), gaps
+    assert math.isfinite(gaps[first_gap_step])
 
 
 def test_the_alert_names_what_to_check_and_resumes_after_a_restart(tmp_path: Path) -> None:
