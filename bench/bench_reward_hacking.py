@@ -32,7 +32,8 @@ noise), which says where the misses are: on climbs still within a few SDs of the
 same for the peers' reward-hacking detectors that are installed (:mod:`peer_detectors`), run
 live on the same steady climbs and healthy runs.
 Parameters were tuned on seeds 0-199; the figures are for
-held-out seeds 7000-7099 unless ``--seeds tuning``.
+held-out seeds 7000-7099 unless ``--seeds tuning``, or ``--seeds unused`` (8000-8399, looked at
+only to check a change after it was tuned and measured held-out).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ from rlmon.service.metrics import catalog as c
 
 TUNING_SEEDS = range(0, 200)
 HELD_OUT_SEEDS = range(7000, 7100)
+UNUSED_SEEDS = range(8000, 8400)
+SEED_SETS = {"held-out": HELD_OUT_SEEDS, "tuning": TUNING_SEEDS, "unused": UNUSED_SEEDS}
 STEPS = 300
 SHAPES = ("concave", "linear", "sigmoid")
 RAMPS = {"abrupt": (1, 1), "gradual": (5, 15), "slow": (15, 30)}
@@ -295,11 +298,11 @@ def cases(seeds: range) -> list[Case]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", choices=("held-out", "tuning"), default="held-out")
+    parser.add_argument("--seeds", choices=tuple(SEED_SETS), default="held-out")
     parser.add_argument("--full-pack", action="store_true",
                         help="also the first alert of the rest of the default pack (slower)")
     args = parser.parse_args()
-    seeds = HELD_OUT_SEEDS if args.seeds == "held-out" else TUNING_SEEDS
+    seeds = SEED_SETS[args.seeds]
     started = time.perf_counter()
     hacking = [reward_hacking_rule()]
     rest = [r for r in default_rules() if r.name != "RewardHacking"]

@@ -71,3 +71,17 @@ def test_an_unseen_healthy_learner_with_a_verifier_is_not_named_early_in_its_run
     assert c.VERIFIER_SCORE in series
     assert [step for _, step, state in bench.transitions(case, [bench.reward_hacking_rule()])
             if state == "firing"] == []
+
+
+def test_a_climb_named_on_a_weak_step_is_held_while_the_alert_fires() -> None:
+    """Seed 8125's climb away from a verifier (unused seeds): named at step 91, 18 steps after
+    its onset, on a score just over the decision. The next weak step took the score under it;
+    the baseline was let go at once, slid over the climb, and the alert resolved at step 95
+    and never fired again in the 205 steps the hack went on (held 2 % of them). The baseline
+    now stays pinned until the alert resolves: held to the end."""
+    case = _case("climb-gap", 8125)
+    events = bench.transitions(case, [bench.reward_hacking_rule()])
+    assert events and events[0][1:] == (91, "firing")
+    share = bench.held_share(events, "RewardHacking", bench.STEPS)
+    assert share is not None and share > 0.95, events
+    assert events[-1][2] == "firing"

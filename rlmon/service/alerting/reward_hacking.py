@@ -42,12 +42,13 @@ judged is each series' *departure* from its own earlier course, all three at onc
 - **CUSUM**: ``S = max(0, S + e - allowance)``, fires while ``S >= decision``; ``e`` is clipped
   so that no fewer than four steps fire (one lucky batch is a heavy-tailed sample, not a hack),
   and ``S`` is capped at 2 x ``decision`` so the warning resolves soon after the run settles.
-- **Held while it lasts**: while the alert fires (``S >= decision``) the baseline is *pinned*:
+- **Held while it lasts**: from the step ``S`` reaches the decision the baseline is *pinned*:
   the steps since are kept out of it and each new step is judged against the baseline's lines
   projected that many steps ahead. A hack that climbs for 80 steps at a steady rate (+0.008
   reward, +1.2 % length, +0.004 KL a step) would otherwise become the baseline's own trend
   within a window and the alert would resolve while the hack goes on. The pin is let go once
-  ``S`` falls back (the metrics are on their pre-onset course again) or after ``hold`` steps.
+  the alert resolves (``S`` under the decision for the rule's ``resolve_after`` steps: the
+  metrics are on their pre-onset course again) or after ``hold`` steps.
   Pinning before it fires was tried: it turned healthy take-offs into alarms (7-10 of 200 tuning
   runs). Naming a hack takes all three legs out (or the reward and the gap); holding it takes
   less: two legs out (an adaptive KL controller that reins the KL in does not end a hack whose
@@ -272,24 +273,28 @@ def row(params: RewardHackingParams, metrics: Mapping[str, float]) -> tuple[floa
 
 
 def observe(params: RewardHackingParams, history: deque[float], score: float,
-            metrics: Mapping[str, float]) -> tuple[float, Evidence | None]:
+            metrics: Mapping[str, float], firing: bool = False) -> tuple[float, Evidence | None]:
     """Judge the step's ``metrics`` against ``history`` (the trailing rows, flat), append them,
     and return the new CUSUM score (the condition holds while it is >= ``decision``) and the
-    step's evidence (None: not judged)."""
+    step's evidence (None: not judged). ``firing``: the alert has fired and not yet resolved
+    (its rule resolves a few steps after the score falls under the decision)."""
     new = row(params, metrics)
     if new is None:
         return score, None
     found = None
+    # pinned, and held by two legs or the gap, from the step the score reaches the decision
+    # until the alert resolves: one weak step of a hack that goes on takes the score under the
+    # decision, and a baseline let go then slid over the climb, which was never named again
+    pinned = firing or score >= params.decision
     if len(history) // _COLUMNS >= min(params.warmup, params.window) + params.guard:
-        found = _evidence(params, list(history), new, score >= params.decision)
+        found = _evidence(params, list(history), new, pinned)
         if found is not None:
             cap = params.allowance + params.decision / 4  # four steps at the cap fire
             e = min(max(found.evidence, -cap), cap)
             score = min(max(0.0, score + e - params.allowance), 2 * params.decision)
     history.extend(new)
-    # pinned while evidence accumulates (the departure kept out of the baseline), for at most
-    # ``hold`` steps; else the window slides
-    limit = params.keep + (params.hold if score >= params.decision else 0)
+    # the departure kept out of the baseline for at most ``hold`` steps; else the window slides
+    limit = params.keep + (params.hold if firing or score >= params.decision else 0)
     while len(history) > limit * _COLUMNS:
         for _ in range(_COLUMNS):
             history.popleft()

@@ -105,6 +105,26 @@ def test_the_verifier_gap_is_judged_only_on_a_line_of_warmup_steps() -> None:
     assert math.isfinite(gaps[first_gap_step])
 
 
+def test_the_baseline_stays_pinned_until_the_alert_resolves() -> None:
+    """While the rule's alert fires (``firing``) the steps since it fired are kept out of the
+    baseline even on a step whose score fell under the decision; once it has resolved the
+    window slides again."""
+    params = reward_hacking.RewardHackingParams()
+    rows = run(0, "linear", verifier=True)
+    pinned: deque[float] = deque()
+    for metrics in rows[:params.keep]:
+        reward_hacking.observe(params, pinned, 0.0, metrics)
+    slid = deque(pinned)
+    for metrics in rows[params.keep:params.keep + 5]:
+        score, _ = reward_hacking.observe(params, pinned, 0.0, metrics, firing=True)
+        assert score < params.decision
+        reward_hacking.observe(params, slid, 0.0, metrics, firing=False)
+    assert len(pinned) == (params.keep + 5) * 4
+    assert len(slid) == params.keep * 4
+    reward_hacking.observe(params, pinned, 0.0, rows[params.keep + 5], firing=False)
+    assert len(pinned) == params.keep * 4
+
+
 def test_the_alert_names_what_to_check_and_resumes_after_a_restart(tmp_path: Path) -> None:
     from rlmon.service.storage.history import HistoryStore
 

@@ -55,7 +55,7 @@ class RewardHacking(ConditionKind):
             return NOT_APPLICABLE
         hacking = _params(rule)
         state.score, found = reward_hacking.observe(hacking, state.history, state.score,
-                                                    record.metrics)
+                                                    record.metrics, state.firing)
         return Check(True, state.score >= hacking.decision, rule.metric, value,
                      found.describe() if found is not None else "")
 
