@@ -98,12 +98,12 @@ def test_run_page_draws_every_point_and_the_alert_onsets(page: Any, service: Ser
         assert drawn["series"] == ",".join(
             str(sum(v is not None for v in ys)) for ys in want["y"])
         # LogprobMismatch, ISRatioStale, LogprobMismatch escalated to critical: in every panel
-        assert drawn["onsets"] == "6,12,14"
+        assert drawn["onsets"] == "7,12,14"
     # the markers are on the canvas, at the onset steps' pixels, in the warning colour
     found = page.evaluate("""() => {
         const u = window.rlmonCharts()[0];
         const ctx = u.ctx, out = {};
-        for (const step of [6, 12, 20]) {
+        for (const step of [7, 12, 20]) {
             const x = Math.round(u.valToPos(step, 'x', true));
             let hits = 0;
             for (let y = u.bbox.top; y < u.bbox.top + u.bbox.height; y += 2) {
@@ -114,7 +114,7 @@ def test_run_page_draws_every_point_and_the_alert_onsets(page: Any, service: Ser
         }
         return out;
     }""")
-    assert found["6"] > 10 and found["12"] > 10 and found["20"] == 0
+    assert found["7"] > 10 and found["12"] > 10 and found["20"] == 0
 
 
 def test_zoom_and_role_tabs(page: Any) -> None:
@@ -125,7 +125,7 @@ def test_zoom_and_role_tabs(page: Any) -> None:
     page.click("#zoom-apply")
     page.wait_for_function("() => document.querySelector('#panels .panel')?.dataset.points === '11'")
     assert {p["points"] for p in panels(page)} == {11}
-    assert {p["onsets"] for p in panels(page)} == {"6,12,14"}
+    assert {p["onsets"] for p in panels(page)} == {"7,12,14"}
     page.click(".tabs a:text('rollout')")
     page.wait_for_function("() => [...document.querySelectorAll('#panels .panel')].some("
                            "p => p.dataset.metrics === 'rollout/policy_lag')")

@@ -244,7 +244,7 @@ def test_curves_smooth_log_time_axes_and_the_rank_band_as_drawn(
     onset_pixels = page.evaluate("""(sel) => {
         const u = window.rlmonCharts().find(c => c.rlmon.panelEl.matches(sel));
         const out = {};
-        for (const step of [6, 12, 20]) {
+        for (const step of [7, 12, 20]) {
             const x = Math.round(u.valToPos(10 * step, 'x', true));
             let hits = 0;
             for (let y = u.bbox.top + 40; y < u.bbox.top + u.bbox.height; y += 2) {
@@ -255,7 +255,7 @@ def test_curves_smooth_log_time_axes_and_the_rank_band_as_drawn(
         }
         return out;
     }""", kl_sel)
-    assert onset_pixels["6"] > 10 and onset_pixels["12"] > 10 and onset_pixels["20"] == 0
+    assert onset_pixels["7"] > 10 and onset_pixels["12"] > 10 and onset_pixels["20"] == 0
     page.select_option("#curve-x", "wall")
     page.wait_for_function(f"() => window.rlmonCharts().find(c => c.rlmon.panelEl.matches("
                            f"\"{kl_sel}\")).scales.x.time === true")
@@ -429,7 +429,7 @@ def test_alert_labels_stand_right_of_their_own_lines(page: Any) -> None:
     page.goto(page.base + f"#/run/{RUN}?role=actor")
     is_ratio = "#panels .panel[data-title='IS ratio and its extremes']"
     page.wait_for_selector(is_ratio + "[data-onsets]")
-    # ISRatioStale fired at step 12, a LogprobMismatch line 6 steps before it
+    # ISRatioStale fired at step 12, a LogprobMismatch line 5 steps before it
     sides = label_sides(page, is_ratio, 12, warning=True)
     assert sides["right"] > 20 and sides["left"] == 0, sides
     assert page.get_attribute(is_ratio, "data-labels") == "12:4"  # 4 px right of its line
@@ -463,8 +463,8 @@ def test_axis_labels_of_large_values_are_whole(page: Any, service: ServiceCore,
 
 
 def test_the_alert_view_shows_the_current_severity_of_an_escalated_alert(page: Any) -> None:
-    # LogprobMismatch fired as a warning at step 6 and escalated to critical at step 14
-    page.goto(page.base + f"#/alert/{RUN}/actor/LogprobMismatch/6")
+    # LogprobMismatch fired as a warning at step 7 and escalated to critical at step 14
+    page.goto(page.base + f"#/alert/{RUN}/actor/LogprobMismatch/7")
     page.wait_for_selector("dl.facts")
     assert page.inner_text("h1 .badge") == "critical"
     assert "critical (escalated from warning at step 14)" in page.inner_text("dl.facts")
@@ -490,7 +490,7 @@ def test_the_alert_view_shows_what_to_change_what_moved_first_and_the_cost_when_
         route.fulfill(response=answer, body=json.dumps({**answer.json(), **extra}))
 
     page.route("**/api/alert?*", extend)
-    page.goto(page.base + f"#/alert/{RUN}/actor/LogprobMismatch/6")
+    page.goto(page.base + f"#/alert/{RUN}/actor/LogprobMismatch/7")
     page.wait_for_selector("dl.facts")
     facts = page.inner_text("dl.facts")
     for shown in (extra["what_to_change"], extra["first_moved"], "actor/logp_diff > 1.0",

@@ -4,12 +4,22 @@ layer's 10 s limit."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 
 import pytest
 
 from tests.support.unit_layer import refuse_processes_and_sockets, threads_left
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fonts_listed_once() -> None:
+    """matplotlib lists the system's fonts (a ``fc-list`` child) the first time it is imported
+    on a machine with fontconfig, then reads its cache: done here, before the layer's rules,
+    so the first unit test that draws does not depend on another suite having drawn first."""
+    with contextlib.suppress(ImportError):  # the report extra is not installed
+        import matplotlib.font_manager  # noqa: F401
 
 
 @pytest.fixture(autouse=True)

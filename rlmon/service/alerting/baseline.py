@@ -22,7 +22,8 @@ metric *should* be from its own trailing window and accumulates evidence that it
   distinct values), so a metric that moves in steps is judged in its own steps.
 - **Evidence**: a one-sided CUSUM (Page 1954) of the robust z-score in the watched direction,
   ``S = max(0, S + z - allowance)``, firing while ``S >= decision``. Each z is clipped to
-  ``allowance + decision / 2`` so a single spike can never fire alone (two consecutive ones can);
+  ``allowance + decision / spike_steps`` so a spike shorter than ``spike_steps`` (2: a single
+  one) can never fire alone (:func:`z_cap`);
   ``S`` is capped at 2 x ``decision`` so a long fault resolves within a few steps of its end.
 
 Nothing accumulates during the first ``warmup`` values. While the rule fires, the step is judged
@@ -47,7 +48,7 @@ from typing import Protocol
 from rlmon.service.metrics.spec import BaselineParams, BaselineSpec, Direction
 
 __all__ = ["BaselineParams", "BaselineSpec", "Direction", "Prediction", "Predictions", "departed",
-           "level", "observe", "predict", "reference", "spread_at_bound"]
+           "level", "observe", "predict", "reference", "spread_at_bound", "z_cap"]
 
 _MAD_TO_SD = 1.4826  # MAD of a Gaussian x this = its standard deviation
 _OFF_PILE_MIN = 8  # values off a bound's pile needed to measure their spread
@@ -158,13 +159,19 @@ def observe(params: BaselineParams, history: deque[float], score: float, value: 
         z = (_transform(params, value) - expected) / scale
         if params.direction == "down":
             z = -z
-        cap = params.allowance + params.decision / 2  # two steps at the cap fire, one cannot
+        cap = z_cap(params)
         z = min(max(z, -cap), cap)
         score = min(max(0.0, score + z - params.allowance), _SCORE_CAP * params.decision)
     history.append(value)
     while len(history) > params.window:
         history.popleft()
     return score
+
+
+def z_cap(params: BaselineParams) -> float:
+    """How far out one step counts: ``spike_steps`` consecutive steps at it fire, fewer
+    cannot, however far out each is."""
+    return params.allowance + params.decision / params.spike_steps
 
 
 def reference(params: BaselineParams, history: deque[float]) -> tuple[float, float]:

@@ -166,7 +166,7 @@ def _moved(step_in: float) -> float:
 def _onset(params: BaselineParams, scores: list[float]) -> int:
     """Where the departure began: the step after the CUSUM of ``scores`` (robust z-scores,
     clipped as the detector clips them) was last zero (Page's estimate of a change's onset)."""
-    cap = params.allowance + params.decision / 2
+    cap = baseline.z_cap(params)
     total, start = 0.0, 0
     for index, z in enumerate(scores):
         total = max(0.0, total + min(max(z, -cap), cap) - params.allowance)

@@ -80,6 +80,7 @@ class Rule(BaseModel):
     relative_floor: float | None = Field(default=None, ge=0.0)
     log_offset: float | None = Field(default=None, gt=0.0)
     follow_drift: bool | None = None
+    spike_steps: int | None = Field(default=None, ge=1, le=100)
     for_steps: int = Field(default=1, ge=1, le=100_000, alias="for")
     # hysteresis: good steps before a firing alert resolves (Prometheus' keep_firing_for), and
     # for threshold/outside rules a margin (in the metric's units) the value must clear the
@@ -235,7 +236,7 @@ def _rule_from_baseline(spec: BaselineSpec) -> Rule:
         "name": spec.name, "severity": Severity.WARNING, "condition": Condition.BASELINE,
         "metric": spec.metric, "direction": p.direction, "window": p.window, "warmup": p.warmup,
         "allowance": p.allowance, "decision": p.decision, "relative_floor": p.relative_floor,
-        "follow_drift": p.follow_drift, "for": spec.for_steps,
+        "follow_drift": p.follow_drift, "spike_steps": p.spike_steps, "for": spec.for_steps,
         "resolve_after": spec.resolve_after, "summary": spec.summary,
         "level_rule": spec.level_rule, "critical_drop": spec.critical_drop,
         "critical_pinned": spec.critical_pinned,

@@ -193,6 +193,8 @@ class BaselineParams:
     relative_floor: float = 0.05  # smallest scale as a fraction of the baseline
     log_offset: float | None = None  # judge log(value + offset): for multiplicative metrics
     follow_drift: bool = True  # False: the baseline is a level, for metrics with no healthy drift
+    # consecutive steps that fire however far out each is: a shorter spike never does alone
+    spike_steps: int = 2
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,9 +12,11 @@ from tests.support.paths import REPO
 
 ROOT = REPO
 
-# step 1 fires both (LogprobMismatch a warning: under its critical 0.3); they resolve at the
-# 20th good step (the pack's hysteresis), step 21
+# step 1 fires both (LogprobMismatch on its second step over 0.1, a warning: under its
+# critical 0.3); they resolve at the 20th good step (the pack's hysteresis), step 21
 RUN = [
+    {"run": "r1", "role": "actor", "step": 0,
+     "metrics": {"actor/is_ratio": {"sum": 1, "count": 1}, "actor/logp_diff": {"sum": 0.2, "count": 1}}},
     {"run": "r1", "role": "actor", "step": 1,
      "metrics": {"actor/is_ratio": {"sum": 3, "count": 1}, "actor/logp_diff": {"sum": 0.2, "count": 1}}},
 ] + [

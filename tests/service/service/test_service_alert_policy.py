@@ -46,8 +46,9 @@ def test_flapping_is_one_notification_and_an_escalation_survives_a_restart(
     receiver = Receiver().start()
     try:
         core = ServiceCore(settings(receiver.url), state_dir=tmp_path).start()
-        # 60 steps over and under LogprobMismatch's 0.1, never 20 good steps in a row
-        flapping = [0.12, 0.08, 0.09, 0.11, 0.07] * 12
+        # 60 steps over and under LogprobMismatch's 0.1 (two in a row: it fires), never 20
+        # good steps in a row
+        flapping = [0.12, 0.11, 0.08, 0.09, 0.07] * 12
         core.publish(steps(flapping, 0))
         assert core.close(timeout=30.0)
         again = ServiceCore(settings(receiver.url), state_dir=tmp_path).start()

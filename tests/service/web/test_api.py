@@ -37,7 +37,7 @@ def test_runs_lists_each_run_once_with_its_roles_beneath(service: ServiceCore) -
     assert (actor["first_step"], actor["last_step"], actor["attempt"]) == (0, 29, 0)
     assert (actor["ranks_reporting"], actor["ranks_expected"]) == (4, 4)
     assert {a["alert"]: a["step"] for a in actor["firing"]} == {
-        "LogprobMismatch": 6, "ISRatioStale": 12}
+        "LogprobMismatch": 7, "ISRatioStale": 12}
     assert actor["state"] == "unknown" and actor["age_seconds"] >= 0.0
     assert body["alerts_seen"] == len(service.history.alerts())
     goodput = {run: g for run, (_s, g, _m) in service.goodput.snapshot().items()}
@@ -154,7 +154,7 @@ def test_curves_hold_every_step_of_a_short_run_and_the_alert_transitions(
             assert ys == [line["metrics"].get(metric) for line in lines]
     onsets = {(a["alert"], a["step"]) for a in body["alerts"] if a["state"] == "firing"}
     # LogprobMismatch escalates to critical at 14 (docs/alerting.md: escalation)
-    assert onsets == {("LogprobMismatch", 6), ("ISRatioStale", 12), ("LogprobMismatch", 14)}
+    assert onsets == {("LogprobMismatch", 7), ("ISRatioStale", 12), ("LogprobMismatch", 14)}
 
 
 def test_curves_zoom_to_a_step_range(service: ServiceCore) -> None:
@@ -389,8 +389,11 @@ def test_curves_give_each_points_time_and_the_step_times_spread_across_ranks(
     panels = {p["metrics"][0]: p for p in body["panels"]}
     assert all(p["t"] == [5.0 * s for s in p["x"]] for p in body["panels"])
     spread = panels["perf/step_seconds"]["spread"]
-    assert spread == [{"min": [1.5 if s % 2 == 0 else None for s in range(30)],
-                       "max": [pytest.approx(1.8) if s % 2 == 0 else None for s in range(30)]}]
+    # an odd step keeps the timeline the fixture gave the alert onsets (step 7)
+    timed = [s % 2 == 0 or (s != 1 and len(actor[s].timelines) >= 2) for s in range(30)]
+    assert timed.count(True) == 16
+    assert spread == [{"min": [1.5 if t else None for t in timed],
+                       "max": [pytest.approx(1.8) if t else None for t in timed]}]
     assert panels["actor/kl"]["spread"] == [None]  # no per-rank values stored
     # a zoom: the same, for its steps
     _, zoom, _ = get(service, "/api/curves?run=timed&role=actor&from=10&to=13")

@@ -13,15 +13,15 @@ RUN = "grpo-demo-0"
 
 def test_an_escalated_warning_reads_critical_with_its_level_and_step(
         service: ServiceCore) -> None:
-    for step in (6, 14):  # the warning's firing and its escalation: the same incident
+    for step in (7, 14):  # the warning's firing and its escalation: the same incident
         status, a, _ = get(service, f"/api/alert?run={RUN}&role=actor&alert=LogprobMismatch"
                                     f"&step={step}")
         assert status == 200
-        assert (a["onset"], a["first_severity"], a["severity"]) == (6, "warning", "critical")
+        assert (a["onset"], a["first_severity"], a["severity"]) == (7, "warning", "critical")
         assert a["escalated_at"] == 14 and a["escalated_value"] > 0.3
         assert a["critical_condition"] == "actor/logp_diff > 0.3 (the critical level)"
     status, latest, _ = get(service, f"/api/alert?run={RUN}&role=actor&alert=LogprobMismatch")
-    assert status == 200 and latest["onset"] == 6 and latest["severity"] == "critical"
+    assert status == 200 and latest["onset"] == 7 and latest["severity"] == "critical"
 
 
 def test_the_alert_carries_its_cost_what_to_change_and_what_moved_first(

@@ -50,10 +50,12 @@ def test_a_metric_flapping_near_its_threshold_is_one_alert() -> None:
 
 
 def test_a_condition_that_ends_resolves_after_resolve_after_good_steps() -> None:
-    good = rule_named("LogprobMismatch").resolve_steps
+    mismatch = rule_named("LogprobMismatch")
+    good = mismatch.resolve_steps
     values = [0.2] * 5 + [0.02] * (good + 5)
-    events = run(AlertEngine([rule_named("LogprobMismatch")]), records(values))
-    assert [(e.step, e.state) for e in events] == [(0, "firing"), (5 + good - 1, "resolved")]
+    events = run(AlertEngine([mismatch]), records(values))
+    assert [(e.step, e.state) for e in events] == [(mismatch.for_steps - 1, "firing"),
+                                                   (5 + good - 1, "resolved")]
 
 
 def test_a_warning_that_climbs_escalates_once_routed_by_its_new_severity() -> None:
@@ -100,8 +102,9 @@ def test_one_step_that_jumps_past_the_critical_bound_is_a_warning() -> None:
     """From quiet straight past the critical level on a rule that fires on one step: a warning,
     critical a step later only if it is still there (quoting the first step). One step of a
     noisy mean past the bound is a spike: a small batch's token-mean logprob difference at 14x
-    its median for one step was paged as critical on a healthy run."""
-    mismatch = rule_named("LogprobMismatch")
+    its median for one step was paged as critical on a healthy run (the default pack's
+    LogprobMismatch now waits for a second step: a rule file's copy that fires on one)."""
+    mismatch = rule_named("LogprobMismatch").model_copy(update={"for_steps": 1})
     events = run(AlertEngine([mismatch]), records([0.02] * 5 + [0.39] + [0.03] * 30))
     assert [(e.step, e.state, e.severity) for e in events] == [
         (5, "firing", "warning"), (5 + mismatch.resolve_steps, "resolved", "warning")]
@@ -171,9 +174,9 @@ def test_escalation_state_and_pre_onset_level_survive_the_history_store(tmp_path
     slide = restored[("r", "actor", "EntropySliding")]
     assert slide.firing and slide.reference is not None
     assert restored[("r", "actor", "LogprobMismatch")].severity == "critical"
-    # a warning at step 40 (straight past the critical level), critical at 41 (still there)
-    assert list(restored[("r", "actor", "LogprobMismatch")].sent) == [T0 + 40 * PERIOD,
-                                                                       T0 + 41 * PERIOD]
+    # fired at step 41, its second step over: critical at once, past the critical level on
+    # both steps it took to fire
+    assert list(restored[("r", "actor", "LogprobMismatch")].sent) == [T0 + 41 * PERIOD]
     assert restored[("r", "actor", "LogprobMismatch")].critical_since == 40
 
 

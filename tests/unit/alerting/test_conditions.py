@@ -85,7 +85,9 @@ EXAMPLES: dict[Condition, list[Rule]] = {
               **{"for": 2}),
     ],
     # down with a critical drop; up on a level only (no drift followed), for 2
-    Condition.BASELINE: [_pack("EntropySliding"), _pack("GradNormBlowingUp")],
+    Condition.BASELINE: [_pack("EntropySliding"), _pack("GradNormBlowingUp"),
+                         _rule(name="SlowToFire", condition="baseline", metric=c.ENTROPY,
+                               direction="down", window=40, spike_steps=3, decision=6)],
     Condition.REWARD_HACKING: [reward_hacking_rule()],
     Condition.RANK_MISSING: [_pack("RankMissing")],
     Condition.REPLICA_MISMATCH: [_pack("ReplicaMismatch")],

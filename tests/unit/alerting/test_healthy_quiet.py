@@ -95,3 +95,32 @@ def test_a_fraction_piled_at_zero_is_judged_by_how_far_it_moves_not_by_its_pile(
         0.45 + 0.05 * np.random.default_rng(7).standard_normal(30)).tolist()
     events = _transitions("LearningSignalFading", c.FRAC_REWARD_ZERO_STD, fading)
     assert events and events[0][1] == "firing" and 100 <= events[0][0] < 105, events
+
+
+def test_one_small_batch_s_mismatch_spike_does_not_fire_and_a_lasting_mismatch_does() -> None:
+    """A small batch's token-mean logprob difference (about 0.027) jumps past 0.1 on one step
+    now and then (0.39 and 0.12, 154 steps apart, in a hard-negative run: two incidents, four
+    notifications); a mismatch of dtype, kernels or weights shows on every step and fires on
+    its second."""
+    rng = np.random.default_rng(9406)
+    values = (0.027 * np.exp(0.3 * rng.standard_normal(400))).tolist()
+    values[174], values[328] = 0.39, 0.12
+    assert _transitions("LogprobMismatch", c.LOGP_DIFF, values) == []
+    lasting = [0.027] * 50 + [0.2] * 10
+    assert _transitions("LogprobMismatch", c.LOGP_DIFF, lasting) == [(51, "firing")]
+
+
+def test_two_kl_spikes_in_a_row_are_not_a_climb_and_a_blow_up_fires_on_its_third_step() -> None:
+    """A batch of unusual prompts spikes the KL for a step (2.2-6.0 over a KL of 0.19); two in
+    a row come by chance, and twice in one hard-negative run they fired KLClimbing for 3 steps
+    each. It takes three steps however far out, so a KL that jumps and stays there fires on
+    its third."""
+    rng = np.random.default_rng(9408)
+    quiet = (0.19 * np.exp(0.05 * rng.standard_normal(300))).tolist()
+    spikes = list(quiet)
+    spikes[199:201] = [3.11, 3.20]
+    spikes[236:238] = [2.84, 3.25]
+    assert _transitions("KLClimbing", c.KL, spikes) == []
+    blow_up = quiet[:200] + [3.0 * v for v in quiet[200:]]
+    events = _transitions("KLClimbing", c.KL, blow_up)
+    assert events and events[0] == (202, "firing"), events

@@ -78,12 +78,15 @@ def test_a_jump_that_then_runs_away_fires_once_it_moves_on() -> None:
 
 
 def test_a_jump_to_the_level_rules_level_fires_at_once() -> None:
-    """KL jumping to 3 (over KLDivergence's 2) is not held back: the early warning fires at
-    the step it would have."""
+    """KL jumping to 3 (over KLDivergence's 2) is not held back: it is named at its third
+    step, where both rules judge it first (KLClimbing takes three steps however far out), by
+    the level rule, which speaks for the early warning while it fires."""
     values = _noisy(0.1, 120, 0.05, 3)
     values[80:] = 3.0 * values[80:] / 0.1
     fired = _firings(("KLClimbing", "KLDivergence"), c.KL, values.tolist())
-    assert ("KLClimbing", 81) in fired
+    assert fired[0] == ("KLDivergence", 82), fired
+    alone = _firings(("KLClimbing",), c.KL, values.tolist())
+    assert alone[0] == ("KLClimbing", 82), alone
 
 
 def test_a_jittering_lag_is_not_growth_and_a_growing_one_fires() -> None:

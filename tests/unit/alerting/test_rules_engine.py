@@ -16,7 +16,7 @@ from rlmon.service.metrics import catalog
 DESIGN_TABLE = {
     "ISRatioDivergence": ("critical", "actor/is_ratio", 1),
     "ISRatioStale": ("warning", "actor/is_ratio_min", 3),
-    "LogprobMismatch": ("warning", "actor/logp_diff", 1),
+    "LogprobMismatch": ("warning", "actor/logp_diff", 2),  # issue 39: one batch's spike
     "LogprobDivergence": ("critical", "actor/logp_diff", 1),
     "ClipRatioHigh": ("warning", "actor/clip_ratio", 3),
     "EntropyCollapse": ("critical", "actor/entropy", 3),

@@ -35,7 +35,7 @@ from rlmon.service.contract.step_record import StepRecord
 __all__ = ["BASELINE_FIELDS", "BASELINE_MAX_WINDOW", "Drift", "prepare"]
 
 BASELINE_FIELDS = ("warmup", "allowance", "decision", "floor", "relative_floor", "log_offset",
-                   "follow_drift")
+                   "follow_drift", "spike_steps")
 BASELINE_MAX_WINDOW = 1_000  # the detector sorts its window every step
 # baseline values scored at a time (most stretches end at the series' end); small enough that
 # a chunk's temporaries (window x chunk floats) are reused by the allocator: at 8,192 each was
@@ -52,7 +52,7 @@ def _cusum(rule: RuleLike, ahead: baseline_batch.SeriesPredictions, values: np.n
     where = np.flatnonzero(applies).astype(np.int32)
     position = np.concatenate(([0], np.cumsum(applies, dtype=np.int32)))
     series = values[where]
-    cap = params.allowance + params.decision / 2
+    cap = baseline.z_cap(params)
     ceiling = baseline._SCORE_CAP * params.decision
     allowance, decision = params.allowance, params.decision
 
@@ -146,8 +146,10 @@ class Drift(ConditionKind):
         p = rule.baseline
         side = "rising above" if p.direction == "up" else "falling below"
         kind = "baseline" if p.follow_drift else "baseline level"
+        spikes = "" if p.spike_steps == 2 else f", {p.spike_steps} steps however far out"
         return (f"{rule.metric} {side} its own {p.window}-step {kind} "
-                f"(CUSUM {p.allowance:g}/{p.decision:g} robust SDs, after {p.warmup} steps)")
+                f"(CUSUM {p.allowance:g}/{p.decision:g} robust SDs{spikes}, after {p.warmup} "
+                "steps)")
 
     def validate(self, rule: RuleLike) -> None:
         if rule.direction is None:
