@@ -12,6 +12,7 @@ import pytest
 from bench.claims import KINDS, Score, register
 from bench.claims import kinds as _kinds  # noqa: F401  (registers the kinds)
 from bench.claims.formats import read, write
+from bench.claims.kinds.alerts import claims_alerts
 from bench.claims.runs import RunSpec, crossing, generate
 from rlmon.service.diff.runs import from_logged
 
@@ -135,3 +136,13 @@ def test_fast_mode_every_heading_alert_states_where_it_is_heading() -> None:
     heading = KINDS["projection.alert"].score(range(100, 108), True)
     assert heading.positives >= 4 and heading.recall == 1.0, heading.misses
     assert heading.coverage == 1.0 and max(heading.delays) <= 10, heading.misses
+
+
+def test_two_unseen_healthy_runs_that_notified_four_times_stay_within_three() -> None:
+    """Seeds no session tuned on: two consecutive KL spikes, twice (kl_spikes 9408), and one
+    small batch's token-mean logprob difference past 0.1 for a step, twice (small_batch 9406),
+    each sent 4 notifications of one condition (two incidents, fired and resolved)."""
+    runs = [*claims_alerts.healthy_runs([9408], kinds=("kl_spikes",)),
+            *claims_alerts.healthy_runs([9406], kinds=("small_batch",))]
+    assert [(r.kind, r.seed) for r in runs] == [("kl_spikes", 9408), ("small_batch", 9406)]
+    assert max(r.worst for r in runs) <= 3, runs
