@@ -340,7 +340,9 @@ def measure(events: list[AlertEvent], hours: float, flap_steps: int) -> Tally:
     tally.slack, tally.pagerduty = by["slack"], by["pagerduty"]
     tally.notifications = tally.slack + tally.pagerduty
     tally.worst = tally.notifications
-    tally.held = sum(1 for e in events if not getattr(e, "notify", True))  # older engines: none
+    # an update of a heading that moved later is not sent either, by design, not by the bound
+    tally.held = sum(1 for e in events if not getattr(e, "notify", True)
+                     and not getattr(e, "repeat", False))  # older engines: none
     resolved_at: dict[tuple[str, str, str], int] = {}
     for e in events:
         key = (e.run, e.role, e.alert)

@@ -341,12 +341,13 @@ class AlertEngine:
                 f"{event.summary} (still firing since step {state.since_step}: re-sent every "
                 f"{_hours(self.policy.repeat_seconds)})")), now)
         if check.holds and rule.condition is Condition.BASELINE:
-            ahead = heading.refreshed(rule, state, self.rules, record.step)
+            ahead, news = heading.refreshed(rule, state, self.rules, record.step)
             if ahead:  # where it is heading, stated now or stated anew
                 event = self._event(rule, record, "firing", check, state.severity)
-                return self._notify(state, replace(event, repeat=True, detail=ahead, summary=(
+                event = replace(event, repeat=True, detail=ahead, summary=(
                     f"{event.summary} (firing since step {state.since_step}; where it is "
-                    "heading now)")), now)
+                    "heading now)"))
+                return self._notify(state, event, now) if news else replace(event, notify=False)
         return None
 
     def _held_back(self, rule: Rule, record: StepRecord, state: AlertState) -> bool:

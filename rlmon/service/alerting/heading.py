@@ -10,7 +10,10 @@ few dozen projections, not one a step), and at any step once the stated range ha
 without the level reached. A new projection is stated (an update of the firing alert:
 :attr:`~rlmon.service.alerting.alert_types.AlertEvent.repeat`, routed and sent as a re-send is,
 not stored as a transition) where none was stated yet, or where the stated range no longer
-holds (the new one lies wholly outside it). What was stated is kept in the rule's state
+holds (the new one lies wholly outside it). Only news is sent: a first statement, or the level
+nearer than stated; a range that moved later (the departure slowing, a bump receding) is an
+event that is not sent (``notify`` false), so a false alarm's updates do not ping again and
+again. What was stated is kept in the rule's state
 (:attr:`~rlmon.service.alerting.alert_types.AlertState.stated`) and saved with it, so a
 restarted service does not state it again.
 """
@@ -52,20 +55,23 @@ def _due(age: int) -> bool:
     return age == int(due)
 
 
-def refreshed(rule: Rule, state: AlertState, rules: Sequence[Rule], step: int) -> str:
-    """A new statement of where the firing ``rule``'s metric is heading at ``step``: where
-    none was stated yet, or the stated range no longer holds; "" otherwise."""
+def refreshed(rule: Rule, state: AlertState, rules: Sequence[Rule], step: int,
+              ) -> tuple[str, bool]:
+    """A new statement of where the firing ``rule``'s metric is heading at ``step`` ("" where
+    none is due): where none was stated yet, or the stated range no longer holds; and whether
+    it is news to send (none stated before, or the level nearer than stated: a range that moved
+    later, the metric slower than said, is stored and shown, not sent)."""
     if not state.history or state.since_step is None:
-        return ""
+        return "", False
     stated = state.stated
     expired = stated is not None and step > stated[1]
     if not (expired or _due(step - state.since_step)):
-        return ""
+        return "", False
     found = alert_projection(rule.metric, state.history, rules)
     if found is None:
-        return ""
+        return "", False
     low, high = step + round(found.earliest), step + round(found.latest)
     if stated is not None and stated[0] <= high and low <= stated[1]:
-        return ""  # what was stated still holds
+        return "", False  # what was stated still holds
     state.stated = (low, high)
-    return found.describe()
+    return found.describe(), stated is None or high < stated[0]

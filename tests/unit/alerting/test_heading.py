@@ -61,3 +61,44 @@ def test_diagnose_tells_the_heading_in_the_finding_not_as_a_new_one() -> None:
     assert [f.state for f in sliding if not f.escalated_from] == ["firing", "resolved"]
     assert "at step" in sliding[0].detail and "reaches EntropyCollapse's level" in \
         sliding[0].detail
+
+
+def _curriculum_switch_kl() -> list[float]:
+    """A healthy run's KL bumping up as its data set switches to harder prompts, then receding
+    (the hard-negative benchmark's curriculum_switch, seed 9445): KLClimbing fires on it."""
+    from bench.bench_hard_negatives import run_series
+
+    return [float(v) for v in run_series("curriculum_switch", 9445, 400)["actor/kl"]]
+
+
+def test_a_heading_that_moves_later_is_stated_but_not_sent() -> None:
+    """The bump's heading is stated a step after the firing (sent: news); nine steps later the
+    bump recedes and the level lies further off than stated: stated again, not sent. That
+    update made a false alarm's fourth notification of one condition in a healthy run."""
+    rules = default_rules()
+    engine = AlertEngine(rules)
+    events = [e for step, value in enumerate(_curriculum_switch_kl())
+              for e in engine.evaluate(StepRecord("r", "actor", step, True, 1, 1, (),
+                                                  {"actor/kl": value}))
+              if e.alert == "KLClimbing"]
+    assert [(e.state, e.repeat, e.notify) for e in events] == [
+        ("firing", False, True), ("firing", True, True), ("firing", True, False),
+        ("resolved", False, True)]
+    first, later = (e for e in events if e.repeat)
+    ranges = [tuple(float(x) + e.step for x in e.detail.split("90% range ")[1].split(" ")[0]
+                    .split("-")) for e in (first, later)]
+    assert ranges[1][0] > ranges[0][1], ranges  # wholly later than stated
+
+
+def test_a_heading_nearer_than_stated_is_sent() -> None:
+    rules = default_rules()
+    (kl_climbing,) = [r for r in rules if r.name == "KLClimbing"]
+    engine = AlertEngine(rules)
+    for step, value in enumerate(_curriculum_switch_kl()[:162]):
+        engine.evaluate(StepRecord("r", "actor", step, True, 1, 1, (), {"actor/kl": value}))
+    state = engine.state("r", "actor", "KLClimbing")
+    assert state is not None and state.firing and state.stated is not None
+    state.stated = (1_000, 2_000)  # said far later than the metric now heads
+    text, news = heading.refreshed(kl_climbing, state, rules, 163)
+    assert text.startswith("actor/kl reaches KLDivergence's level") and news
+    assert state.stated[1] < 1_000
