@@ -60,7 +60,7 @@ def refreshed(rule: Rule, state: AlertState, rules: Sequence[Rule], step: int,
     """A new statement of where the firing ``rule``'s metric is heading at ``step`` ("" where
     none is due): where none was stated yet, or the stated range no longer holds; and whether
     it is news to send (none stated before, or the level nearer than stated: a range that moved
-    later, the metric slower than said, is stored and shown, not sent)."""
+    later, the metric slower than said, is stated, not sent)."""
     if not state.history or state.since_step is None:
         return "", False
     stated = state.stated
