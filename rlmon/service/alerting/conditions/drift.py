@@ -146,7 +146,8 @@ class Drift(ConditionKind):
         p = rule.baseline
         side = "rising above" if p.direction == "up" else "falling below"
         kind = "baseline" if p.follow_drift else "baseline level"
-        spikes = "" if p.spike_steps == 2 else f", {p.spike_steps} steps however far out"
+        usual = baseline.BaselineParams(p.direction).spike_steps  # said only where it differs
+        spikes = "" if p.spike_steps == usual else f", {p.spike_steps} steps however far out"
         return (f"{rule.metric} {side} its own {p.window}-step {kind} "
                 f"(CUSUM {p.allowance:g}/{p.decision:g} robust SDs{spikes}, after {p.warmup} "
                 "steps)")
