@@ -102,6 +102,8 @@ def service_actor_class() -> Any:
                 "port_moved": core.port is not None and ports.wanted_port not in (0, core.port),
                 "creator": self.creator, "state_dir": self.state_dir,
                 "destinations": core.dispatcher.destinations(),
+                # the period its liveness judges silence by: Reporters not told theirs take it
+                "heartbeat_seconds": core.settings.liveness.heartbeat_seconds,
             }
 
         def placement(self) -> dict[str, Any]:

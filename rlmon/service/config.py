@@ -611,11 +611,13 @@ class _AliasSource(PydanticBaseSettingsSource):
 class ReporterSettings(BaseSettings):
     """What a Reporter reads of the settings, from its own process's environment (it loads no
     config file): its heartbeat period, ``liveness.heartbeat_seconds`` by the service's name
-    ``RLMON_LIVENESS__HEARTBEAT_SECONDS`` (0: no heartbeat)."""
+    ``RLMON_LIVENESS__HEARTBEAT_SECONDS`` (0: no heartbeat). Unset: the service's own period,
+    told when the Reporter connects (a Ray actor's worker has Ray's environment, not its
+    driver's), and ``liveness.heartbeat_seconds``'s default until then."""
 
     model_config = SettingsConfigDict(env_prefix="RLMON_LIVENESS__", extra="ignore")
 
-    heartbeat_seconds: float = Field(default=_LIVENESS.heartbeat_seconds, ge=0.0)
+    heartbeat_seconds: float | None = Field(default=None, ge=0.0)
 
 
 _SECRET_KEYS = set(SECRET_ENV)

@@ -36,11 +36,13 @@ from rlmon.actors.reporter.tally import Tally
 from rlmon.service.contract.heartbeat import Heartbeat
 from rlmon.service.contract.step_message import StepMessage
 from rlmon.service.contract.stop_decision import StopDecision
+from rlmon.service.liveness.thresholds import LivenessParams
 
 __all__ = ["Delivery", "Stamp"]
 
 log = logging.getLogger(__name__)
 
+HEARTBEAT_S = LivenessParams().heartbeat_seconds  # until the service tells its own
 PROBE_S = 0.5  # how often a reporter holding retained messages asks the aggregator who it is
 _PROBE_RETRY_S = 0.2  # after a probe that failed
 _CLOSING_SHARE_S = 0.5  # of a close's timeout, kept for the closing heartbeat
@@ -98,7 +100,7 @@ class Delivery(Generic[Raw]):
         max_pending: int = 1024,
         max_batch: int = 64,
         heartbeat: Callable[[bool], Heartbeat] | None = None,
-        heartbeat_s: float = 5.0,
+        heartbeat_s: float | None = HEARTBEAT_S,
     ) -> None:
         self.sink = sink
         # Liveness (docs/liveness.md): every heartbeat_s this thread says the rank is alive and
@@ -106,7 +108,11 @@ class Delivery(Generic[Raw]):
         # first send or the first span, whichever comes first (a Reporter that has neither sent
         # a step nor entered a stage starts no Ray for a heartbeat; one that entered a stage
         # before its first step, a cold load or the first weight sync, is watched from there)
-        self.heartbeat, self.heartbeat_s = heartbeat, heartbeat_s
+        # heartbeat_s None: the period the service judges silence by, as the sink tells it
+        # once connected (``heartbeat_seconds``), the default until then
+        self.heartbeat = heartbeat
+        self.heartbeat_s = heartbeat_s if heartbeat_s is not None else HEARTBEAT_S
+        self._period_told = heartbeat_s is not None
         self._next_beat = 0.0
         self._in_a_stage = False
         self._said_closing = False  # no heartbeat may follow the closing one
@@ -279,6 +285,12 @@ class Delivery(Generic[Raw]):
         if self.heartbeat is None or self._gone or self._said_closing or not (
                 self.sent or self._in_a_stage):
             return None
+        if not self._period_told:
+            told = getattr(self.sink, "heartbeat_seconds", None)
+            if isinstance(told, (int, float)) and told > 0:
+                self._period_told = True
+                self._next_beat += told - self.heartbeat_s
+                self.heartbeat_s = float(told)
         return max(0.0, self._next_beat - time.monotonic())
 
     def _beat(self, closing: bool = False) -> None:

@@ -192,7 +192,7 @@ class Reporter:
         if heartbeat_seconds is None:
             from rlmon.service.config import ReporterSettings
 
-            heartbeat_seconds = ReporterSettings().heartbeat_seconds
+            heartbeat_seconds = ReporterSettings().heartbeat_seconds  # None: the service's
         # device memory, GPU utilisation and power, host RSS and CPU: sampled on a thread of
         # their own, added to each step by the packer (None: not sampled)
         self._hardware = HardwareSampler(hardware_interval) if hardware_interval else None
@@ -202,7 +202,7 @@ class Reporter:
             sink, self._packer, self._tally, run=self.run, role=self.role,
             started=time.time(),  # tells a rerun of the run from a late resend
             max_pending=max_pending, max_batch=max_batch,
-            heartbeat=self._heartbeat if heartbeat_seconds > 0 else None,
+            heartbeat=self._heartbeat if heartbeat_seconds != 0 else None,
             heartbeat_s=heartbeat_seconds)
         track_sender(self)
         # in a Ray actor: closed when Ray ends the actor gracefully (``__ray_shutdown__``)

@@ -46,11 +46,13 @@ class RaySink:
         self.namespace, self.start_service = namespace, start_service
         self.options, self.timeout = options, timeout
         self._handles: dict[int, Any] = {}
+        self._roots: dict[int, Any] = {}  # the aggregators themselves: heartbeats go there
         self._shards: int | None = None
         self._lock = threading.Lock()
         self._calls: list[tuple[str, tuple[Any, ...]]] = []  # service calls made before connect
         self._service: Any = None
         self.last_ack: IngestAck | None = None
+        self.heartbeat_seconds: float | None = None  # the service's period, once connected
         hook_exit()
 
     def _connect(self) -> None:
@@ -67,6 +69,8 @@ class RaySink:
             self._service = ray.get_actor(SERVICE, namespace=self.namespace)
         layout: Any = ray.get(self._service.layout.remote(), timeout=self.timeout)
         self._shards = int(layout["shards"])
+        period = layout.get("heartbeat_seconds")  # absent from a service older than this sink
+        self.heartbeat_seconds = float(period) if period else None
         say_service(self.namespace, layout)
         calls, self._calls = self._calls, []
         for method, args in calls:
@@ -148,8 +152,15 @@ class RaySink:
             for beat in beats:
                 by_shard.setdefault(shard_of(beat.run, beat.role, self._shards), []).append(beat)
             for shard, batch in by_shard.items():
-                handle = ray.get_actor(aggregator_name(shard), namespace=self.namespace)
-                ray.get(handle.heartbeat.remote(batch), timeout=self.timeout)
+                handle = self._roots.get(shard)
+                if handle is None:
+                    handle = self._roots[shard] = ray.get_actor(aggregator_name(shard),
+                                                                namespace=self.namespace)
+                try:
+                    ray.get(handle.heartbeat.remote(batch), timeout=self.timeout)
+                except Exception:  # restarting or gone: looked up again next time
+                    self._roots.pop(shard, None)
+                    raise
 
     def send(self, messages: Sequence[StepMessage]) -> IngestAck | None:
         import ray

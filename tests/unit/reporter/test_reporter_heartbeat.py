@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
+import pytest
+
 from rlmon.actors.reporter.facade import Reporter
 from rlmon.actors.reporter.sink import LocalSink
 from rlmon.service.contract.acks import IngestAck
@@ -85,3 +87,46 @@ def test_a_stage_entered_before_any_step_starts_the_heartbeats() -> None:
         worker.join()
     rep.close()
     assert sink.beats[-1].closing
+
+
+class ToldSink(BeatSink):
+    """A sink whose service told its heartbeat period when it connected (as ``RaySink`` reads
+    it from the service's layout): a Ray actor's Reporter, whose environment is Ray's."""
+
+    heartbeat_seconds = 0.05
+
+
+def test_a_reporter_not_told_its_period_heartbeats_at_the_service_s(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RLMON_LIVENESS__HEARTBEAT_SECONDS", raising=False)
+    sink = ToldSink()
+    rep = Reporter("told", "actor", rank={"dp": 0}, world={"dp": 1}, sink=sink,
+                   hardware_interval=None)
+    release = threading.Event()
+    worker = threading.Thread(target=lambda: _hang_in("train", rep, release))
+    worker.start()
+    try:  # at the default 5 s, ten would take 45 s
+        wait_for(lambda: len(sink.beats) >= 10, 10, "ten heartbeats at the service's period")
+    finally:
+        release.set()
+        worker.join()
+        rep.close()
+    # its own setting wins: told 0.05 s, set to an hour, it sends only the first
+    sink = ToldSink()
+    rep = Reporter("own", "actor", rank={"dp": 0}, world={"dp": 1}, sink=sink,
+                   hardware_interval=None, heartbeat_seconds=3600.0)
+    release = threading.Event()
+    worker = threading.Thread(target=lambda: _hang_in("train", rep, release))
+    worker.start()
+    try:
+        wait_for(lambda: sink.beats, 10, "the first heartbeat")
+        assert not release.wait(0.5) and len(sink.beats) == 1
+    finally:
+        release.set()
+        worker.join()
+        rep.close()
+
+
+def _hang_in(stage: str, rep: Reporter, release: threading.Event) -> None:
+    with rep.span(stage):
+        release.wait(30)

@@ -77,7 +77,7 @@ def test_a_bad_alias_is_an_error_naming_the_setting(monkeypatch: pytest.MonkeyPa
 
 def test_the_reporter_reads_its_heartbeat_by_the_service_s_name(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    assert ReporterSettings().heartbeat_seconds == LivenessParams().heartbeat_seconds
+    assert ReporterSettings().heartbeat_seconds is None  # unset: the service tells its own
     monkeypatch.setenv("RLMON_LIVENESS__HEARTBEAT_SECONDS", "0.5")
     monkeypatch.setenv("RLMON_LIVENESS__STALL_FACTOR", "not read by a Reporter")
     assert ReporterSettings().heartbeat_seconds == 0.5
