@@ -113,6 +113,13 @@ class RayProcessProbe:
             return seen
         return Sighting(ProcessFate.ALIVE, f"Ray: actor {actor_id} is {status}")
 
+    def failed_tasks(self, actor_ids: Sequence[str]) -> dict[str, TaskFailure]:
+        """Of these live actors, those whose last task failed (a method that raised), read
+        afresh from the GCS's task events: asked of idle ranks of an overdue run."""
+        wanted = set(actor_ids)
+        return {actor: task for actor, task in _last_tasks().items()
+                if actor in wanted and task is not None}
+
     def _last_failed_task(self, actor_id: str) -> TaskFailure | None:
         """The actor's last task, when it failed (a method that raised)."""
         if self._tasks is None:

@@ -1,10 +1,12 @@
 """Every way a Ray-actor job ends, with real drivers and rank actors against the session's Ray
 (issue 38): the driver returns, kills its actors with ``ray.kill`` (and exits, or stays), the ranks
 save for longer than the stall floor after their last step, a rank raises (with rlmon's method
-wrapper, and without: Ray's failed-task events), a rank's worker is killed with SIGKILL, and a
-node is removed. Each pages exactly what it should and nothing else; a clean end reads finished
-with how it ended. Short configured thresholds keep it to seconds; latencies and words are
-printed."""
+wrapper, and without: Ray's failed-task events, also while a notebook-like driver lingers with
+its actors alive), a rank's worker is killed with SIGKILL, and a node is removed. Each pages
+exactly what it should and nothing else; a clean end reads finished with how it ended. Short
+configured thresholds keep it to seconds; latencies and words are printed. The actors heartbeat
+at the service's configured period (their workers have Ray's environment, not the driver's):
+at the 5 s default instead, a lingering driver's idle ranks read as still in ``train``."""
 
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ EXPECTED: dict[str, tuple[tuple[str, str] | None, str]] = {
     "released": (None, "finished"),
     "raises_watched": (("actor", "RunFailed"), "failed"),
     "raises": (("actor", "RunFailed"), "failed"),
+    "raises_lingers": (("actor", "RunFailed"), "failed"),
     "sigkill": (("actor", "RunFailed"), "failed"),
 }
 
@@ -170,6 +173,10 @@ def test_every_ray_actor_ending_pages_what_it_should(ray_cluster: Any, ray_names
         if "ready" in released.said and not released.go.exists() and _states(ray, service).get(
                 "released-run", {}).get("state") == "finished":
             released.go.touch()  # finished while its driver lives on
+        lingers = drivers["raises_lingers"]
+        if not lingers.go.exists() and _states(ray, service).get(
+                "raises_lingers-run", {}).get("state") == "failed":
+            lingers.go.touch()  # failed while its driver and actors lived on: it may go
         stays = drivers["kill_stays"]
         # the driver is alive, its actors killed after their last step: finished already
         if "killed" in stays.said and not stays_checked and _states(ray, service).get(
@@ -182,6 +189,7 @@ def test_every_ray_actor_ending_pages_what_it_should(ray_cluster: Any, ray_names
         for mode in ("returns", "kill", "final_save", "raises", "raises_watched", "released"):
             assert drivers[mode].proc.wait(PATIENCE_S) == (1 if "raises" in mode else 0), mode
         assert drivers["kill_stays"].proc.wait(PATIENCE_S) == 0 and stays_checked
+        assert drivers["raises_lingers"].proc.wait(PATIENCE_S) == 0
         assert drivers["sigkill"].proc.wait(PATIENCE_S) == 1
         firing = _check_pages(ray, service, EXPECTED)
         for mode in ("returns", "final_save"):
@@ -202,12 +210,17 @@ def test_every_ray_actor_ending_pages_what_it_should(ray_cluster: Any, ray_names
         tasks = firing["raises"].detail
         assert "dp=1: ValueError: reward model returned NaN for every sample" in tasks
         assert "Rank.step of its actor raised ValueError (a failed task)" in tasks
+        # no wrapper, the actors alive: Ray's task events said it at the stall threshold
+        lingers = firing["raises_lingers"].detail
+        assert lingers.startswith("dp=1: ValueError: reward model returned NaN"), lingers
+        assert "Rank.step of its actor raised ValueError (a failed task) and no step " \
+               "followed" in lingers, lingers
         worker = firing["sigkill"].detail
         assert worker.startswith("dp=1: WorkerDied") and "worker process of its actor died" \
             in worker
         # the latency from each end: the driver's last word, its kill, the SIGKILL
         since = {mode: drivers[mode].at("at ending") or 0.0 for mode in EXPECTED}
-        for mode in ("raises", "raises_watched", "released"):  # right after it said ready
+        for mode in ("raises", "raises_watched", "raises_lingers", "released"):  # at ready
             since[mode] = drivers[mode].at("at ready") or 0.0
         since["kill_stays"] = drivers["kill_stays"].at("at killed") or 0.0
         since["sigkill"] = killed["sigkill"]

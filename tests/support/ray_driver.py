@@ -77,13 +77,20 @@ cls = watch_methods(Rank) if mode == "raises_watched" else Rank
 Remote = ray.remote(num_cpus=0, max_restarts=0, **options)(cls)
 ranks = [Remote.remote(dp) for dp in (0, 1)]
 pids = ray.get([r.pid.remote() for r in ranks])
-failing = mode in ("raises", "raises_watched")
+failing = mode in ("raises", "raises_watched", "raises_lingers")
 last = 5 if failing or mode in ("failed", "stopped") else STEPS - 1
 for step in range(last + 1):
     ray.get([r.step.remote(step) for r in ranks])
 assert all(ray.get([r.flush.remote() for r in ranks]))
 print("ready", time.time(), pids[1], pids[0], flush=True)
-if failing:  # rank 1 raises at step 6: the driver's ray.get raises, it exits 1
+if mode == "raises_lingers":  # a notebook's driver: the cell raised, the kernel and actors live on
+    try:
+        ray.get(ranks[1].step.remote(last + 1, fail=True))
+    except ray.exceptions.RayTaskError:
+        pass
+    while not os.path.exists(flag):
+        time.sleep(0.1)
+elif failing:  # rank 1 raises at step 6: the driver's ray.get raises, it exits 1
     ray.get(ranks[1].step.remote(last + 1, fail=True))
 elif mode == "failed":  # the driver's own failure: nothing of Ray's actors says it, the job does
     raise RuntimeError("the learner diverged: loss is NaN at step 5")

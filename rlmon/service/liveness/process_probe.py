@@ -48,7 +48,11 @@ class Sighting:
 
 class ProcessProbe(Protocol):
     """Asked, for the processes of a silent run, whether they still exist. ``since`` is when the
-    tracker first heard each process (a process started later is not the one that reported)."""
+    tracker first heard each process (a process started later is not the one that reported).
+
+    A probe that knows Ray's actors may also offer ``failed_tasks(actor_ids)``: of those live
+    actors, the ones whose last task failed (a :class:`~rlmon.service.liveness.ray_ending.
+    TaskFailure` each), asked of an overdue run's idle ranks."""
 
     def check(self, processes: Sequence[ProcessId],
               since: Mapping[ProcessId, float]) -> dict[ProcessId, Sighting]: ...

@@ -56,7 +56,7 @@ from rlmon.service.liveness.process_probe import (
     Sighting,
     judge_sightings,
 )
-from rlmon.service.liveness.ray_ending import EndingKind, judge_ending
+from rlmon.service.liveness.ray_ending import EndingKind, RayFacts, judge_ending
 from rlmon.service.liveness.thresholds import (
     LivenessParams,
     StepPeriods,
@@ -366,9 +366,12 @@ def describe(view: LivenessView) -> str:
         usual = f"usually {_duration(s.usual)}" if s.usual is not None else "no usual duration"
         text += (f". Stuck: {rank_label(s.rank)} in {s.stage} for "
                  f"{_duration(view.at - s.since)} ({usual}; limit {_duration(s.limit)})")
-    last = f"step {view.last_step}" if view.last_step is not None else "no step yet"
-    text += (f". Last step: {last}, {_duration(view.idle_seconds)} ago; stall threshold "
-             f"{_duration(view.threshold)}")
+    if view.last_step is not None:
+        last = f"step {view.last_step}, {_duration(view.idle_seconds)} ago"
+    else:  # the silence runs from the run's first word, not from this state's start
+        heard = view.first_heard if view.first_heard is not None else view.since
+        last = f"no step yet, {_duration(max(0.0, view.at - heard))} since first heard"
+    text += f". Last step: {last}; stall threshold {_duration(view.threshold)}"
     if view.period is not None:
         text += f" (typical step {_duration(view.period)})"
     return text + _processes_text(view)
@@ -387,7 +390,26 @@ class _Rank:
     closed_sent: float = 0.0  # the closing heartbeat's send time (older beats are not a rerun)
     raised: Outcome | None = None  # a method of its actor raised (rlmon's wrapper), no step since
     raised_at: float = 0.0  # when that was first heard (not saved: every heartbeat says it again)
+    raised_how: str = ""  # Ray's failed task that said it (no wrapper); "": the wrapper said it
     pending: RankEnd | None = None  # an actor's SIGTERM, until Ray says why (not saved)
+    said_sent: float = 0.0  # the last heartbeat's sending (its clock), and its arrival (ours):
+    said_heard: float = 0.0  # ... how old its account of its spans is (not saved, like spans)
+
+    def spans_at(self, now: float, grace: float) -> tuple[OpenSpan, ...]:
+        """Its open spans, each started when this clock says the rank's account puts it.
+
+        The time in a span is what the rank's last heartbeat said (on its own clock, from the
+        span's start to the heartbeat's sending) and the time since that heartbeat arrived, at
+        most ``grace``. An account that arrived late (a sender held up connecting under load)
+        or that is not renewed (a wedged process) never counts as time spent in the stage:
+        silence has its own limits (the probe, the dead limit). A skewed clock does not count
+        either."""
+        if not self.spans or self.said_sent <= 0:
+            return self.spans
+        shift = now - min(now - self.said_heard, grace) - self.said_sent
+        if shift == 0:
+            return self.spans
+        return tuple(OpenSpan(s.name, s.since + shift) for s in self.spans)
 
     def to_json(self, rank: Rank) -> list[Any]:
         proc = self.process
@@ -461,6 +483,7 @@ class _Stream:
     ended_how: str = ""  # how a finished run ended (Ray's account, or its Reporters')
     ray_due: float = 0.0  # when silent ranks' processes are next asked how they ended
     ray_quiet: frozenset[Rank] = frozenset()  # ... and which were silent when last asked
+    tasks_due: float = 0.0  # when idle ranks' last tasks are next asked about (overdue)
     rerun: bool = False  # ranks that had ended spoke again since the stream last ended
 
     def to_json(self) -> dict[str, Any]:
@@ -502,6 +525,10 @@ class _Stream:
         return stream
 
 
+def _raised_how(r: _Rank) -> str:
+    return r.raised_how or "a method of its actor raised (rlmon's method wrapper)"
+
+
 def _ends(stream: _Stream) -> list[RankEnd]:
     """The ranks of ``stream`` that ended badly; and, once no step has finalized for the stall
     threshold (in a run that did not say it finished), those whose actor's method raised with no
@@ -514,8 +541,7 @@ def _ends(stream: _Stream) -> list[RankEnd]:
         elif stream.overdue and r.raised is not None and not r.closed and not stream.finished:
             stage = "/".join(s.name for s in r.stage)
             out.append(RankEnd(rank, r.raised, r.raised_at, stage, r.last_step, bool(stage),
-                               "a method of its actor raised (rlmon's method wrapper) and no "
-                               "step followed"))
+                               f"{_raised_how(r)} and no step followed"))
     return out
 
 
@@ -572,7 +598,7 @@ class LivenessTracker:
             # a rank that ended speaks again, later than its end: a rerun (a new attempt)
             rerun |= not beat.closing and seen.end is not None and beat.sent > seen.closed_sent
             seen.heard = max(seen.heard, now)
-            seen.spans = item.spans
+            seen.spans, seen.said_sent, seen.said_heard = item.spans, beat.sent, now
             if item.spans:
                 seen.stage = item.spans
             if item.last_step is not None:
@@ -580,8 +606,9 @@ class LivenessTracker:
             if beat.process is not None and beat.process != seen.process:
                 seen.process, seen.process_since = beat.process, now
             if beat.raised is not None and beat.raised != seen.raised:
-                seen.raised_at = now
-            seen.raised = beat.raised
+                seen.raised_at, seen.raised_how = now, ""
+            if beat.raised is not None or not seen.raised_how:  # Ray's word holds to a step
+                seen.raised = beat.raised
             seen.closed = beat.closing
             seen.pending = None
             if beat.closing:
@@ -617,6 +644,9 @@ class LivenessTracker:
             stream.periods.add(at - stream.last_step_time, self.params, slow)
         stream.last_step, stream.last_step_at, stream.last_step_time = step, now, at
         stream.steps += 1
+        for r in stream.ranks.values():
+            if r.raised_how:  # a step followed the failed task Ray told of: the run went on
+                r.raised, r.raised_how = None, ""
         if stream.finished and stream.state is RunState.FINISHED and not all(
                 r.closed for r in stream.ranks.values()):
             stream.finished = False  # steps after finish_run: the run goes on
@@ -691,7 +721,7 @@ class LivenessTracker:
         that what it said so far (:func:`~rlmon.service.liveness.thresholds.early_deadline`)."""
         p = self.params
         progress = stream.last_step_at if stream.last_step_at is not None else stream.first_heard
-        live = [r.spans for r in stream.ranks.values()
+        live = [r.spans_at(now, p.ask_ray_after) for r in stream.ranks.values()
                 if not r.closed and now - r.heard < p.dead_after_seconds]
         if stream.steps >= 2:
             if stream.periods.recent:
@@ -752,8 +782,7 @@ class LivenessTracker:
                 continue
             if ending.kind is EndingKind.FINISHED:  # its driver ended the run after it raised
                 r.end = RankEnd(rank, r.raised, now, stage, r.last_step, bool(stage),  # type: ignore[arg-type]
-                                f"a method of its actor raised (rlmon's method wrapper); then "
-                                f"{ending.how}")
+                                f"{_raised_how(r)}; then {ending.how}")
                 continue
             # its own last step, else the run's last finalized one (every rank ended that)
             last = r.last_step if r.last_step is not None else stream.last_step
@@ -762,6 +791,30 @@ class LivenessTracker:
                             ending.kind is EndingKind.PREEMPTED)
         if hows:
             stream.ended_how = "; ".join(dict.fromkeys(hows))
+
+    def _ask_ray_tasks(self, stream: _Stream, now: float) -> None:
+        """An overdue stream's live ranks that are idle in Ray actors (no open span: nothing
+        calls them): did their actor's last method raise? rlmon's method wrapper says so at
+        once; without it Ray's task events are all there is until the driver ends and Ray tears
+        the actor down, which a loaded machine can make later than the stall threshold. Asked
+        every heartbeat period while the stream stays overdue; what Ray says makes the run
+        failed as the wrapper's word does (:func:`_ends`)."""
+        idle = {r.process.actor_id: r for r in stream.ranks.values()
+                if not r.closed and r.raised is None and not r.spans and r.process is not None
+                and r.process.actor_id}
+        ask = getattr(self.probe, "failed_tasks", None)
+        if not idle or ask is None or now < stream.tasks_due or _ends(stream):
+            return  # (a rank's end already says why the run stopped)
+        stream.tasks_due = now + self.params.heartbeat_seconds
+        try:
+            failed = ask(list(idle))
+        except Exception:  # a probe's failure must not stop the timer; the stall says it
+            return
+        for actor, r in idle.items():
+            task = failed.get(actor)
+            ending = judge_ending(RayFacts(task=task), "its actor") if task else None
+            if ending is not None and ending.outcome is not None:
+                r.raised, r.raised_at, r.raised_how = ending.outcome, now, ending.how
 
     def _processes(self, stream: _Stream, now: float) -> ProcessFate:
         """Whether the processes of a silent stream still exist (asked again every heartbeat
@@ -796,6 +849,8 @@ class LivenessTracker:
         progress = stream.last_step_at if stream.last_step_at is not None else stream.first_heard
         threshold = self._threshold(stream, now)
         stream.overdue = now - progress > threshold
+        if stream.overdue and not stream.finished:
+            self._ask_ray_tasks(stream, now)
         ends = _ends(stream)
         if alive:
             stream.processes, stream.sightings, stream.probe_due = None, (), 0.0
@@ -842,7 +897,7 @@ class LivenessTracker:
         for rank, r in alive:
             if not r.spans:
                 continue
-            span = r.spans[-1]
+            span = r.spans_at(now, p.ask_ray_after)[-1]
             if stages[span.name] * 2 > len(alive):
                 continue  # most ranks are here: they are the ones waiting
             usual = stream.usual.get(span.name)
@@ -867,7 +922,8 @@ class LivenessTracker:
                 groups.setdefault(SILENT, []).append((rank, r.heard))
             elif r.spans:
                 path = "/".join(s.name for s in r.spans)
-                groups.setdefault(path, []).append((rank, r.spans[-1].since))
+                groups.setdefault(path, []).append(
+                    (rank, r.spans_at(now, p.ask_ray_after)[-1].since))
             else:
                 groups.setdefault("", []).append((rank, None))
         where = tuple(

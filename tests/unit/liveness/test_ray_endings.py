@@ -324,6 +324,80 @@ def test_a_failed_task_names_the_exception_without_any_wrapper() -> None:
     assert "Ray: PolicyRank.step of its actor raised ValueError" in describe(view)
 
 
+class TasksRay(ScriptedRay):
+    """Ray's GCS with its task events too: the live actors whose last task failed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed: dict[str, TaskFailure] = {}
+        self.tasks_asked = 0
+
+    def failed_tasks(self, actor_ids: Sequence[str]) -> dict[str, TaskFailure]:
+        self.tasks_asked += 1
+        return {a: self.failed[a] for a in actor_ids if a in self.failed}
+
+
+def _idle(tracker: LivenessTracker, engine: AlertEngine, last: float, until: float,
+          every: float = 0.5) -> list[tuple[str, str, float]]:
+    """Both actors live on, heartbeating in no span (their driver calls nothing): when pages
+    came, judged every ``every`` seconds."""
+    now, pages = last, []
+    while now < until:
+        now += every
+        for dp in (0, 1):
+            tracker.heartbeat(_beat(dp, now, 9), now)
+        for view in tracker.evaluate(now):
+            pages += [(e.alert, e.state, now) for e in liveness_events(engine, view)]
+    return pages
+
+
+def test_an_unwrapped_raise_that_ray_knows_fails_the_run_at_the_stall_threshold() -> None:
+    """Rank 1's method raised with no rlmon wrapper around it; its driver has not ended yet (a
+    loaded machine, a driver that lingers), so Ray has not torn the actors down: its task events
+    are the only word. At the stall threshold the run fails naming the exception, never stalls;
+    without that word, or with a step after the failed task, it stalls as before."""
+    ray = TasksRay()
+    tracker = LivenessTracker(LivenessParams(), probe=ray)
+    engine = AlertEngine(default_rules())
+    last = _run(tracker, 10)
+    ray.failed["actor1"] = TaskFailure("Rank.step", "TASK_EXECUTION_EXCEPTION", TRACEBACK)
+    pages = _idle(tracker, engine, last, last + 150)
+    assert [(a, s) for a, s, _ in pages] == [("RunFailed", "firing")]
+    threshold = LivenessParams().stall_floor_seconds
+    assert threshold < pages[0][2] - last <= threshold + 1.0
+    view = tracker.view("r", "actor", last + 150)
+    assert view is not None and view.state is RunState.FAILED
+    text = describe(view)
+    assert "dp=1: ValueError: reward model returned NaN for every sample" in text, text
+    assert "Ray: Rank.step of its actor raised ValueError (a failed task) and no step " \
+           "followed" in text, text
+    assert ray.tasks_asked <= 2  # asked once the run was overdue, not on every heartbeat before
+    # Ray says nothing failed: a stall, as before
+    tracker = LivenessTracker(LivenessParams(), probe=TasksRay())
+    engine = AlertEngine(default_rules())
+    pages = _idle(tracker, engine, _run(tracker, 10), last + 150)
+    assert [(a, s) for a, s, _ in pages] == [("RunStalled", "firing")]
+
+
+def test_a_step_after_a_failed_task_ray_told_of_clears_it() -> None:
+    ray = TasksRay()
+    tracker = LivenessTracker(LivenessParams(), probe=ray)
+    last = _run(tracker, 10)
+    ray.failed["actor1"] = TaskFailure("Rank.step", "TASK_EXECUTION_EXCEPTION", TRACEBACK)
+    _idle(tracker, AlertEngine(default_rules()), last, last + 91)  # overdue: Ray's word taken
+    view = tracker.view("r", "actor", last + 91)
+    assert view is not None and view.state is RunState.FAILED
+    del ray.failed["actor1"]
+    # the driver handled it and called again: a step followed, the run goes on
+    for dp in (0, 1):
+        tracker.heard("r", "actor", Rank(dp=dp), 2, last + 92)
+        tracker.heartbeat(_beat(dp, last + 92, 10, (("train", last + 91.5),)), last + 92)
+    tracker.finalized("r", "actor", 10, last + 92)
+    tracker.evaluate(last + 93)
+    view = tracker.view("r", "actor", last + 93)
+    assert view is not None and view.state is RunState.RUNNING
+
+
 def test_an_oom_kill_and_a_lost_node_name_node_and_memory() -> None:
     ray = ScriptedRay()
     tracker = LivenessTracker(LivenessParams(), probe=ray)
