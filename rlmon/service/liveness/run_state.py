@@ -392,24 +392,18 @@ class _Rank:
     raised_at: float = 0.0  # when that was first heard (not saved: every heartbeat says it again)
     raised_how: str = ""  # Ray's failed task that said it (no wrapper); "": the wrapper said it
     pending: RankEnd | None = None  # an actor's SIGTERM, until Ray says why (not saved)
-    said_sent: float = 0.0  # the last heartbeat's sending (its clock), and its arrival (ours):
-    said_heard: float = 0.0  # ... how old its account of its spans is (not saved, like spans)
+    said_heard: float = 0.0  # when its last heartbeat (its account of ``spans``) arrived
 
     def spans_at(self, now: float, grace: float) -> tuple[OpenSpan, ...]:
-        """Its open spans, each started when this clock says the rank's account puts it.
-
-        The time in a span is what the rank's last heartbeat said (on its own clock, from the
-        span's start to the heartbeat's sending) and the time since that heartbeat arrived, at
-        most ``grace``. An account that arrived late (a sender held up connecting under load)
-        or that is not renewed (a wedged process) never counts as time spent in the stage:
-        silence has its own limits (the probe, the dead limit). A skewed clock does not count
-        either."""
-        if not self.spans or self.said_sent <= 0:
+        """Its open spans as its account puts them at ``now``: the time in a span is what its
+        last heartbeat said and the time since that heartbeat arrived, at most ``grace``
+        (``spans`` are on this clock already, see :meth:`LivenessTracker.heartbeat`). An
+        account not renewed (a wedged process, a sender held up) never counts as time spent in
+        the stage: silence has its own limits (the probe, the dead limit)."""
+        late = now - self.said_heard - grace
+        if late <= 0 or not self.spans:
             return self.spans
-        shift = now - min(now - self.said_heard, grace) - self.said_sent
-        if shift == 0:
-            return self.spans
-        return tuple(OpenSpan(s.name, s.since + shift) for s in self.spans)
+        return tuple(OpenSpan(s.name, s.since + late) for s in self.spans)
 
     def to_json(self, rank: Rank) -> list[Any]:
         proc = self.process
@@ -590,6 +584,7 @@ class LivenessTracker:
             stream.total_steps = beat.total_steps
             self._totals[beat.run] = beat.total_steps  # the run's other roles share it
         outcome = beat.outcome if beat.outcome is not None and beat.outcome.failed else None
+        offset = now - beat.sent if beat.sent > 0 else 0.0  # 0: a producer's unset
         rerun = False
         for item in beat.ranks:
             seen = stream.ranks.get(item.rank)
@@ -598,7 +593,12 @@ class LivenessTracker:
             # a rank that ended speaks again, later than its end: a rerun (a new attempt)
             rerun |= not beat.closing and seen.end is not None and beat.sent > seen.closed_sent
             seen.heard = max(seen.heard, now)
-            seen.spans, seen.said_sent, seen.said_heard = item.spans, beat.sent, now
+            # the spans' starts on this clock, from the rank's account: how long it had been in
+            # each when it sent the heartbeat (its own clock), before the heartbeat's arrival
+            # here; a heartbeat carried late, or a rank clock ahead or behind, is not time there
+            seen.spans = item.spans if offset == 0 else tuple(
+                OpenSpan(s.name, s.since + offset) for s in item.spans)
+            seen.said_heard = now
             if item.spans:
                 seen.stage = item.spans
             if item.last_step is not None:
@@ -721,7 +721,8 @@ class LivenessTracker:
         that what it said so far (:func:`~rlmon.service.liveness.thresholds.early_deadline`)."""
         p = self.params
         progress = stream.last_step_at if stream.last_step_at is not None else stream.first_heard
-        live = [r.spans_at(now, p.ask_ray_after) for r in stream.ranks.values()
+        grace = p.ask_ray_after
+        live = [r.spans_at(now, grace) for r in stream.ranks.values()
                 if not r.closed and now - r.heard < p.dead_after_seconds]
         if stream.steps >= 2:
             if stream.periods.recent:
@@ -799,12 +800,14 @@ class LivenessTracker:
         the actor down, which a loaded machine can make later than the stall threshold. Asked
         every heartbeat period while the stream stays overdue; what Ray says makes the run
         failed as the wrapper's word does (:func:`_ends`)."""
+        ask = getattr(self.probe, "failed_tasks", None)
+        if ask is None or now < stream.tasks_due or _ends(stream):
+            return  # (a rank's end already says why the run stopped)
         idle = {r.process.actor_id: r for r in stream.ranks.values()
                 if not r.closed and r.raised is None and not r.spans and r.process is not None
                 and r.process.actor_id}
-        ask = getattr(self.probe, "failed_tasks", None)
-        if not idle or ask is None or now < stream.tasks_due or _ends(stream):
-            return  # (a rank's end already says why the run stopped)
+        if not idle:
+            return
         stream.tasks_due = now + self.params.heartbeat_seconds
         try:
             failed = ask(list(idle))
@@ -912,6 +915,7 @@ class LivenessTracker:
 
     def _view(self, stream: _Stream, now: float, failed_roles: Any = ()) -> LivenessView:
         p = self.params
+        grace = p.ask_ray_after
         groups: dict[str, list[tuple[Rank, float | None]]] = {}
         for rank, r in sorted(stream.ranks.items()):
             if r.closed:
@@ -923,7 +927,7 @@ class LivenessTracker:
             elif r.spans:
                 path = "/".join(s.name for s in r.spans)
                 groups.setdefault(path, []).append(
-                    (rank, r.spans_at(now, p.ask_ray_after)[-1].since))
+                    (rank, r.spans_at(now, grace)[-1].since))
             else:
                 groups.setdefault("", []).append((rank, None))
         where = tuple(
@@ -952,7 +956,7 @@ class LivenessTracker:
                            r.process.node_id if r.process is not None else "", r.heard,
                            r.last_step)
                   for rank, r in sorted(stream.ranks.items())
-                  if r.end is not None or (not r.closed and now - r.heard >= p.ask_ray_after)
+                  if r.end is not None or (not r.closed and now - r.heard >= grace)
                   )[:_MAX_SEEN], stream.rerun)
 
     # --- durable knowledge -----------------------------------------------------------------------
