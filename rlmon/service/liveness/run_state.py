@@ -71,6 +71,10 @@ __all__ = ["LivenessTracker", "LivenessView", "RankEnd", "RankSeen", "RunState",
 Stream = tuple[str, str]
 _MAX_STAGE_NAMES = 256  # span names whose usual duration a stream remembers
 _USUAL_DECAY = 0.98  # per step: an old longest span fades over a few hundred steps
+# Ray's task events reach the GCS about a second after the task ends: an overdue run's idle
+# ranks are asked about at the threshold and twice more, a heartbeat period apart, then not
+# again until a step (each ask reads every task event the GCS keeps, up to 100,000)
+_TASK_ASKS = 3
 
 
 class RunState(StrEnum):
@@ -478,6 +482,7 @@ class _Stream:
     ray_due: float = 0.0  # when silent ranks' processes are next asked how they ended
     ray_quiet: frozenset[Rank] = frozenset()  # ... and which were silent when last asked
     tasks_due: float = 0.0  # when idle ranks' last tasks are next asked about (overdue)
+    tasks_asked: int = 0  # ... and how often since the last step (a read of every task event)
     rerun: bool = False  # ranks that had ended spoke again since the stream last ended
 
     def to_json(self) -> dict[str, Any]:
@@ -644,6 +649,7 @@ class LivenessTracker:
             stream.periods.add(at - stream.last_step_time, self.params, slow)
         stream.last_step, stream.last_step_at, stream.last_step_time = step, now, at
         stream.steps += 1
+        stream.tasks_asked = 0
         for r in stream.ranks.values():
             if r.raised_how:  # a step followed the failed task Ray told of: the run went on
                 r.raised, r.raised_how = None, ""
@@ -798,10 +804,11 @@ class LivenessTracker:
         calls them): did their actor's last method raise? rlmon's method wrapper says so at
         once; without it Ray's task events are all there is until the driver ends and Ray tears
         the actor down, which a loaded machine can make later than the stall threshold. Asked
-        every heartbeat period while the stream stays overdue; what Ray says makes the run
-        failed as the wrapper's word does (:func:`_ends`)."""
+        at the threshold and twice more a heartbeat period apart (``_TASK_ASKS``); what Ray
+        says makes the run failed as the wrapper's word does (:func:`_ends`)."""
         ask = getattr(self.probe, "failed_tasks", None)
-        if ask is None or now < stream.tasks_due or _ends(stream):
+        if ask is None or now < stream.tasks_due or stream.tasks_asked >= _TASK_ASKS \
+                or _ends(stream):
             return  # (a rank's end already says why the run stopped)
         idle = {r.process.actor_id: r for r in stream.ranks.values()
                 if not r.closed and r.raised is None and not r.spans and r.process is not None
@@ -809,6 +816,7 @@ class LivenessTracker:
         if not idle:
             return
         stream.tasks_due = now + self.params.heartbeat_seconds
+        stream.tasks_asked += 1
         try:
             failed = ask(list(idle))
         except Exception:  # a probe's failure must not stop the timer; the stall says it
