@@ -392,7 +392,7 @@ class _Rank:
     process_since: float = 0.0  # when this process was first heard
     end: RankEnd | None = None  # how the rank ended badly (None: running or clean)
     closed_sent: float = 0.0  # the closing heartbeat's send time (older beats are not a rerun)
-    raised: Outcome | None = None  # a method of its actor raised (rlmon's wrapper), no step since
+    raised: Outcome | None = None  # a method of its actor raised (wrapper, Ray), no step since
     raised_at: float = 0.0  # when that was first heard (not saved: every heartbeat says it again)
     raised_how: str = ""  # Ray's failed task that said it (no wrapper); "": the wrapper said it
     pending: RankEnd | None = None  # an actor's SIGTERM, until Ray says why (not saved)
@@ -531,8 +531,8 @@ def _raised_how(r: _Rank) -> str:
 def _ends(stream: _Stream) -> list[RankEnd]:
     """The ranks of ``stream`` that ended badly; and, once no step has finalized for the stall
     threshold (in a run that did not say it finished), those whose actor's method raised with no
-    step since: the exception is why the run stopped, said before Ray's account of the actor
-    (late on a loaded machine) arrives."""
+    step since (rlmon's method wrapper said it, or Ray's task events): the exception is why the
+    run stopped, said before Ray's account of the actor (late on a loaded machine) arrives."""
     out = []
     for rank, r in stream.ranks.items():
         if r.end is not None:
