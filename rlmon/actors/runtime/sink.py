@@ -46,7 +46,6 @@ class RaySink:
         self.namespace, self.start_service = namespace, start_service
         self.options, self.timeout = options, timeout
         self._handles: dict[int, Any] = {}
-        self._roots: dict[int, Any] = {}  # the aggregators themselves: heartbeats go there
         self._shards: int | None = None
         self._lock = threading.Lock()
         self._calls: list[tuple[str, tuple[Any, ...]]] = []  # service calls made before connect
@@ -152,15 +151,12 @@ class RaySink:
             for beat in beats:
                 by_shard.setdefault(shard_of(beat.run, beat.role, self._shards), []).append(beat)
             for shard, batch in by_shard.items():
-                handle = self._roots.get(shard)
-                if handle is None:
-                    handle = self._roots[shard] = ray.get_actor(aggregator_name(shard),
-                                                                namespace=self.namespace)
-                try:
-                    ray.get(handle.heartbeat.remote(batch), timeout=self.timeout)
-                except Exception:  # restarting or gone: looked up again next time
-                    self._roots.pop(shard, None)
-                    raise
+                # looked up every time, not kept: a kept handle's call after Ray shut down (the
+                # closing heartbeat racing Ray's own exit hook) starts Ray anew by Ray's
+                # auto-init, which joins whatever cluster Ray's current-cluster file names;
+                # get_actor raises instead
+                handle = ray.get_actor(aggregator_name(shard), namespace=self.namespace)
+                ray.get(handle.heartbeat.remote(batch), timeout=self.timeout)
 
     def send(self, messages: Sequence[StepMessage]) -> IngestAck | None:
         import ray
