@@ -905,12 +905,11 @@ class LivenessTracker:
             return None
         period = stream.periods.typical()
         worst: tuple[float, StuckStage] | None = None
+        grace = p.ask_ray_after
         for rank, r in alive:
-            if not r.spans:
-                continue
-            span = r.spans_at(now, p.ask_ray_after)[-1]
-            if stages[span.name] * 2 > len(alive):
+            if not r.spans or stages[r.spans[-1].name] * 2 > len(alive):
                 continue  # most ranks are here: they are the ones waiting
+            span = r.spans_at(now, grace)[-1]
             usual = stream.usual.get(span.name)
             base = usual if usual is not None else period
             if base is None:
