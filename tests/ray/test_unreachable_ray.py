@@ -113,3 +113,76 @@ def test_ensure_runtime_on_the_main_thread_gives_up_after_the_connect_timeout(
     waited = float(done.stdout.split()[2].rstrip("s:"))
     assert 2.0 <= waited < 20.0, done.stdout
     assert took < 45, f"the script took {took:.0f}s with a connect timeout of 2s"
+
+
+
+RACED_SEND = """
+import ray
+from rlmon import Reporter
+from rlmon.actors.runtime import sink as ray_sink
+
+rep = Reporter(run="raced", role="actor", heartbeat_seconds=3600)
+rep.record("actor/loss", sum=1.0, count=1.0)
+rep.end_step(0)
+print("flushed", rep.flush(60), flush=True)
+connect = ray_sink.connect_ray
+
+
+def shut_down_after_the_check(namespace, address=None):
+    connect(namespace, address)
+    ray.shutdown()  # the user's (or Ray's exit hook's) shutdown, between rlmon's check and call
+
+
+ray_sink.connect_ray = shut_down_after_the_check
+rep.record("actor/loss", sum=1.0, count=1.0)
+rep.end_step(1)
+print("flushed", rep.flush(5), flush=True)
+rep.close()
+print("closed", flush=True)
+"""
+
+RACED_RELAY = """
+import time
+import ray
+from rlmon import Reporter
+from rlmon.actors.runtime import console
+
+rep = Reporter(run="raced", role="actor", heartbeat_seconds=3600)
+rep.record("actor/loss", sum=1.0, count=1.0)
+rep.end_step(0)
+print("flushed", rep.flush(60), flush=True)
+show = console.print_console
+
+
+def shut_down_after_the_check(service, timeout=10.0):
+    ray.shutdown()  # between the relay's check that Ray is up and its call
+    show(service, timeout)
+
+
+console.print_console = shut_down_after_the_check
+deadline = time.monotonic() + 60
+while ray.is_initialized() and time.monotonic() < deadline:
+    time.sleep(0.05)
+rep.close()
+print("closed", flush=True)
+"""
+
+
+@pytest.mark.parametrize("script_text", [RACED_SEND, RACED_RELAY], ids=["sender", "console relay"])
+def test_a_call_racing_ray_s_shutdown_never_starts_or_joins_a_ray(
+        ray_tmp: Path, tmp_path: Path, script_text: str) -> None:
+    """Ray shut down between a thread's check that Ray is up and its call (the Reporter's sender
+    through a kept actor handle, the console relay): before, Ray's auto-init ran a bare
+    ``ray.init()`` inside that call, which joined the cluster just shut down (Ray leaves its
+    address in the driver's ``RAY_ADDRESS``) and held the thread, and the exit, for the whole
+    exit budget; now the call fails at once."""
+    script = tmp_path / "train.py"
+    script.write_text(script_text)
+    env = _env(ray_tmp, RLMON_EXIT_TIMEOUT="20")
+    env["RAY_TMPDIR"] = str(ray_tmp)
+    done = run_in_own_session([sys.executable, str(script)], timeout=CHILD_RUN_S, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "flushed True" in done.stdout and "closed" in done.stdout, done.stdout
+    assert "Connecting to existing Ray cluster" not in done.stderr, done.stderr[-3000:]
+    assert "Started a local Ray instance" in done.stderr
+    assert "still sending" not in done.stderr, done.stderr[-3000:]

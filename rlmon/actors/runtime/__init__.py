@@ -10,6 +10,7 @@ One module per concept:
 * :mod:`~rlmon.actors.runtime.options`: how to start the runtime, and where its state lives;
 * :mod:`~rlmon.actors.runtime.held`: what this process holds (one runtime per namespace);
 * :mod:`~rlmon.actors.runtime.connect`: joining a Ray cluster, or starting a local Ray;
+* :mod:`~rlmon.actors.runtime.no_auto_init`: rlmon's calls never start Ray by Ray's auto-init;
 * :mod:`~rlmon.actors.runtime.start`: finding or starting the service and its aggregators;
 * :mod:`~rlmon.actors.runtime.console`: what rlmon prints, and the service's console relay;
 * :mod:`~rlmon.actors.runtime.sink`: the Reporter's Ray sink;

@@ -10,6 +10,7 @@ from typing import Any
 
 from rlmon.actors.runtime.connect import gcs_address
 from rlmon.actors.runtime.held import PROCESS, Runtime, in_ray_worker, runtime_of
+from rlmon.actors.runtime.no_auto_init import no_auto_init
 
 __all__ = ["announce", "print_console", "relay_console", "say_service"]
 
@@ -62,6 +63,7 @@ def relay_console(runtime: Runtime, period: float = 0.2) -> None:
         if not ray.is_initialized():
             return  # the job shut Ray down; nothing is left to relay from
         try:
-            print_console(runtime.service)
+            with no_auto_init():  # a shutdown between the check above and this call
+                print_console(runtime.service)
         except Exception:  # the service restarting, or shut down under us: try again
             continue

@@ -9,10 +9,12 @@ from typing import Any
 from rlmon.actors.runtime.console import print_console
 from rlmon.actors.runtime.held import LOCK, RUNTIMES, get_actor
 from rlmon.actors.runtime.names import SERVICE, aggregator_name
+from rlmon.actors.runtime.no_auto_init import no_auto_init
 
 __all__ = ["shutdown_runtime"]
 
 
+@no_auto_init()  # a shutdown of Ray's own landing mid-way makes a call fail, never restart Ray
 def shutdown_runtime(namespace: str = "rlmon", timeout: float = 10.0, kill: bool = True,
                      deadline: float | None = None) -> bool:
     """Graceful stop: aggregators finalize and deliver, the service drains its outbox; then kill.

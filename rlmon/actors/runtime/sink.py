@@ -19,6 +19,7 @@ from rlmon.actors.runtime.connect import connect_ray, not_connected, ray_address
 from rlmon.actors.runtime.console import say_service
 from rlmon.actors.runtime.held import FLUSHED
 from rlmon.actors.runtime.names import SERVICE, aggregator_name, shard_of
+from rlmon.actors.runtime.no_auto_init import no_auto_init
 from rlmon.actors.runtime.options import RuntimeOptions
 from rlmon.actors.runtime.start import ensure_runtime, node_merger
 from rlmon.service.contract.acks import IngestAck
@@ -108,7 +109,8 @@ class RaySink:
                 self._calls.append((method, args))
                 return
             service = self._service
-        getattr(service, method).remote(*args)
+        with no_auto_init():
+            getattr(service, method).remote(*args)
 
     def _handle(self, shard: int) -> Any:
         handle = self._handles.get(shard)
@@ -127,7 +129,7 @@ class RaySink:
         """The incarnation and floor of the aggregator (or node merger) serving (run, role)."""
         import ray
 
-        with self._held():
+        with self._held(), no_auto_init():
             self._connect()
             assert self._shards is not None
             shard = shard_of(run, role, self._shards)
@@ -144,24 +146,20 @@ class RaySink:
         is bypassed: liveness is judged by the root)."""
         import ray
 
-        with self._held():
+        with self._held(), no_auto_init():
             self._connect()
             assert self._shards is not None
             by_shard: dict[int, list[Heartbeat]] = {}
             for beat in beats:
                 by_shard.setdefault(shard_of(beat.run, beat.role, self._shards), []).append(beat)
             for shard, batch in by_shard.items():
-                # looked up every time, not kept: a kept handle's call after Ray shut down (the
-                # closing heartbeat racing Ray's own exit hook) starts Ray anew by Ray's
-                # auto-init, which joins whatever cluster Ray's current-cluster file names;
-                # get_actor raises instead
                 handle = ray.get_actor(aggregator_name(shard), namespace=self.namespace)
                 ray.get(handle.heartbeat.remote(batch), timeout=self.timeout)
 
     def send(self, messages: Sequence[StepMessage]) -> IngestAck | None:
         import ray
 
-        with self._held():
+        with self._held(), no_auto_init():
             self._connect()
             assert self._shards is not None
             by_shard: dict[int, list[StepMessage]] = {}
