@@ -4,6 +4,7 @@ drains its outbox, then the actors are killed."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rlmon.actors.runtime.console import print_console
@@ -14,7 +15,6 @@ from rlmon.actors.runtime.no_auto_init import no_auto_init
 __all__ = ["shutdown_runtime"]
 
 
-@no_auto_init()  # a shutdown of Ray's own landing mid-way makes a call fail, never restart Ray
 def shutdown_runtime(namespace: str = "rlmon", timeout: float = 10.0, kill: bool = True,
                      deadline: float | None = None) -> bool:
     """Graceful stop: aggregators finalize and deliver, the service drains its outbox; then kill.
@@ -29,6 +29,13 @@ def shutdown_runtime(namespace: str = "rlmon", timeout: float = 10.0, kill: bool
 
     if not ray.is_initialized():
         return False
+    with no_auto_init():  # Ray shut down mid-way (by the script): a call fails, never restarts it
+        return _stop(namespace, timeout, kill, cap)
+
+
+def _stop(namespace: str, timeout: float, kill: bool, cap: Callable[[float], float]) -> bool:
+    import ray
+
     with LOCK:
         runtime = RUNTIMES.pop(namespace, None)
     ok = True

@@ -90,6 +90,17 @@ class RaySink:
         finally:
             self._lock.release()
 
+    @contextlib.contextmanager
+    def _connected(self) -> Iterator[int]:
+        """The sink's lock held and Ray connected (started by the first call); the calls made
+        inside run with Ray's auto-init off (:mod:`~rlmon.actors.runtime.no_auto_init`: a
+        shutdown landing mid-call fails it, never starts Ray again). Yields the shard count."""
+        with self._held():
+            self._connect()
+            assert self._shards is not None
+            with no_auto_init():
+                yield self._shards
+
     def undelivered(self) -> str | None:
         """Why messages are still held when the Reporter closes, when the sink knows better than
         its last error: Ray was still starting (or being reached) as the exit budget ran out."""
@@ -129,10 +140,8 @@ class RaySink:
         """The incarnation and floor of the aggregator (or node merger) serving (run, role)."""
         import ray
 
-        with self._held(), no_auto_init():
-            self._connect()
-            assert self._shards is not None
-            shard = shard_of(run, role, self._shards)
+        with self._connected() as shards:
+            shard = shard_of(run, role, shards)
             try:
                 ack: IngestAck = ray.get(
                     self._handle(shard).probe.remote(run, role), timeout=self.timeout)
@@ -146,12 +155,10 @@ class RaySink:
         is bypassed: liveness is judged by the root)."""
         import ray
 
-        with self._held(), no_auto_init():
-            self._connect()
-            assert self._shards is not None
+        with self._connected() as shards:
             by_shard: dict[int, list[Heartbeat]] = {}
             for beat in beats:
-                by_shard.setdefault(shard_of(beat.run, beat.role, self._shards), []).append(beat)
+                by_shard.setdefault(shard_of(beat.run, beat.role, shards), []).append(beat)
             for shard, batch in by_shard.items():
                 handle = ray.get_actor(aggregator_name(shard), namespace=self.namespace)
                 ray.get(handle.heartbeat.remote(batch), timeout=self.timeout)
@@ -159,12 +166,10 @@ class RaySink:
     def send(self, messages: Sequence[StepMessage]) -> IngestAck | None:
         import ray
 
-        with self._held(), no_auto_init():
-            self._connect()
-            assert self._shards is not None
+        with self._connected() as shards:
             by_shard: dict[int, list[StepMessage]] = {}
             for msg in messages:
-                by_shard.setdefault(shard_of(msg.run, msg.role, self._shards), []).append(msg)
+                by_shard.setdefault(shard_of(msg.run, msg.role, shards), []).append(msg)
             for shard, batch in by_shard.items():
                 try:
                     self.last_ack = ray.get(
