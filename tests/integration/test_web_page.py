@@ -155,6 +155,35 @@ def test_alert_page_lists_the_worst_samples_and_the_timeline(page: Any,
     assert page.get_attribute("#around", "data-onsets") == "12"
 
 
+def test_an_alert_still_firing_when_its_run_ended_is_not_drawn_or_called_resolved(
+        page: Any, service: ServiceCore) -> None:
+    """The run finished with ISRatioStale and LogprobMismatch (escalated) firing: the service
+    closes them, but the alert page says they were still firing when the run ended, and the
+    run page draws no resolve at its last step."""
+    from rlmon.service.liveness.run_state import LivenessView, RunState
+
+    now = time.time()
+    closed = service.liveness([LivenessView(RUN, "actor", RunState.FINISHED, now, now, 29,
+                                            now, now, 1.0, 60.0, 4)])
+    assert {(e.alert, e.state, e.ended_with_run) for e in closed} >= {
+        ("ISRatioStale", "resolved", True), ("LogprobMismatch", "resolved", True)}
+    page.goto(page.base + f"#/alert/{RUN}/actor/ISRatioStale/12")
+    page.wait_for_selector("#alert-state")
+    assert page.inner_text("#alert-state") == \
+        "fired at step 12, still firing when the run ended at step 29"
+    assert page.get_attribute("#around", "data-resolves") == ""
+    page.goto(page.base + f"#/alert/{RUN}/actor/LogprobMismatch/7")
+    page.wait_for_function("() => document.querySelector('#alert-state')?.textContent"
+                           ".startsWith('fired at step 7')")
+    assert page.inner_text("#alert-state") == \
+        "fired at step 7, still firing when the run ended at step 29"
+    assert page.inner_text("#alert-severity") == "critical"
+    page.goto(page.base + f"#/run/{RUN}?role=actor")
+    page.wait_for_selector("#panels .panel[data-onsets]")
+    assert {p["resolves"] for p in panels(page)} == {""}
+    assert {p["onsets"] for p in panels(page)} == {"7,12,14"}
+
+
 def test_a_late_answer_does_not_replace_the_page_navigated_to(page: Any) -> None:
     # the service answers concurrently: the first load's /api/runs can come back after a poll's
     # has drawn the runs table and the user has clicked an alert (seen on a loaded machine); the

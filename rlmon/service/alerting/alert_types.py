@@ -71,6 +71,9 @@ class AlertEvent:
     # a resolve because the rule's level rule fires now and judges the level reached (an early
     # warning handed over to its fixed rule: EntropySliding to EntropyCollapse): that rule's name
     handed_to: str = ""
+    # a resolve that only says the run ended with the alert firing (rlmon.service.alerting.
+    # run_end): the run is over, not the condition
+    ended_with_run: bool = False
 
     @property
     def dedup_key(self) -> str:

@@ -26,7 +26,7 @@ from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.metrics.spec import Severity
 
 __all__ = ["AlertEngine", "AlertEvent", "AlertState", "NotifyPolicy", "evaluate_in_order",
-           "evaluate_sorted"]
+           "evaluate_sorted", "level_before"]
 
 
 def _check(rule: Rule, record: StepRecord, state: AlertState) -> _Check:
@@ -35,7 +35,7 @@ def _check(rule: Rule, record: StepRecord, state: AlertState) -> _Check:
     return CONDITIONS[rule.condition].check(rule, record, state)
 
 
-def _level_before(rule: Rule, state: AlertState) -> float | None:
+def level_before(rule: Rule, state: AlertState) -> float | None:
     """A firing baseline rule's pre-onset level, in the metric's units (None: not one)."""
     if rule.condition is not Condition.BASELINE or state.reference is None:
         return None
@@ -64,7 +64,7 @@ def _pinned(rule: Rule, state: AlertState, value: float | None) -> bool:
 def _critical_by_course(rule: Rule, state: AlertState, value: float | None) -> bool:
     """Whether a warning's value is at a critical level judged over many steps already: fallen
     by its ``critical_drop`` from the level before the onset, or pinned at its cap."""
-    return _dropped(rule, _level_before(rule, state), value) or _pinned(rule, state, value)
+    return _dropped(rule, level_before(rule, state), value) or _pinned(rule, state, value)
 
 
 def _critical(rule: Rule, state: AlertState, value: float | None) -> bool:
@@ -101,7 +101,7 @@ def _critical_words(rule: Rule, state: AlertState, value: float | None, step: in
     """(why it is critical, the condition it quotes) for a value at its critical level: the
     level that made it critical and the step, never the warning's condition ("" where the value
     is at none of them)."""
-    before = _level_before(rule, state)
+    before = level_before(rule, state)
     if value is not None and before is not None and _dropped(rule, before, value):
         assert rule.critical_drop is not None
         return (f"{rule.metric} fell {1 - value / before:.0%} below its own pre-onset level "

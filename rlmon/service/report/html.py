@@ -144,13 +144,16 @@ def render_html(report: RunReport) -> str:
              f"<h1>rlmon report: run {_e(report.run)}</h1>"]
     total = sum(report.goodput.values())
     firing = sum(1 for a in report.alerts if a.resolved_step is None)
+    ended = sum(1 for a in report.alerts if a.ended_with_run)
     goodput = (f"Goodput <b>{_num(report.goodput_ratio, 3)}</b> over {report.steps_accounted} "
                f"accounted steps ({report.gpu_hours:.4g} GPU-hours)"
                + (f", MFU {_num(report.mfu, 3)}" if report.mfu is not None else "") + "; "
                ) if report.steps_accounted else ""  # none without timelines: said in the notes
     parts.append(
         f"<p>{goodput}{len(report.alerts)} alert(s)"
-        + (f', <span class="firing">{firing} still firing</span>' if firing else "") + ".</p>")
+        + (f', <span class="firing">{firing} still firing</span>' if firing else "")
+        + (f', <span class="firing">{ended} firing when the run ended</span>' if ended else "")
+        + ".</p>")
     if report.run_states:
         parts.append('<h2 id="state">Run state</h2>')
         parts.append(_table(["role", "state", "last step", "where / how it ended"], [
@@ -165,8 +168,10 @@ def render_html(report: RunReport) -> str:
     if report.alerts:
         rows = []
         for a in report.alerts:
-            resolved = (str(a.resolved_step) if a.resolved_step is not None
-                        else '<span class="firing">firing</span>')
+            resolved = ('<span class="firing">firing</span>' if a.resolved_step is None else
+                        f'<span class="firing">firing when the run ended at step '
+                        f'{a.resolved_step}</span>' if a.ended_with_run
+                        else str(a.resolved_step))
             money = (f"{report.currency} {a.money:,.2f}" if a.money is not None else "")
             severity = a.severity if a.escalated_step is None else \
                 f"warning, escalated to {a.severity} at step {a.escalated_step}"

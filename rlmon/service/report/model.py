@@ -80,6 +80,8 @@ class AlertEntry:
     # the step a warning escalated to critical at (issue 30: the same incident, its severity
     # then the escalation's); None where it did not
     escalated_step: int | None = None
+    # closed because the run ended with it firing (AlertEvent.ended_with_run): never "resolved"
+    ended_with_run: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +202,8 @@ def _alerts(store: HistoryStore, run: str, run_end: float | None, price: Price,
             int(resolved["step"]) if resolved else None, fired["onset"], latest["gpus"],
             gpu_hours, money, note,
             name or "" if samples else "", samples,
-            int(escalation["step"]) if escalation else None))
+            int(escalation["step"]) if escalation else None,
+            bool(resolved and resolved.get("ended_with_run"))))
     return tuple(out)
 
 
@@ -361,7 +364,8 @@ def curves_from(series: Mapping[tuple[str, str], Sequence[tuple[int, float]]],
                 continue
             markers = [(a.fired_step, a.alert, "firing") for a in alerts if a.role == role]
             markers += [(a.resolved_step, a.alert, "resolved") for a in alerts
-                        if a.role == role and a.resolved_step is not None]
+                        if a.role == role and a.resolved_step is not None
+                        and not a.ended_with_run]  # the run ended, not the condition
             out.append(Curve(role, metric, tuple(points), tuple(sorted(markers))))
     return out
 

@@ -44,8 +44,9 @@ def render_text(report: RunReport) -> str:
                        f"{_pct(seconds, total)}")
     out += ["", f"Alerts ({len(report.alerts)})"]
     for a in report.alerts:
-        until = f"resolved at step {a.resolved_step}" if a.resolved_step is not None else (
-            "still firing")
+        until = "still firing" if a.resolved_step is None else (
+            f"still firing when the run ended at step {a.resolved_step}" if a.ended_with_run
+            else f"resolved at step {a.resolved_step}")
         severity = a.severity if a.escalated_step is None else \
             f"warning, escalated to {a.severity} at step {a.escalated_step}"
         # None: a store that kept no cost (written before costs were); "": said once in the notes

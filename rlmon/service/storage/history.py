@@ -150,6 +150,8 @@ _COST_COLUMNS = (("onset", "REAL"), ("gpus", "REAL"), ("gpu_hours", "REAL"), ("m
                  ("cost_note", "TEXT NOT NULL DEFAULT ''"))
 
 
+# a resolve that only says the run ended with the alert firing (AlertEvent.ended_with_run)
+_ENDING_COLUMNS = (("ended_with_run", "INTEGER NOT NULL DEFAULT 0"),)
 _STATE_COST_COLUMNS = (("onset", "REAL"), ("gpus", "REAL NOT NULL DEFAULT 0"))
 # what the engine's notification policy keeps (issue 30): the severity now (an escalated
 # warning), a baseline rule's pre-onset level, the last hour's notifications
@@ -159,8 +161,9 @@ _STATE_POLICY_COLUMNS = (("severity", "TEXT NOT NULL DEFAULT ''"), ("reference",
                          ("claims", "TEXT"))  # issue 39: AlertState.claims_json
 _SCORE_COLUMNS = (("score", "REAL NOT NULL DEFAULT 0"),)
 # the columns the migrations add to a store written before them, by table
-_ADDED_COLUMNS = (("alerts", _COST_COLUMNS), ("alert_state", _STATE_COST_COLUMNS),
-                  ("alert_state", _STATE_POLICY_COLUMNS), ("alert_state", _SCORE_COLUMNS))
+_ADDED_COLUMNS = (("alerts", _COST_COLUMNS), ("alerts", _ENDING_COLUMNS),
+                  ("alert_state", _STATE_COST_COLUMNS), ("alert_state", _STATE_POLICY_COLUMNS),
+                  ("alert_state", _SCORE_COLUMNS))
 
 
 def _code_columns() -> dict[str, frozenset[str]]:
@@ -252,6 +255,11 @@ def _add_cost(db: sqlite3.Connection) -> None:
         _add_columns(db, table, wanted)
 
 
+def _add_ending(db: sqlite3.Connection) -> None:
+    """A store written before run-end closings were marked: its resolves read as resolved."""
+    _add_columns(db, "alerts", _ENDING_COLUMNS)
+
+
 def _add_score(db: sqlite3.Connection) -> None:
     """A store written before early-warning rules lacks their CUSUM score: it starts at 0."""
     _add_columns(db, "alert_state", _SCORE_COLUMNS)
@@ -312,6 +320,7 @@ class HistoryStore:
             _add_attempts(self._db)
             _add_score(self._db)
             _add_cost(self._db)
+            _add_ending(self._db)
         except StoreSchemaError as exc:
             self._db.close()
             raise StoreSchemaError(f"{path}: {exc}") from None
@@ -378,13 +387,13 @@ class HistoryStore:
             )
             self._db.executemany(
                 "INSERT OR IGNORE INTO alerts (run, role, step, alert, severity, state, metric, "
-                "value, attempt, onset, gpus, gpu_hours, money, cost_note) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "value, attempt, onset, gpus, gpu_hours, money, cost_note, ended_with_run) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (e.run, e.role, e.step, e.alert, e.severity, e.state, e.metric,
                      e.value if e.value is not None and math.isfinite(e.value) else None,
                      e.attempt, e.onset, e.gpus if e.cost_note else None, e.gpu_hours, e.money,
-                     e.cost_note)
+                     e.cost_note, int(e.ended_with_run))
                     for e in events if not e.repeat  # a re-send is not a transition
                 ],
             )
@@ -628,13 +637,14 @@ class HistoryStore:
 
     def alerts(self, run: str | None = None, *, cost: bool = False) -> list[dict[str, Any]]:
         """Alert lines (the replay contract's) in the order they happened; with ``cost``, each
-        also says its attempt and what its condition had cost (``onset``, ``gpus``,
+        also says its attempt, what its condition had cost (``onset``, ``gpus``,
         ``gpu_hours``, ``money``, ``cost_note``; None where unknown, as in a store written
-        before alerts carried their cost and opened read-only)."""
+        before alerts carried their cost and opened read-only) and whether a resolve only says
+        the run ended with it firing (``ended_with_run``)."""
         keys: tuple[str, ...] = ("run", "role", "step", "alert", "severity", "state", "metric",
                                  "value")
         if cost:
-            keys += ("attempt", *(name for name, _ in _COST_COLUMNS))
+            keys += ("attempt", *(name for name, _ in _COST_COLUMNS + _ENDING_COLUMNS))
         args: list[Any] = []
         where = ""
         if run is not None:
@@ -709,17 +719,20 @@ class HistoryStore:
 
     def recent_alerts(self, run: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
         """The latest ``limit`` alert transitions (firing and resolved), newest first, each with
-        its step's finalization time."""
+        its step's finalization time and whether a resolve only says the run ended with it
+        firing."""
         where = " WHERE a.run = ?" if run is not None else ""
-        query = (
-            "SELECT a.run, a.role, a.step, a.alert, a.severity, a.state, a.metric, a.value, "
-            "a.attempt, t.finalized_at FROM alerts a LEFT JOIN steps t ON t.run = a.run AND "
-            "t.role = a.role AND t.attempt = a.attempt AND t.step = a.step" + where
-            + " ORDER BY a.id DESC LIMIT ?")
         with self._lock:
+            ended = "a.ended_with_run" if "ended_with_run" in _columns(self._db, "alerts") \
+                else "0"  # a store written before, opened read-only
+            query = (
+                "SELECT a.run, a.role, a.step, a.alert, a.severity, a.state, a.metric, a.value, "
+                "a.attempt, t.finalized_at, " + ended + " FROM alerts a LEFT JOIN steps t ON "
+                "t.run = a.run AND t.role = a.role AND t.attempt = a.attempt AND t.step = a.step"
+                + where + " ORDER BY a.id DESC LIMIT ?")
             rows = self._db.execute(query, [*([run] if run is not None else []), limit]).fetchall()
         keys = ("run", "role", "step", "alert", "severity", "state", "metric", "value",
-                "attempt", "time")
+                "attempt", "time", "ended_with_run")
         return [{"type": "alert", **dict(zip(keys, row, strict=True))} for row in rows]
 
     def prune(self, keep_steps: int, quiet_before: float | None = None,

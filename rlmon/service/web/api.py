@@ -593,12 +593,20 @@ class WebApi:
                      hi: int | None) -> list[dict[str, Any]]:
         if lo is None or hi is None:
             return []
+        # a resolve that only says the run ended with the alert firing is no resolve to draw
+        ended = "ended_with_run" if self._ending_kept() else "0"
         rows = self.store.read(
-            "SELECT step, alert, severity, state, metric, value FROM alerts WHERE run = ? AND "
-            "role = ? AND attempt = ? AND step BETWEEN ? AND ? ORDER BY id",
+            "SELECT step, alert, severity, state, metric, value, " + ended + " FROM alerts "
+            "WHERE run = ? AND role = ? AND attempt = ? AND step BETWEEN ? AND ? ORDER BY id",
             (run, role, attempt, lo, hi))
         keys = ("step", "alert", "severity", "state", "metric", "value")
-        return [dict(zip(keys, row, strict=True)) for row in rows]
+        return [dict(zip(keys, row[:-1], strict=True)) for row in rows if not row[-1]]
+
+    def _ending_kept(self) -> bool:
+        """Whether the store marks run-end closings (one written before, opened read-only,
+        does not)."""
+        return any(name == "ended_with_run" for (name,) in self.store.read(
+            "SELECT name FROM pragma_table_info('alerts')"))
 
     # --- alerts --------------------------------------------------------------------------------
 
@@ -644,6 +652,8 @@ class WebApi:
             "critical_condition": (rule.describe_critical() if rule is not None
                                    and escalation is not None else ""),
             "metric": metric, "value": value, "onset": onset, "resolved": resolved_step,
+            # closed because the run ended with it firing: the run is over, not the condition
+            "ended_with_run": bool(resolved_row is not None and resolved_row.get("ended_with_run")),
             "firing": resolved_step is None,
             "cost": {"gpu_hours": latest.get("gpu_hours"), "money": latest.get("money"),
                      "note": latest.get("cost_note") or ""},

@@ -197,6 +197,31 @@ def test_without_a_public_url_nothing_links_to_rlmon_and_a_resolve_links_its_lat
     assert line["what_to_change"] == "" and line["first_moved"] == ""  # said at the firing
 
 
+def test_a_closing_because_the_run_ended_or_a_hand_over_is_never_a_plain_resolve(
+        settings: Settings) -> None:
+    """What every destination reads of a resolve that is not a recovery: the run ended with
+    the alert firing (no value: none was measured then), or an early warning handed over to
+    its level rule."""
+    ended = replace(stale(state="resolved"), value=None, ended_with_run=True)
+    assert summary_line(ended) == ("[CRITICAL, still firing when the run ended] ISRatioStale on "
+                                   "grpo 7b/a/actor step 48: actor/is_ratio_min "
+                                   "(actor/is_ratio_min outside [0.5, 2])")
+    out = io.StringIO()
+    ConsoleNotifier(out).send(webhook_body([ended], None))
+    assert out.getvalue().startswith("[CRITICAL, still firing when the run ended] ISRatioStale")
+    (line,) = webhook_body([ended], None)["alerts"]
+    assert line["state"] == "resolved" and line["ended_with_run"] is True  # the contract's state
+    routed = route([ended], settings, {"slack"})
+    slack = json.dumps([n.body for n in routed.notifications])
+    assert "(critical, still firing when the run ended)" in slack and "(resolved)" not in slack
+    handed = replace(event("EntropySliding", "warning", "resolved", step=60,
+                           metric="actor/entropy", value=0.02), handed_to="EntropyCollapse")
+    assert summary_line(handed).startswith(
+        "[RESOLVED] EntropySliding on grpo-7b/actor step 60: actor/entropy = 0.02")
+    assert ": handed over to EntropyCollapse, which judges this level and fires now" in \
+        summary_line(handed)
+
+
 def test_public_url_is_checked() -> None:
     assert load_config(public_url="https://rlmon.example.com/x/").run_page() == (
         "https://rlmon.example.com/x")

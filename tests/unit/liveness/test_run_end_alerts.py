@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlmon.cli import main
+from rlmon.service.alerting.notify.render import summary_line
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.liveness.run_state import LivenessView, RunState
 from rlmon.service.metrics.rank import Rank
@@ -38,9 +39,16 @@ def test_a_finished_run_closes_its_firing_alerts_once_with_the_reason(
     how = "its driver ended normally and Ray ended its actor with it (Ray: OWNER_DIED)"
     events = service.liveness([_view("r", RunState.FINISHED, T0 + 40, 29, how),
                                _view("f", RunState.FAILED, T0 + 40, 29)])
-    closed = [(e.run, e.alert, e.state, e.summary) for e in events if e.alert == "RankMissing"]
-    assert closed == [("r", "RankMissing", "resolved", "A step finalized without every expected "
-                       "rank (the run ended at step 29 with this alert firing)")]
+    closed = [(e.run, e.alert, e.state, e.ended_with_run, summary_line(e)) for e in events
+              if e.alert == "RankMissing"]
+    # the run is over, not the condition: never "resolved" where it is read
+    assert closed == [("r", "RankMissing", "resolved", True,
+                       "[CRITICAL, still firing when the run ended] RankMissing on r/actor step 29: "
+                       "ranks_reporting (a step finalized without every expected rank) "
+                       "[lasted 21 s: 2 GPUs, 0.0117 GPU-hours]")]
+    stored = [(a["run"], a["state"], a["ended_with_run"])
+              for a in service.history.alerts(cost=True) if a["alert"] == "RankMissing"]
+    assert sorted(stored) == [("f", "firing", 0), ("r", "firing", 0), ("r", "resolved", 1)]
     # once: a later view of the same finished run closes nothing more
     assert [e for e in service.liveness([_view("r", RunState.FINISHED, T0 + 50, 29, how)])
             if e.alert == "RankMissing"] == []

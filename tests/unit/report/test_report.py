@@ -165,3 +165,32 @@ def test_the_run_state_is_the_state_at_the_end(store_path: Path, tmp_path: Path)
     (state,) = report.run_states
     assert (state["state"], state["last_step"], state["detail"]) == ("finished", 11, how)
     assert f"actor      finished, last step 11: {how}" in render_text(report)
+
+
+def test_an_alert_closed_because_the_run_ended_is_not_reported_resolved(
+        store_path: Path, tmp_path: Path) -> None:
+    """A finished run's alerts are closed with it (rlmon.service.alerting.run_end): the report
+    says it was still firing when the run ended, draws no resolve for it, and counts it so."""
+    import shutil
+
+    from rlmon.service.alerting.alert_types import AlertEvent
+
+    copy = tmp_path / "history.sqlite"
+    shutil.copy(store_path / "history.sqlite", copy)
+    store = HistoryStore(copy)
+    try:
+        fired = AlertEvent(run=RUN, role="actor", step=10, alert="KLDivergence",
+                           severity="warning", state="firing", metric="actor/kl", value=2.5,
+                           attempt=1)
+        closed = replace(fired, step=11, state="resolved", value=None, ended_with_run=True)
+        store.add([], [fired, closed])
+        report = build_report(store, RUN, GOODPUT, now=0.0)
+    finally:
+        store.close()
+    (entry,) = [a for a in report.alerts if a.alert == "KLDivergence"]
+    assert (entry.fired_step, entry.resolved_step, entry.ended_with_run) == (10, 11, True)
+    assert "KLDivergence [warning] actor step 10 (actor/kl = 2.5), still firing when the run " \
+           "ended at step 11" in render_text(report)
+    page = render_html(report)
+    assert "firing when the run ended at step 11" in page and "1 firing when the run ended" in page
+    assert all((11, "KLDivergence", "resolved") not in c.markers for c in report.curves)

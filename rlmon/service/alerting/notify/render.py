@@ -18,7 +18,7 @@ from rlmon.service.metrics import remedies
 from rlmon.service.storage.stored_samples import command_for, items_to_json
 
 __all__ = ["alert_url", "cost_json", "format_value", "pagerduty_body", "run_url", "samples_json",
-           "slack_body", "summary_line", "webhook_body", "what_to_change"]
+           "slack_body", "state_label", "summary_line", "webhook_body", "what_to_change"]
 
 _EMOJI = {("critical", "firing"): ":rotating_light:", ("warning", "firing"): ":warning:"}
 
@@ -35,16 +35,31 @@ def format_value(value: float | None) -> str:
 
 def summary_line(event: AlertEvent) -> str:
     """One line: what fired where, and the value against its condition."""
-    state = "RESOLVED" if event.state == "resolved" else event.severity.upper()
-    if event.escalated_from and event.state == "firing":
-        state += f", escalated from {event.escalated_from}"
+    state = state_label(event, upper=True)
     where = f"{event.run}/{event.role} step {event.step}"
-    metric = f": {event.metric} = {format_value(event.value)}" if event.metric else ""
+    value = "" if event.ended_with_run and event.value is None \
+        else f" = {format_value(event.value)}"
+    metric = f": {event.metric}{value}" if event.metric else ""
     cond = f" ({event.condition})" if event.condition else ""
-    detail = f": {event.detail}" if event.detail else ""
+    handed = f": handed over to {event.handed_to}, which judges this level and fires now" \
+        if event.handed_to and event.state == "resolved" else ""
+    detail = handed + (f": {event.detail}" if event.detail else "")
     stop = " [the run was asked to stop]" if event.stop else ""
     cost = f" [{event.cost_note}]" if event.cost_note else ""
     return f"[{state}] {event.alert} on {where}{metric}{cond}{detail}{cost}{stop}"
+
+
+def state_label(event: AlertEvent, upper: bool = False) -> str:
+    """What became of the alert: its severity when it fires (and what it escalated from),
+    "resolved", or, for an alert closed because its run ended, its severity and that it was
+    still firing then (the run is over, not the condition). ``upper``: the word in capitals,
+    as a one-line summary starts."""
+    word = "resolved" if event.state == "resolved" and not event.ended_with_run \
+        else event.severity
+    why = (f", escalated from {event.escalated_from}" if event.state == "firing"
+           and event.escalated_from else ", still firing when the run ended"
+           if event.state == "resolved" and event.ended_with_run else "")
+    return (word.upper() if upper else word) + why
 
 
 def alert_url(event: AlertEvent, public_url: str | None) -> str | None:
@@ -127,8 +142,7 @@ def slack_body(events: Sequence[AlertEvent], dashboard: str | None, username: st
     ]
     for event in events:
         icon = _EMOJI.get((event.severity, event.state), ":white_check_mark:")
-        state = "resolved" if event.state == "resolved" else event.severity
-        lines = [f"{icon} *{_mrkdwn(event.alert)}* ({state})"]
+        lines = [f"{icon} *{_mrkdwn(event.alert)}* ({state_label(event)})"]
         if event.summary:
             lines.append(_mrkdwn(event.summary))
         if event.metric:
@@ -250,6 +264,7 @@ def webhook_body(events: Sequence[AlertEvent], dashboard: str | None,
                     what_to_check=event.what_to_check, dedup_key=event.dedup_key,
                     detail=event.detail, stop=event.stop, text=summary_line(event),
                     framework=event.framework, what_to_change=what_to_change(event),
+                    ended_with_run=event.ended_with_run,
                     first_moved=event.first_moved if event.state == "firing" else "")
         page = alert_url(event, public_url)
         if page:

@@ -1106,8 +1106,10 @@ async function showAlert(where, current) {
   if (!current()) return;
   const now = await escalation(a);
   if (!current()) return;
-  const state = a.firing ? el("span", { class: "badge firing" }, "firing since step " + a.onset)
-    : el("span", { class: "badge resolved" }, "fired at step " + a.onset + ", resolved at step " + a.resolved);
+  const state = a.firing ? el("span", { class: "badge firing", id: "alert-state" }, "firing since step " + a.onset)
+    : a.ended_with_run ? el("span", { class: "badge firing", id: "alert-state" },
+                            "fired at step " + a.onset + ", still firing when the run ended at step " + a.resolved)
+    : el("span", { class: "badge resolved", id: "alert-state" }, "fired at step " + a.onset + ", resolved at step " + a.resolved);
   const severity = now.from ? now.severity + " (escalated from " + now.from +
     (now.step !== null ? " at step " + now.step : "") + ")" : now.severity;
   const change = Array.isArray(a.what_to_change) ? a.what_to_change.join("\n") : a.what_to_change;
@@ -1153,7 +1155,7 @@ async function showAlert(where, current) {
                               x: a.around.x, y: [a.around.y],
                               nonfinite: [a.around.nonfinite] },
                             [{ step: a.onset, alert: a.alert, state: "firing", severity: a.severity, metric: a.metric },
-                             ...(a.resolved !== null ? [{ step: a.resolved, alert: a.alert, state: "resolved",
+                             ...(a.resolved !== null && !a.ended_with_run ? [{ step: a.resolved, alert: a.alert, state: "resolved",
                                                           severity: a.severity, metric: a.metric }] : [])],
                             Math.min(chartWidth(), 900), () => {});
     around.replaceWith(chart.rlmon.panelEl);
