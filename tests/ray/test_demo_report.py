@@ -71,7 +71,7 @@ def test_demo_writes_a_report_consistent_with_its_timelines(tmp_path: Path) -> N
     ended = {s["role"]: (s["state"], s["last_step"]) for s in report["run_states"]}
     assert ended == {"actor": ("finished", 9), "rollout": ("finished", 9),
                      "reward": ("finished", 9)}, report["run_states"]
-    assert all(s["detail"].startswith("Finished at step 9 of 10 planned")
+    assert all(s["detail"].startswith("Finished at step 9, the last of 10 planned steps")
                for s in report["run_states"]), report["run_states"]
     assert not [a for a in report["alerts"]
                 if a["alert"] in ("RunDied", "RunStalled", "RunFailed", "RunPreempted")]

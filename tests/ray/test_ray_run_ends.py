@@ -201,7 +201,8 @@ def test_every_ray_actor_ending_pages_what_it_should(ray_cluster: Any, ray_names
         assert "its Reporters closed cleanly" in released or "out of scope" in released
         for mode in EXPECTED:
             if EXPECTED[mode][1] == "finished":
-                assert states[f"{mode}-run"]["detail"].startswith("Finished at step 7 of 8 ")
+                assert states[f"{mode}-run"]["detail"].startswith(
+                    "Finished at step 7, the last of 8 planned steps")
         watched = firing["raises_watched"].detail
         assert watched.startswith("dp=1: ValueError: reward model returned NaN for every sample")
         # the wrapper's note, said in a heartbeat at once, or in the closing heartbeat of the

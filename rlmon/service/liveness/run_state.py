@@ -299,9 +299,13 @@ def describe_end(view: LivenessView) -> str:
 
 
 def describe_finish(view: LivenessView) -> str:
-    """A finished run: its last step (of how many planned) and how it ended."""
+    """A finished run: its last step, whether that was the last it planned (steps count from 0
+    or 1 by framework: "step 29 of 30" read as a step short of a plan it completed), and how
+    it ended."""
     last = f"step {view.last_step}" if view.last_step is not None else "no step"
-    of = f" of {view.total_steps} planned" if view.total_steps is not None else ""
+    of = "" if view.total_steps is None else (
+        f", the last of {view.total_steps} planned steps" if view.reached_end
+        else f", short of the {view.total_steps} planned steps")
     how = view.ended_how or "its Reporters closed cleanly"
     return f"Finished at {last}{of}: {how}"
 

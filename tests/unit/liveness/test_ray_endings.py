@@ -184,8 +184,11 @@ def test_a_driver_that_returns_finishes_the_run_within_two_heartbeats_and_pages_
     view = tracker.view("r", "actor", last + 120)
     assert view is not None and view.state is RunState.FINISHED
     assert view.since - last <= 2 * tracker.params.heartbeat_seconds + 1.0
-    assert describe(view) == ("Finished at step 29 of 30 planned: its driver ended normally and "
-                              "Ray ended its actor with it (Ray: OWNER_DIED)")
+    assert describe(view) == ("Finished at step 29, the last of 30 planned steps: its driver "
+                              "ended normally and Ray ended its actor with it (Ray: OWNER_DIED)")
+    short = replace(view, last_step=17)
+    assert describe(short).startswith("Finished at step 17, short of the 30 planned steps: ")
+    assert describe(replace(view, total_steps=None)).startswith("Finished at step 29: its ")
     assert end_cause(view) == ("owner_died", "")  # rlmon_run_end_info's labels
     for how, cause in (("its driver killed its actor with ray.kill (Ray: RAY_KILL)", "ray_kill"),
                        ("Ray Job raysubmit_1 SUCCEEDED; Ray ended its actor with it",

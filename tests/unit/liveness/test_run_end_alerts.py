@@ -58,6 +58,6 @@ def test_a_finished_run_closes_its_firing_alerts_once_with_the_reason(
     assert main(["alerts", "--state-dir", str(tmp_path / "state"), "--json"]) == 0
     found = json.loads(capsys.readouterr().out)
     assert [(r["run"], r["state"], r["detail"]) for r in found["finished"]] == [
-        ("r", "finished", f"Finished at step 29 of 30 planned: {how}")]
+        ("r", "finished", f"Finished at step 29, the last of 30 planned steps: {how}")]
     assert main(["alerts", "--state-dir", str(tmp_path / "state")]) == 0
     assert "runs that finished" in capsys.readouterr().out
