@@ -54,11 +54,13 @@ def state_label(event: AlertEvent, upper: bool = False) -> str:
     "resolved", or, for an alert closed because its run ended, its severity and that it was
     still firing then (the run is over, not the condition). ``upper``: the word in capitals,
     as a one-line summary starts."""
-    word = "resolved" if event.state == "resolved" and not event.ended_with_run \
-        else event.severity
-    why = (f", escalated from {event.escalated_from}" if event.state == "firing"
-           and event.escalated_from else ", still firing when the run ended"
-           if event.state == "resolved" and event.ended_with_run else "")
+    if event.state == "firing":
+        word, why = event.severity, (f", escalated from {event.escalated_from}"
+                                     if event.escalated_from else "")
+    elif event.ended_with_run:
+        word, why = event.severity, ", still firing when the run ended"
+    else:
+        word, why = "resolved", ""
     return (word.upper() if upper else word) + why
 
 
