@@ -96,8 +96,9 @@ class MlflowTracker:
                events: Sequence[AlertEvent]) -> None:
         run_id = self._open(run, settings)
         for event in events:
+            state = "firing when the run ended" if event.ended_with_run else event.state
             self._client.set_tag(run_id, mlflow_key(f"rlmon.alert.{event.role}.{event.alert}"),
-                                 f"{event.state} at step {event.step}: {summary_line(event)}"[:5000])
+                                 f"{state} at step {event.step}: {summary_line(event)}"[:5000])
 
     def settings(self, run: TrackerRun, settings: Mapping[str, str]) -> None:
         self._open(run, settings)

@@ -72,8 +72,10 @@ class WandbTracker:
             handle.alert(
                 title=f"{event.alert} on {event.run}/{event.role}"[:64],
                 text=summary_line(event),
-                level=(AlertLevel.INFO if event.state == "resolved" else
-                       AlertLevel.ERROR if event.severity == "critical" else AlertLevel.WARN),
+                # a closing because the run ended with it firing keeps its severity's level
+                level=(AlertLevel.INFO if event.state == "resolved" and not event.ended_with_run
+                       else AlertLevel.ERROR if event.severity == "critical"
+                       else AlertLevel.WARN),
                 wait_duration=1)
 
     def settings(self, run: TrackerRun, settings: Mapping[str, str]) -> None:

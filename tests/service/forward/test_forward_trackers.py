@@ -83,7 +83,7 @@ def forwarded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 if name not in metrics[record.role]:
                     metrics[record.role].append(name)
         curves = {role: _curves(core, role, metrics[role]) for role in ROLES}
-        alerts = core.history.alerts(RUN)
+        alerts = core.history.alerts(RUN, cost=True)
         stats = core.spine.sinks[ForwardSink].stats()
     finally:
         core.close(30.0)
@@ -168,6 +168,9 @@ def test_wandb_offline_run_holds_the_exact_values_settings_alerts_and_end(
     assert {t for t, _, _ in alerts} == {f"{a['alert']} on {RUN}/{a['role']}"
                                          for a in transitions}
     assert {level for _, level, _ in alerts} <= {"ERROR", "WARN", "INFO"}
+    # an alert closed because its run ended, still firing, keeps its severity's level
+    ended = [level for _, level, text in alerts if ", still firing when the run ended]" in text]
+    assert ended and "INFO" not in ended
     assert summary["rlmon_end_state"] == "preempted" and preempting == 1 and exits == [1]
 
 
@@ -193,7 +196,14 @@ def test_mlflow_run_holds_the_exact_values_settings_alert_tags_and_end(
     alert_tags = {k: v for k, v in run.data.tags.items() if k.startswith("rlmon.alert.")}
     assert set(alert_tags) == {f"rlmon.alert.{a['role']}.{a['alert']}"
                                for a in forwarded["alerts"]}
-    assert all(v.split(" at step ")[0] in ("firing", "resolved") for v in alert_tags.values())
+    # each alert's tag is its last transition; the finished roles' alerts ended with the run,
+    # still firing: never "resolved"
+    last = {f"rlmon.alert.{a['role']}.{a['alert']}": (
+        "firing when the run ended" if a["ended_with_run"] else a["state"], a["step"])
+        for a in forwarded["alerts"]}
+    assert {k: v.split(": ")[0] for k, v in alert_tags.items()} == {
+        k: f"{state} at step {step}" for k, (state, step) in last.items()}
+    assert any(state == "firing when the run ended" for state, _ in last.values())
 
 
 def test_tensorboard_event_files_hold_the_exact_values_settings_alerts_and_end(
@@ -221,6 +231,8 @@ def test_tensorboard_event_files_hold_the_exact_values_settings_alerts_and_end(
     assert "| framework | openrlhf |" in texts["rlmon_settings"][-1]
     alerts = [text for role in ROLES for text in texts[f"rlmon_alerts/{role}"]]
     assert len(alerts) == len(forwarded["alerts"])
+    assert sum(", still firing when the run ended]" in text for text in alerts) == sum(
+        bool(a["ended_with_run"]) for a in forwarded["alerts"]) > 0
 
 
 def test_a_restarted_service_continues_the_same_mlflow_run(
