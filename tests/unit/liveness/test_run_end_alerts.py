@@ -60,4 +60,6 @@ def test_a_finished_run_closes_its_firing_alerts_once_with_the_reason(
     assert [(r["run"], r["state"], r["detail"]) for r in found["finished"]] == [
         ("r", "finished", f"Finished at step 29, the last of 30 planned steps: {how}")]
     assert main(["alerts", "--state-dir", str(tmp_path / "state")]) == 0
-    assert "runs that finished" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "runs that finished" in out
+    assert "firing when the run ended" in out  # the closing, in the recent transitions
