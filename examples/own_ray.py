@@ -36,7 +36,9 @@ class PolicyRank:
         self.reporter.end_step(step)
 
     def close(self) -> bool:
-        return self.reporter.flush(timeout=60)
+        flushed = self.reporter.flush(timeout=60)
+        self.reporter.close()  # the closing heartbeat: rlmon hears the run finished, not silent
+        return flushed
 
 
 def main() -> None:

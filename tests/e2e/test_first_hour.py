@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -260,6 +261,22 @@ def test_example_runs_as_a_user_runs_it(script: str, tmp_path: Path, ray_cluster
                 if a["namespace"] == "rlmon"]
 
     wait_for(lambda: not rlmon_actors(), 60, "the script's rlmon actors to be gone")
+    # its Reporters closed before the exit shut the service down: the run is finished, and an
+    # alert still firing then was closed with it, never left "firing now" in the store
+    from rlmon.service.storage.history import HistoryStore
+
+    state_dir = re.search(r"; state in (.+?); Ray at ", output)  # a job's actors: not ours
+    assert state_dir is not None, output[-4000:]
+    store = HistoryStore(Path(state_dir.group(1)) / "history.sqlite", read_only=True)
+    try:
+        assert store.firing_alerts() == []
+        ended = [a for a in store.alerts(cost=True) if a["ended_with_run"]]
+        finished = {row["role"] for row in store.liveness() if row["state"] == "finished"}
+    finally:
+        store.close()
+    assert "actor" in finished
+    for a in ended:
+        assert f"[{a['severity'].upper()}, still firing when the run ended] {a['alert']}" in output
 
 
 AFTER_SHUTDOWN = """

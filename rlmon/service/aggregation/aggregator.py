@@ -415,6 +415,11 @@ class AggregatorCore:
             self.liveness_desk.tick()
         return len(done)
 
+    def judge_liveness_now(self) -> None:
+        """Every stream's state judged now, not at the timer's next evaluation."""
+        with self.lock:
+            self.liveness_desk.tick(now=True)
+
     def finalize_all(self) -> int:
         with self.lock:
             done = self.assembler.finalize_all()
@@ -584,6 +589,11 @@ class AggregatorServer:
         if finalize:
             self.core.finalize_all()
         ok = self.deliver()
+        # a script's Reporters close just before its exit shuts the runtime down: judged now,
+        # its run is finished and the alerts still firing close with it, instead of staying
+        # "firing" in the store for ever (the timer's next evaluation never comes)
+        self.core.judge_liveness_now()
+        ok = self.deliver_liveness() and ok
         self._stop.set()
         self._wake.set()
         if self._thread is not None:

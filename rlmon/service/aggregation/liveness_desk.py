@@ -54,11 +54,12 @@ class LivenessDesk:
             self.tracker.forget(*stream)
             self._gone.append(stream)
 
-    def tick(self) -> None:
+    def tick(self, now: bool = False) -> None:
         """The timer: re-evaluate every stream's state; keep what changed (and, every
-        heartbeat period, every view) for the service; persist what a restart needs."""
+        heartbeat period, every view) for the service; persist what a restart needs. ``now``:
+        whether or not the timer is due (the aggregator's close)."""
         wall = self._wall()
-        if wall < self._next_evaluation:
+        if wall < self._next_evaluation and not now:
             return
         params = self.tracker.params
         self._next_evaluation = wall + params.evaluate_seconds

@@ -71,3 +71,22 @@ def test_states_are_still_judged_while_a_backlog_of_steps_lasts() -> None:
     finally:
         stop.set()
         server.close(finalize=False)
+
+
+def test_a_run_whose_reporters_closed_just_before_the_aggregator_closes_ends_finished() -> None:
+    """A script's Reporters close and its exit shuts the runtime down at once, before the
+    liveness timer's next evaluation: the close judges the streams then, so the service hears
+    the run finished (and closes the alerts still firing on it) instead of keeping it running,
+    its alerts "firing now" in the store for ever."""
+    core = AggregatorCore(liveness=LivenessParams(heartbeat_seconds=5.0, evaluate_seconds=3600.0))
+    views: list[LivenessView] = []
+    server = AggregatorServer(core, lambda records, shard, stats: {}, tick_s=0.005,
+                              publish_liveness=lambda batch, shard: views.extend(batch)).start()
+    try:
+        core.heartbeat([beat("script", 0, 1, last_step=3, at=time.time())])
+        wait_for(lambda: any(v.run == "script" for v in views), 30, "the timer's evaluation")
+        assert views[-1].state is RunState.RUNNING
+        core.heartbeat([beat("script", 0, 1, last_step=3, at=time.time(), closing=True)])
+    finally:
+        server.close(finalize=True)
+    assert views[-1].run == "script" and views[-1].state is RunState.FINISHED
