@@ -589,13 +589,13 @@ class AggregatorServer:
         if finalize:
             self.core.finalize_all()
         ok = self.deliver()
-        # a script's Reporters close just before its exit shuts the runtime down: judged now,
-        # its run is finished and the alerts still firing close with it, instead of staying
-        # "firing" in the store for ever (the timer's next evaluation never comes)
-        self.core.judge_liveness_now()
-        ok = self.deliver_liveness() and ok
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(5.0)
-        return ok
+        # a script's Reporters close just before its exit shuts the runtime down: judged now,
+        # its run is finished and the alerts still firing close with it, instead of staying
+        # "firing" in the store for ever (the timer's next evaluation never comes); after the
+        # loop stopped, so no older view of its is handed over after this one
+        self.core.judge_liveness_now()
+        return self.deliver_liveness() and ok
