@@ -116,15 +116,21 @@ def test_ensure_runtime_on_the_main_thread_gives_up_after_the_connect_timeout(
 
 
 
-RACED_SEND = """
+# a step delivered, so Ray and rlmon's runtime are up; then Ray shut down inside a thread's call
+RACED = """
+import time
 import ray
 from rlmon import Reporter
+from rlmon.actors.runtime import console
 from rlmon.actors.runtime import sink as ray_sink
 
 rep = Reporter(run="raced", role="actor", heartbeat_seconds=3600)
 rep.record("actor/loss", sum=1.0, count=1.0)
 rep.end_step(0)
 print("flushed", rep.flush(60), flush=True)
+"""
+
+RACED_SEND = RACED + """
 connect = ray_sink.connect_ray
 
 
@@ -141,16 +147,7 @@ rep.close()
 print("closed", flush=True)
 """
 
-RACED_RELAY = """
-import time
-import ray
-from rlmon import Reporter
-from rlmon.actors.runtime import console
-
-rep = Reporter(run="raced", role="actor", heartbeat_seconds=3600)
-rep.record("actor/loss", sum=1.0, count=1.0)
-rep.end_step(0)
-print("flushed", rep.flush(60), flush=True)
+RACED_RELAY = RACED + """
 show = console.print_console
 
 
