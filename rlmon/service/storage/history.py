@@ -244,25 +244,15 @@ def _add_columns(db: sqlite3.Connection, table: str,
             db.execute(f"ALTER TABLE {_quoted(table)} ADD COLUMN {_quoted(table, name)} {kind}")
 
 
-def _add_cost(db: sqlite3.Connection) -> None:
-    """A store written before alerts carried their cost lacks its columns (in the alert rows,
-    and the onset and GPUs saved with the alert states): they start empty (cost unknown). One
-    written before the notification policy lacks its state columns: a firing alert keeps its
-    rule's severity, has no pre-onset level (its CUSUM alone judges it, as before) and no
-    notifications counted."""
-    for table, wanted in (("alerts", _COST_COLUMNS), ("alert_state", _STATE_COST_COLUMNS),
-                          ("alert_state", _STATE_POLICY_COLUMNS)):
+def _add_later_columns(db: sqlite3.Connection) -> None:
+    """Every column of :data:`_ADDED_COLUMNS` that a store written before it lacks. A store
+    written before alerts carried their cost: they start empty (cost unknown), and the alert
+    states' onset and GPUs too. Before the notification policy: a firing alert keeps its rule's
+    severity, has no pre-onset level (its CUSUM alone judges it, as before) and no
+    notifications counted. Before early-warning rules: their CUSUM score starts at 0. Before
+    run-end closings were marked: its resolves read as resolved."""
+    for table, wanted in _ADDED_COLUMNS:
         _add_columns(db, table, wanted)
-
-
-def _add_ending(db: sqlite3.Connection) -> None:
-    """A store written before run-end closings were marked: its resolves read as resolved."""
-    _add_columns(db, "alerts", _ENDING_COLUMNS)
-
-
-def _add_score(db: sqlite3.Connection) -> None:
-    """A store written before early-warning rules lacks their CUSUM score: it starts at 0."""
-    _add_columns(db, "alert_state", _SCORE_COLUMNS)
 
 
 def _fill_curve_rows(db: sqlite3.Connection) -> int:
@@ -318,9 +308,7 @@ class HistoryStore:
         self._db = open_database(path, _SCHEMA)
         try:
             _add_attempts(self._db)
-            _add_score(self._db)
-            _add_cost(self._db)
-            _add_ending(self._db)
+            _add_later_columns(self._db)
         except StoreSchemaError as exc:
             self._db.close()
             raise StoreSchemaError(f"{path}: {exc}") from None
