@@ -705,6 +705,12 @@ class HistoryStore:
         return [{"type": "alert", **dict(zip(keys, row, strict=True)), "state": "firing"}
                 for row in rows]
 
+    def has_column(self, table: str, column: str) -> bool:
+        """Whether the file's ``table`` has ``column`` (a store written before it was added,
+        opened read-only, does not)."""
+        with self._lock:
+            return column in _columns(self._db, table)
+
     def recent_alerts(self, run: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
         """The latest ``limit`` alert transitions (firing and resolved), newest first, each with
         its step's finalization time and whether a resolve only says the run ended with it

@@ -594,19 +594,13 @@ class WebApi:
         if lo is None or hi is None:
             return []
         # a resolve that only says the run ended with the alert firing is no resolve to draw
-        ended = "ended_with_run" if self._ending_kept() else "0"
+        ended = "ended_with_run" if self.store.has_column("alerts", "ended_with_run") else "0"
         rows = self.store.read(
             "SELECT step, alert, severity, state, metric, value, " + ended + " FROM alerts "
             "WHERE run = ? AND role = ? AND attempt = ? AND step BETWEEN ? AND ? ORDER BY id",
             (run, role, attempt, lo, hi))
         keys = ("step", "alert", "severity", "state", "metric", "value")
         return [dict(zip(keys, row[:-1], strict=True)) for row in rows if not row[-1]]
-
-    def _ending_kept(self) -> bool:
-        """Whether the store marks run-end closings (one written before, opened read-only,
-        does not)."""
-        return any(name == "ended_with_run" for (name,) in self.store.read(
-            "SELECT name FROM pragma_table_info('alerts')"))
 
     # --- alerts --------------------------------------------------------------------------------
 
