@@ -306,22 +306,57 @@ def _detail(stream: Sequence[StepRecord], event: AlertEvent) -> str:
     return text
 
 
-def _hint(event: AlertEvent, related: tuple[Related, ...]) -> str:
+_EXPLODED = 10.0  # a gradient norm this many times its earlier level before a NaN: an explosion
+
+
+def _earlier(stream: Sequence[StepRecord], metric: str, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of ``metric``'s finite values before ``step``, in step order."""
+    if isinstance(stream, RecordView):
+        values, present = stream.column(metric)
+        steps = stream.steps()
+        keep = present & np.isfinite(values) & (steps < step)
+        return steps[keep], values[keep]
+    pairs = [(r.step, r.metrics[metric]) for r in stream
+             if r.step < step and metric in r.metrics and math.isfinite(r.metrics[metric])]
+    return np.array([s for s, _ in pairs], dtype=np.int64), np.array([v for _, v in pairs])
+
+
+def _non_finite_hint(stream: Sequence[StepRecord], event: AlertEvent,
+                     related: tuple[Related, ...]) -> str:
+    """Whether the gradient norm before a NaN had exploded: rising into it, or held far above
+    the run's earlier level (an explosion that went on for a while before the NaN is still
+    one), or calm (then the NaN came in with an input)."""
+    grad = next((r for r in related if r.metric == c.GRAD_NORM), None)
+    before = [v for s, v in grad.values if s < event.step] if grad else []
+    if not before or not math.isfinite(before[-1]):
+        return ("A value became NaN or Inf: check the rewards and advantages fed to the loss, "
+                "the learning rate and the loss scale.")
+    last = before[-1]
+    text = f"The gradient norm before it was {_fmt(last)}"
+    if len(before) > 1 and last > 2 * before[0]:
+        return text + (" and rising: an explosion; lower the learning rate, clip gradients, "
+                       "check the loss scale.")
+    steps, values = _earlier(stream, c.GRAD_NORM, event.step)
+    # the run's earlier level: the first half of its finite values, before any trouble
+    half = max(1, len(values) // 2)
+    level = float(np.median(values[:half])) if len(values) else last
+    if level > 0 and last >= _EXPLODED * level:
+        high = values >= _EXPLODED * level
+        start = len(high) - int(np.argmin(high[::-1])) if not high.all() else 0
+        return text + (f", {last / level:.3g}x its earlier level ({_fmt(level)}, the median of "
+                       f"steps {steps[0]}-{steps[half - 1]}) and that high since step "
+                       f"{steps[start]}: it had exploded before the NaN; lower the learning "
+                       "rate, clip gradients, check the loss scale.")
+    return text + (f", not exploding (its earlier level: {_fmt(level)}): look for a NaN input "
+                   "instead (a reward, an advantage over a group of one, a log of zero, a "
+                   "corrupt reference model).")
+
+
+def _hint(stream: Sequence[StepRecord], event: AlertEvent, related: tuple[Related, ...]) -> str:
     """What to check, from the catalog, sharpened by the context where it tells more."""
     hint = event.what_to_check
     if event.alert == "NonFiniteMetric":
-        grad = next((r for r in related if r.metric == c.GRAD_NORM), None)
-        before = [v for s, v in grad.values if s < event.step] if grad else []
-        if before and math.isfinite(before[-1]):
-            rising = len(before) > 1 and before[-1] > 2 * before[0]
-            hint = (f"The gradient norm before it was {_fmt(before[-1])}"
-                    + (" and rising: an explosion; lower the learning rate, clip gradients, "
-                       "check the loss scale." if rising else
-                       ", not exploding: look for a NaN input instead (a reward, an advantage "
-                       "over a group of one, a log of zero, a corrupt reference model)."))
-        else:
-            hint = ("A value became NaN or Inf: check the rewards and advantages fed to the "
-                    "loss, the learning rate and the loss scale.")
+        hint = _non_finite_hint(stream, event, related)
     elif event.alert in ("NoLearningSignal", "LearningSignalFading") and not hint:
         hint = _TIES
     return hint
@@ -368,7 +403,7 @@ def diagnose(run: LoggedRun, rules: Sequence[Rule] | None = None,
                 event.run, event.role, event.step, event.alert, event.severity, event.state,
                 event.metric, info.key if info else event.metric, event.value, since,
                 event.condition,
-                _hint(event, related) if event.state == "firing" and not event.escalated_from
+                _hint(stream, event, related) if event.state == "firing" and not event.escalated_from
                 else "",
                 info.describe() if info else "", bool(info and info.lossy), related,
                 _detail(stream, event) or event.detail, escalated_from=event.escalated_from,

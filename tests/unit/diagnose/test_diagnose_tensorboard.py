@@ -54,6 +54,32 @@ def test_the_nan_finding_shows_the_gradient_norm_before_it(tmp_path: Path) -> No
     assert "actor/grad_norm" in nan.detail and "actor/loss" in nan.detail
 
 
+@pytest.mark.parametrize("held", [True, False], ids=["exploded-and-held", "calm"])
+def test_the_nan_finding_says_whether_the_gradient_had_exploded(tmp_path: Path,
+                                                                held: bool) -> None:
+    """A gradient norm that jumped 100x at step 20 and held there until the NaN at step 35 is
+    flat in the steps just before it, yet it had exploded: the check says so, with the step it
+    left its level, and not "look for a NaN input"; a calm one says the opposite."""
+    rows = trl_curves(fault="nan", at=35)
+    for step in range(32, 35):  # trl_curves' blow-up just before the NaN, taken out
+        rows[step]["grad_norm"] = 1.0 + 0.01 * step
+    if held:
+        for step in range(20, 35):
+            rows[step]["grad_norm"] = 100.0 + 0.5 * (step % 3)
+    write_tensorboard(tmp_path / "run", rows)
+    d = diagnose(read_paths([tmp_path])[0][0])
+    nan = next(f for f in d.findings if f.alert == "NonFiniteMetric" and f.state == "firing")
+    assert nan.step == 35
+    if held:
+        assert "x its earlier level" in nan.what_to_check
+        assert "since step 20: it had exploded before the NaN" in nan.what_to_check
+        assert "NaN input" not in nan.what_to_check
+    else:
+        assert "not exploding (its earlier level: " in nan.what_to_check
+        assert "look for a NaN input" in nan.what_to_check
+        assert "exploded" not in nan.what_to_check
+
+
 def test_a_healthy_run_gives_no_critical_finding(tmp_path: Path) -> None:
     write_tensorboard(tmp_path / "run", trl_curves())
     d = diagnose(read_paths([tmp_path])[0][0])
