@@ -89,8 +89,10 @@ def _print_tables(found: dict[str, list[dict[str, Any]]]) -> None:
                     "time (UTC)"):
             table.add_column(col)
         for a in rows:
-            # a closing because the run ended with it firing is not a resolve
-            state = "firing when the run ended" if a.get("ended_with_run") else a["state"]
+            # a closing because the run ended with it firing, or because its level rule fires
+            # now, is not a resolve
+            state = "firing when the run ended" if a.get("ended_with_run") else \
+                f"handed over to {a['handed_to']}" if a.get("handed_to") else a["state"]
             table.add_row(state, a["alert"], a["severity"] or "-", a["run"], a["role"],
                           str(a["step"]), a["metric"] or "-", _value(a["value"]),
                           _when(a["time"]))

@@ -89,7 +89,8 @@ def _foreign_report(args: argparse.Namespace) -> int:
             continue
         sys.stdout.write(render_text(report))
         print(f"from {d.run.source} ({d.run.format})")
-        print(d.clock.describe() if d.clock is not None else f"cost: {d.unpriced}")
+        if d.clock is not None:  # else why not is in the report's notes
+            print(d.clock.describe())
         for p in d.projections:
             print(f"heading: {p.describe(d.seconds_per_step)}")
     if args.html and diagnoses:

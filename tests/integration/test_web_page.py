@@ -184,6 +184,31 @@ def test_an_alert_still_firing_when_its_run_ended_is_not_drawn_or_called_resolve
     assert {p["onsets"] for p in panels(page)} == {"7,12,14"}
 
 
+def test_an_early_warning_handed_over_to_its_level_rule_is_not_drawn_or_called_resolved(
+        page: Any, service: ServiceCore, records: list[StepRecord]) -> None:
+    """The entropy collapses: EntropySliding fires, then EntropyCollapse, which judges that
+    level, takes over. The warning's closing is no recovery: the alert page says to whom it was
+    handed over, and neither page draws a resolve for it."""
+    template = next(r for r in records if r.role == "actor" and r.step == 29)
+    collapsed = {**template.metrics, "actor/entropy": 0.001}
+    service.publish([replace(template, step=s, metrics=collapsed) for s in (30, 31, 32)])
+    rows = [a for a in service.history.alerts(RUN, cost=True) if a["alert"] == "EntropySliding"]
+    (fired,) = [a["step"] for a in rows if a["state"] == "firing"]
+    assert [(a["step"], a["handed_to"]) for a in rows if a["state"] == "resolved"] == [
+        (32, "EntropyCollapse")]
+    page.goto(page.base + f"#/alert/{RUN}/actor/EntropySliding/{fired}")
+    page.wait_for_selector("#alert-state")
+    assert page.inner_text("#alert-state") == (
+        f"fired at step {fired}, handed over to EntropyCollapse at step 32 (its level rule "
+        "fires now)")
+    page.wait_for_selector("#around[data-resolves]")
+    assert page.get_attribute("#around", "data-resolves") == ""
+    page.goto(page.base + f"#/run/{RUN}?role=actor")
+    page.wait_for_selector("#panels .panel[data-points='33']")
+    entropy = next(p for p in panels(page) if p["metrics"] == ["actor/entropy"])
+    assert entropy["resolves"] == ""
+
+
 def test_a_late_answer_does_not_replace_the_page_navigated_to(page: Any) -> None:
     # the service answers concurrently: the first load's /api/runs can come back after a poll's
     # has drawn the runs table and the user has clicked an alert (seen on a loaded machine); the

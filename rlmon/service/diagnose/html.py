@@ -159,11 +159,11 @@ def log_story(report: RunReport, d: Diagnosis) -> RunReport:
         if f is not None and f.cost is not None:
             a = replace(a, gpus=gpus, gpu_hours=f.cost.gpu_hours, money=f.cost.money,
                         cost_note=f.cost.describe())
-        else:
-            a = replace(a, gpus=gpus, gpu_hours=None, money=None,
-                        cost_note=d.unpriced or "")
+        else:  # why nothing is priced is said once, in the notes, not on every alert
+            a = replace(a, gpus=gpus, gpu_hours=None, money=None, cost_note="")
         alerts.append(a)
-    notes = ("a log has no per-rank step timelines: no goodput, slowest ranks or stages",)
+    notes = ("a log has no per-rank step timelines: no goodput, slowest ranks or stages",
+             *((d.unpriced,) if d.unpriced else ()))
     return replace(report, alerts=tuple(alerts), notes=notes, goodput={}, goodput_reasons=(),
                    goodput_steps=(), gpu_hours=(
         d.clock.gpu_hours(d.clock.total_seconds) or 0.0) if d.clock is not None else 0.0)

@@ -96,7 +96,8 @@ class MlflowTracker:
                events: Sequence[AlertEvent]) -> None:
         run_id = self._open(run, settings)
         for event in events:
-            state = "firing when the run ended" if event.ended_with_run else event.state
+            state = "firing when the run ended" if event.ended_with_run else \
+                f"handed over to {event.handed_to}" if event.handed_to else event.state
             self._client.set_tag(run_id, mlflow_key(f"rlmon.alert.{event.role}.{event.alert}"),
                                  f"{state} at step {event.step}: {summary_line(event)}"[:5000])
 

@@ -171,7 +171,8 @@ def render_html(report: RunReport) -> str:
             resolved = ('<span class="firing">firing</span>' if a.resolved_step is None else
                         f'<span class="firing">firing when the run ended at step '
                         f'{a.resolved_step}</span>' if a.ended_with_run
-                        else str(a.resolved_step))
+                        else f"handed over to {_e(a.handed_to)} at step {a.resolved_step}"
+                        if a.handed_to else str(a.resolved_step))
             money = (f"{report.currency} {a.money:,.2f}" if a.money is not None else "")
             severity = a.severity if a.escalated_step is None else \
                 f"warning, escalated to {a.severity} at step {a.escalated_step}"
@@ -181,7 +182,7 @@ def render_html(report: RunReport) -> str:
                          _num(a.gpu_hours), _e(money),
                          _e("cost unknown" if a.cost_note is None else a.cost_note)])
         parts.append(_table(["alert", "severity", "role", "metric", "value", "fired at step",
-                             "resolved at step", "GPUs", "GPU-hours", "money", "cost"], rows,
+                             "until", "GPUs", "GPU-hours", "money", "cost"], rows,
                             {4, 5, 7, 8}))
         for a in report.alerts:
             if a.samples:

@@ -82,6 +82,9 @@ class AlertEntry:
     escalated_step: int | None = None
     # closed because the run ended with it firing (AlertEvent.ended_with_run): never "resolved"
     ended_with_run: bool = False
+    # an early warning closed because its level rule fires now (AlertEvent.handed_to): the
+    # condition goes on under that rule's name, so never "resolved" either
+    handed_to: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +206,8 @@ def _alerts(store: HistoryStore, run: str, run_end: float | None, price: Price,
             gpu_hours, money, note,
             name or "" if samples else "", samples,
             int(escalation["step"]) if escalation else None,
-            bool(resolved and resolved.get("ended_with_run"))))
+            bool(resolved and resolved.get("ended_with_run")),
+            str(resolved.get("handed_to") or "") if resolved else ""))
     return tuple(out)
 
 
@@ -365,7 +369,8 @@ def curves_from(series: Mapping[tuple[str, str], Sequence[tuple[int, float]]],
             markers = [(a.fired_step, a.alert, "firing") for a in alerts if a.role == role]
             markers += [(a.resolved_step, a.alert, "resolved") for a in alerts
                         if a.role == role and a.resolved_step is not None
-                        and not a.ended_with_run]  # the run ended, not the condition
+                        and not a.ended_with_run  # the run ended, not the condition
+                        and not a.handed_to]  # its level rule took it over
             out.append(Curve(role, metric, tuple(points), tuple(sorted(markers))))
     return out
 

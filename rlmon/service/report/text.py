@@ -46,6 +46,7 @@ def render_text(report: RunReport) -> str:
     for a in report.alerts:
         until = "still firing" if a.resolved_step is None else (
             f"still firing when the run ended at step {a.resolved_step}" if a.ended_with_run
+            else f"handed over to {a.handed_to} at step {a.resolved_step}" if a.handed_to
             else f"resolved at step {a.resolved_step}")
         severity = a.severity if a.escalated_step is None else \
             f"warning, escalated to {a.severity} at step {a.escalated_step}"

@@ -150,8 +150,10 @@ _COST_COLUMNS = (("onset", "REAL"), ("gpus", "REAL"), ("gpu_hours", "REAL"), ("m
                  ("cost_note", "TEXT NOT NULL DEFAULT ''"))
 
 
-# a resolve that only says the run ended with the alert firing (AlertEvent.ended_with_run)
-_ENDING_COLUMNS = (("ended_with_run", "INTEGER NOT NULL DEFAULT 0"),)
+# a resolve that is not a recovery: the run ended with the alert firing
+# (AlertEvent.ended_with_run), or an early warning handed over to its level rule (handed_to)
+_ENDING_COLUMNS = (("ended_with_run", "INTEGER NOT NULL DEFAULT 0"),
+                   ("handed_to", "TEXT NOT NULL DEFAULT ''"))
 _STATE_COST_COLUMNS = (("onset", "REAL"), ("gpus", "REAL NOT NULL DEFAULT 0"))
 # what the engine's notification policy keeps (issue 30): the severity now (an escalated
 # warning), a baseline rule's pre-onset level, the last hour's notifications
@@ -375,13 +377,13 @@ class HistoryStore:
             )
             self._db.executemany(
                 "INSERT OR IGNORE INTO alerts (run, role, step, alert, severity, state, metric, "
-                "value, attempt, onset, gpus, gpu_hours, money, cost_note, ended_with_run) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "value, attempt, onset, gpus, gpu_hours, money, cost_note, ended_with_run, "
+                "handed_to) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (e.run, e.role, e.step, e.alert, e.severity, e.state, e.metric,
                      e.value if e.value is not None and math.isfinite(e.value) else None,
                      e.attempt, e.onset, e.gpus if e.cost_note else None, e.gpu_hours, e.money,
-                     e.cost_note, int(e.ended_with_run))
+                     e.cost_note, int(e.ended_with_run), e.handed_to)
                     for e in events if not e.repeat  # a re-send is not a transition
                 ],
             )
@@ -628,7 +630,8 @@ class HistoryStore:
         also says its attempt, what its condition had cost (``onset``, ``gpus``,
         ``gpu_hours``, ``money``, ``cost_note``; None where unknown, as in a store written
         before alerts carried their cost and opened read-only) and whether a resolve only says
-        the run ended with it firing (``ended_with_run``)."""
+        the run ended with it firing (``ended_with_run``) or that its level rule took over
+        (``handed_to``: that rule's name)."""
         keys: tuple[str, ...] = ("run", "role", "step", "alert", "severity", "state", "metric",
                                  "value")
         if cost:
@@ -714,19 +717,21 @@ class HistoryStore:
     def recent_alerts(self, run: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
         """The latest ``limit`` alert transitions (firing and resolved), newest first, each with
         its step's finalization time and whether a resolve only says the run ended with it
-        firing."""
+        firing or that its level rule took over."""
         where = " WHERE a.run = ?" if run is not None else ""
         with self._lock:
-            ended = "a.ended_with_run" if "ended_with_run" in _columns(self._db, "alerts") \
-                else "0"  # a store written before, opened read-only
+            have = _columns(self._db, "alerts")  # a store written before, opened read-only
+            ended = "a.ended_with_run" if "ended_with_run" in have else "0"
+            handed = "a.handed_to" if "handed_to" in have else "''"
             query = (
                 "SELECT a.run, a.role, a.step, a.alert, a.severity, a.state, a.metric, a.value, "
-                "a.attempt, t.finalized_at, " + ended + " FROM alerts a LEFT JOIN steps t ON "
+                "a.attempt, t.finalized_at, " + ended + ", " + handed + " FROM alerts a "
+                "LEFT JOIN steps t ON "
                 "t.run = a.run AND t.role = a.role AND t.attempt = a.attempt AND t.step = a.step"
                 + where + " ORDER BY a.id DESC LIMIT ?")
             rows = self._db.execute(query, [*([run] if run is not None else []), limit]).fetchall()
         keys = ("run", "role", "step", "alert", "severity", "state", "metric", "value",
-                "attempt", "time", "ended_with_run")
+                "attempt", "time", "ended_with_run", "handed_to")
         return [{"type": "alert", **dict(zip(keys, row, strict=True))} for row in rows]
 
     def prune(self, keep_steps: int, quiet_before: float | None = None,

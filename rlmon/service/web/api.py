@@ -593,10 +593,13 @@ class WebApi:
                      hi: int | None) -> list[dict[str, Any]]:
         if lo is None or hi is None:
             return []
-        # a resolve that only says the run ended with the alert firing is no resolve to draw
+        # a resolve that only says the run ended with the alert firing, or that its level rule
+        # took it over, is no resolve to draw
         ended = "ended_with_run" if self.store.has_column("alerts", "ended_with_run") else "0"
+        handed = "handed_to != ''" if self.store.has_column("alerts", "handed_to") else "0"
         rows = self.store.read(
-            "SELECT step, alert, severity, state, metric, value, " + ended + " FROM alerts "
+            "SELECT step, alert, severity, state, metric, value, " + ended + " OR " + handed
+            + " FROM alerts "
             "WHERE run = ? AND role = ? AND attempt = ? AND step BETWEEN ? AND ? ORDER BY id",
             (run, role, attempt, lo, hi))
         keys = ("step", "alert", "severity", "state", "metric", "value")
@@ -648,6 +651,9 @@ class WebApi:
             "metric": metric, "value": value, "onset": onset, "resolved": resolved_step,
             # closed because the run ended with it firing: the run is over, not the condition
             "ended_with_run": bool(resolved_row is not None and resolved_row.get("ended_with_run")),
+            # closed because its level rule fires now: the condition goes on under that name
+            "handed_to": str(resolved_row.get("handed_to") or "") if resolved_row is not None
+            else "",
             "firing": resolved_step is None,
             "cost": {"gpu_hours": latest.get("gpu_hours"), "money": latest.get("money"),
                      "note": latest.get("cost_note") or ""},

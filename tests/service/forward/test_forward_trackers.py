@@ -12,6 +12,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +52,17 @@ def _curves(core: ServiceCore, role: str, metrics: list[str]) -> dict[str, dict[
 @pytest.fixture(scope="module")
 def forwarded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The example run through a service that forwards to all three trackers, ended (the
-    rollout role preempted, the others finished: the run's end is "preempted")."""
+    rollout role preempted, the others finished: the run's end is "preempted"). The actor's
+    entropy collapses in its last three steps (30-32): EntropySliding fires and is handed over
+    to EntropyCollapse, which is still firing when the actor finishes."""
     mp = pytest.MonkeyPatch()
     mp.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps its file store opt-in
     mp.setenv("WANDB_SILENT", "true")
     root = tmp_path_factory.mktemp("forward")
     records: list[StepRecord] = example_records()
+    last = next(r for r in records if r.role == "actor" and r.step == 29)
+    records += [replace(last, step=step, metrics={**last.metrics, "actor/entropy": 0.001})
+                for step in (30, 31, 32)]
     forward = {
         "wandb": {"enabled": True, "mode": "offline", "project": "rlmon-test",
                   "dir": str(root / "wandb")},
@@ -74,8 +80,8 @@ def forwarded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         now = time.time()
         ends = {"actor": RunState.FINISHED, "reward": RunState.FINISHED,
                 "rollout": RunState.PREEMPTED}
-        core.liveness([LivenessView(RUN, role, state, now, now, 29, now, now, 1.0, 60.0, 4)
-                       for role, state in ends.items()])
+        core.liveness([LivenessView(RUN, role, state, now, now, 32 if role == "actor" else 29,
+                                    now, now, 1.0, 60.0, 4) for role, state in ends.items()])
         assert core.spine.sinks[ForwardSink].flush(120.0), core.spine.sinks[ForwardSink].stats()
         metrics: dict[str, list[str]] = defaultdict(list)
         for record in records:
@@ -197,13 +203,18 @@ def test_mlflow_run_holds_the_exact_values_settings_alert_tags_and_end(
     assert set(alert_tags) == {f"rlmon.alert.{a['role']}.{a['alert']}"
                                for a in forwarded["alerts"]}
     # each alert's tag is its last transition; the finished roles' alerts ended with the run,
-    # still firing: never "resolved"
+    # still firing, and an early warning handed over to its level rule: never "resolved"
     last = {f"rlmon.alert.{a['role']}.{a['alert']}": (
-        "firing when the run ended" if a["ended_with_run"] else a["state"], a["step"])
+        "firing when the run ended" if a["ended_with_run"] else
+        f"handed over to {a['handed_to']}" if a["handed_to"] else a["state"], a["step"])
         for a in forwarded["alerts"]}
     assert {k: v.split(": ")[0] for k, v in alert_tags.items()} == {
         k: f"{state} at step {step}" for k, (state, step) in last.items()}
     assert any(state == "firing when the run ended" for state, _ in last.values())
+    assert alert_tags["rlmon.alert.actor.EntropySliding"].startswith(
+        "handed over to EntropyCollapse at step 32: [HANDED OVER to EntropyCollapse]")
+    assert alert_tags["rlmon.alert.actor.EntropyCollapse"].startswith(
+        "firing when the run ended at step 32")
 
 
 def test_tensorboard_event_files_hold_the_exact_values_settings_alerts_and_end(

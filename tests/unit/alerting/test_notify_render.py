@@ -217,9 +217,12 @@ def test_a_closing_because_the_run_ended_or_a_hand_over_is_never_a_plain_resolve
     handed = replace(event("EntropySliding", "warning", "resolved", step=60,
                            metric="actor/entropy", value=0.02), handed_to="EntropyCollapse")
     assert summary_line(handed).startswith(
-        "[RESOLVED] EntropySliding on grpo-7b/actor step 60: actor/entropy = 0.02")
-    assert ": handed over to EntropyCollapse, which judges this level and fires now" in \
-        summary_line(handed)
+        "[HANDED OVER to EntropyCollapse] EntropySliding on grpo-7b/actor step 60: "
+        "actor/entropy = 0.02")
+    assert summary_line(handed).endswith(": EntropyCollapse judges this level and fires now")
+    routed = route([handed], settings, {"slack"})
+    slack = json.dumps([n.body for n in routed.notifications])
+    assert "(handed over to EntropyCollapse)" in slack and "(resolved)" not in slack
 
 
 def test_public_url_is_checked() -> None:

@@ -102,3 +102,30 @@ def test_a_run_the_store_does_not_hold_is_named_with_the_runs_it_does(
     assert main(["samples", "a", "--alert", "NonFinite", "--state-dir", str(state)]) == 1
     assert "(alerts that fired there: ISRatioDivergence, NonFiniteMetric)" in \
         capsys.readouterr().err
+
+
+def test_an_early_warning_handed_over_to_its_level_rule_is_not_listed_resolved(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The entropy of the example run collapses in three steps: EntropySliding's closing is
+    listed as handed over to EntropyCollapse, which fires, not as a recovery."""
+    from dataclasses import replace
+
+    from rlmon.service.config import load_config
+    from tests.support.web_support import example_records
+
+    records = example_records()
+    last = next(r for r in records if r.role == "actor" and r.step == 29)
+    collapsed = [replace(last, step=s, metrics={**last.metrics, catalog.ENTROPY: 0.001})
+                 for s in (30, 31, 32)]
+    core = ServiceCore(load_config(None), state_dir=tmp_path)
+    core.publish(records + collapsed)
+    core.close()
+    code, out = alerts(capsys, "--state-dir", str(tmp_path), "--json")
+    assert code == 0
+    (handed,) = [a for a in json.loads(out)["recent"]
+                 if a["alert"] == "EntropySliding" and a["state"] == "resolved"]
+    assert (handed["step"], handed["handed_to"]) == (32, "EntropyCollapse")
+    code, out = alerts(capsys, "--state-dir", str(tmp_path), "--limit", "100")
+    rows = [line for line in out.splitlines() if "EntropySliding" in line]
+    assert any("handed over to" in line for line in rows), out
+    assert not any("resolved" in line for line in rows), out

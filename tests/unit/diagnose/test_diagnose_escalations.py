@@ -7,6 +7,7 @@ change and what moved first are printed."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -140,8 +141,6 @@ def test_diagnose_prints_the_story_and_what_to_change_for_trl(tmp_path: Path) ->
 
 
 def test_a_log_without_step_times_says_once_why_nothing_is_priced(tmp_path: Path) -> None:
-    import json
-
     path = write_state(tmp_path / "trainer_state.json",
                        {s: {k: v for k, v in row.items() if k != "step_time"}
                         for s, row in blow_up().items()})
@@ -175,3 +174,29 @@ def test_a_logs_report_tells_the_same_story_as_diagnose(tmp_path: Path) -> None:
     line = next(x for x in text.splitlines() if x.strip().startswith("KLDivergence ["))
     assert f"[warning, escalated to critical at step {critical.step}]" in line
     assert f"step {warning.step} " in line and warning.cost.describe() in line
+    # the early warning handed over to its level rule, as diagnose says it, not "resolved"
+    handed = next(f for f in d.findings if f.alert == "KLClimbing" and f.state == "resolved")
+    line = next(x for x in text.splitlines() if x.strip().startswith("KLClimbing ["))
+    assert f"), handed over to KLDivergence at step {handed.step};" in line, line
+    assert "resolved at step" not in line
+    report = json.loads(run_rlmon("report", str(path), "--json").stdout.splitlines()[0])
+    assert [a["handed_to"] for a in report["alerts"] if a["alert"] == "KLClimbing"] == [
+        "KLDivergence"]
+    drawn = {tuple(m) for c in report["curves"] for m in c["markers"]}
+    assert (handed.step, "KLClimbing", "resolved") not in drawn  # no recovery to draw
+
+
+def test_a_logs_report_says_once_why_nothing_is_priced(tmp_path: Path) -> None:
+    """Not on every alert's line as well as at the end: once, in the report's notes."""
+    path = write_state(tmp_path / "trainer_state.json",
+                       {s: {k: v for k, v in row.items() if k != "step_time"}
+                        for s, row in blow_up().items()})
+    state = json.loads(path.read_text())  # a checkpoint's state: no closing train_runtime
+    state["log_history"] = [e for e in state["log_history"] if "train_runtime" not in e]
+    path.write_text(json.dumps(state))
+    out = run_rlmon("report", str(path), "--gpus", "8", "--price-per-gpu-hour", "2.5")
+    assert out.returncode == 0, out.stderr
+    lines = [x for x in out.stdout.splitlines() if "not priced" in x]
+    assert len(lines) == 1 and "says nothing of time" in lines[0], out.stdout
+    alerts = out.stdout.split("Alerts (", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    assert len(alerts) >= 3 and all("not priced" not in x for x in alerts)

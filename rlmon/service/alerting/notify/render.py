@@ -41,7 +41,7 @@ def summary_line(event: AlertEvent) -> str:
         else f" = {format_value(event.value)}"
     metric = f": {event.metric}{value}" if event.metric else ""
     cond = f" ({event.condition})" if event.condition else ""
-    handed = f": handed over to {event.handed_to}, which judges this level and fires now" \
+    handed = f": {event.handed_to} judges this level and fires now" \
         if event.handed_to and event.state == "resolved" else ""
     detail = handed + (f": {event.detail}" if event.detail else "")
     stop = " [the run was asked to stop]" if event.stop else ""
@@ -52,13 +52,16 @@ def summary_line(event: AlertEvent) -> str:
 def state_label(event: AlertEvent, upper: bool = False) -> str:
     """What became of the alert: its severity when it fires (and what it escalated from),
     "resolved", or, for an alert closed because its run ended, its severity and that it was
-    still firing then (the run is over, not the condition). ``upper``: the word in capitals,
-    as a one-line summary starts."""
+    still firing then (the run is over, not the condition), or, for an early warning whose
+    level rule fires now, to whom it was handed over (the condition goes on). ``upper``: the
+    word in capitals, as a one-line summary starts."""
     if event.state == "firing":
         word, why = event.severity, (f", escalated from {event.escalated_from}"
                                      if event.escalated_from else "")
     elif event.ended_with_run:
         word, why = event.severity, ", still firing when the run ended"
+    elif event.handed_to:
+        word, why = "handed over", f" to {event.handed_to}"
     else:
         word, why = "resolved", ""
     return (word.upper() if upper else word) + why
@@ -266,7 +269,7 @@ def webhook_body(events: Sequence[AlertEvent], dashboard: str | None,
                     what_to_check=event.what_to_check, dedup_key=event.dedup_key,
                     detail=event.detail, stop=event.stop, text=summary_line(event),
                     framework=event.framework, what_to_change=what_to_change(event),
-                    ended_with_run=event.ended_with_run,
+                    ended_with_run=event.ended_with_run, handed_to=event.handed_to,
                     first_moved=event.first_moved if event.state == "firing" else "")
         page = alert_url(event, public_url)
         if page:

@@ -1109,6 +1109,9 @@ async function showAlert(where, current) {
   const state = a.firing ? el("span", { class: "badge firing", id: "alert-state" }, "firing since step " + a.onset)
     : a.ended_with_run ? el("span", { class: "badge firing", id: "alert-state" },
                             "fired at step " + a.onset + ", still firing when the run ended at step " + a.resolved)
+    : a.handed_to ? el("span", { class: "badge firing", id: "alert-state" },
+                       "fired at step " + a.onset + ", handed over to " + a.handed_to + " at step " + a.resolved +
+                       " (its level rule fires now)")
     : el("span", { class: "badge resolved", id: "alert-state" }, "fired at step " + a.onset + ", resolved at step " + a.resolved);
   const severity = now.from ? now.severity + " (escalated from " + now.from +
     (now.step !== null ? " at step " + now.step : "") + ")" : now.severity;
@@ -1155,7 +1158,7 @@ async function showAlert(where, current) {
                               x: a.around.x, y: [a.around.y],
                               nonfinite: [a.around.nonfinite] },
                             [{ step: a.onset, alert: a.alert, state: "firing", severity: a.severity, metric: a.metric },
-                             ...(a.resolved !== null && !a.ended_with_run ? [{ step: a.resolved, alert: a.alert, state: "resolved",
+                             ...(a.resolved !== null && !a.ended_with_run && !a.handed_to ? [{ step: a.resolved, alert: a.alert, state: "resolved",
                                                           severity: a.severity, metric: a.metric }] : [])],
                             Math.min(chartWidth(), 900), () => {});
     around.replaceWith(chart.rlmon.panelEl);
