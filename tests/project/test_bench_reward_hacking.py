@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from bench import bench_reward_hacking as bench
@@ -85,3 +86,20 @@ def test_a_climb_named_on_a_weak_step_is_held_while_the_alert_fires() -> None:
     share = bench.held_share(events, "RewardHacking", bench.STEPS)
     assert share is not None and share > 0.95, events
     assert events[-1][2] == "firing"
+
+
+def test_the_issue_s_climb_away_from_a_flat_verifier_is_named_within_15_steps() -> None:
+    """Issue 39's verifier-gap-alone run (the reward +0.008 a step away from a verifier on the
+    healthy course; length and KL on theirs), seeds 0-99: 90 or more named within 15 steps of
+    the onset, none before it. The gap of two scores' independent noise averages down over its
+    newest three steps (83 named in time before that mean was judged too)."""
+    rule = [bench.reward_hacking_rule()]
+    lags = []
+    for seed in bench.ISSUE_SEEDS:
+        rows = bench.issue_run(seed, signature=False, verifier=True)
+        series = {name: np.array([row[name] for row in rows]) for name in rows[0]}
+        firings = [step for _, step, state in bench.transitions(bench.Case(seed, "issue"), rule,
+                                                                series) if state == "firing"]
+        lags.append(firings[0] - bench.ISSUE_ONSET if firings else None)
+    assert all(lag is None or lag >= 0 for lag in lags), lags
+    assert sum(lag is not None and lag <= bench.WITHIN for lag in lags) >= 90, lags

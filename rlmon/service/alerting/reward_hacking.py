@@ -30,11 +30,18 @@ judged is each series' *departure* from its own earlier course, all three at onc
   ``verifier_share`` of the reward's departure) the signature counts nothing: a healthy
   take-off moves reward, length and KL together as a hack does, and the held-out score says
   which it is. And the gap is a witness of its own: the smaller of the reward's z (credited
-  alike) and the gap's (credited with ``gap_lead``), when that is larger (the reward up while
-  the held-out score does not follow), provided the gap carries ``verifier_share`` of the
-  reward's departure measured over the gap's own window (like with like: a take-off opens the
-  gap of a verifier on a slightly smaller scale by a fifth of its rise, and a few SDs of a
-  quiet gap's noise). The gap's line ends ``gap_guard`` steps before the newest, further back
+  alike) and the gap's, when that is larger (the reward up while the held-out score does not
+  follow), provided the gap carries ``verifier_share`` of the reward's departure measured over
+  the gap's own window (like with like: a take-off opens the gap of a verifier on a slightly
+  smaller scale by a fifth of its rise, and a few SDs of a quiet gap's noise). The gap's z is
+  the larger of its newest step's and of its newest ``gap_mean_steps`` steps' mean departure
+  over the robust spread of such means in its own baseline, credited at ``gap_mean_credit``:
+  a gap of two scores' independent sampling noise averages down over a few steps, so a steady
+  climb away from a flat verifier is named sooner (issue 39's run: 92 of 100 within 15 steps,
+  83 on the newest step alone), while a gap that wanders with the policy does not, and the
+  spread of its means says so. Each step's departure counts at most ``gap_mean_clip`` robust
+  SDs in that mean, so three lucky batches are not carried into a fourth step's evidence.
+  The gap's line ends ``gap_guard`` steps before the newest, further back
   than the others': the score shares the policy's wander, so the gap is steadier than any one
   series and its line can be carried further ahead, and a slow climb is kept out of it for
   longer. The gap is judged once that line has ``warmup`` steps, as the others' have from the
@@ -102,10 +109,16 @@ class RewardHackingParams:
     decision: float = 8.0
     # newest steps kept out of the reward-minus-verifier gap's line (see the module's docstring)
     gap_guard: int = 10
-    # robust SDs the gap's departure is credited with when it carries its share of the reward's:
-    # the gap holds two scores' sampling noise, so a climb away from the verifier is fewer SDs
-    # out in it than in the reward alone
-    gap_lead: float = 0.3
+    # robust SDs the gap's departure is credited with when it carries its share of the reward's
+    # (0.3 before the mean below was judged: with it, a lead fired more healthy runs)
+    gap_lead: float = 0.0
+    # the gap is also judged by the mean departure of its newest ``gap_mean_steps`` steps,
+    # against the spread of such means over its own baseline (a gap of two scores' independent
+    # noise averages down; one that wanders with the policy does not, and its spread says so),
+    # credited at ``gap_mean_credit``: that spread is measured on a few independent means
+    gap_mean_steps: int = 3
+    gap_mean_credit: float = 0.8
+    gap_mean_clip: float = 3.0  # robust SDs of one step's gap departure counted in that mean
     length_floor: float = 0.02  # log units: the length's scale is at least 2%
     kl_floor: float = 0.05  # log units: the KL's scale is at least 5%
     kl_offset: float = 1e-3  # log(KL + offset): a KL of 0 at the start is finite
@@ -175,6 +188,28 @@ def robust_line(values: list[float], ahead: int) -> tuple[float, float, float, f
     return level + slope * (n - 1 + ahead - centre), slope, _MAD_TO_SD * mad, level
 
 
+def mean_departure_z(base: list[float], recent: list[float], ahead: int, floor: float,
+                     clip: float) -> float:
+    """The mean departure of ``recent`` (the newest steps, the last ``ahead`` steps after the
+    end of ``base``) from the robust line through ``base``, each clipped at ``clip``, over the
+    robust spread of the means of as many consecutive steps of ``base``'s own residuals
+    (floored at ``floor``)."""
+    n, m = len(base), len(recent)
+    half = n // 2
+    slope = (_median(base[n - half:]) - _median(base[:half])) / (n - half)
+    centre = (n - 1) / 2
+    detrended = [v - slope * (i - centre) for i, v in enumerate(base)]
+    level = _median(detrended)
+    residuals = [d - level for d in detrended]
+    means = [sum(residuals[i:i + m]) / m for i in range(n - m + 1)]
+    middle = _median(means)
+    spread = _MAD_TO_SD * _median([abs(x - middle) for x in means])
+    last = n - 1 + ahead  # the newest step's position on the line
+    departure = sum(min(max(v - (level + slope * (last - (m - 1 - j) - centre)), -clip), clip)
+                    for j, v in enumerate(recent)) / m
+    return departure / max(spread, floor)
+
+
 def _column(rows: list[float], index: int) -> list[float]:
     return rows[index::_COLUMNS]
 
@@ -231,6 +266,16 @@ def _evidence(p: RewardHackingParams, rows: list[float], new: tuple[float, ...],
             exp_g, _, sd_g, _ = robust_line(gaps, ahead_g)
             gap_above = (reward - verifier) - exp_g
             z_g = gap_above / max(sd_g, reward_floor)
+            m = p.gap_mean_steps
+            newest = [r - v for r, v in zip(_column(rows, 0)[len(rows) // _COLUMNS - m + 1:],
+                                            _column(rows, 3)[len(rows) // _COLUMNS - m + 1:],
+                                            strict=True)] + [reward - verifier]
+            if m > 1 and _finite(newest) and len(newest) == m:
+                # one step's luck counts at most ``gap_mean_clip`` SDs in the mean, so a burst of
+                # three lucky batches is not carried into a fourth step's evidence
+                z_g = max(z_g, p.gap_mean_credit * mean_departure_z(
+                    gaps, newest, ahead_g, reward_floor / math.sqrt(m),
+                    p.gap_mean_clip * max(sd_g, reward_floor)))
             # the reward's own departure over the gap's window: what the gap's share is of
             reward_above_g = reward - robust_line(rewards_g, ahead_g)[0]
     # the signature: all three legs out together, each by at least ``leg_floor``, judged by the

@@ -179,3 +179,25 @@ def test_without_the_kl_only_the_verifier_gap_is_judged() -> None:
     assert fired(no_kl(run(1, "linear", hack_at=100))) == []
     found = fired(no_kl(run(3, "concave", hack_at=100, kind="gap", verifier=True)))
     assert found and "reward - verifier gap" in found[0][1]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_gap_s_mean_departure_matches_a_numpy_reference(seed: int) -> None:
+    """The newest three steps' mean departure from the baseline's robust line, each clipped,
+    over the robust spread (1.4826 x MAD) of the baseline residuals' own three-step means."""
+    rng = np.random.default_rng(seed)
+    base = 0.1 + 0.002 * np.arange(40) + 0.03 * rng.standard_normal(40)
+    recent = 0.1 + 0.002 * np.arange(48, 51) + np.array([0.05, 0.2, 0.04])
+    ahead, clip, floor = 11, 0.09, 1e-3
+    half = 20
+    slope = (np.median(base[half:]) - np.median(base[:half])) / half
+    detrended = base - slope * (np.arange(40) - 19.5)
+    residuals = detrended - np.median(detrended)
+    means = np.convolve(residuals, np.ones(3) / 3, mode="valid")
+    spread = 1.4826 * np.median(np.abs(means - np.median(means)))
+    line = np.median(detrended) + slope * (np.arange(39 + ahead - 2, 39 + ahead + 1) - 19.5)
+    expected = np.mean(np.clip(recent - line, -clip, clip)) / max(spread, floor)
+    got = reward_hacking.mean_departure_z(base.tolist(), recent.tolist(), ahead, floor, clip)
+    assert got == pytest.approx(expected, rel=1e-9)
+    # a white gap averages down: the spread of its three-step means is near its SD / sqrt(3)
+    assert 0.5 * 0.03 / math.sqrt(3) < spread < 2 * 0.03 / math.sqrt(3)
