@@ -555,7 +555,13 @@ def test_the_diff_view_keeps_telemetry_and_schedules_apart_and_names_each_depart
     assert parted["actor/clipped_tokens"].endswith("x the bar; a series that moves rarely, in steps")
     assert parted["actor/grad_norm"] == "NaN or Inf in the second run only"
     grad = "#diff-metrics tr[data-metric='actor/grad_norm'] td"
-    assert page.eval_on_selector_all(grad, "ts => ts[3].textContent") == "NaN or Inf"
+    assert page.eval_on_selector_all(grad, "ts => ts[4].textContent") == "NaN or Inf"
+    # the values beside a departure are where it was confirmed, after the step it is dated to
+    kl = verdict["actor/kl"]
+    assert kl.value_step is not None and kl.value_step > kl.onset
+    assert page.eval_on_selector_all(
+        "#diff-metrics tr[data-metric='actor/kl'] td",
+        "ts => [ts[1].textContent, ts[2].textContent]") == [str(kl.onset), str(kl.value_step)]
     assert rows("#diff-schedules") == {"actor/lr": "no noise in either run: a setting or a schedule"}
     assert page.get_attribute("#diff-telemetry", "data-apart") == "1"
     assert list(rows("#diff-telemetry-metrics")) == ["perf/step_seconds"]

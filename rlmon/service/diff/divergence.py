@@ -95,6 +95,9 @@ class MetricDivergence:
     nonfinite: str = ""  # "B" / "A" / "both": which run logged NaN or Inf where they part
     telemetry: bool = False  # host or hardware telemetry: a machine's, never the headline
     discrete: bool = False  # a series that moves rarely, in steps (compared against its noise)
+    # the step ``a_value`` and ``b_value`` are from, where not the onset: the departure's last
+    # persisted step, where the test confirmed it (the change point it dates lies before)
+    value_step: int | None = None
 
     @property
     def diverged(self) -> bool:
@@ -115,7 +118,9 @@ class MetricDivergence:
             return (f"{name}: {_fmt(odd)} in {self.nonfinite} from step {self.onset} "
                     f"({other_run} {_fmt(other)})")
         if self.telemetry:
-            return (f"{name}: differs from step {self.onset} ({_fmt(self.a_value)} vs "
+            at = f"at step {self.value_step}: " if self.value_step not in (None, self.onset) \
+                else ""
+            return (f"{name}: differs from step {self.onset} ({at}{_fmt(self.a_value)} vs "
                     f"{_fmt(self.b_value)}; host or hardware telemetry: the machines differ, "
                     "not the training)")
         if self.shared_start:
@@ -124,11 +129,12 @@ class MetricDivergence:
         if self.exact:
             return f"{name}: differs from step {self.onset} ({_fmt(self.a_value)} vs " \
                    f"{_fmt(self.b_value)}; no noise in either run: a setting or a schedule)"
+        at = f"at step {self.value_step}: " if self.value_step not in (None, self.onset) else ""
         if self.discrete:
-            return (f"{name}: parts at step {self.onset} ({_fmt(self.a_value)} vs "
+            return (f"{name}: parts at step {self.onset} ({at}{_fmt(self.a_value)} vs "
                     f"{_fmt(self.b_value)}, {self.score:.1f}x the bar; a series that moves "
                     "rarely, in steps)")
-        return (f"{name}: parts at step {self.onset} ({_fmt(self.a_value)} vs "
+        return (f"{name}: parts at step {self.onset} ({at}{_fmt(self.a_value)} vs "
                 f"{_fmt(self.b_value)}, {self.score:.1f}x the bar; noise "
                 f"{_fmt(self.noise_a)} / {_fmt(self.noise_b)}{' (log)' if self.scale == 'log' else ''})")
 
@@ -461,7 +467,7 @@ def _compare_finite(metric: str, keys: tuple[str, str], steps: Sequence[int],
     return MetricDivergence(metric, *keys, len(steps), scale, na, nb, wa, wb, threshold,
                             steps[onset], back(float(ma[end])), back(float(mb[end])),
                             float(abs(diff[end]) / threshold), telemetry=machine,
-                            discrete=discrete)
+                            discrete=discrete, value_step=int(steps[end]))
 
 
 def _change_point(raw: np.ndarray, first: int, end: int, width: int, bar: float) -> int:

@@ -33,7 +33,7 @@ def render_text(result: DiffResult) -> str:
         lines.append(f"  differs exactly: {exact.describe()}")
     diverged = result.parted
     if diverged:
-        lines.append("diverged (first step of the departure, smoothed A vs B):")
+        lines.append("diverged (the departure's first step; smoothed A vs B where it was confirmed):")
         lines += [f"  {m.describe()}" for m in diverged]
     quiet = [m.metric for m in result.metrics if not m.diverged and not m.telemetry]
     if quiet:

@@ -8,6 +8,8 @@ import math
 import random
 from pathlib import Path
 
+import pytest
+
 from rlmon.service.diagnose.formats import read_paths
 from rlmon.service.diff import RunSeries, diff_runs
 from rlmon.service.diff.runs import from_logged
@@ -161,3 +163,22 @@ def test_a_count_that_agrees_by_chance_at_first_is_judged_by_its_noise() -> None
     for seed in range(3, 8):
         result = diff_runs(series("a", count(seed)), series("b", count(seed + 100)))
         assert not result.parted, render_text(result)
+
+
+def test_the_values_quoted_are_said_to_be_from_the_step_that_confirmed_the_departure() -> None:
+    """The departure is dated back to where it began, but the values beside it are the
+    smoothed ones where the test confirmed it, steps later: the line says which step they are
+    from, and they are the trailing 7-step medians of each run there (a numpy reference)."""
+    import numpy as np
+
+    a_rows, b_rows = grpo(0), grpo(1, jump=60)
+    result = diff_runs(series("a", a_rows), series("b", b_rows))
+    kl = next(m for m in result.metrics if m.metric == "kl")
+    assert kl.onset is not None and 60 <= kl.onset <= 63, kl.describe()
+    assert kl.value_step is not None and kl.value_step > kl.onset
+    assert f"parts at step {kl.onset} (at step {kl.value_step}: " in kl.describe()
+    for rows, value in ((a_rows, kl.a_value), (b_rows, kl.b_value)):
+        window = [rows[s]["kl"] for s in range(kl.value_step - 6, kl.value_step + 1)]
+        assert value == pytest.approx(np.exp(np.median(np.log(window))), rel=1e-12)
+    assert result.to_json()["metrics"][[m.metric for m in result.metrics].index("kl")][
+        "value_step"] == kl.value_step

@@ -1200,6 +1200,8 @@ async function showDiff(where, current) {
   const schedule = (m) => m.exact && !m.shared_start && !m.nonfinite;
   const row = (m) => el("tr", { class: "diverged", "data-metric": m.metric },
     el("td", {}, m.metric), el("td", { class: "num" }, m.onset),
+    // the values are where the test confirmed the departure, a few steps after its onset
+    el("td", { class: "num", "data-col": "value-step" }, m.value_step ?? m.onset),
     el("td", { class: "num" }, diffValue(m, "A")), el("td", { class: "num" }, diffValue(m, "B")),
     el("td", {}, howFar(m)));
   const rows = training.filter((m) => m.diverged && !schedule(m)).map(row);
@@ -1207,7 +1209,7 @@ async function showDiff(where, current) {
   const machine = d.metrics.filter((m) => m.telemetry);
   const machineApart = machine.filter((m) => m.diverged).map(row);
   const head = (last) => el("thead", {}, el("tr", {},
-    ["metric", "parts at step", d.a.run, d.b.run, last].map((h) => el("th", {}, h))));
+    ["metric", "parts at step", "values at step", d.a.run, d.b.run, last].map((h) => el("th", {}, h))));
   const settings = d.settings.map((x) => el("tr", {}, el("td", {}, x.key), el("td", {}, fmt(x.a)),
                                                  el("td", {}, fmt(x.b))));
   const grid = el("div", { class: "grid", id: "panels" });
