@@ -30,8 +30,9 @@ def render_text(report: RunReport) -> str:
         out.append("")
     out.append("Steps")
     for r in report.roles:
-        out.append(f"  {r.role:<10} {r.steps:>6} steps ({r.first}..{r.last}), {r.ranks} ranks, "
-                   f"{r.incomplete} incomplete, {r.attempts} attempt(s)")
+        out.append(f"  {r.role:<10} {r.steps:>6} steps ({r.first}..{r.last}), {r.ranks} "
+                   f"rank{'' if r.ranks == 1 else 's'}, {r.incomplete} incomplete, "
+                   f"{r.attempts} attempt{'' if r.attempts == 1 else 's'}")
     total = sum(report.goodput.values())
     if report.steps_accounted:
         out += ["", f"Goodput {_num(report.goodput_ratio, 3)} over {report.steps_accounted} "
