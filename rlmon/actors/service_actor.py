@@ -139,8 +139,10 @@ def service_actor_class() -> Any:
         def steps(self, run: str | None = None, role: str | None = None) -> list[dict[str, Any]]:
             return self.core.history.steps(run, role)
 
-        def alerts(self, run: str | None = None) -> list[dict[str, Any]]:
-            return self.core.history.alerts(run)
+        def alerts(self, run: str | None = None, cost: bool = False) -> list[dict[str, Any]]:
+            """The alert lines; with ``cost``, also each one's cost and how a closing ended
+            (HistoryStore.alerts)."""
+            return self.core.history.alerts(run, cost=cost)
 
         def run_states(self, run: str | None = None) -> list[dict[str, Any]]:
             """Each (run, role)'s liveness state as last stored: running ... finished, failed,

@@ -75,6 +75,8 @@ def _print_tables(found: dict[str, list[dict[str, Any]]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from rlmon.service.alerting.notify.render import transition_label
+
     console = Console(width=None if sys.stdout.isatty() else 200)
     titles = {"firing": "firing now", "recent": "recent transitions, newest first"}
     for key, title in titles.items():
@@ -89,10 +91,8 @@ def _print_tables(found: dict[str, list[dict[str, Any]]]) -> None:
                     "time (UTC)"):
             table.add_column(col)
         for a in rows:
-            # a closing because the run ended with it firing, or because its level rule fires
-            # now, is not a resolve
-            state = "firing when the run ended" if a.get("ended_with_run") else \
-                f"handed over to {a['handed_to']}" if a.get("handed_to") else a["state"]
+            state = transition_label(a["state"], bool(a.get("ended_with_run")),
+                                     a.get("handed_to") or "")
             table.add_row(state, a["alert"], a["severity"] or "-", a["run"], a["role"],
                           str(a["step"]), a["metric"] or "-", _value(a["value"]),
                           _when(a["time"]))

@@ -158,13 +158,23 @@ def _summary(steps: list[dict[str, Any]], alerts: list[dict[str, Any]], plot: st
     from rich.console import Console
     from rich.table import Table
 
+    from rlmon.service.alerting.notify.render import transition_label
+
     console = Console(width=max(Console().width, 150))
     table = Table(title="rlmon demo: steps (actor ranks reporting; alerts of every role)")
     for col in ("step", "ranks", *(n.split("/", 1)[1] for n in _KEY_METRICS), "alerts"):
         table.add_column(col, justify="left" if col == "alerts" else "right")
     fired: dict[int, list[str]] = {}
+    open_: set[tuple[str, str]] = set()
     for alert in alerts:
-        fired.setdefault(alert["step"], []).append(f"{alert['alert']} {alert['state']}")
+        key = (alert["role"], alert["alert"])
+        if alert["state"] == "firing" and key in open_:  # the same incident, now critical
+            said = f"escalated to {alert['severity']}"
+        else:
+            said = transition_label(alert["state"], bool(alert.get("ended_with_run")),
+                                    alert.get("handed_to") or "")
+        (open_.add if alert["state"] == "firing" else open_.discard)(key)
+        fired.setdefault(alert["step"], []).append(f"{alert['alert']} {said}")
     by_step: dict[int, dict[str, Any]] = {}
     for s in steps:
         entry = by_step.setdefault(s["step"], {"metrics": {}, "ranks": ""})
@@ -286,6 +296,8 @@ def _run(args: argparse.Namespace) -> int:
         on_step(args.steps)
         steps = ray.get(service.steps.remote(run))
         alerts = ray.get(service.alerts.remote(run))
+        # the summary says how each closing ended (the run's end is no recovery)
+        marked = ray.get(service.alerts.remote(run, cost=True))
         if args.json:
             for s in steps:
                 print(json.dumps(s))
@@ -294,7 +306,7 @@ def _run(args: argparse.Namespace) -> int:
         _plot(args.plot, [s for s in steps if s["role"] in ("actor", "reward")], alerts,
               args.fault, args.fault_step)
         if not args.json:
-            _summary(steps, alerts, args.plot, live["line"], time.monotonic() - started)
+            _summary(steps, marked, args.plot, live["line"], time.monotonic() - started)
         trace = args.trace or str(Path(args.plot).with_suffix(".pftrace"))
         written = write_trace(state_dir / "history.sqlite", run, trace)
         if written is not None:  # every rank's spans of every step, with the alerts

@@ -18,7 +18,8 @@ from rlmon.service.metrics import remedies
 from rlmon.service.storage.stored_samples import command_for, items_to_json
 
 __all__ = ["alert_url", "cost_json", "format_value", "pagerduty_body", "run_url", "samples_json",
-           "slack_body", "state_label", "summary_line", "webhook_body", "what_to_change"]
+           "slack_body", "state_label", "summary_line", "transition_label", "webhook_body",
+           "what_to_change"]
 
 _EMOJI = {("critical", "firing"): ":rotating_light:", ("warning", "firing"): ":warning:"}
 
@@ -65,6 +66,16 @@ def state_label(event: AlertEvent, upper: bool = False) -> str:
     else:
         word, why = "resolved", ""
     return (word.upper() if upper else word) + why
+
+
+def transition_label(state: str, ended_with_run: bool = False, handed_to: str = "") -> str:
+    """A stored transition's state as a person reads it: a closing that is no recovery (the
+    run ended with the alert firing, or its level rule took it over) is never "resolved"."""
+    if state == "resolved" and ended_with_run:
+        return "firing when the run ended"
+    if state == "resolved" and handed_to:
+        return f"handed over to {handed_to}"
+    return state
 
 
 def alert_url(event: AlertEvent, public_url: str | None) -> str | None:
