@@ -140,13 +140,20 @@ def test_diagnose_prints_the_story_and_what_to_change_for_trl(tmp_path: Path) ->
     assert "0 warning findings" not in text and "critical, " in text
 
 
-def test_a_log_without_step_times_says_once_why_nothing_is_priced(tmp_path: Path) -> None:
+def _without_time(tmp_path: Path) -> Path:
+    """The blow-up's trainer_state.json with nothing that says how long a step took: no
+    step_time and, as a checkpoint's state has none, no closing train_runtime."""
     path = write_state(tmp_path / "trainer_state.json",
                        {s: {k: v for k, v in row.items() if k != "step_time"}
                         for s, row in blow_up().items()})
-    state = json.loads(path.read_text())  # a checkpoint's state: no closing train_runtime
+    state = json.loads(path.read_text())
     state["log_history"] = [e for e in state["log_history"] if "train_runtime" not in e]
     path.write_text(json.dumps(state))
+    return path
+
+
+def test_a_log_without_step_times_says_once_why_nothing_is_priced(tmp_path: Path) -> None:
+    path = _without_time(tmp_path)
     out = run_rlmon("diagnose", str(path), "--gpus", "8",
                     "--price-per-gpu-hour", "2.5")
     assert out.returncode == 0, out.stderr
@@ -188,12 +195,7 @@ def test_a_logs_report_tells_the_same_story_as_diagnose(tmp_path: Path) -> None:
 
 def test_a_logs_report_says_once_why_nothing_is_priced(tmp_path: Path) -> None:
     """Not on every alert's line as well as at the end: once, in the report's notes."""
-    path = write_state(tmp_path / "trainer_state.json",
-                       {s: {k: v for k, v in row.items() if k != "step_time"}
-                        for s, row in blow_up().items()})
-    state = json.loads(path.read_text())  # a checkpoint's state: no closing train_runtime
-    state["log_history"] = [e for e in state["log_history"] if "train_runtime" not in e]
-    path.write_text(json.dumps(state))
+    path = _without_time(tmp_path)
     out = run_rlmon("report", str(path), "--gpus", "8", "--price-per-gpu-hour", "2.5")
     assert out.returncode == 0, out.stderr
     lines = [x for x in out.stdout.splitlines() if "not priced" in x]
