@@ -29,8 +29,12 @@ def test_html_report_renders_the_findings(tmp_path: Path) -> None:
         # the run report of `rlmon report` (issue 24), built from the diagnosed steps
         assert "Alerts and what they cost" in text
         rows = tab.locator("tr", has_text="EntropyCollapse")
-        assert rows.count() == 2  # the finding, and the report's alert row
-        cells = rows.nth(1).locator("td").all_inner_texts()
+        # the finding, the report's alert row, and the early warning handed over to it
+        assert rows.count() == 3, rows.all_inner_texts()
+        table = [rows.nth(i).locator("td").all_inner_texts() for i in range(1, 3)]
+        cells = next(r for r in table if r[0] == "EntropyCollapse")
+        sliding = next(r for r in table if r[0] == "EntropySliding")
+        assert sliding[6] == "handed over to EntropyCollapse at step 27", sliding
         assert cells[:4] == ["EntropyCollapse", "critical", "trainer", "actor/entropy"]
         assert cells[5:7] == ["27", "firing"]
         assert tab.locator("img").count() >= 3  # key curves with the alert marked
