@@ -188,19 +188,15 @@ def robust_line(values: list[float], ahead: int) -> tuple[float, float, float, f
     return level + slope * (n - 1 + ahead - centre), slope, _MAD_TO_SD * mad, level
 
 
-def mean_departure_z(base: list[float], recent: list[float], ahead: int, floor: float,
-                     clip: float) -> float:
+def mean_departure_z(base: list[float], slope: float, level: float, recent: list[float],
+                     ahead: int, floor: float, clip: float) -> float:
     """The mean departure of ``recent`` (the newest steps, the last ``ahead`` steps after the
-    end of ``base``) from the robust line through ``base``, each clipped at ``clip``, over the
-    robust spread of the means of as many consecutive steps of ``base``'s own residuals
-    (floored at ``floor``)."""
+    end of ``base``) from the robust line through ``base`` (its ``slope`` and ``level``, as
+    :func:`robust_line` fits them), each clipped at ``clip``, over the robust spread of the
+    means of as many consecutive steps of ``base``'s own residuals (floored at ``floor``)."""
     n, m = len(base), len(recent)
-    half = n // 2
-    slope = (_median(base[n - half:]) - _median(base[:half])) / (n - half)
     centre = (n - 1) / 2
-    detrended = [v - slope * (i - centre) for i, v in enumerate(base)]
-    level = _median(detrended)
-    residuals = [d - level for d in detrended]
+    residuals = [v - (level + slope * (i - centre)) for i, v in enumerate(base)]
     means = [sum(residuals[i:i + m]) / m for i in range(n - m + 1)]
     middle = _median(means)
     spread = _MAD_TO_SD * _median([abs(x - middle) for x in means])
@@ -263,18 +259,18 @@ def _evidence(p: RewardHackingParams, rows: list[float], new: tuple[float, ...],
         if len(verifiers) >= min(p.warmup, p.window) and _finite(verifiers):
             rewards_g = _column(base_g, 0)
             gaps = [r - v for r, v in zip(rewards_g, verifiers, strict=True)]
-            exp_g, _, sd_g, _ = robust_line(gaps, ahead_g)
+            exp_g, slope_g, sd_g, level_g = robust_line(gaps, ahead_g)
             gap_above = (reward - verifier) - exp_g
             z_g = gap_above / max(sd_g, reward_floor)
             m = p.gap_mean_steps
-            newest = [r - v for r, v in zip(_column(rows, 0)[len(rows) // _COLUMNS - m + 1:],
-                                            _column(rows, 3)[len(rows) // _COLUMNS - m + 1:],
-                                            strict=True)] + [reward - verifier]
+            tail = rows[max(0, len(rows) - (m - 1) * _COLUMNS):] if m > 1 else []
+            newest = [r - v for r, v in zip(_column(tail, 0), _column(tail, 3), strict=True)] \
+                + [reward - verifier]
             if m > 1 and _finite(newest) and len(newest) == m:
                 # one step's luck counts at most ``gap_mean_clip`` SDs in the mean, so a burst of
                 # three lucky batches is not carried into a fourth step's evidence
                 z_g = max(z_g, p.gap_mean_credit * mean_departure_z(
-                    gaps, newest, ahead_g, reward_floor / math.sqrt(m),
+                    gaps, slope_g, level_g, newest, ahead_g, reward_floor / math.sqrt(m),
                     p.gap_mean_clip * max(sd_g, reward_floor)))
             # the reward's own departure over the gap's window: what the gap's share is of
             reward_above_g = reward - robust_line(rewards_g, ahead_g)[0]

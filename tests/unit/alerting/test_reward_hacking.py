@@ -197,7 +197,9 @@ def test_the_gap_s_mean_departure_matches_a_numpy_reference(seed: int) -> None:
     spread = 1.4826 * np.median(np.abs(means - np.median(means)))
     line = np.median(detrended) + slope * (np.arange(39 + ahead - 2, 39 + ahead + 1) - 19.5)
     expected = np.mean(np.clip(recent - line, -clip, clip)) / max(spread, floor)
-    got = reward_hacking.mean_departure_z(base.tolist(), recent.tolist(), ahead, floor, clip)
+    _, fitted_slope, _, fitted_level = reward_hacking.robust_line(base.tolist(), ahead)
+    got = reward_hacking.mean_departure_z(base.tolist(), fitted_slope, fitted_level,
+                                          recent.tolist(), ahead, floor, clip)
     assert got == pytest.approx(expected, rel=1e-9)
     # a white gap averages down: the spread of its three-step means is near its SD / sqrt(3)
     assert 0.5 * 0.03 / math.sqrt(3) < spread < 2 * 0.03 / math.sqrt(3)
