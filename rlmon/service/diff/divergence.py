@@ -117,9 +117,8 @@ class MetricDivergence:
                         f"alike ({_fmt(self.a_value)} vs {_fmt(self.b_value)})")
             return (f"{name}: {_fmt(odd)} in {self.nonfinite} from step {self.onset} "
                     f"({other_run} {_fmt(other)})")
+        at = f"at step {self.value_step}: " if self.value_step not in (None, self.onset) else ""
         if self.telemetry:
-            at = f"at step {self.value_step}: " if self.value_step not in (None, self.onset) \
-                else ""
             return (f"{name}: differs from step {self.onset} ({at}{_fmt(self.a_value)} vs "
                     f"{_fmt(self.b_value)}; host or hardware telemetry: the machines differ, "
                     "not the training)")
@@ -129,7 +128,6 @@ class MetricDivergence:
         if self.exact:
             return f"{name}: differs from step {self.onset} ({_fmt(self.a_value)} vs " \
                    f"{_fmt(self.b_value)}; no noise in either run: a setting or a schedule)"
-        at = f"at step {self.value_step}: " if self.value_step not in (None, self.onset) else ""
         if self.discrete:
             return (f"{name}: parts at step {self.onset} ({at}{_fmt(self.a_value)} vs "
                     f"{_fmt(self.b_value)}, {self.score:.1f}x the bar; a series that moves "

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlmon.service.alerting.alert_types import AlertEvent
-from rlmon.service.alerting.notify.render import summary_line
+from rlmon.service.alerting.notify.render import summary_line, transition_label
 from rlmon.service.config import MlflowForward
 from rlmon.service.forward.tracker import EndState, ForwardedStep, TrackerRun
 
@@ -96,8 +96,7 @@ class MlflowTracker:
                events: Sequence[AlertEvent]) -> None:
         run_id = self._open(run, settings)
         for event in events:
-            state = "firing when the run ended" if event.ended_with_run else \
-                f"handed over to {event.handed_to}" if event.handed_to else event.state
+            state = transition_label(event.state, event.ended_with_run, event.handed_to)
             self._client.set_tag(run_id, mlflow_key(f"rlmon.alert.{event.role}.{event.alert}"),
                                  f"{state} at step {event.step}: {summary_line(event)}"[:5000])
 
