@@ -295,18 +295,17 @@ def _run(args: argparse.Namespace) -> int:
             time.sleep(0.1)
         on_step(args.steps)
         steps = ray.get(service.steps.remote(run))
-        alerts = ray.get(service.alerts.remote(run))
-        # the summary says how each closing ended (the run's end is no recovery)
-        marked = ray.get(service.alerts.remote(run, cost=True))
-        if args.json:
+        # with how each closing ended, for the summary (the run's end is no recovery)
+        alerts = ray.get(service.alerts.remote(run, cost=True))
+        if args.json:  # the replay contract's lines
             for s in steps:
                 print(json.dumps(s))
-            for a in alerts:
+            for a in ray.get(service.alerts.remote(run)):
                 print(json.dumps(a))
         _plot(args.plot, [s for s in steps if s["role"] in ("actor", "reward")], alerts,
               args.fault, args.fault_step)
         if not args.json:
-            _summary(steps, marked, args.plot, live["line"], time.monotonic() - started)
+            _summary(steps, alerts, args.plot, live["line"], time.monotonic() - started)
         trace = args.trace or str(Path(args.plot).with_suffix(".pftrace"))
         written = write_trace(state_dir / "history.sqlite", run, trace)
         if written is not None:  # every rank's spans of every step, with the alerts
