@@ -107,7 +107,7 @@ test-extras: $(EXTRAS_STAMP)
 		tests/integrations tests/frameworks tests/unit/reporter tests/service/reporter
 
 bench: $(STAMP)
-	$(PY) -m pip install --quiet -e '.[peers]'
+	$(PY) -m pip install --quiet -e '.[peers,bound]'
 	for f in bench/bench_*.py; do $(PY) $$f || exit 1; done
 
 clean:
