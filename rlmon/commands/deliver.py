@@ -95,8 +95,9 @@ def deliver_alerts(
     elsewhere = Counter(e.severity for e in events
                         if not settings.routing.destinations(e.run, e.severity))
     if elsewhere:
+        noun = "event" if sum(elsewhere.values()) == 1 else "events"
         print("rlmon replay: " + ", ".join(f"{n} {severity}" for severity, n in
                                            sorted(elsewhere.items()))
-              + f" alert event(s) routed to none of {', '.join(destinations)} by the config's "
+              + f" alert {noun} routed to none of {', '.join(destinations)} by the config's "
               "routing; --all-severities sends every alert to them", file=err)
     return 0 if drained and stats.failed == 0 else 1

@@ -22,6 +22,7 @@ from typing import Any
 from rlmon.commands.report import write_report
 from rlmon.commands.trace import OPEN_HINT, write_trace
 from rlmon.service.metrics import catalog
+from rlmon.service.wording import counted
 
 __all__ = ["register"]
 
@@ -314,7 +315,7 @@ def _run(args: argparse.Namespace) -> int:
         report = args.report or str(Path(args.plot).with_suffix(".html"))
         made = write_report(state_dir / "history.sqlite", run, report)
         print(f"report written to {report}: goodput {made.goodput_ratio:.3g} of "
-              f"{made.gpu_hours * 3600:.4g} GPU-seconds, {len(made.alerts)} alert(s) with their "
+              f"{made.gpu_hours * 3600:.4g} GPU-seconds, {counted(len(made.alerts), 'alert')} with their "
               f"cost (rlmon report {run} --state-dir {state_dir})",
               file=sys.stderr if args.json else out, flush=True)
         # the alert each fault is shown by, and how many steps after the fault it fires

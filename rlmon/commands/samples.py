@@ -8,6 +8,7 @@ import json
 import sys
 
 from rlmon.commands.support.history_store import add_store_arguments, history_path, missing_run
+from rlmon.service.wording import counted
 
 __all__ = ["register"]
 
@@ -84,7 +85,7 @@ def run_samples(args: argparse.Namespace) -> int:
     if heading:
         print(heading)
     for entry in found:
-        cut = f" ({entry.cut} payload(s) cut to the store's budget)" if entry.cut else ""
+        cut = f" ({counted(entry.cut, 'payload')} cut to the store's budget)" if entry.cut else ""
         print(f"{entry.run}/{entry.role} step {entry.step}: {entry.metric}{cut}")
         width = max([len(i) for _, i, _ in entry.items] + [2])
         print(f"  {'#':>2}  {'score':>10}  {'id':<{width}}  payload")

@@ -19,6 +19,8 @@ import sys
 import threading
 from typing import Any
 
+from rlmon.service.wording import counted
+
 __all__ = ["register"]
 
 
@@ -132,7 +134,7 @@ def run_serve(args: argparse.Namespace, stop: threading.Event | None = None) -> 
         return 1
     where = f" on the node offering {args.service_resource!r}" if args.service_resource else ""
     print(
-        f"rlmon serve: namespace {args.namespace!r}, {layout['shards']} aggregator shard(s), "
+        f"rlmon serve: namespace {args.namespace!r}, {counted(layout['shards'], 'aggregator shard')}, "
         f"service{where} with metrics on http://{host}:{layout['port']}/metrics "
         f"(health: /healthz; the run page: http://{host}:{layout['port']}/)",
         flush=True,

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from rlmon.commands.support.history_store import add_store_arguments, history_path, missing_run
+from rlmon.service.wording import counted
 
 __all__ = ["OPEN_HINT", "parse_steps", "register", "write_trace"]
 
@@ -74,4 +75,4 @@ def write_trace(db: Path, run: str, output: str | Path, role: str | None = None,
     Path(tmp).write_bytes(trace)
     os.replace(tmp, output)
     ranks = {(t.role, r.rank) for t in timelines for r in t.ranks}
-    return f"{len(timelines)} step(s), {len(ranks)} rank(s), {len(trace)} bytes"
+    return f"{counted(len(timelines), 'step')}, {counted(len(ranks), 'rank')}, {len(trace)} bytes"

@@ -64,6 +64,7 @@ from rlmon.service.liveness.thresholds import (
     ending_deadline,
 )
 from rlmon.service.metrics.rank import Rank
+from rlmon.service.wording import counted
 
 __all__ = ["LivenessTracker", "LivenessView", "RankEnd", "RankSeen", "RunState", "StageGroup",
            "StuckStage", "describe_end", "describe_finish", "end_cause", "rank_label"]
@@ -364,8 +365,8 @@ def describe(view: LivenessView) -> str:
                  else "no heartbeat, process alive" if group.stage == SILENT_ALIVE
                  else group.stage or "no open span")
         how_long = f" for {_duration(view.at - group.since)}" if group.since is not None else ""
-        parts.append(f"{stage}{how_long}: {len(group.ranks)} rank"
-                     f"{'s' if len(group.ranks) != 1 else ''} ({_ranks(group.ranks)})")
+        parts.append(f"{stage}{how_long}: {counted(len(group.ranks), 'rank')} "
+                     f"({_ranks(group.ranks)})")
     text = "; ".join(parts)
     if view.odd:
         text += f". In a different stage from the rest: {_ranks(view.odd)}"
@@ -848,8 +849,8 @@ class LivenessTracker:
                 sightings = [Sighting(ProcessFate.UNKNOWN, f"the process probe failed: {exc}")]
         unnamed = sum(1 for r in ranks if r.process is None)
         if unnamed:
-            sightings.append(Sighting(ProcessFate.UNKNOWN, f"{unnamed} rank(s) never named "
-                                      "their process (an older Reporter)"))
+            sightings.append(Sighting(ProcessFate.UNKNOWN, f"{counted(unnamed, 'rank')} never "
+                                      "named their process (an older Reporter)"))
         stream.processes = judge_sightings(sightings)
         stream.sightings = tuple(s.how for s in sightings)
         stream.probe_due = now + self.params.heartbeat_seconds

@@ -18,6 +18,7 @@ from typing import Any, ParamSpec
 
 from rlmon.service.goodput.buckets import Bucket
 from rlmon.service.report.model import Curve, RunReport
+from rlmon.service.wording import counted
 
 __all__ = ["BUCKET_COLOURS", "plain_text_plots", "render_html"]
 
@@ -150,7 +151,7 @@ def render_html(report: RunReport) -> str:
                + (f", MFU {_num(report.mfu, 3)}" if report.mfu is not None else "") + "; "
                ) if report.steps_accounted else ""  # none without timelines: said in the notes
     parts.append(
-        f"<p>{goodput}{len(report.alerts)} alert(s)"
+        f"<p>{goodput}{counted(len(report.alerts), 'alert')}"
         + (f', <span class="firing">{firing} still firing</span>' if firing else "")
         + (f', <span class="firing">{ended} firing when the run ended</span>' if ended else "")
         + ".</p>")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from rlmon.service.report.model import RunReport
+from rlmon.service.wording import counted
 
 __all__ = ["render_text"]
 
@@ -30,9 +31,9 @@ def render_text(report: RunReport) -> str:
         out.append("")
     out.append("Steps")
     for r in report.roles:
-        out.append(f"  {r.role:<10} {r.steps:>6} steps ({r.first}..{r.last}), {r.ranks} "
-                   f"rank{'' if r.ranks == 1 else 's'}, {r.incomplete} incomplete, "
-                   f"{r.attempts} attempt{'' if r.attempts == 1 else 's'}")
+        out.append(f"  {r.role:<10} {r.steps:>6} steps ({r.first}..{r.last}), "
+                   f"{counted(r.ranks, 'rank')}, {r.incomplete} incomplete, "
+                   f"{counted(r.attempts, 'attempt')}")
     total = sum(report.goodput.values())
     if report.steps_accounted:
         out += ["", f"Goodput {_num(report.goodput_ratio, 3)} over {report.steps_accounted} "
@@ -75,7 +76,7 @@ def render_text(report: RunReport) -> str:
         values = [v for _, v in c.points]
         out.append(f"  {c.role}/{c.metric}: {len(values)} steps, first {_num(values[0])}, last "
                    f"{_num(values[-1])}, min {_num(min(values))}, max {_num(max(values))}"
-                   + (f"; {len(c.markers)} alert marker(s)" if c.markers else ""))
+                   + (f"; {counted(len(c.markers), 'alert marker')}" if c.markers else ""))
     if report.notes:
         out += ["", "Notes"] + [f"  {n}" for n in report.notes]
     return "\n".join(out) + "\n"

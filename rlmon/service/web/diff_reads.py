@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlmon.service.wording import counted
+
 __all__ = ["DiffBudget", "DiffReads", "bounded_diff"]
 
 Rows = Callable[[str, Sequence[Any]], Iterable[tuple[Any, ...]]]
@@ -169,7 +171,7 @@ class DiffReads:
             if pending is None:
                 if not self._slots.acquire(blocking=False):
                     self.refused += 1
-                    raise DiffError(503, f"{self.budget.concurrent} diff(s) already being "
+                    raise DiffError(503, f"{counted(self.budget.concurrent, 'diff')} already being "
                                          "computed; retry in a few seconds")
                 pending = self._pending[key] = _Pending()
         if not owner:  # the same pair and version: wait for the one being computed

@@ -55,7 +55,7 @@ def test_alerts_to_webhook(tmp_path: Path) -> None:
         out = replay(tmp_path, "--alerts-to", "webhook", "--config", str(config),
                      env={"RLMON_WEBHOOK_URL": f"{receiver.url}/hook"})
         assert out.returncode == 0, out.stderr
-        assert "2 warning alert event(s) routed to none of webhook" in out.stderr
+        assert "2 warning alert events routed to none of webhook" in out.stderr
     finally:
         receiver.stop()
 

@@ -63,7 +63,8 @@ def test_trace_opens_as_drawn(state_dir: Path, tmp_path: Path,
                               capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run.pftrace"
     assert main(["trace", "grpo", "--state-dir", str(state_dir), "-o", str(out)]) == 0
-    assert "ui.perfetto.dev" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "ui.perfetto.dev" in said and ": 6 steps, 3 ranks, " in said  # 3 steps of 2 roles
     view = read_trace(out.read_bytes())
     offset = packer_module._WALL_OFFSET_NS
     # one process per (role, host), one thread per rank
@@ -94,8 +95,12 @@ def test_trace_opens_as_drawn(state_dir: Path, tmp_path: Path,
     assert [(t - offset, v) for t, v in rewards] == [(10 * S, 1.0), (30 * S, 1.0)]  # NaN: none
 
 
-def test_trace_of_one_role_and_a_step_range(state_dir: Path, tmp_path: Path) -> None:
+def test_trace_of_one_role_and_a_step_range(state_dir: Path, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "part.pftrace"
+    assert main(["trace", "grpo", "--role", "critic", "--steps", "1:1", "--state-dir",
+                 str(state_dir), "-o", str(out)]) == 0
+    assert ": 1 step, 1 rank, " in capsys.readouterr().out
     assert main(["trace", "grpo", "--role", "actor", "--steps", "1:2", "--state-dir",
                  str(state_dir), "-o", str(out)]) == 0
     view = read_trace(out.read_bytes())

@@ -41,6 +41,7 @@ from rlmon.service.alerting.notify.render import (
     webhook_body,
 )
 from rlmon.service.config import GroupingConfig, Settings
+from rlmon.service.wording import counted
 
 __all__ = ["GROUPED", "Groups", "group_key", "is_member", "is_urgent", "member", "member_events"]
 
@@ -194,7 +195,7 @@ def group_slack_body(events: Sequence[AlertEvent], settings: Settings, state_dir
             ":white_check_mark:"
         roles = sorted({e.role for e in events})
         title = (f"{icon} rlmon: {', '.join(counts)} on {first.run} "
-                 f"({len(roles)} role{'s' if len(roles) > 1 else ''})")
+                 f"({counted(len(roles), 'role')})")
         blocks: list[dict[str, Any]] = [
             {"type": "header", "text": {"type": "plain_text", "text": title[:150],
                                         "emoji": True}}]
