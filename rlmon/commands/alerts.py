@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -66,16 +65,13 @@ def _when(seconds: float | None) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
-def _value(value: float | None) -> str:
-    # the store keeps NaN and Inf as null (the alert's metric was not finite)
-    return "n/a" if value is None or not math.isfinite(value) else f"{value:.4g}"
-
-
 def _print_tables(found: dict[str, list[dict[str, Any]]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
     from rlmon.service.alerting.notify.render import transition_label
+    from rlmon.service.contract.step_record import nonfinite_value
+    from rlmon.service.wording import format_value
 
     console = Console(width=None if sys.stdout.isatty() else 200)
     titles = {"firing": "firing now", "recent": "recent transitions, newest first"}
@@ -94,7 +90,8 @@ def _print_tables(found: dict[str, list[dict[str, Any]]]) -> None:
             state = transition_label(a["state"], bool(a.get("ended_with_run")),
                                      a.get("handed_to") or "")
             table.add_row(state, a["alert"], a["severity"] or "-", a["run"], a["role"],
-                          str(a["step"]), a["metric"] or "-", _value(a["value"]),
+                          str(a["step"]), a["metric"] or "-",
+                          format_value(nonfinite_value(a["value"], a.get("nonfinite"))),
                           _when(a["time"]))
         console.print(table)
     if found.get("liveness"):

@@ -105,7 +105,7 @@ def print_table(result: ReplayResult) -> None:
 
     # here, not at the top: the notify package loads the service's config (pydantic-settings),
     # half a second every other command (`rlmon diagnose`) would pay for at start-up
-    from rlmon.service.alerting.notify.render import format_value
+    from rlmon.service.wording import format_value
 
     console = Console(width=None if sys.stdout.isatty() else 140)
     errors = Console(stderr=True, width=None if sys.stderr.isatty() else 140)

@@ -36,9 +36,9 @@ def _one_line(text: str, width: int) -> str:
 
 
 def run_samples(args: argparse.Namespace) -> int:
-    from rlmon.service.alerting.notify.render import format_value
     from rlmon.service.metrics import catalog
     from rlmon.service.storage.history import HistoryStore
+    from rlmon.service.wording import format_value
 
     db = history_path(args, "samples")
     if db is None:

@@ -361,6 +361,10 @@ def test_nan_and_inf_values_are_marked_and_counted(page: Any, service: ServiceCo
     page.wait_for_selector("#around[data-nonfinite]")
     assert page.get_attribute("#around", "data-nonfinite") == "30,31,32"
     assert "actor/kl (3 NaN/Inf)" in page.inner_text("#around .u-legend")
+    # and its value at the onset is named as the report and the notifications name it, not "n/a"
+    value = page.evaluate("""() => [...document.querySelectorAll('dl.facts dt')].find(
+        dt => dt.textContent === 'value at onset').nextElementSibling.textContent""")
+    assert value == "NaN"
 
 
 def test_a_token_is_traded_for_a_key_that_another_port_never_receives(

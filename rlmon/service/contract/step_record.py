@@ -11,7 +11,8 @@ from rlmon.service.contract.timeline import RankTimeline, Straggler
 from rlmon.service.metrics.rank import Rank
 from rlmon.service.metrics.ranked_forms import Sample
 
-__all__ = ["StepIdentity", "StepKey", "StepRecord", "json_number"]
+__all__ = ["StepIdentity", "StepKey", "StepRecord", "json_number", "nonfinite_name",
+           "nonfinite_value"]
 
 StepKey = tuple[str, str, int]  # (run, role, step)
 StepIdentity = tuple[str, str, int, int]  # (run, role, attempt, step): unique across reruns
@@ -24,10 +25,19 @@ def json_number(value: float | None) -> float | None:
     return value
 
 
-def _nonfinite_name(value: float) -> str:
+def nonfinite_name(value: float) -> str:
+    """How the contract writes a non-finite value: "NaN", "Infinity" or "-Infinity"."""
     if value != value:
         return "NaN"
     return "Infinity" if value > 0 else "-Infinity"
+
+
+def nonfinite_value(value: float | None, name: str | None) -> float | None:
+    """A value read back from where JSON or SQLite kept a non-finite one as null: ``name``
+    (:func:`nonfinite_name`'s, or empty) says which it was."""
+    if value is None and name:
+        return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[name]
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +118,7 @@ class StepRecord:
         }
         if len(self.missing_ranks) < self.ranks_expected - self.ranks_reporting:
             line["missing_ranks_truncated"] = True
-        nonfinite = {n: _nonfinite_name(v) for n, v in self.metrics.items() if not math.isfinite(v)}
+        nonfinite = {n: nonfinite_name(v) for n, v in self.metrics.items() if not math.isfinite(v)}
         if nonfinite:
             line["nonfinite"] = nonfinite
         if self.replica_mismatches:

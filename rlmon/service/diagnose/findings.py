@@ -47,6 +47,7 @@ from rlmon.service.diagnose.mapping import (
 )
 from rlmon.service.metrics import catalog as c
 from rlmon.service.metrics import remedies
+from rlmon.service.wording import format_value
 
 __all__ = ["Diagnosis", "Finding", "Related", "diagnose", "to_records"]
 
@@ -86,7 +87,7 @@ class Related:
     values: tuple[tuple[int, float], ...]
 
     def describe(self) -> str:
-        shown = ", ".join(f"{step}: {_fmt(v)}" for step, v in self.values)
+        shown = ", ".join(f"{step}: {format_value(v)}" for step, v in self.values)
         first, last = self.values[0][1], self.values[-1][1]
         trend = ""
         if math.isfinite(first) and math.isfinite(last) and len(self.values) > 1:
@@ -137,7 +138,7 @@ class Finding:
             "alert": self.alert, "severity": self.severity, "state": self.state,
             "metric": self.metric, "key": self.key, "value": json_number(self.value),
             "nonfinite": None if self.value is None or math.isfinite(self.value)
-            else _fmt(self.value),
+            else format_value(self.value),
             "since": self.since, "condition": self.condition, "value_is": self.value_is,
             "lossy": self.lossy, "detail": self.detail, "what_to_check": self.what_to_check,
             "related": [r.to_json() for r in self.related], "source": self.source,
@@ -189,14 +190,6 @@ class Diagnosis:
     @property
     def seconds_per_step(self) -> float | None:
         return self.clock.seconds_per_step if self.clock is not None else None
-
-
-def _fmt(value: float) -> str:
-    if value != value:
-        return "NaN"
-    if math.isinf(value):
-        return "Infinity" if value > 0 else "-Infinity"
-    return f"{value:.4g}"
 
 
 def to_records(run: LoggedRun, keymap: KeyMap) -> Sequence[StepRecord]:
@@ -332,7 +325,7 @@ def _non_finite_hint(stream: Sequence[StepRecord], event: AlertEvent,
         return ("A value became NaN or Inf: check the rewards and advantages fed to the loss, "
                 "the learning rate and the loss scale.")
     last = before[-1]
-    text = f"The gradient norm before it was {_fmt(last)}"
+    text = f"The gradient norm before it was {format_value(last)}"
     if len(before) > 1 and last > 2 * before[0]:
         return text + (" and rising: an explosion; lower the learning rate, clip gradients, "
                        "check the loss scale.")
@@ -343,11 +336,11 @@ def _non_finite_hint(stream: Sequence[StepRecord], event: AlertEvent,
     if level > 0 and last >= _EXPLODED * level:
         high = values >= _EXPLODED * level
         start = len(high) - int(np.argmin(high[::-1])) if not high.all() else 0
-        return text + (f", {last / level:.3g}x its earlier level ({_fmt(level)}, the median of "
+        return text + (f", {last / level:.3g}x its earlier level ({format_value(level)}, the median of "
                        f"steps {steps[0]}-{steps[half - 1]}) and that high since step "
                        f"{steps[start]}: it had exploded before the NaN; lower the learning "
                        "rate, clip gradients, check the loss scale.")
-    return text + (f", not exploding (its earlier level: {_fmt(level)}): look for a NaN input "
+    return text + (f", not exploding (its earlier level: {format_value(level)}): look for a NaN input "
                    "instead (a reward, an advantage over a group of one, a log of zero, a "
                    "corrupt reference model).")
 

@@ -18,7 +18,7 @@ from typing import Any, ParamSpec
 
 from rlmon.service.goodput.buckets import Bucket
 from rlmon.service.report.model import Curve, RunReport
-from rlmon.service.wording import counted
+from rlmon.service.wording import counted, format_value
 
 __all__ = ["BUCKET_COLOURS", "plain_text_plots", "render_html"]
 
@@ -177,7 +177,7 @@ def render_html(report: RunReport) -> str:
             money = (f"{report.currency} {a.money:,.2f}" if a.money is not None else "")
             severity = a.severity if a.escalated_step is None else \
                 f"warning, escalated to {a.severity} at step {a.escalated_step}"
-            rows.append([_e(a.alert), _e(severity), _e(a.role), _e(a.metric), _num(a.value),
+            rows.append([_e(a.alert), _e(severity), _e(a.role), _e(a.metric), format_value(a.value),
                          str(a.fired_step), resolved,
                          _num(a.gpus, 6) if a.gpus is not None else "n/a",
                          _num(a.gpu_hours), _e(money),

@@ -19,6 +19,7 @@ from statistics import median
 from typing import Any
 
 from rlmon.service.config import GoodputConfig
+from rlmon.service.contract.step_record import nonfinite_name, nonfinite_value
 from rlmon.service.goodput.accounting import (
     GoodputTotals,
     RoleTimelines,
@@ -128,6 +129,10 @@ class RunReport:
                            "markers": [list(m) for m in c.markers]} for c in self.curves]
         data["goodput_steps"] = [{"attempt": a, "step": s, "seconds": dict(b)}
                                  for a, s, b in self.goodput_steps]
+        for entry, alert in zip(data["alerts"], self.alerts, strict=True):
+            # JSON has no NaN: a non-finite value is null, and this says which it was
+            entry["nonfinite"] = nonfinite_name(alert.value) if alert.value is not None \
+                and not math.isfinite(alert.value) else ""
         return _finite(data)
 
 
@@ -201,7 +206,8 @@ def _alerts(store: HistoryStore, run: str, run_end: float | None, price: Price,
         out.append(AlertEntry(
             fired["role"], fired["alert"],
             (escalation or fired)["severity"], fired["metric"],
-            int(fired["attempt"] or 0), int(fired["step"]), fired["value"],
+            int(fired["attempt"] or 0), int(fired["step"]),
+            nonfinite_value(fired["value"], fired.get("nonfinite")),
             int(resolved["step"]) if resolved else None, fired["onset"], latest["gpus"],
             gpu_hours, money, note,
             name or "" if samples else "", samples,

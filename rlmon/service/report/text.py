@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from rlmon.service.report.model import RunReport
-from rlmon.service.wording import counted
+from rlmon.service.wording import counted, format_value
 
 __all__ = ["render_text"]
 
@@ -56,7 +56,7 @@ def render_text(report: RunReport) -> str:
         cost = f"; {a.cost_note}" if a.cost_note else "; cost unknown" if a.cost_note is None \
             else ""
         out.append(f"  {a.alert} [{severity}] {a.role} step {a.fired_step} "
-                   f"({a.metric} = {_num(a.value)}), {until}{cost}")
+                   f"({a.metric} = {format_value(a.value)}), {until}{cost}")
         for item in a.samples:
             text = " ".join(str(item["payload"]).split())[:80]
             out.append(f"      {a.samples_metric} {item['id']} {_num(item['score'])}: {text}")

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from rlmon.service.alerting.alert_types import AlertEvent, AlertState
-from rlmon.service.contract.step_record import StepRecord
+from rlmon.service.contract.step_record import StepRecord, json_number, nonfinite_name
 from rlmon.service.contract.stop_decision import StopDecision
 from rlmon.service.contract.timeline import RankTimeline
 from rlmon.service.metrics.ranked_forms import Sample
@@ -154,6 +154,9 @@ _COST_COLUMNS = (("onset", "REAL"), ("gpus", "REAL"), ("gpu_hours", "REAL"), ("m
 # (AlertEvent.ended_with_run), or an early warning handed over to its level rule (handed_to)
 _ENDING_COLUMNS = (("ended_with_run", "INTEGER NOT NULL DEFAULT 0"),
                    ("handed_to", "TEXT NOT NULL DEFAULT ''"))
+# SQLite keeps a NaN as NULL (and the value column keeps no Inf either): which non-finite value
+# the alert's metric had ("NaN", "Infinity", "-Infinity"; '' where finite or unknown)
+_VALUE_COLUMNS = (("nonfinite", "TEXT NOT NULL DEFAULT ''"),)
 _STATE_COST_COLUMNS = (("onset", "REAL"), ("gpus", "REAL NOT NULL DEFAULT 0"))
 # what the engine's notification policy keeps (issue 30): the severity now (an escalated
 # warning), a baseline rule's pre-onset level, the last hour's notifications
@@ -163,7 +166,7 @@ _STATE_POLICY_COLUMNS = (("severity", "TEXT NOT NULL DEFAULT ''"), ("reference",
                          ("claims", "TEXT"))  # issue 39: AlertState.claims_json
 _SCORE_COLUMNS = (("score", "REAL NOT NULL DEFAULT 0"),)
 # the columns the migrations add to a store written before them, by table
-_ADDED_COLUMNS = (("alerts", _COST_COLUMNS), ("alerts", _ENDING_COLUMNS),
+_ADDED_COLUMNS = (("alerts", _COST_COLUMNS), ("alerts", _ENDING_COLUMNS), ("alerts", _VALUE_COLUMNS),
                   ("alert_state", _STATE_COST_COLUMNS), ("alert_state", _STATE_POLICY_COLUMNS),
                   ("alert_state", _SCORE_COLUMNS))
 
@@ -378,12 +381,13 @@ class HistoryStore:
             self._db.executemany(
                 "INSERT OR IGNORE INTO alerts (run, role, step, alert, severity, state, metric, "
                 "value, attempt, onset, gpus, gpu_hours, money, cost_note, ended_with_run, "
-                "handed_to) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "handed_to, nonfinite) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (e.run, e.role, e.step, e.alert, e.severity, e.state, e.metric,
-                     e.value if e.value is not None and math.isfinite(e.value) else None,
-                     e.attempt, e.onset, e.gpus if e.cost_note else None, e.gpu_hours, e.money,
-                     e.cost_note, int(e.ended_with_run), e.handed_to)
+                     json_number(e.value), e.attempt, e.onset, e.gpus if e.cost_note else None,
+                     e.gpu_hours, e.money, e.cost_note, int(e.ended_with_run), e.handed_to,
+                     nonfinite_name(e.value) if e.value is not None
+                     and not math.isfinite(e.value) else "")
                     for e in events if not e.repeat  # a re-send is not a transition
                 ],
             )
@@ -631,11 +635,13 @@ class HistoryStore:
         ``gpu_hours``, ``money``, ``cost_note``; None where unknown, as in a store written
         before alerts carried their cost and opened read-only) and whether a resolve only says
         the run ended with it firing (``ended_with_run``) or that its level rule took over
-        (``handed_to``: that rule's name)."""
+        (``handed_to``: that rule's name), and which non-finite value a null ``value`` stands
+        for (``nonfinite``: "NaN", "Infinity", "-Infinity", or '')."""
         keys: tuple[str, ...] = ("run", "role", "step", "alert", "severity", "state", "metric",
                                  "value")
         if cost:
-            keys += ("attempt", *(name for name, _ in _COST_COLUMNS + _ENDING_COLUMNS))
+            keys += ("attempt", *(name for name, _ in
+                                  _COST_COLUMNS + _ENDING_COLUMNS + _VALUE_COLUMNS))
         args: list[Any] = []
         where = ""
         if run is not None:
@@ -695,16 +701,18 @@ class HistoryStore:
         """The alerts firing now, each with the transition that made it fire (step, value, the
         step's finalization time), in (run, role, alert) order."""
         where = " AND s.run = ?" if run is not None else ""
+        nonfinite = "a.nonfinite" if self.has_column("alerts", "nonfinite") else "''"
         query = (
             "SELECT s.run, s.role, s.alert, s.since_step, a.severity, a.metric, a.value, "
-            "a.attempt, t.finalized_at FROM alert_state s "
+            "a.attempt, t.finalized_at, " + nonfinite + " FROM alert_state s "
             "LEFT JOIN alerts a ON a.id = (SELECT MAX(id) FROM alerts b WHERE b.run = s.run "
             "AND b.role = s.role AND b.alert = s.alert AND b.state = 'firing') "
             "LEFT JOIN steps t ON t.run = a.run AND t.role = a.role AND t.attempt = a.attempt "
             "AND t.step = a.step WHERE s.firing = 1" + where + " ORDER BY s.run, s.role, s.alert")
         with self._lock:
             rows = self._db.execute(query, [run] if run is not None else []).fetchall()
-        keys = ("run", "role", "alert", "step", "severity", "metric", "value", "attempt", "time")
+        keys = ("run", "role", "alert", "step", "severity", "metric", "value", "attempt", "time",
+                "nonfinite")
         return [{"type": "alert", **dict(zip(keys, row, strict=True)), "state": "firing"}
                 for row in rows]
 
@@ -723,15 +731,17 @@ class HistoryStore:
             have = _columns(self._db, "alerts")  # a store written before, opened read-only
             ended = "a.ended_with_run" if "ended_with_run" in have else "0"
             handed = "a.handed_to" if "handed_to" in have else "''"
+            nonfinite = "a.nonfinite" if "nonfinite" in have else "''"
             query = (
                 "SELECT a.run, a.role, a.step, a.alert, a.severity, a.state, a.metric, a.value, "
-                "a.attempt, t.finalized_at, " + ended + ", " + handed + " FROM alerts a "
+                "a.attempt, t.finalized_at, " + ended + ", " + handed + ", " + nonfinite
+                + " FROM alerts a "
                 "LEFT JOIN steps t ON "
                 "t.run = a.run AND t.role = a.role AND t.attempt = a.attempt AND t.step = a.step"
                 + where + " ORDER BY a.id DESC LIMIT ?")
             rows = self._db.execute(query, [*([run] if run is not None else []), limit]).fetchall()
         keys = ("run", "role", "step", "alert", "severity", "state", "metric", "value",
-                "attempt", "time", "ended_with_run", "handed_to")
+                "attempt", "time", "ended_with_run", "handed_to", "nonfinite")
         return [{"type": "alert", **dict(zip(keys, row, strict=True))} for row in rows]
 
     def prune(self, keep_steps: int, quiet_before: float | None = None,

@@ -649,6 +649,8 @@ class WebApi:
             "critical_condition": (rule.describe_critical() if rule is not None
                                    and escalation is not None else ""),
             "metric": metric, "value": value, "onset": onset, "resolved": resolved_step,
+            # JSON has no NaN: which non-finite value a null "value" stands for ('' if none)
+            "nonfinite": fired.get("nonfinite") or "",
             # closed because the run ended with it firing: the run is over, not the condition
             "ended_with_run": bool(resolved_row is not None and resolved_row.get("ended_with_run")),
             # closed because its level rule fires now: the condition goes on under that name

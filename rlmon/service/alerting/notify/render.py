@@ -6,7 +6,6 @@ be complete without any credential.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
@@ -16,22 +15,13 @@ from rlmon.service.alerting.notify.slack_text import code, link, own_words
 from rlmon.service.alerting.notify.slack_text import mrkdwn as _mrkdwn
 from rlmon.service.metrics import remedies
 from rlmon.service.storage.stored_samples import command_for, items_to_json
+from rlmon.service.wording import format_value
 
-__all__ = ["alert_url", "cost_json", "format_value", "pagerduty_body", "run_url", "samples_json",
+__all__ = ["alert_url", "cost_json", "pagerduty_body", "run_url", "samples_json",
            "slack_body", "state_label", "summary_line", "transition_label", "webhook_body",
            "what_to_change"]
 
 _EMOJI = {("critical", "firing"): ":rotating_light:", ("warning", "firing"): ":warning:"}
-
-
-def format_value(value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return f"{value:.4g}"
 
 
 def summary_line(event: AlertEvent) -> str:

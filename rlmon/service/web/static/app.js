@@ -96,6 +96,10 @@ function sameAttributes(a, b) {
   return [...a.attributes].every(({ name, value }) => b.getAttribute(name) === value);
 }
 
+// a non-finite value as the contract names it (JSON carries it as null), shown as the report,
+// diagnose and the notifications print it
+const NONFINITE_SHOWN = { NaN: "NaN", Infinity: "+Inf", "-Infinity": "-Inf" };
+
 function fmt(value) {
   if (value === null || value === undefined) return "n/a";
   if (typeof value !== "number") return String(value);
@@ -1122,7 +1126,8 @@ async function showAlert(where, current) {
     el("p", {}, runLink(a.run, a.role, "run " + a.run + " / " + a.role)),
     facts([["severity", severity], ["condition", a.condition],
            ["critical condition", a.critical_condition], ["summary", a.summary], ["metric", a.metric],
-           ["value at onset", fmt(a.value)], ["what it measures", a.help],
+           ["value at onset", a.nonfinite ? NONFINITE_SHOWN[a.nonfinite] : fmt(a.value)],
+           ["what it measures", a.help],
            ["what to check", a.what_to_check],
            ["what to change", change ? el("span", { id: "what-to-change", class: "prewrap" }, change) : ""],
            ["what moved first", a.first_moved ? el("span", { id: "first-moved" }, a.first_moved) : ""],
