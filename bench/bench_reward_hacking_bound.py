@@ -184,8 +184,8 @@ def main() -> int:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     try:
         import lightgbm  # noqa: F401
-    except ImportError:
-        print("bound: lightgbm not installed (pip install -e '.[bound]')")
+    except (ImportError, OSError) as exc:  # OSError: its OpenMP runtime (libgomp) is missing
+        print(f"bound: lightgbm cannot be loaded ({exc}; pip install -e '.[bound]')")
         return 0
     started = time.perf_counter()
     model = learn(dataset(TRAIN_SEEDS))
