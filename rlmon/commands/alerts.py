@@ -70,7 +70,7 @@ def _print_tables(found: dict[str, list[dict[str, Any]]]) -> None:
     from rich.table import Table
 
     from rlmon.service.alerting.notify.render import transition_label
-    from rlmon.service.contract.step_record import nonfinite_value
+    from rlmon.service.metrics.nonfinite import nonfinite_value
     from rlmon.service.wording import format_value
 
     console = Console(width=None if sys.stdout.isatty() else 200)

@@ -26,6 +26,7 @@ from rlmon.service.contract.records import ContractError
 from rlmon.service.contract.step_message import StepMessage
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.metrics.forms import FORMS
+from rlmon.service.metrics.nonfinite import nonfinite_name
 from rlmon.service.metrics.partial import ALL_AXES, Partial
 
 __all__ = ["JsonlSink", "LocalSink", "ReportSink", "SinkClosed", "close_open_senders",
@@ -141,7 +142,7 @@ def _partial_json(partial: Partial) -> dict[str, Any]:
     def num(x: float) -> Any:
         if math.isfinite(x):
             return x
-        return "NaN" if x != x else ("Infinity" if x > 0 else "-Infinity")
+        return nonfinite_name(x)
 
     spec = FORMS[partial.form]
     if spec.ranked is not None:  # {"k": .., "top": [[score, id, payload], ...]}, JSON-ready

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,12 +20,12 @@ from typing import Any
 from rlmon.service.aggregation.finalized_steps import FinalizedSteps
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.contract.timeline import RankTimeline, find_straggler
+from rlmon.service.metrics.nonfinite import NONFINITE_VALUES
 from rlmon.service.metrics.rank import Rank
 from rlmon.service.metrics.ranked_forms import json_score
 from rlmon.service.storage.sqlite_db import open_database
 
 log = logging.getLogger(__name__)
-_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 __all__ = ["WatermarkStore", "decode_record", "encode_record"]
 
@@ -68,7 +67,7 @@ def encode_record(record: StepRecord) -> str:
 
 
 def _score(value: Any) -> float:
-    return _NONFINITE[value] if isinstance(value, str) else float(value)
+    return NONFINITE_VALUES[value] if isinstance(value, str) else float(value)
 
 
 def _optional_float(value: Any) -> float | None:
@@ -84,7 +83,7 @@ def decode_record(text: str | bytes) -> StepRecord:
         if value is None:
             if name not in nonfinite:
                 continue
-            metrics[name] = _NONFINITE[nonfinite[name]]
+            metrics[name] = NONFINITE_VALUES[nonfinite[name]]
         else:
             metrics[name] = float(value)
     return StepRecord(

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from rlmon.service.metrics.forms import FORMS, STAT_KEYS, form_of_keys, forms_text
+from rlmon.service.metrics.nonfinite import NONFINITE_VALUES
 from rlmon.service.metrics.partial import ALL_AXES, Partial
 from rlmon.service.metrics.rank import AXES, Rank, World
 from rlmon.service.metrics.ranked_forms import RankedError
@@ -64,7 +65,6 @@ _KNOWN_FIELDS = frozenset(
     {"run", "role", "step", "rank", "world", "final", "seq", "minibatch", "time", "metrics"}
 )
 _PARTIAL_OPTIONS = frozenset({"replicated", "minibatch_reduce"})
-_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
 class _HugeInt:
@@ -170,8 +170,8 @@ def check_number(value: Any, field: str) -> float:
     """A number field: a real number that fits a 64-bit float, or "NaN"/"Infinity"/"-Infinity"."""
     if type(value) is float:  # the common case, first
         return value
-    if isinstance(value, str) and value in _NONFINITE:
-        return _NONFINITE[value]
+    if isinstance(value, str) and value in NONFINITE_VALUES:
+        return NONFINITE_VALUES[value]
     if isinstance(value, _HugeInt):
         raise ContractError(field, f"{value!r} is too large for a 64-bit float")
     if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):

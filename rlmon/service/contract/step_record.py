@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlmon.service.contract.timeline import RankTimeline, Straggler
+from rlmon.service.metrics.nonfinite import nonfinite_name
 from rlmon.service.metrics.rank import Rank
 from rlmon.service.metrics.ranked_forms import Sample
 
-__all__ = ["StepIdentity", "StepKey", "StepRecord", "json_number", "nonfinite_name",
-           "nonfinite_value"]
+__all__ = ["StepIdentity", "StepKey", "StepRecord", "json_number"]
 
 StepKey = tuple[str, str, int]  # (run, role, step)
 StepIdentity = tuple[str, str, int, int]  # (run, role, attempt, step): unique across reruns
@@ -22,21 +22,6 @@ def json_number(value: float | None) -> float | None:
     """JSON has no NaN or Infinity: non-finite values travel as null (see ``nonfinite``)."""
     if value is None or not math.isfinite(value):
         return None
-    return value
-
-
-def nonfinite_name(value: float) -> str:
-    """How the contract writes a non-finite value: "NaN", "Infinity" or "-Infinity"."""
-    if value != value:
-        return "NaN"
-    return "Infinity" if value > 0 else "-Infinity"
-
-
-def nonfinite_value(value: float | None, name: str | None) -> float | None:
-    """A value read back from where JSON or SQLite kept a non-finite one as null: ``name``
-    (:func:`nonfinite_name`'s, or empty) says which it was."""
-    if value is None and name:
-        return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[name]
     return value
 
 

@@ -9,7 +9,6 @@ tracker's ``train/`` prefix); step counters and runtimes are left out.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from rlmon.service.diagnose.columns import ColumnRows
 from rlmon.service.diagnose.logged_run import LoggedRun
 from rlmon.service.diagnose.mapping import KeyStatus, map_keys, rlmon_key_map
+from rlmon.service.metrics.nonfinite import NONFINITE_VALUES
 
 __all__ = ["RunSeries", "from_logged", "from_step_lines", "setting_differences"]
 
@@ -89,7 +89,7 @@ def from_step_lines(lines: Sequence[Mapping[str, Any]], label: str, source: str)
     """A stored run's step lines (``HistoryStore.steps``: every role, every attempt; a later
     attempt's step replaces an earlier one's)."""
     series: dict[str, dict[int, float]] = {}
-    nonfinite = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+    nonfinite = NONFINITE_VALUES
     name = label
     for line in lines:
         name = str(line.get("run", label))

@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rlmon.service.metrics.nonfinite import nonfinite_name
+
 __all__ = ["MAX_ID", "MAX_K", "MAX_PAYLOAD_BYTES", "Ranked", "RankedError", "Sample", "json_score"]
 
 Sample = tuple[float, str, str]  # (score, id, payload); payload "" when none
@@ -118,4 +120,4 @@ def json_score(score: float) -> float | str:
     """A score as JSON: a number, or "NaN"/"Infinity"/"-Infinity" as the contract writes them."""
     if math.isfinite(score):
         return score
-    return "NaN" if score != score else ("Infinity" if score > 0 else "-Infinity")
+    return nonfinite_name(score)

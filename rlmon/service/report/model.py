@@ -19,7 +19,6 @@ from statistics import median
 from typing import Any
 
 from rlmon.service.config import GoodputConfig
-from rlmon.service.contract.step_record import nonfinite_name, nonfinite_value
 from rlmon.service.goodput.accounting import (
     GoodputTotals,
     RoleTimelines,
@@ -33,6 +32,7 @@ from rlmon.service.goodput.buckets import Bucket, SpanMap
 from rlmon.service.goodput.cost import Price, alert_cost
 from rlmon.service.goodput.ledger import discard_reason, gpus_per_rank, span_map
 from rlmon.service.metrics import catalog
+from rlmon.service.metrics.nonfinite import nonfinite_name, nonfinite_value
 from rlmon.service.storage.history import HistoryStore, StepTimelines
 from rlmon.service.storage.stored_samples import items_to_json
 

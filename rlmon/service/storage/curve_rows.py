@@ -22,8 +22,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from rlmon.service.metrics import catalog
+from rlmon.service.metrics.nonfinite import NONFINITE_VALUES
 
-__all__ = ["ABSENT_BITS", "CURVE_METRICS", "NONFINITE_VALUES", "pack", "pack_stored", "unpack"]
+__all__ = ["ABSENT_BITS", "CURVE_METRICS", "pack", "pack_stored", "unpack"]
 
 CURVE_METRICS: tuple[str, ...] = (
     catalog.IS_RATIO, catalog.IS_RATIO_MIN, catalog.IS_RATIO_MAX, catalog.LOGP_DIFF,
@@ -34,7 +35,6 @@ ABSENT_BITS = 0x7FF4_AB5E_0000_0001  # a NaN no computation produces: "not repor
 _ABSENT: float = struct.unpack("<d", ABSENT_BITS.to_bytes(8, "little"))[0]
 _FORMAT = struct.Struct(f"<{len(CURVE_METRICS)}d")
 # the step line's names of non-finite values (StepRecord.to_json)
-NONFINITE_VALUES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
 def pack(metrics: Mapping[str, float]) -> bytes:

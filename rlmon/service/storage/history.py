@@ -39,9 +39,10 @@ from pathlib import Path
 from typing import Any
 
 from rlmon.service.alerting.alert_types import AlertEvent, AlertState
-from rlmon.service.contract.step_record import StepRecord, json_number, nonfinite_name
+from rlmon.service.contract.step_record import StepRecord, json_number
 from rlmon.service.contract.stop_decision import StopDecision
 from rlmon.service.contract.timeline import RankTimeline
+from rlmon.service.metrics.nonfinite import NONFINITE_VALUES, nonfinite_name
 from rlmon.service.metrics.ranked_forms import Sample
 from rlmon.service.storage import curve_rows, extremes_rows
 from rlmon.service.storage.sqlite_db import StoreSchemaError, check_schema, open_database
@@ -142,7 +143,7 @@ def _stream_filter(run: str | None, role: str | None) -> tuple[str, list[str]]:
 def _metrics(line: dict[str, Any]) -> dict[str, float]:
     values = {k: float(v) for k, v in line["metrics"].items() if v is not None}
     for name, text in line.get("nonfinite", {}).items():
-        values[name] = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[text]
+        values[name] = NONFINITE_VALUES[text]
     return values
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlmon.service.storage import curve_rows
+from rlmon.service.metrics.nonfinite import NONFINITE_VALUES
 from rlmon.service.storage.history import HistoryStore
 
 __all__ = ["META_COLUMNS", "StepPage", "StepTable", "stored_runs"]
@@ -112,7 +112,7 @@ class StepTable:
     def pages(self) -> Iterator[StepPage]:
         """The rows in (role, attempt, step) order, a page at a time."""
         metrics = self.metrics()
-        nonfinite = curve_rows.NONFINITE_VALUES
+        nonfinite = NONFINITE_VALUES
         after: tuple[str, int, int] = ("", -1, -1)
         query = ("SELECT role, attempt, step, finalized_at, complete, ranks_expected, "
                  "ranks_reporting, line FROM steps WHERE run = ?")

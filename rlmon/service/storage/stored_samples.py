@@ -10,12 +10,12 @@ characters, and says which command prints the rest.
 
 from __future__ import annotations
 
-import math
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rlmon.service.metrics.nonfinite import NONFINITE_VALUES
 from rlmon.service.metrics.ranked_forms import Sample, json_score
 
 __all__ = [
@@ -52,7 +52,7 @@ def bound_payloads(items: Sequence[Sample], budget: int) -> tuple[tuple[Sample, 
 
 def _number(value: Any) -> float:
     if isinstance(value, str):
-        return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[value]
+        return NONFINITE_VALUES[value]
     return float(value)
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rlmon.service.metrics.nonfinite import NONFINITE_VALUES
 from rlmon.service.storage import curve_rows
 from rlmon.service.storage.history import HistoryStore
 
@@ -132,7 +133,7 @@ def _read(store: HistoryStore, key: tuple[str, str, int], metrics: Sequence[str]
         for j, i in enumerate(chunk):
             column, named = table[known, 1 + 2 * j], table[known, 2 + 2 * j]
             reported = named != None  # noqa: E711 (elementwise)
-            column[reported] = [curve_rows.NONFINITE_VALUES[str(t)] for t in named[reported]]
+            column[reported] = [NONFINITE_VALUES[str(t)] for t in named[reported]]
             column[column == None] = np.nan  # noqa: E711 (elementwise)
             values[i, at] = column.astype(np.float64)
             nonfinite[i, at] = reported.astype(bool)
@@ -146,7 +147,7 @@ def _read(store: HistoryStore, key: tuple[str, str, int], metrics: Sequence[str]
         for step, text in store.read(_BY_KEY, ("$.nonfinite", *stream, metric)):
             at = np.searchsorted(steps, step)
             if at < len(steps) and steps[at] == step:
-                values[i, at] = curve_rows.NONFINITE_VALUES[str(text)]
+                values[i, at] = NONFINITE_VALUES[str(text)]
                 nonfinite[i, at] = True
     return Columns(steps, {m: values[i] for i, m in enumerate(metrics)}, len(steps),
                    {m: nonfinite[i] for i, m in enumerate(metrics)})

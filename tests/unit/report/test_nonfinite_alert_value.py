@@ -15,7 +15,8 @@ import pytest
 from rlmon.cli import main
 from rlmon.service.alerting.alert_types import AlertEvent
 from rlmon.service.config import GoodputConfig
-from rlmon.service.contract.step_record import StepRecord, nonfinite_name, nonfinite_value
+from rlmon.service.contract.step_record import StepRecord
+from rlmon.service.metrics.nonfinite import nonfinite_name, nonfinite_value
 from rlmon.service.report.html import render_html
 from rlmon.service.report.model import build_report
 from rlmon.service.report.text import render_text

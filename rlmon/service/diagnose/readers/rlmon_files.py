@@ -7,7 +7,6 @@ diagnosing a live service's file changes nothing in it.
 
 from __future__ import annotations
 
-import math
 import sqlite3
 from collections import defaultdict
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 from rlmon.service.contract.step_record import StepRecord
 from rlmon.service.diagnose.logged_run import LogError, LoggedRun, ReadProblem
 from rlmon.service.json_input import loads as bounded_json
+from rlmon.service.metrics.nonfinite import NONFINITE_VALUES
 from rlmon.service.metrics.rank import Rank
 from rlmon.service.replay import replay
 from rlmon.service.storage.history import check_history_schema
@@ -24,7 +24,6 @@ from rlmon.service.storage.sqlite_db import StoreSchemaError
 __all__ = ["SQLITE_MAGIC", "is_partial_report", "read_history_store", "read_partial_reports"]
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
-_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
 def is_partial_report(obj: dict[str, Any]) -> bool:
@@ -57,7 +56,7 @@ def read_partial_reports(path: Path) -> list[LoggedRun]:
 
 def _record(line: dict[str, Any]) -> StepRecord:
     metrics = {k: float(v) for k, v in line["metrics"].items() if v is not None}
-    metrics.update({k: _NONFINITE[v] for k, v in line.get("nonfinite", {}).items()})
+    metrics.update({k: NONFINITE_VALUES[v] for k, v in line.get("nonfinite", {}).items()})
     return StepRecord(
         run=line["run"], role=line["role"], step=int(line["step"]),
         complete=bool(line["complete"]), ranks_expected=int(line["ranks_expected"]),
