@@ -51,6 +51,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="port of the run page and /metrics (default 9464, or a free port when "
                    "it is taken; a port asked for that is taken is an error; 0: any free)")
     p.add_argument("--config", default=None, help="YAML settings (notifiers, routing)")
+    p.add_argument("--state-dir", default=None,
+                   help="where the demo's history store and outbox go (default: a fresh "
+                   "temporary directory, kept for rlmon report and rlmon samples)")
     p.add_argument("--plot", default="rlmon-demo.png", help="PNG to write (rlmon-demo.png)")
     p.add_argument("--trace", default=None,
                    help="Perfetto trace of the run's step timelines to write (default: beside "
@@ -240,7 +243,9 @@ def _run(args: argparse.Namespace) -> int:
               "to take a free one", file=sys.stderr)
         return 2
     namespace = "rlmon-demo"
-    state_dir = Path(tempfile.mkdtemp(prefix="rlmon-demo-"))
+    state_dir = Path(args.state_dir) if args.state_dir else Path(tempfile.mkdtemp(
+        prefix="rlmon-demo-"))
+    state_dir.mkdir(parents=True, exist_ok=True)
     ray.init(num_cpus=2, include_dashboard=False, namespace=namespace,
              log_to_driver=not args.json, configure_logging=False)
     code = 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import pty
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -93,6 +94,12 @@ def test_demo_in_a_terminal_serves_its_run_page_until_ctrl_c(tmp_path: Path) -> 
         os.close(side)
     wait_for(lambda: any("alerts fired" in line for line in out), PATIENCE_S, "the summary")
     text, errors = "".join(out), "".join(err)
+    # run as a first-time user runs it, the state in a fresh temporary directory it names and
+    # keeps for `rlmon report`; removed here, so the suite leaves nothing behind
+    kept = re.search(r"\(rlmon report \S+ --state-dir (\S+)\)", text)
+    assert kept is not None and Path(kept.group(1)).name.startswith("rlmon-demo-"), text[-2000:]
+    assert (Path(kept.group(1)) / "history.sqlite").is_file()
+    shutil.rmtree(kept.group(1))
     firings = re.findall(r"\[(?:WARNING|CRITICAL)\] (\w+) on (\S+) step (\d+)", text + errors)
     assert firings and len(firings) == len(set(firings)), firings  # each alert once
     assert "ALERT FIRING" not in text + errors

@@ -26,7 +26,7 @@ def test_demo_writes_a_report_consistent_with_its_timelines(tmp_path: Path) -> N
     proc = subprocess.run(
         [sys.executable, "-m", "rlmon.cli", "demo", "--steps", "10", "--fault", "stale_weights",
          "--fault-step", "1", "--port", "0", "--plot", str(tmp_path / "demo.png"),
-         "--report", str(html), "--json"],
+         "--report", str(html), "--json", "--state-dir", str(tmp_path / "state")],
         capture_output=True, text=True, timeout=CHILD_RUN_S, env=env, cwd=tmp_path,
         stdin=subprocess.DEVNULL,
     )
@@ -36,6 +36,7 @@ def test_demo_writes_a_report_consistent_with_its_timelines(tmp_path: Path) -> N
     assert said is not None, proc.stderr[-2000:]
     assert Path(said.group(1)) == html and html.read_text().startswith("<!DOCTYPE html>")
     run, state = said.group(3), Path(said.group(4))
+    assert state == tmp_path / "state"  # where it was asked to keep it, and said so
     out = subprocess.run([sys.executable, "-m", "rlmon.cli", "report", run, "--state-dir",
                           str(state), "--json"], capture_output=True, text=True, timeout=CHILD_RUN_S,
                          env=env, check=True)

@@ -23,7 +23,8 @@ def test_demo_dead_rank_json_and_plot(tmp_path: Path) -> None:
     env = {**os.environ, "RAY_DISABLE_USAGE_STATS": "1", "RAY_AUTH_MODE": "disabled"}
     proc = subprocess.run(
         [sys.executable, "-m", "rlmon.cli", "demo", "--steps", "5", "--fault", "dead_rank",
-         "--fault-step", "2", "--port", "0", "--plot", str(plot), "--json"],
+         "--fault-step", "2", "--port", "0", "--plot", str(plot), "--json",
+         "--state-dir", str(tmp_path / "state")],
         capture_output=True, text=True, timeout=CHILD_RUN_S, env=env, cwd=tmp_path,
         stdin=subprocess.DEVNULL,  # no terminal: the demo does not wait for Ctrl-C
     )
@@ -60,7 +61,8 @@ def test_demo_lr_spike_computes_what_the_workload_does(tmp_path: Path) -> None:
     env = {**os.environ, "RAY_DISABLE_USAGE_STATS": "1", "RAY_AUTH_MODE": "disabled"}
     proc = subprocess.run(
         [sys.executable, "-m", "rlmon.cli", "demo", "--steps", "7", "--fault", "lr_spike",
-         "--fault-step", "3", "--port", "0", "--plot", str(tmp_path / "demo.png"), "--json"],
+         "--fault-step", "3", "--port", "0", "--plot", str(tmp_path / "demo.png"), "--json",
+         "--state-dir", str(tmp_path / "state")],
         capture_output=True, text=True, timeout=CHILD_RUN_S, env=env, cwd=tmp_path,
         stdin=subprocess.DEVNULL,  # no terminal: the demo does not wait for Ctrl-C
     )

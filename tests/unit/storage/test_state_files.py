@@ -41,8 +41,10 @@ def test_without_a_writable_home_the_state_dir_is_a_fresh_private_tempdir(
     path = Path(default_state_dir("ns"))
     assert path.is_dir() and not str(path).startswith(str(blocker))
     assert stat.S_IMODE(path.stat().st_mode) == 0o700
-    assert default_state_dir("ns") != str(path)  # not a fixed, guessable name
+    again = Path(default_state_dir("ns"))
+    assert again != path  # not a fixed, guessable name
     path.rmdir()
+    again.rmdir()
 
 
 def _record(**metrics: float) -> StepRecord:
