@@ -10,7 +10,7 @@ The bound is a gradient-boosted classifier (LightGBM) that sees, at each step, f
 log length, the log KL, the verifier score and the reward-minus-verifier gap: the newest 16 steps'
 departures from a least-squares line through the 40 steps before them, in that stretch's robust
 noise, and their means over the newest 2, 4, 8 and 16 steps; and ``RewardHacking``'s own z-scores of
-the same 16 steps (so it knows at least what the rule knows). It learns from the benchmark's tuning
+the same 16 steps (the evidence the rule sums, step by step). It learns from the benchmark's tuning
 and unused seeds (600 seeds; hacked steps 4-30 steps after the onset against every step
 of a healthy run and every step of a hacked run before its onset). It is given two advantages no
 live detector has, which is what makes it a bound and not a rival:

@@ -34,7 +34,7 @@ def test_departures_are_the_newest_steps_off_a_least_squares_line_in_its_robust_
 
 
 def test_the_rules_own_scores_are_its_evidence_unpinned() -> None:
-    """The bound knows at least what the rule knows: its z-scores, step by step, as the rule's
+    """The bound sees the evidence the rule sums: its z-scores, step by step, as the rule's
     :func:`observe` computes them (never pinned, so a firing alert does not change them)."""
     case = next(case for case in bench.cases(range(1, 2)) if case.kind == "climb")
     series = bench.series_of(case)
