@@ -26,6 +26,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run_export(args: argparse.Namespace) -> int:
     from rlmon.service.storage.step_files import write_csv, write_parquet
     from rlmon.service.storage.step_table import StepTable
+    from rlmon.service.wording import counted
 
     fmt = args.format
     if fmt is None:
@@ -52,6 +53,8 @@ def run_export(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"rlmon export: cannot write {args.output}: {exc.strerror}", file=sys.stderr)
         return 2
-    print(f"rlmon export: {rows} steps x {len(table.metrics())} metrics of run {args.run} to "
-          f"{args.output} ({fmt})", file=sys.stderr)
+    # a row is one role's step: a run of 30 steps and 3 roles is 90 rows, not 90 steps
+    print(f"rlmon export: {counted(rows, 'row')} (a row per role and step) x "
+          f"{counted(len(table.metrics()), 'metric')} of run {args.run} to {args.output} ({fmt})",
+          file=sys.stderr)
     return 0

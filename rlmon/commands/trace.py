@@ -75,4 +75,8 @@ def write_trace(db: Path, run: str, output: str | Path, role: str | None = None,
     Path(tmp).write_bytes(trace)
     os.replace(tmp, output)
     ranks = {(t.role, r.rank) for t in timelines for r in t.ranks}
-    return f"{counted(len(timelines), 'step')}, {counted(len(ranks), 'rank')}, {len(trace)} bytes"
+    roles = {t.role for t in timelines}
+    # one timeline per role and step: 30 steps of 3 roles are 30 steps, not 90
+    steps = counted(len({t.step for t in timelines}), "step") \
+        + (f" of {counted(len(roles), 'role')}" if len(roles) > 1 else "")
+    return f"{steps}, {counted(len(ranks), 'rank')}, {len(trace)} bytes"

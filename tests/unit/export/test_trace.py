@@ -64,7 +64,7 @@ def test_trace_opens_as_drawn(state_dir: Path, tmp_path: Path,
     out = tmp_path / "run.pftrace"
     assert main(["trace", "grpo", "--state-dir", str(state_dir), "-o", str(out)]) == 0
     said = capsys.readouterr().out
-    assert "ui.perfetto.dev" in said and ": 6 steps, 3 ranks, " in said  # 3 steps of 2 roles
+    assert "ui.perfetto.dev" in said and ": 3 steps of 2 roles, 3 ranks, " in said
     view = read_trace(out.read_bytes())
     offset = packer_module._WALL_OFFSET_NS
     # one process per (role, host), one thread per rank

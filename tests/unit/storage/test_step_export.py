@@ -108,7 +108,9 @@ def test_export_parquet_round_trips_the_store_exactly(state: Path, tmp_path: Pat
                  "-o", str(out)]) == 0
     table = pq.read_table(out)
     _check(table.to_pylist(), _expected(state), table.column_names[len(META_COLUMNS):])
-    assert "steps x" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert f"{table.num_rows} rows (a row per role and step) x " \
+        f"{len(table.column_names) - len(META_COLUMNS)} metrics of run {RUN}" in said
     # NaN and null stay apart: the critic's step 0 reported NaN, step 1 did not report
     loss = {(r["attempt"], r["step"]): r["critic/loss"] for r in table.to_pylist()
             if r["role"] == "critic"}
