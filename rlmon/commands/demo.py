@@ -319,7 +319,8 @@ def _run(args: argparse.Namespace) -> int:
                   file=sys.stderr if args.json else out, flush=True)
         report = args.report or str(Path(args.plot).with_suffix(".html"))
         made = write_report(state_dir / "history.sqlite", run, report)
-        print(f"report written to {report}: goodput {made.goodput_ratio:.3g} of "
+        # a share, not GPU-seconds: "goodput 0.07 of 31 GPU-seconds" read as 0.07 s of 31
+        print(f"report written to {report}: goodput {100 * made.goodput_ratio:.1f} % of "
               f"{made.gpu_hours * 3600:.4g} GPU-seconds, {counted(len(made.alerts), 'alert')} with their "
               f"cost (rlmon report {run} --state-dir {state_dir})",
               file=sys.stderr if args.json else out, flush=True)

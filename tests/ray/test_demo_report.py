@@ -31,7 +31,7 @@ def test_demo_writes_a_report_consistent_with_its_timelines(tmp_path: Path) -> N
         stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    said = re.search(r"report written to (\S+): goodput ([0-9.]+) .*\(rlmon report (\S+) "
+    said = re.search(r"report written to (\S+): goodput ([0-9.]+) % of .*\(rlmon report (\S+) "
                      r"--state-dir (\S+)\)", proc.stderr)
     assert said is not None, proc.stderr[-2000:]
     assert Path(said.group(1)) == html and html.read_text().startswith("<!DOCTYPE html>")
@@ -41,7 +41,7 @@ def test_demo_writes_a_report_consistent_with_its_timelines(tmp_path: Path) -> N
                           str(state), "--json"], capture_output=True, text=True, timeout=CHILD_RUN_S,
                          env=env, check=True)
     report = json.loads(out.stdout)
-    assert report["goodput_ratio"] == pytest.approx(float(said.group(2)), abs=1e-3)
+    assert 100 * report["goodput_ratio"] == pytest.approx(float(said.group(2)), abs=0.051)
 
     store = HistoryStore(state / "history.sqlite")
     try:
