@@ -172,11 +172,10 @@ def _summary(steps: list[dict[str, Any]], alerts: list[dict[str, Any]], plot: st
     open_: set[tuple[str, str]] = set()
     for alert in alerts:
         key = (alert["role"], alert["alert"])
-        if alert["state"] == "firing" and key in open_:  # the same incident, now critical
-            said = f"escalated to {alert['severity']}"
-        else:
-            said = transition_label(alert["state"], bool(alert.get("ended_with_run")),
-                                    alert.get("handed_to") or "")
+        # a firing while the incident is open: the same incident, now critical
+        said = transition_label(alert["state"], bool(alert.get("ended_with_run")),
+                                alert.get("handed_to") or "",
+                                alert["severity"] if key in open_ else "")
         (open_.add if alert["state"] == "firing" else open_.discard)(key)
         fired.setdefault(alert["step"], []).append(f"{alert['alert']} {said}")
     by_step: dict[int, dict[str, Any]] = {}

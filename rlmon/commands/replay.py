@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 from collections.abc import Iterator
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from rich.markup import escape
 
@@ -23,6 +23,9 @@ from rlmon.service.contract.records import MAX_LINE_BYTES
 from rlmon.service.input_files import InputFileError, LineTooLong, bounded_lines, open_regular
 from rlmon.service.metrics import catalog
 from rlmon.service.replay import ReplayResult, replay
+
+if TYPE_CHECKING:
+    from rlmon.service.alerting.alert_types import AlertEvent
 
 __all__ = ["print_backtest", "print_json", "print_table", "register", "run_replay"]
 
@@ -105,7 +108,12 @@ def print_table(result: ReplayResult) -> None:
 
     # here, not at the top: the notify package loads the service's config (pydantic-settings),
     # half a second every other command (`rlmon diagnose`) would pay for at start-up
-    from rlmon.service.wording import format_value
+    from rlmon.service.alerting.notify.render import transition_label
+    from rlmon.service.wording import counted, format_value
+
+    def said(e: AlertEvent) -> str:
+        return transition_label(e.state, e.ended_with_run, e.handed_to,
+                                e.severity if e.escalated_from else "")
 
     console = Console(width=None if sys.stdout.isatty() else 140)
     errors = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
@@ -122,7 +130,7 @@ def print_table(result: ReplayResult) -> None:
             ranks = f"[red]{ranks}[/red]"
         cells = [f"{record.metrics[n]:.4g}" if n in record.metrics else "" for n in shown]
         alerts = ", ".join(
-            f"[{'red' if e.severity == 'critical' else 'yellow'}]{escape(e.alert)} {e.state}[/]"
+            f"[{'red' if e.severity == 'critical' else 'yellow'}]{escape(e.alert)} {said(e)}[/]"
             for e in events
         )
         # names come from the input: text, never markup (a run "[/oops]", a [link=...] tag)
@@ -134,16 +142,18 @@ def print_table(result: ReplayResult) -> None:
             colour = "red" if e.severity == "critical" else "yellow"
             # a resolved step may not hold the metric at all: n/a, not a made-up NaN
             console.print(
-                f"[{colour}]{escape(e.alert)} {e.state}[/] "
+                f"[{colour}]{escape(e.alert)} {said(e)}[/] "
                 + escape(f"{e.run}/{e.role} step {e.step}: "
                          f"{e.metric} = {format_value(e.value)} ({e.condition})"),
                 highlight=False,
             )
-    s = result.summary()
+    c = result.counters
+    # a step line is one role's step: 30 steps of 3 roles are 90 of them, not 90 steps
     console.print(
-        f"{s['lines']} lines, {s['accepted']} accepted, {s['rejected']} rejected, "
-        f"{s['duplicates']} duplicates, {s['late']} late; {s['steps']} steps "
-        f"({s['incomplete_steps']} incomplete), {s['alerts']} alert events",
+        f"{counted(result.lines, 'line')}, {c.accepted} accepted, {len(result.errors)} "
+        f"rejected, {counted(c.duplicates, 'duplicate')}, {c.late} late; "
+        f"{counted(len(result.steps), 'step line')} (one per run, role and step; "
+        f"{c.steps_incomplete} incomplete), {counted(len(result.alerts), 'alert event')}",
         highlight=False,
     )
 

@@ -141,5 +141,5 @@ def bounded_lines(handle: BinaryIO, limit: int) -> Iterator[bytes | LineTooLong]
             start = end + 1
     if skipped is not None:
         yield LineTooLong(skipped, limit)
-    elif parts:
+    elif held:  # a last line without its newline (after a final newline there is no line)
         yield b"".join(parts)

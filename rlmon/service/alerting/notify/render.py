@@ -58,9 +58,13 @@ def state_label(event: AlertEvent, upper: bool = False) -> str:
     return (word.upper() if upper else word) + why
 
 
-def transition_label(state: str, ended_with_run: bool = False, handed_to: str = "") -> str:
+def transition_label(state: str, ended_with_run: bool = False, handed_to: str = "",
+                     escalated_to: str = "") -> str:
     """A stored transition's state as a person reads it: a closing that is no recovery (the
-    run ended with the alert firing, or its level rule took it over) is never "resolved"."""
+    run ended with the alert firing, or its level rule took it over) is never "resolved", and
+    a firing that raised an open incident's severity (``escalated_to``) says so."""
+    if state == "firing" and escalated_to:
+        return f"escalated to {escalated_to}"
     if state == "resolved" and ended_with_run:
         return "firing when the run ended"
     if state == "resolved" and handed_to:
