@@ -47,6 +47,7 @@ from rlmon.service.diagnose.mapping import (
 )
 from rlmon.service.metrics import catalog as c
 from rlmon.service.metrics import remedies
+from rlmon.service.metrics.nonfinite import nonfinite_name
 from rlmon.service.wording import format_value
 
 __all__ = ["Diagnosis", "Finding", "Related", "diagnose", "to_records"]
@@ -137,8 +138,9 @@ class Finding:
             "type": "finding", "run": self.run, "role": self.role, "step": self.step,
             "alert": self.alert, "severity": self.severity, "state": self.state,
             "metric": self.metric, "key": self.key, "value": json_number(self.value),
+            # the contract's name ("NaN", "Infinity", "-Infinity"), as every JSON output says it
             "nonfinite": None if self.value is None or math.isfinite(self.value)
-            else format_value(self.value),
+            else nonfinite_name(self.value),
             "since": self.since, "condition": self.condition, "value_is": self.value_is,
             "lossy": self.lossy, "detail": self.detail, "what_to_check": self.what_to_check,
             "related": [r.to_json() for r in self.related], "source": self.source,

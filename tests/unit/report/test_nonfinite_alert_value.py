@@ -16,6 +16,7 @@ from rlmon.cli import main
 from rlmon.service.alerting.alert_types import AlertEvent
 from rlmon.service.config import GoodputConfig
 from rlmon.service.contract.step_record import StepRecord
+from rlmon.service.diagnose.findings import Finding
 from rlmon.service.metrics.nonfinite import nonfinite_name, nonfinite_value
 from rlmon.service.report.html import render_html
 from rlmon.service.report.model import build_report
@@ -122,3 +123,16 @@ def test_an_older_store_without_the_column_reads_as_before(tmp_path: Path) -> No
         assert migrated.has_column("alerts", "nonfinite")
     finally:
         migrated.close()
+
+
+@pytest.mark.parametrize(("value", "name", "shown"), [
+    (math.nan, "NaN", "NaN"), (math.inf, "Infinity", "+Inf"), (-math.inf, "-Infinity", "-Inf")])
+def test_diagnose_json_names_a_non_finite_value_as_the_contract_does(
+        value: float, name: str, shown: str) -> None:
+    """``diagnose --json``'s ``nonfinite`` is the contract's name, as in every other JSON output;
+    the text says it as the notifications do."""
+    finding = Finding(RUN, "actor", 2, "NonFiniteMetric", "critical", "firing",
+                      "actor/grad_norm", "grad_norm", value)
+    data = finding.to_json()
+    assert (data["value"], data["nonfinite"]) == (None, name)
+    assert format_value(value) == shown
