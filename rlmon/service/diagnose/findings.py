@@ -139,8 +139,7 @@ class Finding:
             "alert": self.alert, "severity": self.severity, "state": self.state,
             "metric": self.metric, "key": self.key, "value": json_number(self.value),
             # the contract's name ("NaN", "Infinity", "-Infinity"), as every JSON output says it
-            "nonfinite": None if self.value is None or math.isfinite(self.value)
-            else nonfinite_name(self.value),
+            "nonfinite": nonfinite_name(self.value) or None,
             "since": self.since, "condition": self.condition, "value_is": self.value_is,
             "lossy": self.lossy, "detail": self.detail, "what_to_check": self.what_to_check,
             "related": [r.to_json() for r in self.related], "source": self.source,

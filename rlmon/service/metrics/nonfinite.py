@@ -10,8 +10,11 @@ __all__ = ["NONFINITE_VALUES", "nonfinite_name", "nonfinite_value"]
 NONFINITE_VALUES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
-def nonfinite_name(value: float) -> str:
-    """How the contract writes a non-finite value: "NaN", "Infinity" or "-Infinity"."""
+def nonfinite_name(value: float | None) -> str:
+    """How the contract writes a non-finite value: "NaN", "Infinity" or "-Infinity"; '' for a
+    finite one or none."""
+    if value is None or math.isfinite(value):
+        return ""
     if value != value:
         return "NaN"
     return "Infinity" if value > 0 else "-Infinity"

@@ -131,8 +131,7 @@ class RunReport:
                                  for a, s, b in self.goodput_steps]
         for entry, alert in zip(data["alerts"], self.alerts, strict=True):
             # JSON has no NaN: a non-finite value is null, and this says which it was
-            entry["nonfinite"] = nonfinite_name(alert.value) if alert.value is not None \
-                and not math.isfinite(alert.value) else ""
+            entry["nonfinite"] = nonfinite_name(alert.value)
         return _finite(data)
 
 

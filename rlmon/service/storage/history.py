@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 import sqlite3
 import threading
@@ -387,8 +386,7 @@ class HistoryStore:
                     (e.run, e.role, e.step, e.alert, e.severity, e.state, e.metric,
                      json_number(e.value), e.attempt, e.onset, e.gpus if e.cost_note else None,
                      e.gpu_hours, e.money, e.cost_note, int(e.ended_with_run), e.handed_to,
-                     nonfinite_name(e.value) if e.value is not None
-                     and not math.isfinite(e.value) else "")
+                     nonfinite_name(e.value))
                     for e in events if not e.repeat  # a re-send is not a transition
                 ],
             )

@@ -49,7 +49,8 @@ def state_dir(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, 0.25, None])
 def test_a_value_and_its_name_make_the_same_value_again(value: float | None) -> None:
-    name = nonfinite_name(value) if value is not None and not math.isfinite(value) else ""
+    name = nonfinite_name(value)  # '' for a finite value or none
+    assert (name == "") == (value is None or math.isfinite(value))
     stored = None if name else value
     back = nonfinite_value(stored, name)
     assert (back is None and value is None) or back == value or (
